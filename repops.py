@@ -30,8 +30,8 @@ CPU_DIR = os.path.join(ROOT, "kernels", "cpu")
 CPU_SOURCES = sorted(
     os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
     if f.endswith(".cpp") and f != "selftest.cpp")
-KERNEL_FILES = sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
-                      if f.endswith((".cpp", ".h")))
+# What decides the kernels' bits (the code digest of a run covers these).
+KERNEL_FILES = CPU_SOURCES + sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR) if f.endswith(".h"))
 # Contract §2-§3: no contraction into FMA, no fast-math reassociation. -march=native only picks
 # the SIMD width; it cannot change bits because nothing is fused or reordered.
 CPU_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-march=native"]

@@ -136,7 +136,7 @@ def csum(t, axis=-1):
         p[..., :w] = add(p[..., :w], blk)
     for w in (16, 8, 4, 2, 1):
         p[..., :w] = add(p[..., :w], p[..., w:2 * w])
-    return np.ascontiguousarray(p[..., 0])[()]
+    return np.array(p[..., 0], dtype=np.float32)[()]
 
 
 def cmax(t, axis=-1):
@@ -152,7 +152,7 @@ def cmax(t, axis=-1):
         x = p[..., w:2 * w]
         m = p[..., :w]
         p[..., :w] = select(gt(x, m), x, m)
-    return np.ascontiguousarray(p[..., 0])[()]
+    return np.array(p[..., 0], dtype=np.float32)[()]
 
 
 def matmul(a, b):
@@ -248,9 +248,9 @@ def log(x):
     return out[()]
 
 
-# §5.3 seed `y = C0 - C1 * m`, constants exactly as the contract writes them (48/17, 32/17).
-RECIP_SEED_C0 = 0x4034B4B5
-RECIP_SEED_C1 = 0x3FF0F0F1
+# §5.3 seed `y = C0 - C1 * m` = 24/17 - 8/17 m (m in [1, 2)), constants as the contract gives them.
+RECIP_SEED_C0 = 0x3FB4B4B5
+RECIP_SEED_C1 = 0x3EF0F0F1
 
 
 def recip(x):
@@ -625,5 +625,7 @@ def clip_grad(g, max_norm):
     """g flat [P] -> (g * c, norm)."""
     norm = sqrt(csum(mul(g, g)))
     x = mul(f32(max_norm), recip(add(norm, f32(1e-6))))
-    c = select(F32(1.0) < x, F32(1.0), x)   # min(1.0, x) as a select
+    # min(1.0, x) as a select, read as C++ std::min(a, b) = (b < a) ? b : a, i.e.
+    # (x < 1.0) ? x : 1.0 -- a NaN x gives 1.0 (the contract does not spell out the operand order).
+    c = select(x < F32(1.0), x, F32(1.0))
     return mul(g, c), np.asarray(norm, dtype=np.float32)

@@ -8,46 +8,66 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace {
 
 #if defined(__AVX512F__)
 constexpr int VL = 16;  // floats per SIMD vector
+constexpr int64_t MR = 8;
 #else
 constexpr int VL = 8;
+constexpr int64_t MR = 4;  // 16 registers: 8 accumulators, 2 B vectors, products
 #endif
 typedef float vf __attribute__((vector_size(VL * sizeof(float))));
 
-constexpr int64_t MR = 6, NR = 2 * VL;              // register tile
-constexpr int64_t KC = 256, MC = 16 * MR, NC = 8 * NR;  // cache blocks
+constexpr int64_t NR = 2 * VL;                        // register tile MR x NR
+constexpr int64_t KC = 256, MC = 12 * MR, NC = 8 * NR;  // cache blocks
 
 inline vf load(const float* p) { vf v; __builtin_memcpy(&v, p, sizeof(vf)); return v; }
 inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof(vf)); }
-inline vf splat(float x) {  // broadcast without arithmetic (0 + x would turn -0.0 into +0.0)
-  vf v;
-  for (int l = 0; l < VL; ++l) v[l] = x;
-  return v;
-}
 
 // acc[MR][NR] (+)= Ap[k][MR] x Bp[k][NR] over k in [0, kc); C tile has row stride ldc.
-inline void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
-                         bool first) {
+// `vector * scalar` broadcasts the scalar without arithmetic; -ffp-contract=off keeps the
+// multiply and the add separate instructions.
+inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
+                         float* C, int64_t ldc, bool first) {
   vf acc[MR][2];
   for (int i = 0; i < MR; ++i) {
     if (first) { acc[i][0] = vf{}; acc[i][1] = vf{}; }
     else { acc[i][0] = load(C + i * ldc); acc[i][1] = load(C + i * ldc + VL); }
   }
   for (int64_t k = 0; k < kc; ++k) {
-    vf b0 = load(Bp + k * NR), b1 = load(Bp + k * NR + VL);
+    const vf b0 = load(Bp + k * NR), b1 = load(Bp + k * NR + VL);
     const float* a = Ap + k * MR;
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      vf ai = splat(a[i]);
-      acc[i][0] = acc[i][0] + ai * b0;  // -ffp-contract=off: a multiply, then an add
-      acc[i][1] = acc[i][1] + ai * b1;
+      acc[i][0] = acc[i][0] + b0 * a[i];
+      acc[i][1] = acc[i][1] + b1 * a[i];
     }
   }
   for (int i = 0; i < MR; ++i) { store(C + i * ldc, acc[i][0]); store(C + i * ldc + VL, acc[i][1]); }
+}
+
+// Pack rows [0, rows) x k [0, kc) of a strided matrix (element (r, k) at p[r*rs + k*ks]) into
+// panels [ceil(rows/R)][kc][R], zero-padding the last panel's missing rows.
+template <int64_t R>
+void pack(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, float* out) {
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    const int64_t nr = std::min(R, rows - r0);
+    float* panel = out + r0 * kc;
+    if (nr == R && rs == 1) {  // the R rows are contiguous: copy vectors
+      for (int64_t k = 0; k < kc; ++k) std::memcpy(panel + k * R, p + r0 + k * ks, R * sizeof(float));
+      continue;
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const float* src = p + (r0 + r) * rs;
+      for (int64_t k = 0; k < kc; ++k) panel[k * R + r] = src[k * ks];
+    }
+    for (int64_t r = nr; r < R; ++r)
+      for (int64_t k = 0; k < kc; ++k) panel[k * R + r] = 0.0f;
+  }
 }
 
 }  // namespace
@@ -73,18 +93,8 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       float* Cb = C + b * M * N;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        // Pack A rows [i0, i0+mc) x k [k0, k0+kc) as panels [MR][kc][MR], zero rows past M.
-        for (int64_t ip = 0; ip < mc; ip += MR)
-          for (int64_t k = 0; k < kc; ++k)
-            for (int64_t i = 0; i < MR; ++i)
-              apack[ip * kc + k * MR + i] =
-                  (ip + i < mc) ? Ab[(i0 + ip + i) * sam + (k0 + k) * sak] : 0.0f;
-        // Pack B k [k0, k0+kc) x columns [j0, j0+nc) as panels [NR][kc][NR], zero cols past N.
-        for (int64_t jp = 0; jp < nc; jp += NR)
-          for (int64_t k = 0; k < kc; ++k)
-            for (int64_t j = 0; j < NR; ++j)
-              bpack[jp * kc + k * NR + j] =
-                  (jp + j < nc) ? Bb[(k0 + k) * sbk + (j0 + jp + j) * sbn] : 0.0f;
+        pack<MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack.data());   // A rows
+        pack<NR>(Bb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, bpack.data());   // B columns
         const bool first = (k0 == 0);
         for (int64_t jp = 0; jp < nc; jp += NR) {
           for (int64_t ip = 0; ip < mc; ip += MR) {

@@ -1,0 +1,417 @@
+"""The standalone kernel self-test (kernels/cpu/selftest.cpp, DESIGN §3).
+
+selftest.cpp runs every CPU kernel on inputs generated from integer counters and prints one line
+`name sha256hex` per kernel call (SHA-256 of the outputs' little-endian float32 bytes, every NaN
+hashed as 0x7FC00000, contract §7). This file
+
+1. builds it with g++ -O0, with g++ -O3 -march=native, and with clang++ -O2 where installed
+   (all with the contract's -ffp-contract=off), and requires identical lines: optimisation level,
+   SIMD width (the matmul tiles follow -march) and compiler must not change a bit;
+2. regenerates the same inputs in NumPy (a second implementation of the generator documented at
+   the top of selftest.cpp), runs them through the torch extension (torch.ops.repops.*, built by
+   `import repops`) and requires the same digest, kernel by kernel;
+3. builds it with -ffp-contract=fast -mfma and requires the matmul digests to change, so the
+   digests demonstrably catch contraction into FMA.
+
+Inputs and call parameters of every digest line (gen/bitsgen/index as in selftest.cpp; FIN(b)
+is the finite adversarial table with big value b, SPEC the table for the canonical functions):
+
+| line                    | call                                                   | inputs (stream, shape, emin, erange, period, table) |
+|-------------------------|--------------------------------------------------------|------------------------------------------------------|
+| matmul_nn               | A @ B                                                  | A 1 [37,129]; B 2 [129,45]; all -2,4,16,FIN(2^20)     |
+| matmul_tn               | At.T @ B                                               | At 3 [129,37]                                         |
+| matmul_nt               | A @ Bt.T                                               | Bt 4 [45,129]                                         |
+| matmul_tt               | At.T @ Bt.T                                            |                                                      |
+| matmul_batched          | A3 @ B3                                                | A3 5 [3,19,70]; B3 6 [3,70,33]                        |
+| matmul_bcast_b          | A3 @ B2                                                | B2 7 [70,33]                                          |
+| matmul_bcast_a          | A2t.T @ B3                                             | A2t 8 [70,19]                                         |
+| matmul_big              | A @ Bt.T (M 100, K 300, N 260)                         | A 9 [100,300]; Bt 10 [260,300]                        |
+| rmsnorm                 | rmsnorm(x, w, eps=f32(1e-5)) -> y, rstd                | x 20 [37,129] -3,8,16,FIN(2^20); w 21 [129] -1,2,0   |
+| rmsnorm_backward        | rmsnorm_backward(gy, x, w, rstd) -> gx, gw             | gy 22 [37,129] -3,8,16,FIN(2^10)                     |
+| rope_tables_long        | rope_tables(3000, 8, 500000) -> cos, sin               |                                                      |
+| rope_tables             | rope_tables(37, 18, 10000) -> cos, sin                 |                                                      |
+| rope                    | rope(x, cos, sin, False)                               | x 30 [2,37,3,18] -3,8,16,FIN(2^20)                   |
+| rope_backward           | rope(g, cos, sin, True)                                | g 31 [2,37,3,18] -3,8,16,FIN(2^20)                   |
+| causal_softmax          | causal_softmax(S, f32(1/sqrt(32))) -> P                | S 40 [3,37,37] -4,10,16,FIN(2^12)                    |
+| causal_softmax_backward | causal_softmax_backward(gP, P, same scale)             | gP 41 [3,37,37] -4,8,16,FIN(2^10)                    |
+| swiglu                  | swiglu(u)                                              | u 50 [37,90] -6,14,16,FIN(2^7)                       |
+| swiglu_backward         | swiglu_backward(g, u)                                  | g 51 [37,45] -3,8,16,FIN(2^10)                       |
+| cross_entropy           | cross_entropy(z, t, zloss=f32(1e-4)) -> loss, lse      | z 60 [37,131] -3,9,16,FIN(2^10); t = index(61,37,131)|
+| cross_entropy_backward  | cross_entropy_backward(0.75, z, t, lse, zloss)         |                                                      |
+| embedding               | embedding(w, idx)                                      | w 70 [23,129] -3,8,16,FIN(2^20); idx = index(71,70,20)|
+| embedding_backward      | embedding_backward(g, idx, 23)                         | g 72 [70,129] -3,8,16,FIN(2^20)                      |
+| add, mul                | a + b, a * b                                           | a 80, b 81 [10007] -4,12,8,FIN(2^100)                |
+| scale                   | a * -0x1.3p-110                                        | a 80                                                 |
+| dropout                 | dropout(x, 0.1, seed64, 7, 11)                         | x 82 [10007] -4,12,8,FIN(2^20)                       |
+| csum_rows               | csum(x) over rows                                      | x 100 [37,129] -3,8,16,FIN(2^20)                     |
+| csum_rows_long          | csum(x)                                                | x 101 [3,1000] -3,8,16,FIN(2^20)                     |
+| adamw                   | adamw_(p, g, m, v, ADAMW...) -> p, m, v                | p 90 -3,8; g 91 -12,14; m 92 -12,10; v = abs(93 -24,20); [10007], 16, FIN(2^20) |
+| clip_grad               | clip_grad(g, 0.5) -> out, norm                         | g 94 [10007] -4,8,16,FIN(2^10)                       |
+| exp                     | exp(x)                                                 | x 110 [20011] -20,28,8,SPEC                          |
+| log, recip, rsqrt, sqrt | fn(x)                                                  | bitsgen 111, 112, 113, 114 [20011] 8,SPEC            |
+| sin, cos                | fn(x)                                                  | x 115, 116 [20011] -20,38,8,SPEC                     |
+| philox                  | philox(seed64, 3, 5, 1, n=1001, block_offset=7) words  |                                                      |
+| uniform                 | uniform(seed64, 4, 6, 3, 1001)                         |                                                      |
+| normal                  | normal(seed64, 8, 9, 1, 1003)                          |                                                      |
+| canary                  | canary() -> [fused, ftz_missing]                       |                                                      |
+
+seed = 0x5EED2024, seed64 = (mix(seed ^ 0x01234567) << 32) | mix(seed). Multiple outputs are
+hashed concatenated in the order listed.
+"""
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU_DIR = os.path.join(ROOT, "kernels", "cpu")
+SOURCES = sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
+                 if f.endswith(".cpp") and f != "binding.cpp")
+BASE_FLAGS = ["-std=c++17", "-pthread", "-Wno-psabi", "-I", CPU_DIR]
+CONTRACT = ["-ffp-contract=off"]
+
+SEED = 0x5EED2024
+M32 = 0xFFFFFFFF
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((l for l in f if l.startswith(("flags", "Features"))), "")
+    except OSError:
+        line = ""
+    return set(line.split(":", 1)[-1].split())
+
+
+def _has_fma():
+    if platform.machine() in ("aarch64", "arm64"):
+        return True  # FMA is part of AArch64; -ffp-contract=fast alone uses it
+    return "fma" in _cpu_flags()
+
+
+def _fma_flags():
+    return [] if platform.machine() in ("aarch64", "arm64") else ["-mfma"]
+
+
+# name -> (compiler, flags); None compiler = not available (the test using it skips)
+VARIANTS = {
+    "gcc_O0": ("g++", ["-O0"] + CONTRACT),
+    "gcc_O3_native": ("g++", ["-O3", "-march=native"] + CONTRACT),
+    "clang_O2": ("clang++" if shutil.which("clang++") else None, ["-O2"] + CONTRACT),
+    "gcc_O2_fma_contract": ("g++" if _has_fma() else None, ["-O2", "-march=native", "-ffp-contract=fast"] + _fma_flags()),
+}
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    """Builds every available variant, two compilers at a time (the machine may be shared)."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    out_dir = tmp_path_factory.mktemp("selftest")
+
+    def build(item):
+        name, (cxx, flags) = item
+        if cxx is None:
+            return name, None
+        exe = str(out_dir / name)
+        cmd = [cxx] + flags + BASE_FLAGS + SOURCES + ["-o", exe]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise AssertionError(f"building the self-test failed: {' '.join(cmd)}\n{r.stderr}")
+        return name, exe
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(build, VARIANTS.items()))
+
+
+def _run(exe):
+    t0 = time.perf_counter()
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - t0
+    assert r.returncode == 0, f"{exe} failed ({r.returncode}): {r.stderr}"
+    lines = r.stdout.splitlines()
+    digests = {}
+    for line in lines:
+        name, hexd = line.split()
+        assert len(hexd) == 64 and name not in digests, line
+        digests[name] = hexd
+    return lines, digests, r.stderr, elapsed
+
+
+@pytest.fixture(scope="module")
+def results(binaries):
+    return {name: _run(exe) for name, exe in binaries.items() if exe is not None}
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. builds agree
+# ------------------------------------------------------------------------------------------------
+def test_o0_runs_fast_and_clean(results):
+    lines, digests, stderr, elapsed = results["gcc_O0"]
+    assert stderr == "", stderr  # no canary complaint under the contract's flags
+    assert len(digests) == len(EXPECTED_NAMES) and list(digests) == EXPECTED_NAMES
+    assert elapsed < 10.0, f"the -O0 self-test took {elapsed:.1f} s (meant to be < 2 s)"
+
+
+def test_gcc_O3_native_matches_O0(results):
+    assert results["gcc_O3_native"][0] == results["gcc_O0"][0]
+    assert results["gcc_O3_native"][2] == ""
+
+
+def test_clang_matches_gcc(results):
+    if "clang_O2" not in results:
+        pytest.skip("clang++ is not installed (Debian/Ubuntu package: clang)")
+    assert results["clang_O2"][0] == results["gcc_O0"][0]
+    assert results["clang_O2"][2] == ""
+
+
+def test_digests_catch_contraction(results):
+    """With a*b+c fused into FMA the matmul digests (and the canary) must change."""
+    if "gcc_O2_fma_contract" not in results:
+        pytest.skip("this CPU has no FMA")
+    ref = results["gcc_O0"][1]
+    fused = results["gcc_O2_fma_contract"][1]
+    changed = [n for n in ref if fused[n] != ref[n]]
+    assert "matmul_nn" in changed, "an FMA build left the matmul digest unchanged: the digest does not catch contraction"
+    assert all(n in changed for n in EXPECTED_NAMES if n.startswith("matmul_"))
+    assert "canary" in changed
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. the same digests through the torch extension, from a NumPy copy of the generator
+# ------------------------------------------------------------------------------------------------
+def _mix_int(x):
+    x &= M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32
+    x ^= x >> 16
+    return x
+
+
+def _mix(x):
+    x = x.astype(np.uint32)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def _hashes(stream, n):
+    i = np.arange(n, dtype=np.uint64)
+    h1 = _mix((i * np.uint64(0x9E3779B9) + np.uint64(_mix_int(stream ^ SEED))) & np.uint64(M32))
+    h2 = _mix((h1.astype(np.uint64) + np.uint64(0x632BE5AB)) & np.uint64(M32))
+    return h1, h2
+
+
+def _f32hex(*hexes):
+    return np.array([float.fromhex(h) for h in hexes], dtype=np.float32)
+
+
+def _fin(big):
+    t = _f32hex("0x0p+0", "-0x0p+0", "0x1p-149", "-0x1p-149", "0x1.fffffcp-127", "-0x1.fffffcp-127",
+                "0x1p-126", "-0x1p-126", "0x0p+0", "0x0p+0", "0x1p+0", "-0x1p+0", "0x1.000002p+0",
+                "0x1p-60", "-0x1p-60", "0x1p-1")
+    t[8], t[9] = np.float32(big), np.float32(-big)
+    return t
+
+
+SPEC = _f32hex("0x0p+0", "-0x0p+0", "inf", "-inf", "nan", "0x1p-149", "-0x1.fffffcp-127", "0x1p-126",
+               "0x1.fffffep+127", "-0x1.fffffep+127", "0x1.62e43p+6", "-0x1.5d589ep+6", "0x1.62e432p+6",
+               "0x1p+16", "0x1.000002p+16", "0x1p+0")
+SPEC[4] = np.uint32(0x7FC00000).view(np.float32)
+
+
+def _apply_specials(x, h2, period, table):
+    if period:
+        sel = (h2 >> np.uint32(20)) % np.uint32(period) == 0
+        x[sel] = table[(h2 & np.uint32(15))[sel]]
+    return x
+
+
+def gen(stream, shape, emin, erange, period=0, table=None):
+    n = int(np.prod(shape))
+    h1, h2 = _hashes(stream, n)
+    mant = ((h1 >> np.uint32(8)).astype(np.int64) - 0x800000).astype(np.float32)  # exact
+    e = emin + ((h2 >> np.uint32(4)) % np.uint32(erange)).astype(np.int64)
+    scale = ((e - 23 + 127) << 23).astype(np.uint32).view(np.float32)  # 2^(e-23), exact
+    x = mant * scale  # exact: a 24-bit integer times a power of two, never subnormal
+    return _apply_specials(x, h2, period, table).reshape(shape)
+
+
+def bitsgen(stream, n, period, table):
+    h1, h2 = _hashes(stream, n)
+    return _apply_specials(h1.view(np.float32).copy(), h2, period, table)
+
+
+def index(stream, n, mod):
+    h1, _ = _hashes(stream, n)
+    return (h1 % np.uint32(mod)).astype(np.int64)
+
+
+def _seed64():
+    return (_mix_int(SEED ^ 0x01234567) << 32) | _mix_int(SEED)
+
+
+def _f32_bytes(t):
+    u = np.ascontiguousarray(t.detach().numpy() if isinstance(t, torch.Tensor) else t, dtype=np.float32)
+    u = u.reshape(-1).view(np.uint32).copy()
+    nan = ((u & np.uint32(0x7F800000)) == np.uint32(0x7F800000)) & ((u & np.uint32(0x007FFFFF)) != 0)
+    u[nan] = np.uint32(0x7FC00000)
+    return u.astype("<u4").tobytes()
+
+
+def _digest(*outs):
+    h = hashlib.sha256()
+    for o in outs:
+        h.update(_f32_bytes(o))
+    return h.hexdigest()
+
+
+def T(a):
+    return torch.from_numpy(np.ascontiguousarray(a).copy())
+
+
+# Host scalars of the adamw line: lr 3e-4, betas (0.9, 0.95), eps 1e-8, wd 0.1, step 3.
+ADAMW_HEX = ["0x1.3a92a4p-12", "0x1.ccccccp-1", "0x1.e66666p-1", "0x1.99999ap-4", "0x1.99999ap-5",
+             "0x1.5798eep-27", "0x1.fffc12p-1", "0x1.d85322p+1", "0x1.c0baacp+2"]
+
+EXPECTED_NAMES = [
+    "matmul_nn", "matmul_tn", "matmul_nt", "matmul_tt", "matmul_batched", "matmul_bcast_b",
+    "matmul_bcast_a", "matmul_big", "rmsnorm", "rmsnorm_backward", "rope_tables_long", "rope_tables",
+    "rope", "rope_backward", "causal_softmax", "causal_softmax_backward", "swiglu", "swiglu_backward",
+    "cross_entropy", "cross_entropy_backward", "embedding", "embedding_backward", "add", "mul", "scale",
+    "dropout", "csum_rows", "csum_rows_long", "adamw", "clip_grad", "exp", "log", "recip", "rsqrt",
+    "sqrt", "sin", "cos", "philox", "uniform", "normal", "canary"]
+
+
+def torch_digests():
+    import repops
+
+    ops = torch.ops.repops
+    d = {}
+    fin20 = _fin(2.0**20)
+
+    # matmul
+    G = lambda s, shape: T(gen(s, shape, -2, 4, 16, fin20))  # noqa: E731
+    A, B, At, Bt = G(1, (37, 129)), G(2, (129, 45)), G(3, (129, 37)), G(4, (45, 129))
+    d["matmul_nn"] = _digest(ops.matmul(A, B))
+    d["matmul_tn"] = _digest(ops.matmul(At.t(), B))
+    d["matmul_nt"] = _digest(ops.matmul(A, Bt.t()))
+    d["matmul_tt"] = _digest(ops.matmul(At.t(), Bt.t()))
+    A3, B3, B2, A2t = G(5, (3, 19, 70)), G(6, (3, 70, 33)), G(7, (70, 33)), G(8, (70, 19))
+    d["matmul_batched"] = _digest(ops.matmul(A3, B3))
+    d["matmul_bcast_b"] = _digest(ops.matmul(A3, B2))
+    d["matmul_bcast_a"] = _digest(ops.matmul(A2t.t(), B3))
+    d["matmul_big"] = _digest(ops.matmul(G(9, (100, 300)), G(10, (260, 300)).t()))
+
+    # rmsnorm
+    eps = float.fromhex("0x1.4f8b58p-17")
+    assert eps == repops.f32(1e-5)
+    x, w = T(gen(20, (37, 129), -3, 8, 16, fin20)), T(gen(21, (129,), -1, 2))
+    gy = T(gen(22, (37, 129), -3, 8, 16, _fin(2.0**10)))
+    y, rstd = ops.rmsnorm(x, w, eps)
+    d["rmsnorm"] = _digest(y, rstd)
+    d["rmsnorm_backward"] = _digest(*ops.rmsnorm_backward(gy, x, w, rstd))
+
+    # rope
+    d["rope_tables_long"] = _digest(*ops.rope_tables(3000, 8, 500000.0))
+    c, s = ops.rope_tables(37, 18, 10000.0)
+    d["rope_tables"] = _digest(c, s)
+    d["rope"] = _digest(ops.rope(T(gen(30, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, False))
+    d["rope_backward"] = _digest(ops.rope(T(gen(31, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, True))
+
+    # causal softmax
+    scale = float.fromhex("0x1.6a09e6p-3")
+    assert scale == repops.f32(1.0 / 32**0.5)
+    P = ops.causal_softmax(T(gen(40, (3, 37, 37), -4, 10, 16, _fin(2.0**12))), scale)
+    d["causal_softmax"] = _digest(P)
+    gP = T(gen(41, (3, 37, 37), -4, 8, 16, _fin(2.0**10)))
+    d["causal_softmax_backward"] = _digest(ops.causal_softmax_backward(gP, P, scale))
+
+    # swiglu
+    u = T(gen(50, (37, 90), -6, 14, 16, _fin(2.0**7)))
+    d["swiglu"] = _digest(ops.swiglu(u))
+    d["swiglu_backward"] = _digest(ops.swiglu_backward(T(gen(51, (37, 45), -3, 8, 16, _fin(2.0**10))), u))
+
+    # cross-entropy
+    zloss = float.fromhex("0x1.a36e2ep-14")
+    assert zloss == repops.f32(1e-4)
+    z, t = T(gen(60, (37, 131), -3, 9, 16, _fin(2.0**10))), T(index(61, 37, 131))
+    loss, lse = ops.cross_entropy(z, t, zloss)
+    d["cross_entropy"] = _digest(loss, lse)
+    d["cross_entropy_backward"] = _digest(
+        ops.cross_entropy_backward(torch.tensor(0.75, dtype=torch.float32), z, t, lse, zloss))
+
+    # embedding
+    idx = T(index(71, 70, 20))
+    d["embedding"] = _digest(ops.embedding(T(gen(70, (23, 129), -3, 8, 16, fin20)), idx))
+    d["embedding_backward"] = _digest(ops.embedding_backward(T(gen(72, (70, 129), -3, 8, 16, fin20)), idx, 23))
+
+    # elementwise, dropout, csum
+    a, b = T(gen(80, (10007,), -4, 12, 8, _fin(2.0**100))), T(gen(81, (10007,), -4, 12, 8, _fin(2.0**100)))
+    d["add"] = _digest(ops.add(a, b))
+    d["mul"] = _digest(ops.mul(a, b))
+    d["scale"] = _digest(ops.scale(a, float.fromhex("-0x1.3p-110")))
+    seed64 = repops._signed64(_seed64())
+    d["dropout"] = _digest(ops.dropout(T(gen(82, (10007,), -4, 12, 8, fin20)), 0.1, seed64, 7, 11))
+    d["csum_rows"] = _digest(ops.csum(T(gen(100, (37, 129), -3, 8, 16, fin20))))
+    d["csum_rows_long"] = _digest(ops.csum(T(gen(101, (3, 1000), -3, 8, 16, fin20))))
+
+    # optimizer
+    hp = [float.fromhex(h) for h in ADAMW_HEX]
+    lr, b1, b2, wd, e, step = 3e-4, 0.9, 0.95, 0.1, 1e-8, 3
+    f32 = repops.f32
+    assert hp == [f32(lr), f32(b1), f32(b2), f32(1 - b1), f32(1 - b2), f32(e), f32(1 - lr * wd),
+                  f32(1 / (1 - repops.powi(b1, step))), f32(1 / (1 - repops.powi(b2, step)))]
+    p = T(gen(90, (10007,), -3, 8, 16, fin20))
+    g = T(gen(91, (10007,), -12, 14, 16, fin20))
+    m = T(gen(92, (10007,), -12, 10, 16, fin20))
+    v = T(np.abs(gen(93, (10007,), -24, 20, 16, fin20)))  # sign bit cleared
+    ops.adamw_(p, g, m, v, *hp)
+    d["adamw"] = _digest(p, m, v)
+    d["clip_grad"] = _digest(*ops.clip_grad(T(gen(94, (10007,), -4, 8, 16, _fin(2.0**10))), 0.5))
+
+    # canonical functions
+    n = 20011
+    d["exp"] = _digest(ops.exp(T(gen(110, (n,), -20, 28, 8, SPEC))))
+    for name, stream in (("log", 111), ("recip", 112), ("rsqrt", 113), ("sqrt", 114)):
+        d[name] = _digest(getattr(ops, name)(T(bitsgen(stream, n, 8, SPEC))))
+    for name, stream in (("sin", 115), ("cos", 116)):
+        d[name] = _digest(getattr(ops, name)(T(gen(stream, (n,), -20, 38, 8, SPEC))))
+
+    # random numbers
+    words = ops.philox(seed64, 3, 5, 1, 1001, 7).numpy().astype("<u4")
+    d["philox"] = hashlib.sha256(words.tobytes()).hexdigest()
+    d["uniform"] = _digest(ops.uniform(seed64, 4, 6, 3, 1001))
+    d["normal"] = _digest(ops.normal(seed64, 8, 9, 1, 1003))
+    d["canary"] = _digest(ops.canary())
+    return d
+
+
+def test_numpy_generator_is_exact():
+    """The NumPy generator's float steps are exact, so it cannot depend on FTZ or rounding."""
+    x = gen(20, (4096,), -3, 8)
+    h1, h2 = _hashes(20, 4096)
+    mant = (h1 >> np.uint32(8)).astype(np.int64) - 0x800000
+    e = -3 + ((h2 >> np.uint32(4)) % np.uint32(8)).astype(np.int64)
+    assert np.array_equal(x.astype(np.float64), np.ldexp(mant.astype(np.float64), e - 23))
+
+
+def test_selftest_matches_torch_extension(results):
+    program = results["gcc_O0"][1]
+    ours = torch_digests()
+    assert list(ours) == EXPECTED_NAMES
+    bad = [f"{n}: selftest {program[n][:16]}.. torch {ours[n][:16]}.." for n in EXPECTED_NAMES if program[n] != ours[n]]
+    assert not bad, "self-test digests differ from the torch extension's:\n" + "\n".join(bad)
