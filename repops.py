@@ -34,7 +34,8 @@ CPU_SOURCES = sorted(
 KERNEL_FILES = CPU_SOURCES + sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR) if f.endswith(".h"))
 # Contract §2-§3: no contraction into FMA, no fast-math reassociation. -march=native only picks
 # the SIMD width; it cannot change bits because nothing is fused or reordered.
-CPU_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-march=native"]
+# -fopenmp: at::parallel_for (binding.cpp) is an inline OpenMP loop; without it, it runs serially.
+CPU_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-march=native", "-fopenmp"]
 
 PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
 
@@ -73,7 +74,8 @@ def _load():
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     try:
         torch.utils.cpp_extension.load(
-            name="repops_cpu", sources=CPU_SOURCES, extra_cflags=CPU_FLAGS, extra_include_paths=[CPU_DIR],
+            name="repops_cpu", sources=CPU_SOURCES, extra_cflags=CPU_FLAGS, extra_ldflags=["-fopenmp"],
+            extra_include_paths=[CPU_DIR],
             build_directory=build_dir, is_python_module=False, verbose=False)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         raise RepOpsBuildError(f"building the RepOps CPU kernels failed (build dir {build_dir}): {e}") from e
@@ -240,8 +242,9 @@ class _SwiGLU(torch.autograd.Function):
 
 
 def swiglu(u):
-    """silu(gate) * up for u [R, 2H] = [gate | up]."""
-    return _SwiGLU.apply(u)
+    """silu(gate) * up for u [..., 2H] = [gate | up]; leading dims are flattened to rows."""
+    out = _SwiGLU.apply(u.reshape(-1, u.shape[-1]))
+    return out.view(*u.shape[:-1], u.shape[-1] // 2)
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -337,7 +340,8 @@ class _Dropout(torch.autograd.Function):
 
 
 def dropout(x, p, seed, c1, c2):
-    """Philox dropout (contract §6): the mask is a function of (seed, c1, c2, element index)."""
+    """Philox dropout (contract §6): the mask is a function of (seed, c1, c2, element index).
+    p = 0 is the identity and runs no kernel."""
     if p == 0.0:
         return x
     return _Dropout.apply(x, p, _signed64(seed), c1, c2)

@@ -32,9 +32,11 @@ def check_topology(n_micro, world):
     if not pow2(n_micro):
         raise TopologyError(f"micro_batches must be a power of two, got {n_micro}")
     if not pow2(world) or n_micro % world:
+        # List the allowed sizes exactly: a fixed "1, 2, 4, ..." would name 4 for n_micro < 4.
+        allowed = ", ".join(str(1 << k) for k in range(n_micro.bit_length()))
         raise TopologyError(
             f"world size {world} is not supported: it must be a power of two that divides "
-            f"micro_batches={n_micro} (e.g. 1, 2, 4, ..., {n_micro})")
+            f"micro_batches={n_micro} ({allowed})")
 
 
 def owned_micro_batches(n_micro, world, rank):

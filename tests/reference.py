@@ -32,6 +32,7 @@ U32 = np.uint32
 
 SIGN = U32(0x80000000)
 EXP_MASK = U32(0x7F800000)
+FLT_MIN = 2.0 ** -126  # smallest normal float32
 MANT_MASK = U32(0x007FFFFF)
 QNAN = U32(0x7FC00000)
 
@@ -95,8 +96,18 @@ def sub(a, b):
 
 
 def mul(a, b):
+    """Product with §3's tininess-after-rounding rule: a result whose exact value rounds (to 24
+    bits, unbounded exponent) up to 2^-126 is FLT_MIN; anything below flushes to signed zero."""
+    a, b = ftz(a), ftz(b)
     with np.errstate(all="ignore"):
-        return ftz(np.multiply(ftz(a), ftz(b), dtype=np.float32))
+        r = np.multiply(a, b, dtype=np.float32)
+        exact = np.multiply(a, b, dtype=np.float64)      # exact: 24 + 24 bits fit in 53
+        tiny = (np.abs(exact) < FLT_MIN) & (exact != 0)
+        if np.any(tiny):
+            rounded = (exact * 2.0 ** 64).astype(np.float32).astype(np.float64) * 2.0 ** -64
+            kept = np.where(np.abs(rounded) >= FLT_MIN, rounded, np.copysign(0.0, exact))
+            r = np.where(tiny, kept.astype(np.float32), r)
+    return ftz(r)
 
 
 def neg(a):

@@ -996,11 +996,9 @@ def test_clip_grad_vs_torch(rp, max_norm):
 # 4. contract edge cases (last, so that `pytest -x` runs everything else first)
 # ------------------------------------------------------------------------------------------------
 
-# FTZ boundary: exact product just below FLT_MIN.  IEEE (gradual underflow) rounds it to FLT_MIN,
-# a normal number, which the §3 rule "subnormal result -> zero" (and so the reference) leaves
-# alone.  Hardware FTZ decides tininess differently: x86 after rounding to 24 bits with unbounded
-# exponent (flushes the first case, keeps the second), AArch64 FPCR.FZ before rounding (flushes
-# both).  §3 does not say which; these two inputs show where backends can differ.
+# FTZ boundary: exact products just below FLT_MIN. Contract §3 decides tininess after rounding
+# (the x86 rule): the first rounds (24 bits, unbounded exponent) to 2^-126 (1 - 2^-24), still
+# tiny, so it flushes; the second rounds up to 2^-126 = FLT_MIN and is kept.
 FTZ_EDGE = [
     (2.0 ** -63 * (1 - 2.0 ** -24), 2.0 ** -63),                   # exact 2^-126 (1 - 2^-24)
     (2.0 ** -63 * (1 + 2.0 ** -23), 2.0 ** -63 * (1 - 2.0 ** -23)),  # exact 2^-126 (1 - 2^-46)

@@ -1,0 +1,179 @@
+"""Benchmark RepOps against stock PyTorch (fp32, eager) on this machine, in one run.
+
+    python bench.py                  # default model and batch of train.py
+    python bench.py --threads 1      # pin the thread count (both sides)
+    python bench.py --repeats 10
+
+Prints the machine, then tables of absolute figures and ratios (RepOps / PyTorch time):
+matmul GFLOP/s at the model's shapes (forward and both backward products), one full training
+step (forward, backward, fold, clip, AdamW) against the same model written in plain torch,
+state hashing (GB/s and its share of a step), and auditing one step against training one.
+Needs a prepared corpus (python data.py). Not a test: run it on a quiet machine.
+"""
+import argparse
+import math
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+import hashchain
+import repops
+import train
+from data import TokenData
+
+
+def timeit(fn, repeats, warmup=1):
+    """Median wall time of fn() in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{cpu} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
+            f"python {platform.python_version()}")
+
+
+# ----------------------------------------------------------------------------- baseline model
+class TorchLlama(torch.nn.Module):
+    """The same model in plain PyTorch fp32 (same shapes, same math, same initial weights)."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.cfg = state.model.cfg
+        self.p = torch.nn.ParameterDict({n.replace(".", "/"): torch.nn.Parameter(t.detach().clone())
+                                         for n, t in state.params.items()})
+        self.cos, self.sin = state.model.rope_cos, state.model.rope_sin
+
+    def w(self, name):
+        return self.p[name.replace(".", "/")]
+
+    def rmsnorm(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps) * w
+
+    def rope(self, x):                                   # x [B, T, H, Dh], interleaved pairs
+        T = x.shape[1]
+        c, s = self.cos[:T, None, :], self.sin[:T, None, :]
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), -1).flatten(-2)
+
+    def forward(self, idx, targets, zloss):
+        cfg = self.cfg
+        B, T = idx.shape
+        H, Dh = cfg.n_head, cfg.d_model // cfg.n_head
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        x = F.embedding(idx, self.w("tok_emb"))
+        for i in range(cfg.n_layer):
+            h = self.rmsnorm(x, self.w(f"layers.{i}.attn_norm"))
+            q, k, v = (h @ self.w(f"layers.{i}.wqkv").t()).view(B, T, 3, H, Dh).unbind(2)
+            q, k = self.rope(q), self.rope(k)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
+            p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+            o = (p @ v).transpose(1, 2).reshape(B, T, -1)
+            x = x + o @ self.w(f"layers.{i}.wo").t()
+            h = self.rmsnorm(x, self.w(f"layers.{i}.mlp_norm"))
+            a, b = (h @ self.w(f"layers.{i}.w_gate_up").t()).chunk(2, -1)
+            x = x + (F.silu(a) * b) @ self.w(f"layers.{i}.w_down").t()
+        logits = (self.rmsnorm(x, self.w("norm")) @ self.w("lm_head").t()).view(B * T, -1)
+        lse = torch.logsumexp(logits, -1)
+        return F.cross_entropy(logits, targets.reshape(-1)) + zloss * (lse * lse).mean()
+
+
+def torch_step(model, opt, data, cfg, step):
+    opt.zero_grad(set_to_none=True)
+    for m in range(cfg.micro_batches):
+        x, y = data.micro_batch("train", step, m, cfg.micro_batch_size, cfg.seq_len)
+        (model(x, y, cfg.zloss) / cfg.micro_batches).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+
+
+# ----------------------------------------------------------------------------- sections
+def bench_matmul(cfg, vocab, repeats):
+    rows, d, h = cfg.micro_batch_size * cfg.seq_len, cfg.d_model, cfg.d_hidden
+    shapes = {"wqkv": (3 * d, d), "wo": (d, d), "w_gate_up": (2 * h, d), "w_down": (d, h), "lm_head": (vocab, d)}
+    print(f"\nmatmul, fp32, rows = micro_batch_size x seq_len = {rows} (GFLOP/s; ratio = RepOps/torch speed)")
+    print(f"{'weight':10s} {'product':22s} {'RepOps':>8s} {'torch':>8s} {'ratio':>6s}")
+    ratios = []
+    for name, (out_f, in_f) in shapes.items():
+        x, w, gy = torch.randn(rows, in_f), torch.randn(out_f, in_f), torch.randn(rows, out_f)
+        for label, a, b in (("fwd  x @ W.T", x, w.t()), ("bwd  gy @ W", gy, w), ("bwd  gy.T @ x", gy.t(), x)):
+            flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
+            t_rep = timeit(lambda: repops.ops.matmul(a, b), repeats)
+            t_ref = timeit(lambda: torch.matmul(a, b), repeats)
+            ratios.append(t_ref / t_rep)
+            print(f"{name:10s} {label:22s} {flops / t_rep / 1e9:8.1f} {flops / t_ref / 1e9:8.1f} {t_ref / t_rep:6.2f}")
+    print(f"geometric mean speed ratio RepOps/torch: {math.exp(statistics.mean(map(math.log, ratios))):.2f}")
+
+
+def bench_step(cfg, data, repeats, workdir):
+    state = train.TrainState(cfg, data.vocab_size)
+    baseline = TorchLlama(state)
+    opt = torch.optim.AdamW(baseline.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay)
+    steps = iter(range(1, 10 ** 6))
+    t_rep = timeit(lambda: train.train_step(state, data, cfg), repeats)
+    t_ref = timeit(lambda: torch_step(baseline, opt, data, cfg, next(steps)), repeats)
+    tokens = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
+    print(f"\ntraining step ({tokens} tokens: forward, backward, fold/accumulate, clip, AdamW)")
+    print(f"{'':10s} {'ms/step':>9s} {'tok/s':>9s}")
+    print(f"{'RepOps':10s} {t_rep * 1e3:9.1f} {tokens / t_rep:9.0f}")
+    print(f"{'torch':10s} {t_ref * 1e3:9.1f} {tokens / t_ref:9.0f}")
+    print(f"RepOps step time / torch step time: {t_rep / t_ref:.2f}x")
+
+    tensors = state.tensors()
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    t_hash = timeit(lambda: hashchain.state_hash(tensors), repeats)
+    print(f"\nstate hashing: {nbytes / 1e6:.1f} MB in {t_hash * 1e3:.1f} ms = {nbytes / t_hash / 1e9:.2f} GB/s, "
+          f"{100 * t_hash / (t_rep + t_hash):.1f}% of a step (step + hash)")
+
+    # Audit one step: a run of 1 step with a checkpoint at 0, then audit.py's replay of step 1.
+    import audit
+    run_dir = os.path.join(workdir, "run")
+    rcfg = train.parse_config(["--run_dir", run_dir, "--max_steps", "1", "--sample_tokens", "0",
+                               "--eval_every", "0"], base=cfg)
+    train.run(rcfg, 0, 1)
+    t_audit = timeit(lambda: audit.Audit(run_dir).replay(1, 1), 1, warmup=0)
+    print(f"\naudit of one step (verify chain + checkpoint, replay, compare): {t_audit:.2f} s = "
+          f"{t_audit / (t_rep + t_hash):.2f}x a training step")
+
+
+def main():
+    ap = argparse.ArgumentParser(description="RepOps vs stock PyTorch on this machine.")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--data_dir", default=train.Config.data_dir)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = train.Config(data_dir=args.data_dir)
+    data = TokenData(cfg.data_dir, cfg.seed)
+    print("machine:", machine())
+    bench_matmul(cfg, data.vocab_size, args.repeats)
+    workdir = tempfile.mkdtemp(prefix="repops-bench-")
+    try:
+        bench_step(cfg, data, args.repeats, workdir)
+    finally:
+        shutil.rmtree(workdir)
+
+
+if __name__ == "__main__":
+    main()

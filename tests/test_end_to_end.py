@@ -1,0 +1,341 @@
+"""End to end: train, audit, SIGKILL and resume, tampering, bad input, sampling.
+
+Everything runs the real command-line programs (train.py, audit.py, sample.py) as
+subprocesses on a tiny model and a corpus generated here. The reference run is trained once
+per module; the tests that modify a run work on copies of it.
+
+Runs are started with the relative --run_dir=run from their own working directory: the
+genesis record holds the resolved config, run_dir included, so two runs can only have
+byte-identical chains when they were given the same run_dir string.
+"""
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import data
+import hashchain
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 30
+CKPT_EVERY = 10
+TINY = ["--n_layer=2", "--d_model=32", "--n_head=2", "--d_hidden=64", "--seq_len=16",
+        "--micro_batch_size=2", "--micro_batches=4"]
+SEQ_LEN, MICRO_BATCH_SIZE, MICRO_BATCHES, SEED = 16, 2, 4, 1337   # as TINY, and Config's seed
+TIMEOUT = 180   # seconds for one subprocess; only a hang gets near it
+
+
+def script(name, *args, cwd=ROOT, env=None):
+    """Run one of the project's programs to completion."""
+    return subprocess.run([sys.executable, str(ROOT / name), *map(str, args)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def train_args(corpus, *extra):
+    return ["--run_dir=run", f"--data_dir={corpus}", *TINY, f"--max_steps={STEPS}",
+            f"--checkpoint_every={CKPT_EVERY}", "--eval_every=0", "--sample_tokens=0", *extra]
+
+
+def train(work, corpus, *extra):
+    """Train the tiny model to the end in work/run; returns the run directory."""
+    proc = script("train.py", *train_args(corpus, *extra), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    return work / "run"
+
+
+def audit(run, *args, corpus=None):
+    return script("audit.py", "--run", run, *args, *(["--data", corpus] if corpus else []))
+
+
+def mismatch_lines(proc):
+    return [line for line in proc.stdout.splitlines() if line.startswith("MISMATCH")]
+
+
+def assert_one_line_error(proc, prog):
+    """Exit code 2 and exactly one stderr line, prog's error line, with no traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), proc.stderr
+
+
+def checkpoint_files(run):
+    return {p.name: p.read_bytes() for p in sorted((run / "checkpoints").iterdir())}
+
+
+def copy_run(run, dest):
+    shutil.copytree(run, dest)
+    return dest
+
+
+def chain_records(run):
+    return [json.loads(line) for line in (run / "chain.jsonl").read_text().splitlines()]
+
+
+def write_chain(run, records):
+    """Write records one per line in the chain's canonical JSON, as a forger would."""
+    lines = [json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records]
+    (run / "chain.jsonl").write_text("".join(lines))
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small corpus of seeded random sentences, prepared with data.py's byte tokenizer."""
+    base = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(7)
+    words = ("the king queen sword night day love death crown fair lord lady house war peace "
+             "gold blood heart hand eye sea storm fool wise old young sweet bitter speak hear "
+             "come go stay fly fall rise thou thee my our their never ever now").split()
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))).capitalize() + "."
+                     for _ in range(600))
+    (base / "source.txt").write_text(text)
+    _, out = data.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"))
+    return Path(out)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    """The uninterrupted reference run (one torch thread)."""
+    return train(tmp_path_factory.mktemp("reference"), corpus, "--threads=1")
+
+
+# ----------------------------------------------------------------------------- training and audit
+def test_reference_run_has_every_step_and_checkpoint(reference):
+    records = chain_records(reference)
+    assert [r["step"] for r in records] == list(range(STEPS + 1))
+    assert records[0]["kind"] == "genesis"
+    assert sorted(checkpoint_files(reference)) == [
+        hashchain.checkpoint_path("", s).name for s in range(0, STEPS + 1, CKPT_EVERY)]
+
+
+def test_independent_runs_are_byte_identical(corpus, reference, tmp_path):
+    # Another process and another thread count (a bookkeeping key): the same bytes.
+    run = train(tmp_path, corpus, "--threads=2")
+    assert (run / "chain.jsonl").read_bytes() == (reference / "chain.jsonl").read_bytes()
+    assert checkpoint_files(run) == checkpoint_files(reference)
+
+
+@pytest.mark.parametrize("args", [["--step", "1"], ["--step", "15"], ["--step", "30"], ["--all"]],
+                         ids=["step1", "step15", "step30", "all"])
+def test_audit_matches(reference, args):
+    proc = audit(reference, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MATCH" in proc.stdout and not mismatch_lines(proc), proc.stdout
+    assert "audit cost:" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- SIGKILL and resume
+def _state(pid):
+    """The one-letter process state from /proc (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, reference, tmp_path):
+    run = tmp_path / "run"
+    ckpt_dir, chain = run / "checkpoints", run / "chain.jsonl"
+    rng = random.Random(20260601)
+
+    def steps_in_chain():
+        return chain.read_bytes().count(b"\n") - 1 if chain.exists() else -1
+
+    def checkpoint_being_written():
+        """(temp path, step) of a checkpoint write in progress for a step >= 10, or None."""
+        for name in (os.listdir(ckpt_dir) if ckpt_dir.is_dir() else []):
+            m = re.match(r"\.step_(\d+)\.safetensors\.tmp-", name)
+            if m and int(m.group(1)) >= CKPT_EVERY:
+                return ckpt_dir / name, int(m.group(1))
+        return None
+
+    startup_delay = rng.uniform(0.2, 1.5)
+    step_a, step_b = rng.randint(3, CKPT_EVERY - 1), rng.randint(2 * CKPT_EVERY + 2, STEPS - 2)
+    kills = [("startup", startup_delay), ("step", step_a), ("checkpoint", None), ("step", step_b)]
+    torn_checkpoint = None
+    for kind, arg in kills:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *train_args(corpus)],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            t0 = time.monotonic()
+            while proc.poll() is None and time.monotonic() - t0 < TIMEOUT:
+                if kind == "startup" and time.monotonic() - t0 >= arg:
+                    break
+                if kind == "step" and steps_in_chain() >= arg:
+                    time.sleep(rng.uniform(0.0, 0.02))     # somewhere in the following step
+                    break
+                if kind == "checkpoint" and (found := checkpoint_being_written()):
+                    # Freeze the writer, and kill it only if the temporary file is still there:
+                    # then the kill certainly lands between the file's creation and its rename.
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    while _state(proc.pid) not in "TtZ":      # Z: it exited meanwhile
+                        pass
+                    if found[0].exists():
+                        torn_checkpoint = found
+                        break
+                    os.kill(proc.pid, signal.SIGCONT)
+                time.sleep(0.0002)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        stderr = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert proc.returncode == -signal.SIGKILL, f"{kind} kill came too late (rc {proc.returncode}): {stderr}"
+        if kind == "checkpoint":
+            assert torn_checkpoint, "no kill landed during a checkpoint write"
+            # A torn file under the checkpoint's real name (as a non-atomic writer would leave
+            # it): the restart must reject it, not load it.
+            path, step = torn_checkpoint
+            hashchain.checkpoint_path(ckpt_dir, step).write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+        if kind == "step" and arg == step_a:
+            # A chain line torn mid-write: the restart must drop it, not read it.
+            with open(chain, "ab") as f:
+                f.write(b'{"batch_digest":"ab55')
+
+    train(tmp_path, corpus)          # the last restart runs to the end
+    log = (run / "train.log").read_text()
+    assert "skipping checkpoint" in log and "dropped a torn last line" in log, log
+    assert chain.read_bytes() == (reference / "chain.jsonl").read_bytes()
+    files = checkpoint_files(run)    # no temporary file left behind either
+    assert files == checkpoint_files(reference)
+    records = chain_records(run)
+    for step, path in hashchain.list_checkpoints(ckpt_dir):
+        tensors, meta = hashchain.load_checkpoint(path)
+        assert meta["step"] == step
+        hashchain.verify_state(tensors, records[step]["state_hash"], records[step]["tensor_hashes"])
+
+
+# ----------------------------------------------------------------------------- tampering
+def test_bit_flip_in_checkpoint_tensor_is_named(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    path = hashchain.checkpoint_path(run / "checkpoints", 10)
+    raw = bytearray(path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8:8 + n])["params.layers.1.wo"]["data_offsets"]
+    raw[8 + n + (begin + end) // 2] ^= 0x10
+    path.write_bytes(raw)
+    proc = audit(run, "--step", "15")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = mismatch_lines(proc)[0]
+    assert first.startswith("MISMATCH at step 10:") and "params.layers.1.wo" in first, proc.stdout
+
+
+def test_changed_token_is_found_at_the_first_step_that_reads_it(corpus, reference, tmp_path):
+    # Which token positions each step reads: the batch stream over a split whose tokens are
+    # their own positions (it is keyed by the manifest's published digest, not the file).
+    stream = data.TokenData(str(corpus), SEED)
+    stream.tokens["train"] = np.arange(len(stream.tokens["train"]))
+    seen, target = set(), None
+    for step in range(1, STEPS + 1):
+        read = {int(p) for m in range(MICRO_BATCHES)
+                for p in stream.window("train", step, m, MICRO_BATCH_SIZE, SEQ_LEN).reshape(-1)}
+        if step > CKPT_EVERY and target is None and read - seen:   # past a checkpoint
+            target = step, min(read - seen)
+        seen |= read
+    assert target, "no step reads a token that no earlier step read"
+    step, position = target
+    tampered = shutil.copytree(corpus, tmp_path / "tokens")
+    dtype = data.DTYPES[stream.manifest["dtype"]]
+    tokens = np.fromfile(tampered / "train.bin", dtype=dtype)
+    tokens[position] = (tokens[position] + 1) % 256
+    tokens.tofile(tampered / "train.bin")
+    proc = audit(reference, "--all", corpus=tampered)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "does not match the sha256" in proc.stdout       # the audit also warns up front
+    lines = mismatch_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith(f"MISMATCH at step {step}:"), proc.stdout
+    assert "batch" in lines[0], proc.stdout
+
+
+def test_changed_hyperparameter_in_a_resealed_chain(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    records = chain_records(run)
+    records[0]["config"]["lr"] = 2e-3            # the run used 3e-3
+    prev, forged = hashchain.GENESIS_PREV, []
+    for rec in records:                          # re-seal every link, as a forger would
+        rec = hashchain.seal({k: v for k, v in rec.items() if k not in ("prev", "record_hash")}, prev)
+        forged.append(rec)
+        prev = rec["record_hash"]
+    write_chain(run, forged)
+    resealed = hashchain.Chain(run / "chain.jsonl")
+    resealed.load(repair=False)
+    resealed.verify()                            # the forgery is a well-formed chain
+    for args in (["--step", "1"], ["--all"]):
+        proc = audit(run, *args)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        lines = mismatch_lines(proc)
+        assert len(lines) == 1 and lines[0].startswith("MISMATCH at step 1:"), proc.stdout
+
+
+def test_edited_record_breaks_the_chain_at_that_step(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    records = chain_records(run)
+    records[17]["loss"] += 0.25                  # not resealed
+    write_chain(run, records)
+    for args in (["--all"], ["--step", "17"]):
+        proc = audit(run, *args)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        lines = mismatch_lines(proc)
+        assert len(lines) == 1 and lines[0].startswith("MISMATCH at step 17:"), proc.stdout
+        assert "edited" in lines[0]
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_audit_missing_run_dir(tmp_path):
+    assert_one_line_error(audit(tmp_path / "nowhere", "--step", "1"), "audit.py")
+
+
+def test_audit_step_beyond_the_chain(reference):
+    assert_one_line_error(audit(reference, "--step", str(STEPS + 1)), "audit.py")
+
+
+def test_audit_truncated_checkpoint(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    path = hashchain.checkpoint_path(run / "checkpoints", 10)    # the one --step 15 starts from
+    os.truncate(path, path.stat().st_size // 2)
+    assert_one_line_error(audit(run, "--step", "15"), "audit.py")
+
+
+def test_audit_garbage_chain_line(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    lines = (run / "chain.jsonl").read_text().splitlines(keepends=True)
+    lines[STEPS // 2] = "garbage\n"
+    (run / "chain.jsonl").write_text("".join(lines))
+    assert_one_line_error(audit(run, "--step", "1"), "audit.py")
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--no_such_key=1"], {}),
+    (["--n_layer=two"], {}),
+    (["--micro_batches=4"], {"WORLD_SIZE": "3", "RANK": "0"}),
+], ids=["unknown_key", "bad_type", "world_size_3"])
+def test_train_bad_input(corpus, tmp_path, args, env):
+    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *args,
+                  env={**os.environ, **env})
+    assert_one_line_error(proc, "train.py")
+    assert not (tmp_path / "run").exists()       # refused before any work
+
+
+# ----------------------------------------------------------------------------- sampling
+def test_sample_is_a_function_of_prompt_and_seed(reference):
+    def sample(seed):
+        proc = script("sample.py", "--run", reference, "--prompt", "The king", "--tokens", "40",
+                      "--seed", seed)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    first = sample(3)
+    assert first.startswith("The king") and len(first) > len("The king") + 20
+    assert sample(3) == first
+    assert sample(4) != first
