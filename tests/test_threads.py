@@ -11,7 +11,6 @@
     expression compiled with g++ -O2 -ffp-contract=fast -mfma gives the fused value 2^-24
     (and 0 with -ffp-contract=off), so its inputs distinguish fused from unfused.
 """
-import os
 import platform
 import shutil
 import subprocess

@@ -26,7 +26,6 @@ elsewhere the error in ulp is asserted.
 Measured values are given next to each bound (ULP_BOUND below).
 """
 import math
-from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -260,35 +259,44 @@ def measurement_inputs(name):
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-@lru_cache(maxsize=None)
-def measured(name):
-    """(x, got, true) over the measurement set of `name`."""
-    x = measurement_inputs(name)
-    got = kernel(name)(x)
-    return x, got, truth(name, x)
+CHUNK = 1 << 21   # measured in chunks to keep the memory small
+
+
+def _max_at(v, x):
+    """(max of v, the x where it is attained); (0.0, 0.0) when empty."""
+    if v.size == 0:
+        return 0.0, 0.0
+    i = int(np.argmax(v))
+    return float(v[i]), float(x[i])
 
 
 def errors(name):
-    """dict of the measured error statistics."""
-    x, got, true = measured(name)
-    err = ulp_error(got, true)
-    out = {"n": x.size}
+    """dict of the measured error statistics over the measurement set of `name`."""
+    xs = measurement_inputs(name)
+    run = kernel(name)
+    out = {"n": xs.size, "ulp": 0.0, "ulp_at": 0.0}
     if name in ("sin", "cos"):
-        with np.errstate(all="ignore"):
-            abs_err = np.abs(got.astype(np.float64) - true)
-        zone = np.abs(true) < SINCOS_ZERO_ZONE
-        if name == "sin":
-            zone &= np.abs(x) > 0.5
-        out["ulp"] = float(err[~zone].max())
-        out["ulp_at"] = float(x[~zone][np.argmax(err[~zone])])
-        out["zone_abs"] = float(abs_err[zone].max()) if zone.any() else 0.0
-        out["zone_abs_at"] = float(x[zone][np.argmax(abs_err[zone])]) if zone.any() else 0.0
-        out["zone_n"] = int(zone.sum())
-        out["abs"] = float(abs_err.max())
-        out["abs_at"] = float(x[np.argmax(abs_err)])
-    else:
-        out["ulp"] = float(err.max())
-        out["ulp_at"] = float(x[np.argmax(err)])
+        out.update(zone_abs=0.0, zone_abs_at=0.0, zone_n=0, abs=0.0, abs_at=0.0)
+    for s in range(0, xs.size, CHUNK):
+        x = xs[s:s + CHUNK]
+        got = run(x)
+        true = truth(name, x)
+        err = ulp_error(got, true)
+        if name in ("sin", "cos"):
+            with np.errstate(all="ignore"):
+                abs_err = np.abs(got.astype(np.float64) - true)
+            zone = np.abs(true) < SINCOS_ZERO_ZONE
+            if name == "sin":
+                zone &= np.abs(x) > 0.5
+            out["zone_n"] += int(zone.sum())
+            for key, v, xx in (("zone_abs", abs_err[zone], x[zone]), ("abs", abs_err, x)):
+                m, at = _max_at(v, xx)
+                if m > out[key] or np.isnan(m):
+                    out[key], out[key + "_at"] = m, at
+            err, x = err[~zone], x[~zone]
+        m, at = _max_at(err, x)
+        if m > out["ulp"] or np.isnan(m):
+            out["ulp"], out["ulp_at"] = m, at
     return out
 
 

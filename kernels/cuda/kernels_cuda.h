@@ -1,0 +1,78 @@
+// kernels_cuda.h -- the CUDA kernels' entry points: the same operators as kernels/cpu/kernels.h
+// (same arguments, same layouts: raw device pointers, contiguous row-major float32 unless a
+// stride is passed), plus the CUDA stream to launch on. No torch types: binding_cuda.cpp
+// registers them with torch for the CUDA dispatch key and passes PyTorch's current stream.
+// Every launcher returns cudaGetLastError() after its launches (cudaSuccess when nothing ran).
+// Each kernel follows kernels/README.md (the contract) through canonical.cuh.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+// matmul.cu (§4.1, §8 matmul). C [batch, M, N] contiguous; A, B any strides.
+cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
+                       const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+                       float* C, int64_t batch, int64_t M, int64_t N, int64_t K, cudaStream_t st);
+
+// norm.cu (§8 rmsnorm). x, y [R, D]; w [D]; rstd [R]; inv_d = f32(1/D) from the host.
+cudaError_t rpc_rmsnorm(const float* x, const float* w, float eps, float inv_d, float* y, float* rstd,
+                        int64_t R, int64_t D, cudaStream_t st);
+cudaError_t rpc_rmsnorm_backward(const float* gy, const float* x, const float* w, const float* rstd,
+                                 float inv_d, float* gx, float* gw, int64_t R, int64_t D, cudaStream_t st);
+
+// rope.cu (§8 rope). cos, sin [T, Dh/2]; x, y [B, T, H, Dh]; inv_dh = f32(1/Dh).
+cudaError_t rpc_rope_tables(int64_t T, int64_t Dh, float theta, float inv_dh, float* cos_t, float* sin_t,
+                            cudaStream_t st);
+cudaError_t rpc_rope(const float* x, const float* cos_t, const float* sin_t, float* y, int64_t B, int64_t T,
+                     int64_t H, int64_t Dh, bool backward, cudaStream_t st);
+
+// attention.cu (§8 causal_softmax). s, p, gp, gs [BH, T, T].
+cudaError_t rpc_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_t T, cudaStream_t st);
+cudaError_t rpc_causal_softmax_backward(const float* gp, const float* p, float scale, float* gs, int64_t BH,
+                                        int64_t T, cudaStream_t st);
+
+// mlp.cu (§8 swiglu). u [R, 2H] = [gate | up]; out [R, H].
+cudaError_t rpc_swiglu(const float* u, float* out, int64_t R, int64_t H, cudaStream_t st);
+cudaError_t rpc_swiglu_backward(const float* g, const float* u, float* gu, int64_t R, int64_t H, cudaStream_t st);
+
+// loss.cu (§8 cross_entropy). z [R, V]; targets [R] (already range-checked); loss scalar; lse [R];
+// row_loss [R] scratch; g: the incoming gradient, a device scalar.
+cudaError_t rpc_cross_entropy(const float* z, const int64_t* targets, float zloss, float inv_r, float* loss,
+                              float* lse, float* row_loss, int64_t R, int64_t V, cudaStream_t st);
+cudaError_t rpc_cross_entropy_backward(const float* g, const float* z, const int64_t* targets, const float* lse,
+                                       float zloss, float inv_r, float two_z, float* gz, int64_t R, int64_t V,
+                                       cudaStream_t st);
+
+// embedding.cu (§8 embedding). w [V, D]; idx [N]; out [N, D]; gw [V, D].
+// rpc_check_index sets *bad = 1 (a device int, zeroed by the caller) if any idx is outside [0, hi).
+cudaError_t rpc_check_index(const int64_t* idx, int64_t n, int64_t hi, int* bad, cudaStream_t st);
+cudaError_t rpc_embedding(const float* w, const int64_t* idx, float* out, int64_t N, int64_t D, cudaStream_t st);
+cudaError_t rpc_embedding_backward(const float* g, const int64_t* idx, float* gw, int64_t N, int64_t V, int64_t D,
+                                   cudaStream_t st);
+
+// elementwise.cu (§5, §8 add/mul/scale/dropout/csum, §2 canary). fn: 0 exp, 1 log, 2 recip,
+// 3 rsqrt, 4 sqrt, 5 sin, 6 cos (the order of RpFn in kernels/cpu/kernels.h).
+cudaError_t rpc_unary(int fn, const float* x, float* y, int64_t n, cudaStream_t st);
+cudaError_t rpc_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t st);
+cudaError_t rpc_mul(const float* a, const float* b, float* y, int64_t n, cudaStream_t st);
+cudaError_t rpc_scale(const float* a, float s, float* y, int64_t n, cudaStream_t st);
+cudaError_t rpc_csum_rows(const float* x, float* y, int64_t rows, int64_t n, cudaStream_t st);
+cudaError_t rpc_dropout(const float* x, float* y, int64_t n, uint32_t threshold, float scale, uint64_t seed,
+                        uint32_t c1, uint32_t c2, cudaStream_t st);
+// out[0] = a*b + c written with plain operators (0 unless --fmad contracted it), out[1] = 1 if a
+// subnormal product survived (-ftz missing), as in rp_canary.
+cudaError_t rpc_canary(float* out, cudaStream_t st);
+
+// optim.cu (§8 adamw, clip_grad). coef: one float of device scratch.
+cudaError_t rpc_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+                      float omb1, float omb2, float eps, float decay, float bc1, float bc2, cudaStream_t st);
+cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* norm, float* coef, int64_t n,
+                          cudaStream_t st);
+
+// random.cu (§6). words: n uint32 values stored as int64 (as the CPU op returns them).
+cudaError_t rpc_philox(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, uint32_t block_offset,
+                       int64_t* words, int64_t n, cudaStream_t st);
+cudaError_t rpc_uniform(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, float* out, int64_t n,
+                        cudaStream_t st);
+cudaError_t rpc_normal(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, float* out, int64_t n,
+                       cudaStream_t st);

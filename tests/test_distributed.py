@@ -1,0 +1,365 @@
+"""Multi-process training (DESIGN §4-§6), as subprocesses on CPU with gloo.
+
+- `python train.py` (R = 1) and `torchrun --nproc_per_node=R train.py` for R = 2, 4 with one
+  config write byte-identical chain.jsonl files and checkpoints;
+- one process replaying a step of the R = 4 run with the ranks simulated (treefold.simulate_ranks
+  standing in for the all-reduce inside train.train_step) reaches the state hash the real run
+  published;
+- R = 3 is refused on rank 0 before any work, with the allowed world sizes, and creates nothing;
+- a rank killed with SIGKILL makes the other ranks stop with an error in bounded time, under
+  torchrun and without its agent (plain processes with the env:// variables, so train.py's own
+  error path is what ends them); the chain and checkpoints left behind verify, and resuming (with
+  the same or another world size) re-derives the reference chain byte for byte.
+
+Every run uses the same --run_dir string ("run", relative to its own working directory): the
+genesis record carries the resolved config, run_dir included, so chains of runs started with
+different --run_dir values differ in their genesis line.
+"""
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "train.py")
+MAX_STEPS = 16
+CKPT_EVERY = 4
+DIST_TIMEOUT = 20
+BOUND_S = DIST_TIMEOUT + 30          # a dead rank must end the run within this many seconds
+WORLD_MSG = "world size 3 is not supported"
+
+
+def torchrun_cmd(nproc, *extra):
+    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    launcher = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
+    return launcher + ["--standalone", f"--nproc_per_node={nproc}", *extra, TRAIN]
+
+
+def env():
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(k, None)
+    return e
+
+
+@pytest.fixture(scope="module")
+def args(tmp_path_factory):
+    """The one config every run uses, over a corpus built here."""
+    import data
+    tmp = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(7)
+    words = ["the", "king", "a", "rose", "by", "any", "other", "name", "would", "smell", "as",
+             "sweet", "to", "be", "or", "not", "that", "is", "question", "night", "day"]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(3000)]
+    (tmp / "text.txt").write_text("\n".join(lines) + "\n")
+    data.prepare(inputs=[str(tmp / "text.txt")], out_dir=str(tmp / "corpus"))
+    return ["--run_dir=run", f"--data_dir={tmp / 'corpus'}", "--n_layer=2", "--d_model=32",
+            "--n_head=2", "--d_hidden=64", "--seq_len=16", "--micro_batch_size=2",
+            "--micro_batches=4", f"--max_steps={MAX_STEPS}", "--warmup_steps=2",
+            f"--checkpoint_every={CKPT_EVERY}", "--eval_every=0", "--sample_tokens=0",
+            "--threads=1", f"--dist_timeout={DIST_TIMEOUT}"]
+
+
+def launch(cmd, cwd):
+    cwd.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+    return proc
+
+
+def check_ok(proc):
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, args):
+    """{R: run directory} for R = 1 (plain python), 2 and 4 (torchrun)."""
+    base = tmp_path_factory.mktemp("runs")
+    out = {}
+    for world in (1, 2, 4):
+        cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
+        check_ok(launch(cmd + args, base / f"r{world}"))
+        out[world] = base / f"r{world}" / "run"
+    return out
+
+
+def chain_bytes(run):
+    return (run / "chain.jsonl").read_bytes()
+
+
+def checkpoint_files(run):
+    import hashchain
+    return hashchain.list_checkpoints(run / "checkpoints")
+
+
+# ----------------------------------------------------------------------------- equivalence
+def test_chain_byte_identical_across_world_sizes(runs):
+    import hashchain
+    ref = chain_bytes(runs[1])
+    chain = hashchain.Chain(runs[1] / "chain.jsonl")
+    assert chain.load(repair=False) is None
+    chain.verify()
+    assert len(chain) == MAX_STEPS + 1
+    for world in (2, 4):
+        assert chain_bytes(runs[world]) == ref, f"R={world} chain differs from R=1"
+        assert f"{world} rank(s) x {4 // world} micro-batches" in (runs[world] / "train.log").read_text()
+
+
+def test_checkpoints_byte_identical_across_world_sizes(runs):
+    ref = checkpoint_files(runs[1])
+    assert [s for s, _ in ref] == list(range(0, MAX_STEPS + 1, CKPT_EVERY))
+    for world in (2, 4):
+        got = checkpoint_files(runs[world])
+        assert [s for s, _ in got] == [s for s, _ in ref]
+        for (step, a), (_, b) in zip(ref, got):
+            assert a.read_bytes() == b.read_bytes(), f"R={world} checkpoint of step {step} differs"
+
+
+def test_simulated_ranks_match_the_real_run(runs, monkeypatch):
+    """Replay step k+1 of the R = 4 run in this process: train_step with the all-reduce replaced
+    by treefold.simulate_ranks (one device plays every rank) must publish the same record."""
+    import torch
+
+    import hashchain
+    import train
+    import treefold
+    from data import TokenData
+
+    chain = hashchain.Chain(runs[4] / "chain.jsonl")
+    chain.load(repair=False)
+    chain.verify()
+    cfg = train.Config(**chain.records[0]["config"])
+    data = TokenData(cfg.data_dir, cfg.seed)
+    k = 2 * CKPT_EVERY
+    ckpt = hashchain.checkpoint_path(runs[4] / "checkpoints", k)
+    tensors = train.load_verified_checkpoint(ckpt, chain.records[k])
+    n = cfg.micro_batches
+
+    for world in (1, 2, 4):
+        state = train.TrainState(cfg, data.vocab_size)
+        state.load(tensors)
+        assert state.hash()[0] == chain.records[k]["state_hash"]
+
+        def leaf(m):
+            return train.micro_batch_gradient(state, data, cfg, k + 1, m)
+
+        def simulated_allreduce(subtree, group=None):
+            # train_step folded rank 0's block itself; the simulation must agree with it
+            mine = treefold.fold_leaves(leaf(m) for m in treefold.owned_micro_batches(n, world, 0))
+            assert torch.equal(subtree.view(torch.int32), mine.view(torch.int32))
+            return treefold.simulate_ranks(leaf, n, world)
+
+        monkeypatch.setattr(treefold, "allreduce_tree", simulated_allreduce)
+        fields = train.train_step(state, data, cfg, rank=0, world=world)
+        record = train.step_record(state, data, cfg, fields)
+        published = chain.records[k + 1]
+        assert record["state_hash"] == published["state_hash"], f"simulated R={world}"
+        assert ({**record, "prev": published["prev"], "record_hash": published["record_hash"]}
+                == published)
+
+
+# ----------------------------------------------------------------------------- invalid R
+def test_invalid_world_size_refused_before_any_work(tmp_path, args):
+    logs = tmp_path / "logs"
+    proc = launch(torchrun_cmd(3, f"--log-dir={logs}", "--redirects=3") + args, tmp_path / "w")
+    assert proc.returncode != 0
+    stderr = {int(p.parent.name): p.read_text() for p in logs.glob("*/attempt_0/*/stderr.log")}
+    assert sorted(stderr) == [0, 1, 2]
+    assert re.search(r"world size 3 is not supported: it must be a power of two that divides "
+                     r"micro_batches=4 \(1, 2, 4\)", stderr[0]), stderr[0]
+    assert stderr[0].count(WORLD_MSG) == 1
+    assert WORLD_MSG not in stderr[1] + stderr[2]           # printed once, by rank 0
+    assert "Traceback" not in "".join(stderr.values())
+    assert not (tmp_path / "w" / "run").exists()            # nothing was created
+
+
+# ----------------------------------------------------------------------------- dead rank
+def _proc_table():
+    """{pid: (ppid, state)} from /proc."""
+    table = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table[int(d)] = (int(fields[1]), fields[0])
+    return table
+
+
+def _alive(pid):
+    state = _proc_table().get(pid)
+    return state is not None and state[1] not in ("Z", "X")
+
+
+def _rank_pids(root_pid, world, deadline):
+    """{rank: pid} of root_pid's descendants running train.py, read from their environment."""
+    while time.monotonic() < deadline:
+        table, found = _proc_table(), {}
+        kids = {root_pid}
+        for _ in range(4):
+            kids |= {p for p, (pp, _) in table.items() if pp in kids}
+        for pid in kids - {root_pid}:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().split(b"\0")
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            if not any(a.endswith(b"train.py") for a in cmdline):
+                continue
+            ranks = [e[5:] for e in environ if e.startswith(b"RANK=")]
+            if ranks:
+                found[int(ranks[0])] = pid
+        if len(found) == world:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"did not find {world} train.py ranks under pid {root_pid}")
+
+
+def _wait_for_steps(chain_path, n_lines, procs, deadline):
+    while time.monotonic() < deadline:
+        if chain_path.exists() and chain_path.read_bytes().count(b"\n") >= n_lines:
+            return
+        for p in procs:
+            assert p.poll() is None, f"a process exited early (rc {p.returncode})"
+        time.sleep(0.005)
+    raise AssertionError(f"{chain_path} did not reach {n_lines} lines")
+
+
+def _kill_rank_mid_run(victim, chain_path):
+    """Freeze the victim first (the run cannot then finish), check the run is mid-way, SIGKILL."""
+    os.kill(victim, signal.SIGSTOP)
+    lines = chain_path.read_bytes().count(b"\n")
+    assert lines < MAX_STEPS + 1, "the run finished before the rank could be killed"
+    os.kill(victim, signal.SIGKILL)
+    return time.monotonic()
+
+
+def _check_left_behind(run, reference):
+    """The chain and checkpoints left by a killed run: nothing torn or unverifiable."""
+    import hashchain
+    import train
+    chain = hashchain.Chain(run / "chain.jsonl")
+    note = chain.load(repair=True)
+    chain.verify()
+    data = (run / "chain.jsonl").read_bytes()
+    assert data.endswith(b"\n") and len(chain) == data.count(b"\n")
+    assert reference.startswith(data), "the partial chain is not a prefix of the reference chain"
+    ckpts = checkpoint_files(run)          # also removes temp files of dead writers
+    assert ckpts and ckpts[0][0] == 0
+    for step, path in ckpts:
+        assert step < len(chain), f"checkpoint of step {step} without its chain record"
+        train.load_verified_checkpoint(path, chain.records[step])
+    # nothing else in the directory could pass for a checkpoint
+    assert sorted(os.listdir(run / "checkpoints")) == sorted(p.name for _, p in ckpts)
+    return len(chain), note
+
+
+def _cleanup(pids):
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_dead_rank_torchrun_stops_and_resumes(tmp_path, args, runs):
+    world, victim_rank = 4, 1
+    cwd = tmp_path / "dead4"
+    cwd.mkdir()
+    chain_path = cwd / "run" / "chain.jsonl"
+    cmd = torchrun_cmd(world) + args
+    with open(cwd / "out.txt", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    pids = {}
+    try:
+        deadline = time.monotonic() + 180
+        pids = _rank_pids(proc.pid, world, deadline)
+        _wait_for_steps(chain_path, 2 * CKPT_EVERY - 1, [proc], deadline)
+        t_kill = _kill_rank_mid_run(pids[victim_rank], chain_path)
+        rc = proc.wait(timeout=BOUND_S)
+        elapsed = time.monotonic() - t_kill
+        assert rc != 0
+        while any(_alive(p) for p in pids.values()) and time.monotonic() - t_kill < BOUND_S:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids.values()), "a rank outlived torchrun"
+        print(f"\n[dead rank, torchrun R={world}] torchrun exited rc={rc} "
+              f"{elapsed:.2f}s after SIGKILL of rank {victim_rank}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _cleanup(pids.values())
+    output = (cwd / "out.txt").read_text()
+    assert "train.py FAILED" in output or "ChildFailedError" in output, output[-3000:]
+    reference = chain_bytes(runs[1])
+    steps_left, _ = _check_left_behind(cwd / "run", reference)
+    assert steps_left >= 2 * CKPT_EVERY - 1
+
+    # the same command again: resumes from the last checkpoint and completes the reference chain
+    check_ok(launch(cmd, cwd))
+    assert chain_bytes(cwd / "run") == reference
+    last = last_checkpoint(cwd / "run")
+    assert last.read_bytes() == last_checkpoint(runs[1]).read_bytes()
+    assert "resume: from step" in (cwd / "run" / "train.log").read_text()
+
+
+def last_checkpoint(run):
+    ckpts = checkpoint_files(run)
+    assert ckpts[-1][0] == MAX_STEPS
+    return ckpts[-1][1]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dead_rank_without_agent_stops_and_resumes(tmp_path, args, runs):
+    """No torchrun agent to kill the survivor: train.py itself must notice the dead peer."""
+    world, victim_rank = 2, 1
+    cwd = tmp_path / "dead2"
+    cwd.mkdir()
+    chain_path = cwd / "run" / "chain.jsonl"
+    port = _free_port()
+    procs, errs = [], []
+    try:
+        for rank in range(world):
+            e = dict(env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                     RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+            errs.append(cwd / f"rank{rank}.err")
+            with open(errs[-1], "w") as err:
+                procs.append(subprocess.Popen([sys.executable, TRAIN] + args, cwd=cwd, env=e,
+                                              stdout=subprocess.DEVNULL, stderr=err))
+        _wait_for_steps(chain_path, 2 * CKPT_EVERY - 1, procs, time.monotonic() + 180)
+        t_kill = _kill_rank_mid_run(procs[victim_rank].pid, chain_path)
+        rc = procs[0].wait(timeout=BOUND_S)
+        elapsed = time.monotonic() - t_kill
+        print(f"\n[dead rank, no agent R={world}] rank 0 exited rc={rc} "
+              f"{elapsed:.2f}s after SIGKILL of rank {victim_rank}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    err0 = errs[0].read_text()
+    assert rc == 1, err0[-3000:]
+    assert "train.py: error (rank 0):" in err0, err0[-3000:]
+    assert "Traceback" not in err0
+    assert elapsed < BOUND_S
+    reference = chain_bytes(runs[1])
+    _check_left_behind(cwd / "run", reference)
+
+    # resume on a different world size (plain python, R = 1): same chain, byte for byte
+    check_ok(launch([sys.executable, TRAIN] + args, cwd))
+    assert chain_bytes(cwd / "run") == reference
+    assert last_checkpoint(cwd / "run").read_bytes() == last_checkpoint(runs[1]).read_bytes()
