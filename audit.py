@@ -13,6 +13,7 @@ the audit cost. Exit code: 0 match, 1 mismatch, 2 bad input (missing run, step o
 unreadable checkpoint or chain).
 """
 import argparse
+import json
 import os
 import resource
 import sys
@@ -46,7 +47,7 @@ class Audit:
             self.cfg = Config(**genesis["config"])
         except TypeError as e:
             raise UsageError(f"genesis config is not one this code understands: {e}") from None
-        self.data = TokenData(data_dir or self.cfg.data_dir, self.cfg.seed)
+        self.data = TokenData(data_dir or recorded_data_dir(run_dir), self.cfg.seed)
         if self.data.digest != genesis["data_manifest"]:
             print(f"warning: data manifest {self.data.digest[:12]} differs from the run's "
                   f"{genesis['data_manifest'][:12]}")
@@ -99,6 +100,16 @@ class Audit:
             if diff:
                 return state.step, diff
         return None
+
+
+def recorded_data_dir(run_dir):
+    """The corpus the run was trained on, as its config.json names it (not part of the chain:
+    where the data lives is not part of what is audited)."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            return json.load(f)["data_dir"]
+    except (OSError, ValueError, KeyError):
+        return Config.data_dir
 
 
 def compare(replayed, published):
@@ -155,6 +166,9 @@ def main(argv):
         print(f"MISMATCH at step {step}: {message}")
     if result:
         print(f"MISMATCH at step {result[0]}: {result[1]}")
+    elif audit.findings:
+        print(f"steps {first}..{last} replay to the published state hashes from an earlier "
+              "checkpoint, but the artifacts above do not match the chain")
     else:
         print(f"MATCH: steps {first}..{last} of {args.run} replay to the published state hashes "
               f"(step {last}: {audit.chain.records[last]['state_hash'][:16]})")

@@ -228,7 +228,7 @@ def step_record(state, data, cfg, fields):
 
 def genesis_record(state, data, cfg):
     root, leaves = state.hash()
-    return {"kind": "genesis", "step": 0, "config": dataclasses.asdict(cfg),
+    return {"kind": "genesis", "step": 0, "config": decisive_config(cfg),
             "code_digest": code_digest(), "data_manifest": data.digest,
             "data_splits": {s: r["sha256"] for s, r in data.manifest["splits"].items()},
             "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
@@ -279,8 +279,15 @@ def restore(state, chain, run_dir, log, upto):
     return 0
 
 
-def same_decisive_config(a, b):
-    return [k for k in a if k not in BOOKKEEPING and a.get(k) != b.get(k)]
+def decisive_config(cfg):
+    """The config fields that decide the chain (the genesis record holds exactly these, so a
+    run's chain does not depend on where it was written or how many threads it used)."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in BOOKKEEPING}
+
+
+def config_differences(cfg, published):
+    mine = decisive_config(cfg)
+    return [k for k in sorted(set(mine) | set(published)) if mine.get(k) != published.get(k)]
 
 
 class Logger:
@@ -327,10 +334,13 @@ def run(cfg, rank, world):
     else:
         chain.verify()
         genesis = chain.records[0]
-        diff = same_decisive_config(dataclasses.asdict(cfg), genesis["config"])
+        diff = config_differences(cfg, genesis["config"])
         if diff:
             raise UsageError(f"{cfg.run_dir} was started with a different config ({', '.join(diff)}); "
                              "resume with the same settings or choose another --run_dir")
+        if genesis["code_digest"] != code_digest():
+            log("warning: the code differs from the code that started this run; re-derived "
+                "steps are compared with the chain, so any change of bits stops the run")
         start = restore(state, chain, cfg.run_dir, log, upto=cfg.max_steps)
         log(f"resume: from step {start} ({len(chain) - 1} steps in the chain)")
     if world > 1:
@@ -365,8 +375,9 @@ def run(cfg, rank, world):
         log(f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
             f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens_per_step / ms * 1000:7.0f} tok/s | "
             f"state {record['state_hash'][:12]}")
-        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps) and writer:
-            log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")
+        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+            val = evaluate(state, data, cfg)   # on every rank: none waits for rank 0 alone
+            log(f"step {step:5d} | val loss {val:.4f}")
     if writer and cfg.sample_tokens:
         from sample import generate
         text = generate(state.model, data.manifest["tokenizer"]["name"], "\n", cfg.sample_tokens, seed=cfg.seed)

@@ -36,16 +36,17 @@ cudaError_t rpc_swiglu(const float* u, float* out, int64_t R, int64_t H, cudaStr
 cudaError_t rpc_swiglu_backward(const float* g, const float* u, float* gu, int64_t R, int64_t H, cudaStream_t st);
 
 // loss.cu (§8 cross_entropy). z [R, V]; targets [R] (already range-checked); loss scalar; lse [R];
-// row_loss [R] scratch; g: the incoming gradient, a device scalar.
+// row_loss [R] scratch; g: the incoming gradient, a device scalar; inv_r = f32(1/R) and
+// two_z = f32(2 * zloss) from the host.
 cudaError_t rpc_cross_entropy(const float* z, const int64_t* targets, float zloss, float inv_r, float* loss,
                               float* lse, float* row_loss, int64_t R, int64_t V, cudaStream_t st);
 cudaError_t rpc_cross_entropy_backward(const float* g, const float* z, const int64_t* targets, const float* lse,
-                                       float zloss, float inv_r, float two_z, float* gz, int64_t R, int64_t V,
-                                       cudaStream_t st);
+                                       float inv_r, float two_z, float* gz, int64_t R, int64_t V, cudaStream_t st);
 
 // embedding.cu (§8 embedding). w [V, D]; idx [N]; out [N, D]; gw [V, D].
-// rpc_check_index sets *bad = 1 (a device int, zeroed by the caller) if any idx is outside [0, hi).
-cudaError_t rpc_check_index(const int64_t* idx, int64_t n, int64_t hi, int* bad, cudaStream_t st);
+// rpc_check_index: *host_bad = 1 if any idx is outside [0, hi), else 0; bad is one device int of
+// scratch. It waits for the stream (the answer decides whether the op may run at all).
+cudaError_t rpc_check_index(const int64_t* idx, int64_t n, int64_t hi, int* bad, int* host_bad, cudaStream_t st);
 cudaError_t rpc_embedding(const float* w, const int64_t* idx, float* out, int64_t N, int64_t D, cudaStream_t st);
 cudaError_t rpc_embedding_backward(const float* g, const int64_t* idx, float* gw, int64_t N, int64_t V, int64_t D,
                                    cudaStream_t st);

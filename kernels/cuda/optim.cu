@@ -1,0 +1,62 @@
+// optim.cu -- AdamW with decoupled weight decay and global-norm gradient clipping, contract §8
+// adamw and clip_grad. AdamW: one thread per element, host scalars already float32. The
+// gradient norm is the canonical sum (§4.2) over the whole flat vector: one warp, lane l adding
+// elements l, l+32, ... in order (the contract's order has exactly 32 independent chains);
+// that warp also computes the clip coefficient, which a second kernel applies.
+#include "canonical.cuh"
+#include "kernels_cuda.h"
+
+namespace rpc {
+namespace {
+constexpr int THREADS = 256;
+
+__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                             float* __restrict__ v, int64_t n, float lr, float b1, float b2, float omb1, float omb2,
+                             float eps, float decay, float bc1, float bc2) {
+  for (int64_t i = gtid(); i < n; i += gstride()) {
+    const float gi = g[i];
+    const float mi = fadd(fmul(b1, m[i]), fmul(omb1, gi));
+    const float vi = fadd(fmul(b2, v[i]), fmul(omb2, fmul(gi, gi)));
+    const float den = fadd(sqrt(fmul(vi, bc2)), eps);
+    const float u = fmul(fmul(mi, bc1), recip(den));
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = fsub(fmul(p[i], decay), fmul(lr, u));
+  }
+}
+
+__global__ void grad_norm_kernel(const float* __restrict__ g, float max_norm, float* __restrict__ norm,
+                                 float* __restrict__ coef, int64_t n) {
+  const float ss = warp_csum(n, threadIdx.x, [&](int64_t i) { return fmul(g[i], g[i]); });
+  if (threadIdx.x == 0) {
+    const float nrm = sqrt(ss);
+    const float c = fmul(max_norm, recip(fadd(nrm, 1e-6f)));
+    *coef = (c < 1.0f) ? c : 1.0f;
+    *norm = nrm;
+  }
+}
+
+__global__ void apply_coef_kernel(const float* __restrict__ g, const float* __restrict__ coef,
+                                  float* __restrict__ out, int64_t n) {
+  const float c = *coef;
+  for (int64_t i = gtid(); i < n; i += gstride()) out[i] = fmul(g[i], c);
+}
+}  // namespace
+}  // namespace rpc
+
+using namespace rpc;  // the launchers below name the kernels and constants above
+
+cudaError_t rpc_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+                      float omb1, float omb2, float eps, float decay, float bc1, float bc2, cudaStream_t st) {
+  if (n > 0)
+    adamw_kernel<<<blocks_for(n, THREADS), THREADS, 0, st>>>(p, g, m, v, n, lr, b1, b2, omb1, omb2, eps, decay, bc1,
+                                                             bc2);
+  return cudaGetLastError();
+}
+
+cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* norm, float* coef, int64_t n,
+                          cudaStream_t st) {
+  grad_norm_kernel<<<1, kLanes, 0, st>>>(g, max_norm, norm, coef, n);
+  if (n > 0) apply_coef_kernel<<<blocks_for(n, THREADS), THREADS, 0, st>>>(g, coef, out, n);
+  return cudaGetLastError();
+}

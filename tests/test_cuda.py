@@ -1,0 +1,742 @@
+"""The CUDA backend (kernels/cuda, DESIGN §8): checks that need no GPU, then GPU tests.
+
+Without a GPU (they need nvcc; skipped with the reason where it is missing):
+
+1. every kernels/cuda/*.cu compiles for sm_80 and sm_90 with the contract's flags, so a syntax
+   or type error fails CI on machines without a GPU;
+2. the PTX of every kernel uses only the float instructions the contract allows: add/sub/mul
+   with explicit .rn and .ftz (never contracted, subnormals flushed), exact conversions,
+   compares, selects, min/max; no fma/mad, div, sqrt, rcp, rsqrt, ex2, lg2, sin, cos, no
+   .f64 arithmetic, no abs/neg.ftz (the CPU's sign flips do not flush);
+3. binding_cuda.cpp passes a C++ syntax check against torch's headers and the toolkit's;
+4. kernels/cuda/canonical.cuh, compiled as host C++, agrees bit for bit with
+   kernels/cpu/contract.h (exp, log, recip, rsqrt, sqrt, sin, cos, sigmoid, Philox, normals)
+   on millions of inputs: the CUDA mirror of the canonical functions cannot drift;
+5. (needs only the CPU build) this file's copy of the self-test digest calls, run on the CPU,
+   reproduces tests/test_selftest.py's digests, so the GPU digest test below is meaningful.
+
+With a CUDA GPU (skipped otherwise, with the reason): every op on CUDA tensors gives the CPU
+op's bits on random, awkward-size and adversarial inputs; the self-test's golden digests; a
+short training run on CUDA whose chain is byte-identical to the CPU chain; torchrun with NCCL
+for R=2 when two GPUs exist.
+"""
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.cpp_extension
+
+import test_kernels as TK
+import test_selftest as ST
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA_DIR = ROOT / "kernels" / "cuda"
+CPU_DIR = ROOT / "kernels" / "cpu"
+CU_SOURCES = sorted(CUDA_DIR.glob("*.cu"))
+# The contract's nvcc flags (kernels/README.md §2, §3; repops.py builds with the same).
+NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true", "-prec-sqrt=true",
+              "-Xcompiler", "-ffp-contract=off"]
+ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]
+F32 = np.float32
+DEV = "cuda"  # the device under test (every GPU test below names it only through DEV)
+
+
+def _nvcc():
+    for cand in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc"),
+                 os.path.join(torch.utils.cpp_extension.CUDA_HOME or "", "bin", "nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+NVCC = _nvcc()
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not installed")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+
+
+def _run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+# ================================================================================================
+# 1-3. compile checks (no GPU)
+# ================================================================================================
+@pytest.fixture(scope="module")
+def ptx_dir(tmp_path_factory):
+    """Compiles every .cu for sm_80 + sm_90 (objects) and to compute_80 PTX, two at a time."""
+    if NVCC is None:
+        pytest.skip("nvcc (the CUDA toolkit) is not installed")
+    out = tmp_path_factory.mktemp("cuda_build")
+
+    def build(src):
+        base = ["-I", str(CUDA_DIR)] + NVCC_FLAGS
+        _run([NVCC, "-c"] + base + ARCHS + [str(src), "-o", str(out / (src.stem + ".o"))])
+        _run([NVCC, "-ptx", "-arch=compute_80"] + base + [str(src), "-o", str(out / (src.stem + ".ptx"))])
+        return src.name
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(build, CU_SOURCES))
+    return out
+
+
+def test_every_op_family_has_a_cuda_source():
+    names = {p.stem for p in CU_SOURCES}
+    want = {"matmul", "norm", "rope", "attention", "mlp", "loss", "embedding", "elementwise", "optim", "random"}
+    assert want <= names, f"missing kernels/cuda/*.cu: {sorted(want - names)}"
+    cpu = {p.stem for p in CPU_DIR.glob("*.cpp")} - {"binding", "selftest"}
+    assert cpu <= names, f"CPU kernels without a CUDA twin: {sorted(cpu - names)}"
+
+
+@needs_nvcc
+def test_cu_sources_compile_for_sm80_and_sm90(ptx_dir):
+    for src in CU_SOURCES:
+        assert (ptx_dir / (src.stem + ".o")).stat().st_size > 0
+
+
+# Float instructions the contract allows in device code (PTX opcodes, modifiers included).
+_ALLOWED_F32 = re.compile(
+    r"^(add|sub|mul)\.rn\.ftz\.f32$"
+    r"|^cvt\.rn\.f32\.[su](8|16|32|64)$"                 # integer -> float: exact for our ranges
+    r"|^(ld|st|mov|selp)(\.[a-z0-9]+)*\.(f32|b32)$"      # data movement, selects
+    r"|^setp\.[a-z]+\.ftz\.f32$"                         # compares, DAZ like the CPU's
+    r"|^(min|max)\.ftz\.f32$")                           # only from compare-and-select (exact)
+
+
+@needs_nvcc
+def test_ptx_uses_only_contract_float_instructions(ptx_dir):
+    bad = {}
+    for src in CU_SOURCES:
+        for line in (ptx_dir / (src.stem + ".ptx")).read_text().splitlines():
+            m = re.match(r"\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9_.]*)\s", line)
+            if not m:
+                continue
+            op = m.group(1)
+            floaty = re.search(r"\.(f16|bf16|f32|f64)\b", op) or op.split(".")[0] in (
+                "fma", "rcp", "sqrt", "rsqrt", "ex2", "lg2", "sin", "cos", "tanh")
+            if floaty and not _ALLOWED_F32.match(op) and not re.match(r"^(ld|st|mov)\.", op):
+                bad.setdefault(src.name, set()).add(op)
+            if re.search(r"\.f64\b", op) and not re.match(r"^(ld|st|mov)\.", op):
+                bad.setdefault(src.name, set()).add(op)
+    assert not bad, f"device code uses float instructions outside the contract: {bad}"
+
+
+@needs_nvcc
+def test_ptx_check_catches_contraction(tmp_path):
+    """The same check on a build with --fmad=true must see an FMA (the canary's a*b + c)."""
+    src, out = CUDA_DIR / "elementwise.cu", tmp_path / "fused.ptx"
+    flags = [f for f in NVCC_FLAGS if f != "--fmad=false"] + ["--fmad=true"]
+    _run([NVCC, "-ptx", "-arch=compute_80", "-I", str(CUDA_DIR)] + flags + [str(src), "-o", str(out)])
+    assert re.search(r"\bfma\.rn(\.ftz)?\.f32\b", out.read_text())
+
+
+def _cuda_include_dir():
+    """The toolkit's include directory, as nvcc reports it."""
+    r = subprocess.run([NVCC, "--dryrun", "-c", "x.cu"], capture_output=True, text=True)
+    for line in (r.stdout + r.stderr).splitlines():
+        m = re.search(r'INCLUDES="-I([^"]+)"', line)
+        if m and os.path.exists(os.path.join(m.group(1).strip(), "cuda_runtime_api.h")):
+            return m.group(1).strip()
+    return None
+
+
+@needs_nvcc
+def test_binding_compiles_against_torch_headers(tmp_path):
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    inc = _cuda_include_dir()
+    if inc is None:
+        pytest.skip("the CUDA toolkit's cuda_runtime_api.h was not found next to nvcc")
+    torch_inc = torch.utils.cpp_extension.include_paths()
+    if not any(os.path.exists(os.path.join(p, "c10", "cuda", "CUDAStream.h")) for p in torch_inc):
+        pytest.skip("this torch install ships no c10/cuda headers: binding_cuda.cpp cannot be checked here")
+    defs = []
+    if not any(os.path.exists(os.path.join(p, "c10", "cuda", "impl", "cuda_cmake_macros.h")) for p in torch_inc):
+        # A CPU-only torch wheel lacks this one generated header; its macros only matter for
+        # Windows DLL exports, so a syntax check without it is still a full type check.
+        defs.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-w"] + defs + [f"-I{p}" for p in torch_inc]
+    cmd += [f"-I{inc}", f"-I{CUDA_DIR}", str(CUDA_DIR / "binding_cuda.cpp")]
+    _run(cmd, timeout=300)
+
+
+# ================================================================================================
+# 4. the CUDA mirror of the canonical functions == contract.h, as host code (no GPU)
+# ================================================================================================
+MIRROR_CHECK = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "contract.h"
+#include "canonical.cuh"
+
+void rp_parallel_for(int64_t, int64_t, void (*)(void*, int64_t, int64_t), void*) {}
+
+static bool same(float a, float b) { return (a != a && b != b) || rp::bits(a) == rp::bits(b); }
+
+struct Count { const char* name; long bad = 0; uint32_t first = 0; };
+
+int main(int argc, char** argv) {
+  rp::FpModeGuard guard;  // FTZ/DAZ, as every kernel runs (device: -ftz=true)
+  const uint64_t stride = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1009;
+  Count c[9] = {{"exp"}, {"log"}, {"recip"}, {"rsqrt"}, {"sqrt"}, {"sin"}, {"cos"}, {"sigmoid"}, {"normal"}};
+  long n = 0;
+  auto one = [&](uint32_t u) {
+    const float x = rp::fl(u);
+    const float got[8] = {rpc::exp(x), rpc::log(x), rpc::recip(x), rpc::rsqrt(x), rpc::sqrt(x), rpc::sin(x),
+                          rpc::cos(x), rpc::sigmoid(x)};
+    const float want[8] = {rp::exp(x), rp::log(x), rp::recip(x), rp::rsqrt(x), rp::sqrt(x), rp::sin(x),
+                           rp::cos(x), rp::sigmoid(x)};
+    for (int f = 0; f < 8; ++f)
+      if (!same(got[f], want[f]) && c[f].bad++ == 0) c[f].first = u;
+    ++n;
+  };
+  for (uint64_t u = 0; u < (1ull << 32); u += stride) one((uint32_t)u);       // every class of float
+  for (uint32_t u = 0x3E000000u; u < 0x43000000u; u += 61) one(u), one(u | 0x80000000u);  // |x| in [1/8, 128)
+  for (uint32_t u = 0; u < 0x00800000u; u += 4099) one(u), one(u | 0x80000000u);           // subnormals
+  const uint32_t specials[] = {0x0u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x42B17218u,
+                               0x42B17219u, 0xC2AEAC4Fu, 0xC2AEAC50u, 0x47800000u, 0x47800001u, 0x3FB504F3u,
+                               0x3FB504F4u, 0x00800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x3F800000u};
+  for (uint32_t u : specials) one(u);
+  long words_bad = 0;
+  for (uint32_t b = 0; b < 200000; ++b) {
+    const uint32_t k0 = b * 2654435761u, k1 = ~b, c1 = b >> 3, c2 = b * 7u;
+    const rp::Philox4 w = rp::philox4x32_10(b, c1, c2, b & 3u, k0, k1);
+    const rpc::Philox4 v = rpc::philox4x32_10(b, c1, c2, b & 3u, k0, k1);
+    for (int q = 0; q < 4; ++q) words_bad += w.w[q] != v.w[q];
+    float a0, a1, b0, b1;
+    rp::normal_pair(w.w[0], w.w[1], &a0, &a1);
+    rpc::normal_pair(w.w[0], w.w[1], &b0, &b1);
+    if ((!same(a0, b0) || !same(a1, b1)) && c[8].bad++ == 0) c[8].first = b;
+    if (!same(rp::uniform_from_word(w.w[2]), rpc::uniform_from_word(w.w[2]))) ++words_bad;
+  }
+  std::printf("inputs %ld\n", n);
+  std::printf("philox %ld 0\n", words_bad);
+  for (auto& e : c) std::printf("%s %ld %08x\n", e.name, e.bad, e.first);
+  return 0;
+}
+"""
+
+
+def test_canonical_mirror_matches_contract_h(tmp_path):
+    """canonical.cuh (CUDA) and contract.h (CPU) compute the same bits, checked on the host."""
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or clang++)")
+    src, exe = tmp_path / "mirror_check.cpp", tmp_path / "mirror_check"
+    src.write_text(MIRROR_CHECK)
+    _run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-I", str(CPU_DIR), "-I", str(CUDA_DIR),
+          str(src), "-o", str(exe)], timeout=300)
+    out = _run([str(exe), "251"], timeout=300).stdout.split("\n")
+    assert int(out[0].split()[1]) > 15_000_000
+    bad = [line for line in out[1:] if line and int(line.split()[1]) != 0]
+    assert not bad, "canonical.cuh differs from contract.h (name, mismatches, first input bits):\n" + "\n".join(bad)
+
+
+# ================================================================================================
+# 5. the self-test digest calls, parameterised by device (validated on the CPU here)
+# ================================================================================================
+def _digests(dev):
+    """tests/test_selftest.py's torch_digests() with every tensor on `dev`; the ops without
+    tensor inputs use their <name>_cuda twins on a CUDA device."""
+    import repops
+
+    ops = torch.ops.repops
+    cuda = dev != "cpu"  # only a CUDA device has the <name>_cuda ops
+
+    def nt(name):  # no-tensor-input ops
+        return getattr(ops, name + "_cuda") if cuda else getattr(ops, name)
+
+    def T(a):
+        return ST.T(a).to(dev)
+
+    def dig(*outs):
+        return ST._digest(*(o.detach().cpu() for o in outs))
+
+    d = {}
+    fin20 = ST._fin(2.0**20)
+    gen, index, bitsgen, _fin = ST.gen, ST.index, ST.bitsgen, ST._fin
+    G = lambda s, shape: T(gen(s, shape, -2, 4, 16, fin20))  # noqa: E731
+    A, B, At, Bt = G(1, (37, 129)), G(2, (129, 45)), G(3, (129, 37)), G(4, (45, 129))
+    d["matmul_nn"] = dig(ops.matmul(A, B))
+    d["matmul_tn"] = dig(ops.matmul(At.t(), B))
+    d["matmul_nt"] = dig(ops.matmul(A, Bt.t()))
+    d["matmul_tt"] = dig(ops.matmul(At.t(), Bt.t()))
+    A3, B3, B2, A2t = G(5, (3, 19, 70)), G(6, (3, 70, 33)), G(7, (70, 33)), G(8, (70, 19))
+    d["matmul_batched"] = dig(ops.matmul(A3, B3))
+    d["matmul_bcast_b"] = dig(ops.matmul(A3, B2))
+    d["matmul_bcast_a"] = dig(ops.matmul(A2t.t(), B3))
+    d["matmul_big"] = dig(ops.matmul(G(9, (100, 300)), G(10, (260, 300)).t()))
+
+    eps = float.fromhex("0x1.4f8b58p-17")
+    x, w = T(gen(20, (37, 129), -3, 8, 16, fin20)), T(gen(21, (129,), -1, 2))
+    gy = T(gen(22, (37, 129), -3, 8, 16, _fin(2.0**10)))
+    y, rstd = ops.rmsnorm(x, w, eps)
+    d["rmsnorm"] = dig(y, rstd)
+    d["rmsnorm_backward"] = dig(*ops.rmsnorm_backward(gy, x, w, rstd))
+
+    d["rope_tables_long"] = dig(*nt("rope_tables")(3000, 8, 500000.0))
+    c, s = nt("rope_tables")(37, 18, 10000.0)
+    d["rope_tables"] = dig(c, s)
+    d["rope"] = dig(ops.rope(T(gen(30, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, False))
+    d["rope_backward"] = dig(ops.rope(T(gen(31, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, True))
+
+    scale = float.fromhex("0x1.6a09e6p-3")
+    P = ops.causal_softmax(T(gen(40, (3, 37, 37), -4, 10, 16, _fin(2.0**12))), scale)
+    d["causal_softmax"] = dig(P)
+    gP = T(gen(41, (3, 37, 37), -4, 8, 16, _fin(2.0**10)))
+    d["causal_softmax_backward"] = dig(ops.causal_softmax_backward(gP, P, scale))
+
+    u = T(gen(50, (37, 90), -6, 14, 16, _fin(2.0**7)))
+    d["swiglu"] = dig(ops.swiglu(u))
+    d["swiglu_backward"] = dig(ops.swiglu_backward(T(gen(51, (37, 45), -3, 8, 16, _fin(2.0**10))), u))
+
+    zloss = float.fromhex("0x1.a36e2ep-14")
+    z, t = T(gen(60, (37, 131), -3, 9, 16, _fin(2.0**10))), T(index(61, 37, 131))
+    loss, lse = ops.cross_entropy(z, t, zloss)
+    d["cross_entropy"] = dig(loss, lse)
+    d["cross_entropy_backward"] = dig(
+        ops.cross_entropy_backward(torch.tensor(0.75, dtype=torch.float32, device=dev), z, t, lse, zloss))
+
+    idx = T(index(71, 70, 20))
+    d["embedding"] = dig(ops.embedding(T(gen(70, (23, 129), -3, 8, 16, fin20)), idx))
+    d["embedding_backward"] = dig(ops.embedding_backward(T(gen(72, (70, 129), -3, 8, 16, fin20)), idx, 23))
+
+    a, b = T(gen(80, (10007,), -4, 12, 8, _fin(2.0**100))), T(gen(81, (10007,), -4, 12, 8, _fin(2.0**100)))
+    d["add"] = dig(ops.add(a, b))
+    d["mul"] = dig(ops.mul(a, b))
+    d["scale"] = dig(ops.scale(a, float.fromhex("-0x1.3p-110")))
+    seed64 = repops._signed64(ST._seed64())
+    d["dropout"] = dig(ops.dropout(T(gen(82, (10007,), -4, 12, 8, fin20)), 0.1, seed64, 7, 11))
+    d["csum_rows"] = dig(ops.csum(T(gen(100, (37, 129), -3, 8, 16, fin20))))
+    d["csum_rows_long"] = dig(ops.csum(T(gen(101, (3, 1000), -3, 8, 16, fin20))))
+
+    hp = [float.fromhex(h) for h in ST.ADAMW_HEX]
+    p = T(gen(90, (10007,), -3, 8, 16, fin20))
+    g = T(gen(91, (10007,), -12, 14, 16, fin20))
+    m = T(gen(92, (10007,), -12, 10, 16, fin20))
+    v = T(np.abs(gen(93, (10007,), -24, 20, 16, fin20)))
+    ops.adamw_(p, g, m, v, *hp)
+    d["adamw"] = dig(p, m, v)
+    d["clip_grad"] = dig(*ops.clip_grad(T(gen(94, (10007,), -4, 8, 16, _fin(2.0**10))), 0.5))
+
+    n = 20011
+    d["exp"] = dig(ops.exp(T(gen(110, (n,), -20, 28, 8, ST.SPEC))))
+    for name, stream in (("log", 111), ("recip", 112), ("rsqrt", 113), ("sqrt", 114)):
+        d[name] = dig(getattr(ops, name)(T(bitsgen(stream, n, 8, ST.SPEC))))
+    for name, stream in (("sin", 115), ("cos", 116)):
+        d[name] = dig(getattr(ops, name)(T(gen(stream, (n,), -20, 38, 8, ST.SPEC))))
+
+    words = nt("philox")(seed64, 3, 5, 1, 1001, 7).cpu().numpy().astype("<u4")
+    d["philox"] = hashlib.sha256(words.tobytes()).hexdigest()
+    d["uniform"] = dig(nt("uniform")(seed64, 4, 6, 3, 1001))
+    d["normal"] = dig(nt("normal")(seed64, 8, 9, 1, 1003))
+    d["canary"] = dig(nt("canary")())
+    return d
+
+
+@pytest.fixture(scope="module")
+def cpu_digests():
+    TK._load_repops()
+    return ST.torch_digests()
+
+
+def test_digest_harness_matches_selftest_on_cpu(cpu_digests):
+    mine = _digests("cpu")
+    assert list(mine) == ST.EXPECTED_NAMES
+    bad = [n for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
+    assert not bad, f"this file's digest calls differ from tests/test_selftest.py's: {bad}"
+
+
+# ================================================================================================
+# GPU tests: CUDA op == CPU op, bit for bit (all NaNs equal, contract §7)
+# ================================================================================================
+@pytest.fixture(scope="module")
+def ops():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine")
+    TK._load_repops()
+    o = torch.ops.repops
+    try:
+        canary = o.canary_cuda()
+    except (AttributeError, RuntimeError) as e:
+        pytest.fail(f"repops did not build/register kernels/cuda although a GPU is present: {e}")
+    fused, ftz_missing = canary.cpu().tolist()
+    assert fused == 0.0, "CUDA kernels were built with contraction (--fmad=true)"
+    assert ftz_missing == 0.0, "CUDA kernels were built without -ftz=true"
+    return o
+
+
+def C(a):
+    """NumPy -> tensor on the device under test."""
+    return TK.T(a).to(DEV)
+
+
+def same(cpu_out, cuda_out, what):
+    TK.assert_bits(cuda_out, TK.N(cpu_out), what)
+
+
+def both(ops, name, *args):
+    """(CPU result, CUDA result) of ops.<name> on the same inputs (NumPy arrays become tensors)."""
+    def conv(a, dev):
+        if isinstance(a, np.ndarray):
+            return TK.T(a).to(dev)
+        if isinstance(a, torch.Tensor):
+            return a.to(dev)
+        return a
+    fn = getattr(ops, name)
+    return fn(*(conv(a, "cpu") for a in args)), fn(*(conv(a, DEV) for a in args))
+
+
+def same_all(ops, name, *args, what=None):
+    cpu, gpu = both(ops, name, *args)
+    cpu = cpu if isinstance(cpu, (tuple, list)) else (cpu,)
+    gpu = gpu if isinstance(gpu, (tuple, list)) else (gpu,)
+    for i, (a, b) in enumerate(zip(cpu, gpu)):
+        assert b.device.type == DEV, f"{name}: output {i} is not on the GPU"
+        same(a, b, f"{what or name} output {i}")
+
+
+def ftz_window_pairs(n=64):
+    """Normal float pairs whose exact product lies in [2^-126 (1 - 2^-25), 2^-126): flushed to
+    zero if tininess is decided before rounding, 2^-126 after rounding (x86, contract §3)."""
+    rng = np.random.default_rng(3)
+    m1 = (1.0 + rng.integers(1, 2**23, 20000) * 2.0**-23).astype(np.float64)
+    m2 = (1.0 / m1).astype(np.float32).astype(np.float64)
+    m2 = np.where(m1 * m2 >= 1.0, np.nextafter(m2.astype(np.float32), np.float32(0)), m2)  # below 1
+    prod = m1 * m2  # exact in float64 (24 x 24 bits)
+    ok = (prod >= 1.0 - 2.0**-25) & (prod < 1.0)
+    a = (m1[ok][:n] * 2.0**-63).astype(np.float32)
+    b = (m2[ok][:n] * 2.0**-63).astype(np.float32)
+    assert len(a) == n
+    return a, b
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", TK.ELEMENTWISE)
+def test_unary_bits(ops, name):
+    x = TK._elementwise_inputs(name, seed=zlib.crc32(name.encode()))
+    same_all(ops, name, x)
+    same_all(ops, name, x[:7 * 129].reshape(7, 129), what=name + " 2-D")
+
+
+@needs_gpu
+@pytest.mark.parametrize("op", ["add", "mul"])
+def test_binary_bits(ops, op):
+    rng = np.random.default_rng(10)
+    fa, fb = ftz_window_pairs()
+    cases = [(TK.rbits(rng, 30_000), TK.rbits(rng, 30_000)), (TK.adversarial(rng, (7, 33)), TK.adversarial(rng, (7, 33))),
+             (TK.tiny(rng, 20_000), TK.tiny(rng, 20_000)), (fa, fb), (np.zeros(0, F32), np.zeros(0, F32))]
+    for a, b in cases:
+        same_all(ops, op, a, b)
+    same_all(ops, op, TK.T(cases[1][0]).t(), TK.T(cases[1][1]).t(), what=op + " transposed views")
+
+
+@needs_gpu
+def test_scale_bits(ops):
+    rng = np.random.default_rng(11)
+    fa, fb = ftz_window_pairs(1)
+    for x in (TK.rbits(rng, 10_000), TK.adversarial(rng, (33, 7)), TK.tiny(rng, 1000), np.full(4, fb[0], F32)):
+        for s in (0.1, -3.0, 1.0, 0.0, 1e-20, 1e30, 1.0 / 3.0, float(fa[0])):
+            same_all(ops, "scale", x, s, what=f"scale {s}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [0, 1, 7, 31, 32, 33, 129, 1000, 5000])
+def test_csum_bits(ops, n):
+    rng = np.random.default_rng(n)
+    for x in (rng.standard_normal((3, n)).astype(F32), TK.adversarial(rng, (5, n)),
+              (rng.standard_normal((2, 3, n)) * 1e30).astype(F32), TK.tiny(rng, (3, n)) ** 2,
+              rng.choice(np.array([-0.0, 0.0, 1e-40, -1e-40], F32), (4, n)), rng.standard_normal(n).astype(F32)):
+        same_all(ops, "csum", x, what=f"csum n={n}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("M", [1, 7, 33, 65, 129])
+@pytest.mark.parametrize("N_", [1, 7, 64, 129])
+@pytest.mark.parametrize("K", [0, 1, 15, 16, 17, 129, 300])
+def test_matmul_bits(ops, M, N_, K):
+    rng = np.random.default_rng(M * 10000 + N_ * 100 + K)
+    a, b = rng.standard_normal((M, K)).astype(F32), rng.standard_normal((K, N_)).astype(F32)
+    same_all(ops, "matmul", a, b, what=f"matmul {M}x{K}x{N_}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("MNK", [(7, 33, 129), (33, 1, 7), (129, 65, 33), (70, 130, 300)])
+def test_matmul_strided_bits(ops, ta, tb, MNK):
+    M, N_, K = MNK
+    rng = np.random.default_rng(M + N_ + K + 2 * ta + tb)
+    a, b = TK.adversarial(rng, (M, K), frac=0.05), rng.standard_normal((K, N_)).astype(F32)
+    at = TK.T(a.T.copy()).t() if ta else TK.T(a)
+    bt = TK.T(b.T.copy()).t() if tb else TK.T(b)
+    same_all(ops, "matmul", at, bt, what=f"matmul ta={ta} tb={tb} {MNK}")
+    a2 = rng.standard_normal((2 * M, 2 * K)).astype(F32)  # step-2 slices, sliced on each device
+    same(ops.matmul(TK.T(a2)[::2, ::2], bt), ops.matmul(C(a2)[::2, ::2], bt.to(DEV)), "matmul sliced a")
+
+
+@needs_gpu
+def test_matmul_batched_and_special_bits(ops):
+    rng = np.random.default_rng(12)
+    r = lambda *s: rng.standard_normal(s).astype(F32)  # noqa: E731
+    same_all(ops, "matmul", r(3, 7, 33), r(3, 33, 129), what="3d@3d")
+    same_all(ops, "matmul", r(2, 33, 129), r(129, 7), what="3d@2d")
+    same_all(ops, "matmul", TK.T(r(70, 19)).t(), r(3, 70, 33), what="2d@3d")
+    same_all(ops, "matmul", TK.T(r(3, 33, 7)).transpose(1, 2), TK.T(r(3, 129, 33)).transpose(1, 2), what="3d_t")
+    same_all(ops, "matmul", TK.adversarial(rng, (33, 129)), TK.adversarial(rng, (129, 7), frac=0.05), what="adv")
+    same_all(ops, "matmul", TK.tiny(rng, (33, 129)), TK.tiny(rng, (129, 33)), what="tiny")
+    same_all(ops, "matmul", (r(7, 129) * 1e19).astype(F32), (r(129, 33) * 1e19).astype(F32), what="huge")
+    fa, fb = ftz_window_pairs(33)
+    same_all(ops, "matmul", fa.reshape(33, 1), fb.reshape(1, 33), what="ftz window products")
+    same_all(ops, "matmul", np.zeros((7, 0), F32), np.zeros((0, 33), F32), what="K = 0")
+
+
+@needs_gpu
+@pytest.mark.parametrize("RD", [(1, 1), (7, 33), (33, 7), (3, 129), (1, 1000), (70, 129)])
+@pytest.mark.parametrize("kind", ["normal", "adv", "zero_rows", "huge", "tiny"])
+@pytest.mark.parametrize("eps", [1e-5, 0.0])
+def test_rmsnorm_bits(ops, RD, kind, eps):
+    R_, D = RD
+    x, w, gy = TK._rms_inputs(np.random.default_rng(R_ * 1000 + D), R_, D, kind)
+    same_all(ops, "rmsnorm", x, w, eps, what=f"rmsnorm {kind}")
+    _, rstd = ops.rmsnorm(TK.T(x), TK.T(w), eps)
+    same_all(ops, "rmsnorm_backward", gy, x, w, TK.N(rstd), what=f"rmsnorm_backward {kind}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("Tn,Dh,theta", [(1, 2, 10000.0), (7, 8, 10000.0), (129, 64, 10000.0),
+                                         (2048, 128, 500000.0), (33, 6, 1e6), (70000, 4, 10.0)])
+def test_rope_tables_bits(ops, Tn, Dh, theta):
+    for a, b in zip(ops.rope_tables(Tn, Dh, theta), ops.rope_tables_cuda(Tn, Dh, theta)):
+        assert b.device.type == DEV
+        same(a, b, f"rope_tables {Tn} {Dh}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("shape", [(1, 1, 1, 2), (2, 7, 3, 8), (1, 33, 2, 64), (3, 5, 1, 6)])
+@pytest.mark.parametrize("kind", ["normal", "adv"])
+def test_rope_bits(ops, shape, kind):
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(F32) if kind == "normal" else TK.adversarial(rng, shape)
+    c, s = (TK.N(t) for t in ops.rope_tables(shape[1] + 3, shape[3], 10000.0))  # longer tables than T
+    if kind == "adv":
+        c, s = TK.adversarial(rng, c.shape, frac=0.2), TK.adversarial(rng, s.shape, frac=0.2)
+    for bw in (False, True):
+        same_all(ops, "rope", x, c, s, bw, what=f"rope backward={bw}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("BH,Tn", [(1, 1), (2, 7), (3, 33), (1, 129), (2, 100)])
+@pytest.mark.parametrize("kind", ["normal", "adv", "large", "masked_garbage"])
+def test_causal_softmax_bits(ops, BH, Tn, kind):
+    rng = np.random.default_rng(BH * 1000 + Tn)
+    shape = (BH, Tn, Tn)
+    up = np.triu(np.ones((Tn, Tn), bool), 1)
+    if kind == "normal":
+        s = (rng.standard_normal(shape) * 3).astype(F32)
+    elif kind == "adv":
+        s = TK.adversarial(rng, shape, frac=0.15)
+    elif kind == "large":
+        s = (rng.standard_normal(shape) * 1e3).astype(F32)
+    else:
+        s = rng.standard_normal(shape).astype(F32)
+        s[:, up] = rng.choice(np.array([np.nan, np.inf, -np.inf, 1e38], F32), (BH, int(up.sum())))
+    gp = TK.adversarial(rng, shape, frac=0.1) if kind == "adv" else rng.standard_normal(shape).astype(F32)
+    if kind == "masked_garbage":
+        gp[:, up] = np.nan
+    for scale in (0.125, 1.0 / math.sqrt(40.0)):
+        same_all(ops, "causal_softmax", s, scale, what=f"causal_softmax {kind}")
+        P = TK.N(ops.causal_softmax(TK.T(s), scale))
+        same_all(ops, "causal_softmax_backward", gp, P, scale, what=f"causal_softmax_backward {kind}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("Rn,H", [(1, 1), (7, 33), (33, 129), (2, 7)])
+@pytest.mark.parametrize("kind", ["normal", "adv", "wide"])
+def test_swiglu_bits(ops, Rn, H, kind):
+    rng = np.random.default_rng(Rn * 1000 + H)
+    shape = (Rn, 2 * H)
+    u = {"normal": lambda: rng.standard_normal(shape).astype(F32), "adv": lambda: TK.adversarial(rng, shape),
+         "wide": lambda: (rng.standard_normal(shape) * 60).astype(F32)}[kind]()
+    g = TK.adversarial(rng, (Rn, H), frac=0.1) if kind == "adv" else rng.standard_normal((Rn, H)).astype(F32)
+    same_all(ops, "swiglu", u)
+    same_all(ops, "swiglu_backward", g, u)
+
+
+@needs_gpu
+@pytest.mark.parametrize("Rn,V", [(1, 1), (7, 33), (33, 129), (3, 1000), (70, 65)])
+@pytest.mark.parametrize("kind", ["normal", "adv", "large"])
+@pytest.mark.parametrize("zloss", [0.0, 1e-4])
+def test_cross_entropy_bits(ops, Rn, V, kind, zloss):
+    rng = np.random.default_rng(Rn * 10000 + V)
+    z = {"normal": lambda: (rng.standard_normal((Rn, V)) * 2).astype(F32),
+         "adv": lambda: TK.adversarial(rng, (Rn, V), frac=0.1),
+         "large": lambda: (rng.standard_normal((Rn, V)) * 1e4).astype(F32)}[kind]()
+    t = rng.integers(0, V, Rn).astype(np.int64)
+    same_all(ops, "cross_entropy", z, t, zloss, what=f"cross_entropy {kind}")
+    _, lse = ops.cross_entropy(TK.T(z), torch.from_numpy(t), zloss)
+    for g in (1.0, 0.37):
+        same_all(ops, "cross_entropy_backward", torch.tensor(g, dtype=torch.float32), z, t, TK.N(lse), zloss,
+                 what=f"cross_entropy_backward {kind}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("V,D,Nn", [(1, 1, 1), (7, 33, 129), (33, 7, 7), (129, 1, 1000), (300, 65, 500)])
+def test_embedding_bits(ops, V, D, Nn):
+    rng = np.random.default_rng(V + D + Nn)
+    w, idx = TK.adversarial(rng, (V, D)), rng.integers(0, V, Nn).astype(np.int64)
+    same_all(ops, "embedding", w, idx)
+    for g in (rng.standard_normal((Nn, D)).astype(F32), TK.adversarial(rng, (Nn, D)),
+              rng.choice(np.array([-0.0, 1e-40, -1e-40, 1.0, 2.0 ** -24], F32), (Nn, D))):
+        for rows in (V, V + 3):
+            same_all(ops, "embedding_backward", g, idx, rows, what=f"embedding_backward rows={rows}")
+
+
+@needs_gpu
+def test_index_errors_match_cpu(ops):
+    z, w = torch.zeros(3, 5), torch.zeros(5, 2)
+    t = torch.tensor([0, 5, 1])
+    for call in (lambda d: ops.cross_entropy(z.to(d), t.to(d), 0.0), lambda d: ops.embedding(w.to(d), t.to(d)),
+                 lambda d: ops.embedding_backward(torch.zeros(3, 2, device=d), t.to(d), 5)):
+        with pytest.raises(RuntimeError) as cpu_err:
+            call("cpu")
+        with pytest.raises(RuntimeError) as gpu_err:
+            call(DEV)
+        assert str(cpu_err.value).splitlines()[0] == str(gpu_err.value).splitlines()[0]
+
+
+@needs_gpu
+@pytest.mark.parametrize("p", [0.1, 0.5, 1.0 / 3.0])
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (3, 5, 129)])
+def test_dropout_bits(ops, p, shape):
+    x = TK.adversarial(np.random.default_rng(len(shape)), shape)
+    for seed, c1, c2 in ((0, 0, 0), (1234, 5, 6), (-1, 2 ** 32 - 1, 7), (-(2 ** 63) + 5, 1, 2 ** 31)):
+        same_all(ops, "dropout", x, p, seed, c1, c2, what=f"dropout p={p} seed={seed}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [1, 33, 10007, 100_003])
+def test_adamw_and_clip_bits(ops, n):
+    rng = np.random.default_rng(n)
+    p, g, m = (TK.adversarial(rng, (n,), frac=0.05, nonfinite=False) for _ in range(3))
+    v = np.abs(TK.adversarial(rng, (n,), frac=0.05, nonfinite=False))
+    hp = [float(F32(h)) for h in (3e-4, 0.9, 0.95, 0.1, 0.05, 1e-8, 1 - 3e-5, 1 / (1 - 0.9 ** 3), 1 / (1 - 0.95 ** 3))]
+    tc, tg = [TK.T(a) for a in (p, g, m, v)], [C(a) for a in (p, g, m, v)]
+    ops.adamw_(tc[0], tc[1], tc[2], tc[3], *hp)
+    ops.adamw_(tg[0], tg[1], tg[2], tg[3], *hp)
+    for name, a, b in zip("pgmv", tc, tg):
+        same(a, b, f"adamw_ {name}")
+    gs = (rng.standard_normal(n) * 0.01).astype(F32)
+    for max_norm in (0.5, 1e9):
+        for gg in (g, gs):
+            same_all(ops, "clip_grad", gg, max_norm, what=f"clip_grad n={n}")
+
+
+@needs_gpu
+def test_random_streams_bits(ops):
+    for seed in (0, 1, -1, -0x2152411035014111):
+        for purpose in (1, 2, 3, 4):
+            for n, off, c1, c2 in ((1, 0, 0, 0), (7, 3, 1, 2), (129, 2 ** 32 - 1, 2 ** 32 - 1, 5), (1001, 17, 9, 2 ** 31)):
+                a, b = ops.philox(seed, c1, c2, purpose, n, off), ops.philox_cuda(seed, c1, c2, purpose, n, off)
+                assert b.device.type == DEV and b.dtype == torch.int64
+                assert torch.equal(a, b.cpu()), f"philox seed={seed} n={n}"
+            for name in ("uniform", "normal"):
+                a = getattr(ops, name)(seed, 3, 4, purpose, 1003)
+                same(a, getattr(ops, name + "_cuda")(seed, 3, 4, purpose, 1003), name)
+
+
+@needs_gpu
+def test_ops_follow_the_current_stream(ops):
+    """Kernels launch on PyTorch's current stream: work queued on a side stream is ordered."""
+    s = torch.cuda.Stream()
+    x = torch.randn(512, 512)
+    want = ops.matmul(x, x)
+    with torch.cuda.stream(s):
+        xg = x.cuda(non_blocking=False)
+        got = ops.add(ops.matmul(xg, xg), torch.zeros_like(xg))
+    s.synchronize()
+    same(want, got, "matmul on a side stream")
+
+
+# ================================================================================================
+# GPU: golden digests, training chain, NCCL
+# ================================================================================================
+@needs_gpu
+def test_selftest_golden_digests_on_cuda(ops, cpu_digests, tmp_path):
+    mine = _digests(DEV)
+    bad = [f"{n}: cpu {cpu_digests[n][:16]}.. cuda {mine[n][:16]}.." for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
+    assert not bad, "CUDA digests differ from the CPU's:\n" + "\n".join(bad)
+    if shutil.which("g++"):  # and from the standalone self-test program itself
+        exe = tmp_path / "selftest"
+        _run(["g++", "-O2"] + ST.BASE_FLAGS + ST.CONTRACT + ST.SOURCES + ["-o", str(exe)], timeout=600)
+        program = dict(line.split() for line in _run([str(exe)], timeout=120).stdout.splitlines())
+        assert {n: program[n] for n in ST.EXPECTED_NAMES} == mine
+
+
+TINY = ["--n_layer=2", "--d_model=32", "--n_head=2", "--d_hidden=64", "--seq_len=16", "--micro_batch_size=2",
+        "--micro_batches=4", "--max_steps=6", "--checkpoint_every=3", "--eval_every=0", "--sample_tokens=0"]
+
+
+@pytest.fixture(scope="module")
+def train_device_option():
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import train
+    if "device" not in {f.name for f in dataclasses.fields(train.Config)}:
+        pytest.skip("train.py has no --device option yet (see the proposed change)")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    import data
+    base = tmp_path_factory.mktemp("cuda_corpus")
+    words = "the king queen sword night day love death crown fair lord lady house war peace".split()
+    rng = np.random.default_rng(7)
+    text = "\n".join(" ".join(rng.choice(words, rng.integers(4, 12))).capitalize() + "." for _ in range(400))
+    (base / "source.txt").write_text(text)
+    _, out = data.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"))
+    return Path(out)
+
+
+def _train(work, corpus, *extra, launcher=None):
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = (launcher or [sys.executable]) + [str(ROOT / "train.py"), "--run_dir=run", f"--data_dir={corpus}", *TINY, *extra]
+    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = work / "run"
+    return (run / "chain.jsonl").read_bytes(), {p.name: p.read_bytes() for p in sorted((run / "checkpoints").iterdir())}
+
+
+@pytest.fixture(scope="module")
+def cpu_chain(train_device_option, corpus, tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("cpu_run"), corpus, "--threads=1")
+
+
+@needs_gpu
+def test_cuda_training_chain_equals_cpu_chain(ops, corpus, cpu_chain, tmp_path):
+    chain, ckpts = _train(tmp_path, corpus, f"--device={DEV}")
+    assert chain == cpu_chain[0], "the CUDA run's chain differs from the CPU run's"
+    assert ckpts == cpu_chain[1]
+
+
+@needs_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs for torchrun R=2 with NCCL")
+def test_torchrun_nccl_two_ranks_equals_cpu_chain(ops, corpus, cpu_chain, tmp_path):
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    chain, ckpts = _train(tmp_path, corpus, f"--device={DEV}", launcher=torchrun)
+    assert chain == cpu_chain[0], "the 2-GPU NCCL run's chain differs from the CPU run's"
+    assert ckpts == cpu_chain[1]

@@ -1,0 +1,125 @@
+"""The strict guard of DESIGN §3: no floating-point arithmetic outside RepOps inside a step.
+
+A TorchDispatchMode records every operator that reaches the dispatcher during one
+train.train_step (forward, backward, TreeFold, clipping, AdamW). Each one must be a RepOps
+kernel (repops::...) or an ATen operator listed in ALLOWED with the reason it does no
+floating-point arithmetic. Anything else, stock arithmetic or autograd summing gradients on
+its own, fails the test, which prints the operator counts.
+"""
+import collections
+import dataclasses
+import random
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import data
+import repops
+import train
+
+# Every exception, and why it is not arithmetic. Keep it to what a step actually runs: an
+# unused entry is reported too.
+ALLOWED = {
+    "aten::view": "reinterprets a tensor's shape over the same storage",
+    "aten::_unsafe_view": "reshape of a strided tensor: a view of the copy clone just made",
+    "aten::t": "a transposed view of a weight matrix",
+    "aten::transpose.int": "a transposed view (matmul operands and their backward)",
+    "aten::permute": "a view reordering the attention heads' dimensions",
+    "aten::select.int": "a view of one element (the loss at the end of the folded vector)",
+    "aten::slice.Tensor": "a view of a range (input/target windows, each parameter's gradient)",
+    "aten::unbind.int": "views of q, k and v inside the fused QKV projection",
+    "aten::detach": "an alias without autograd history",
+    "aten::clone": "contiguous() and reshape of strided views: copy bytes to a dense layout",
+    "aten::cat": "lays the flat micro-batch gradients and the loss into one buffer (copies)",
+    "aten::stack": "unbind's backward: lays the q, k, v gradients side by side (copies)",
+    "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
+    "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
+    "aten::_local_scalar_dense": "float(loss), float(grad_norm): reads one value to the host",
+}
+
+
+class OpRecorder(TorchDispatchMode):
+    """Counts every operator dispatched while active, by its schema name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.name()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def violations(counts):
+    """The recorded operators that are neither RepOps nor a justified exception."""
+    return {op: n for op, n in counts.items() if not op.startswith("repops::") and op not in ALLOWED}
+
+
+def report(counts):
+    return "operators recorded during the step:\n" + "\n".join(
+        f"  {n:6d}  {op}" for op, n in sorted(counts.items()))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    base = tmp_path_factory.mktemp("guard")
+    rng = random.Random(3)
+    (base / "text.txt").write_text(" ".join(rng.choice(["to", "be", "or", "not", "that", "is", "the",
+                                                        "question"]) for _ in range(3000)))
+    _, out = data.prepare(inputs=[str(base / "text.txt")], out_dir=str(base / "tokens"))
+    return out
+
+
+DROPOUTS = (0.0, 0.1)
+
+
+@pytest.fixture(scope="module")
+def step_ops(corpus):
+    """{dropout: operator counts of one training step of a tiny model}."""
+    out = {}
+    for dropout in DROPOUTS:
+        cfg = dataclasses.replace(train.Config(), data_dir=corpus, n_layer=2, d_model=32, n_head=2,
+                                  d_hidden=64, seq_len=16, micro_batch_size=2, micro_batches=4,
+                                  dropout=dropout)
+        tokens = data.TokenData(corpus, cfg.seed)
+        state = train.TrainState(cfg, tokens.vocab_size)
+        with OpRecorder() as rec:
+            train.train_step(state, tokens, cfg)
+        assert state.step == 1
+        out[dropout] = rec.counts
+    return out
+
+
+@pytest.mark.parametrize("dropout", DROPOUTS, ids=["no_dropout", "dropout"])
+def test_every_op_of_a_step_is_repops_or_justified(step_ops, dropout):
+    counts = step_ops[dropout]
+    # The recorder really sees the step: its forward, backward, fold and optimizer kernels.
+    needed = {"repops::matmul", "repops::cross_entropy_backward", "repops::add",
+              "repops::clip_grad", "repops::adamw_"} | ({"repops::dropout"} if dropout else set())
+    assert needed <= set(counts), report(counts)
+    assert not violations(counts), (f"floating-point work outside RepOps: {violations(counts)}\n"
+                                    + report(counts))
+
+
+def test_no_exception_is_stale(step_ops):
+    used = set().union(*step_ops.values())
+    assert set(ALLOWED) <= used, f"exceptions no step needs: {sorted(set(ALLOWED) - used)}"
+
+
+def test_guard_flags_stock_arithmetic():
+    a, b = torch.rand(8), torch.rand(8)
+    with OpRecorder() as rec:
+        torch.add(a, b)
+    assert "aten::add.Tensor" in violations(rec.counts), report(rec.counts)
+
+
+def test_guard_flags_autograd_summing_gradients():
+    # A weight read twice gets two gradient contributions that autograd itself adds with
+    # stock ATen: the reason model.py routes every fork through a RepOps add.
+    w = torch.nn.Parameter(torch.rand(4, 4))
+    x, targets = torch.rand(2, 4), torch.zeros(2, dtype=torch.int64)
+    with OpRecorder() as rec:
+        y = repops.add(repops.linear(x, w), repops.linear(x, w))
+        torch.autograd.grad(repops.cross_entropy(y, targets), [w])
+    assert "aten::add.Tensor" in violations(rec.counts), report(rec.counts)
