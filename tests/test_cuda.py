@@ -658,16 +658,28 @@ def test_random_streams_bits(ops):
 
 
 @needs_gpu
-def test_ops_follow_the_current_stream(ops):
-    """Kernels launch on PyTorch's current stream: work queued on a side stream is ordered."""
-    s = torch.cuda.Stream()
-    x = torch.randn(512, 512)
-    want = ops.matmul(x, x)
-    with torch.cuda.stream(s):
-        xg = x.cuda(non_blocking=False)
-        got = ops.add(ops.matmul(xg, xg), torch.zeros_like(xg))
-    s.synchronize()
-    same(want, got, "matmul on a side stream")
+def test_kernels_launch_on_the_current_stream(ops):
+    """Captured into a CUDA graph (which fails on any launch outside the capturing stream, the
+    current one) and replayed: the results are the CPU's."""
+    rng = np.random.default_rng(13)
+    x, w = rng.standard_normal((65, 129)).astype(F32), rng.standard_normal(129).astype(F32)
+    xd, wd = C(x), C(w)
+
+    def work():
+        n, rstd = ops.rmsnorm(xd, wd, 1e-5)
+        return ops.matmul(xd, xd.t()), rstd, ops.csum(ops.add(n, n))
+
+    work()  # loads the kernels before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, rstd, s = work()
+    graph.replay()
+    torch.cuda.synchronize()
+    same(ops.matmul(TK.T(x), TK.T(x).t()), y, "matmul in a graph")
+    n_cpu, rstd_cpu = ops.rmsnorm(TK.T(x), TK.T(w), 1e-5)
+    same(rstd_cpu, rstd, "rmsnorm in a graph")
+    same(ops.csum(ops.add(n_cpu, n_cpu)), s, "add + csum in a graph")
 
 
 # ================================================================================================
