@@ -81,14 +81,23 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
     std::fill(C, C + batch * M * N, 0.0f);
     return;
   }
-  const int64_t mblocks = (M + MC - 1) / MC, nblocks = (N + NC - 1) / NC;
+  // Smaller blocks when the output is small, so that there are enough tasks for the threads
+  // (a weight gradient with 128 rows would otherwise be one task). Bits do not change.
+  int64_t mc_blk = MC, nc_blk = NC;
+  auto tasks_for = [&](int64_t mc, int64_t nc) { return batch * ((M + mc - 1) / mc) * ((N + nc - 1) / nc); };
+  while (tasks_for(mc_blk, nc_blk) < 8) {
+    if (mc_blk > 4 * MR) mc_blk = (mc_blk / 2 + MR - 1) / MR * MR;
+    else if (nc_blk > 2 * NR) nc_blk = (nc_blk / 2 + NR - 1) / NR * NR;
+    else break;
+  }
+  const int64_t mblocks = (M + mc_blk - 1) / mc_blk, nblocks = (N + nc_blk - 1) / nc_blk;
   const int64_t tasks = batch * mblocks * nblocks;
   rp::parallel_for(tasks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> apack(MC * KC), bpack(KC * NC), edge(MR * NR);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
-      const int64_t i0 = mb * MC, mc = std::min(MC, M - i0);
-      const int64_t j0 = nb * NC, nc = std::min(NC, N - j0);
+      const int64_t i0 = mb * mc_blk, mc = std::min(mc_blk, M - i0);
+      const int64_t j0 = nb * nc_blk, nc = std::min(nc_blk, N - j0);
       const float* Ab = A + b * sab;
       const float* Bb = B + b * sbb;
       float* Cb = C + b * M * N;

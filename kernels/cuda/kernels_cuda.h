@@ -2,7 +2,7 @@
 // (same arguments, same layouts: raw device pointers, contiguous row-major float32 unless a
 // stride is passed), plus the CUDA stream to launch on. No torch types: binding_cuda.cpp
 // registers them with torch for the CUDA dispatch key and passes PyTorch's current stream.
-// Every launcher returns cudaGetLastError() after its launches (cudaSuccess when nothing ran).
+// Every launcher returns cudaGetLastError() after its launches (a launch error, if any).
 // Each kernel follows kernels/README.md (the contract) through canonical.cuh.
 #pragma once
 #include <cstdint>
