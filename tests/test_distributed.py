@@ -11,9 +11,8 @@
   error path is what ends them); the chain and checkpoints left behind verify, and resuming (with
   the same or another world size) re-derives the reference chain byte for byte.
 
-Every run uses the same --run_dir string ("run", relative to its own working directory): the
-genesis record carries the resolved config, run_dir included, so chains of runs started with
-different --run_dir values differ in their genesis line.
+Every run uses the same --run_dir string ("run", relative to its own working directory),
+although the genesis record holds only the config fields that decide the chain.
 """
 import os
 import random
@@ -125,6 +124,7 @@ def test_simulated_ranks_match_the_real_run(runs, monkeypatch):
     by treefold.simulate_ranks (one device plays every rank) must publish the same record."""
     import torch
 
+    import audit
     import hashchain
     import train
     import treefold
@@ -134,7 +134,7 @@ def test_simulated_ranks_match_the_real_run(runs, monkeypatch):
     chain.load(repair=False)
     chain.verify()
     cfg = train.Config(**chain.records[0]["config"])
-    data = TokenData(cfg.data_dir, cfg.seed)
+    data = TokenData(audit.recorded_data_dir(runs[4]), cfg.seed)  # not in the chain: config.json
     k = 2 * CKPT_EVERY
     ckpt = hashchain.checkpoint_path(runs[4] / "checkpoints", k)
     tensors = train.load_verified_checkpoint(ckpt, chain.records[k])
