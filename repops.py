@@ -30,12 +30,23 @@ CPU_DIR = os.path.join(ROOT, "kernels", "cpu")
 CPU_SOURCES = sorted(
     os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
     if f.endswith(".cpp") and f != "selftest.cpp")
-# What decides the kernels' bits (the code digest of a run covers these).
-KERNEL_FILES = CPU_SOURCES + sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR) if f.endswith(".h"))
+CUDA_DIR = os.path.join(ROOT, "kernels", "cuda")
+CUDA_SOURCES = sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(CUDA_DIR) if f.endswith((".cu", ".cpp")))
+# What decides the kernels' bits (the code digest of a run covers these). The CUDA files count
+# on every machine, so a CPU run and a CUDA run of the same code share one digest.
+KERNEL_FILES = (CPU_SOURCES + sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR) if f.endswith(".h"))
+                + CUDA_SOURCES + sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(CUDA_DIR)
+                                        if f.endswith((".h", ".cuh"))))
 # Contract §2-§3: no contraction into FMA, no fast-math reassociation. -march=native only picks
 # the SIMD width; it cannot change bits because nothing is fused or reordered.
 # -fopenmp: at::parallel_for (binding.cpp) is an inline OpenMP loop; without it, it runs serially.
 CPU_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-march=native", "-fopenmp"]
+# CUDA (contract §2-§3): no FMA contraction, flush-to-zero; the kernels also round every add
+# and multiply explicitly (__fadd_rn, __fmul_rn), so no flag can fuse them.
+CUDA_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true", "-prec-sqrt=true",
+              "-Xcompiler", "-ffp-contract=off", "-gencode=arch=compute_80,code=sm_80",
+              "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
+HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where torch has CUDA
 
 PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
 
@@ -69,22 +80,27 @@ def _check_toolchain():
 
 def _load():
     _check_toolchain()
-    build_dir = os.path.join(ROOT, "build", "repops_cpu_" + _cpu_isa_tag())
+    name = "repops_cuda" if HAS_CUDA else "repops_cpu"
+    build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
     os.makedirs(build_dir, exist_ok=True)
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     try:
         torch.utils.cpp_extension.load(
-            name="repops_cpu", sources=CPU_SOURCES, extra_cflags=CPU_FLAGS, extra_ldflags=["-fopenmp"],
-            extra_include_paths=[CPU_DIR],
+            name=name, sources=CPU_SOURCES + (CUDA_SOURCES if HAS_CUDA else []), extra_cflags=CPU_FLAGS,
+            extra_cuda_cflags=CUDA_FLAGS if HAS_CUDA else None, extra_ldflags=["-fopenmp"],
+            extra_include_paths=[CPU_DIR, CUDA_DIR],
             build_directory=build_dir, is_python_module=False, verbose=False)
     except (RuntimeError, subprocess.CalledProcessError) as e:
-        raise RepOpsBuildError(f"building the RepOps CPU kernels failed (build dir {build_dir}): {e}") from e
+        raise RepOpsBuildError(f"building the RepOps kernels failed (build dir {build_dir}): {e}") from e
     fused, ftz_missing = torch.ops.repops.canary().tolist()
     if fused != 0.0:
         raise RepOpsBuildError("RepOps canary: the kernels were built with floating-point contraction "
                                "(a*b+c fused into an FMA); rebuild with -ffp-contract=off")
     if ftz_missing != 0.0:
         raise RepOpsBuildError("RepOps canary: flush-to-zero is not active in kernel worker threads")
+    if HAS_CUDA and torch.ops.repops.canary_cuda().tolist() != [0.0, 0.0]:
+        raise RepOpsBuildError("RepOps CUDA canary: the CUDA kernels were built with contraction or "
+                               "without flush-to-zero; rebuild with repops.CUDA_FLAGS")
 
 
 _load()

@@ -70,12 +70,13 @@ class Config:
     eval_batches: int = 4
     sample_tokens: int = 200            # printed at the end (0: none)
     threads: int = 0                    # torch threads per process (0: torch's default)
+    device: str = "cpu"                 # "cuda": same bits on the GPU kernels (rank r uses GPU r)
     dist_timeout: int = 60              # seconds before a rank gives up on a dead peer
 
 
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
-               "sample_tokens", "threads", "dist_timeout"}
+               "sample_tokens", "threads", "dist_timeout", "device"}
 
 
 class UsageError(Exception):
@@ -143,8 +144,10 @@ def code_digest():
 class TrainState:
     """Everything that decides the future: parameters, Adam moments, the step counter."""
 
-    def __init__(self, cfg, vocab_size):
-        self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed)
+    def __init__(self, cfg, vocab_size, device="cpu"):
+        self.device = torch.device(device)
+        # Canonical init runs on the CPU kernels; the bits then move to the device unchanged.
+        self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed).to(self.device)
         self.params = self.model.named_tensors()           # canonical (sorted) order
         self.m = {n: torch.zeros_like(p) for n, p in self.params.items()}
         self.v = {n: torch.zeros_like(p) for n, p in self.params.items()}
@@ -173,7 +176,8 @@ class TrainState:
 # ----------------------------------------------------------------------------- the step
 def micro_batch_gradient(state, data, cfg, step, micro):
     """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss."""
-    x, y = data.micro_batch("train", step, micro, cfg.micro_batch_size, cfg.seq_len)
+    batch = data.micro_batch("train", step, micro, cfg.micro_batch_size, cfg.seq_len)
+    x, y = (t.to(state.device) for t in batch)
     params = list(state.params.values())
     loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
     grads = torch.autograd.grad(loss, params)
@@ -238,8 +242,8 @@ def genesis_record(state, data, cfg):
 @torch.no_grad()
 def evaluate(state, data, cfg):
     state.model.eval()
-    losses = [float(state.model(*data.micro_batch("val", 0, m, cfg.micro_batch_size, cfg.seq_len)))
-              for m in range(cfg.eval_batches)]
+    batches = (data.micro_batch("val", 0, m, cfg.micro_batch_size, cfg.seq_len) for m in range(cfg.eval_batches))
+    losses = [float(state.model(x.to(state.device), y.to(state.device))) for x, y in batches]
     return sum(losses) / len(losses)
 
 
@@ -320,7 +324,11 @@ def run(cfg, rank, world):
     os.makedirs(checkpoint_dir(cfg.run_dir), exist_ok=True)
     log = Logger(cfg.run_dir, writer)
     data = TokenData(cfg.data_dir, cfg.seed)
-    state = TrainState(cfg, data.vocab_size)
+    device = torch.device(cfg.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    state = TrainState(cfg, data.vocab_size, device)
     chain = hashchain.Chain(os.path.join(cfg.run_dir, "chain.jsonl"))
     note = chain.load(repair=writer)
     if note:
@@ -380,7 +388,7 @@ def run(cfg, rank, world):
             log(f"step {step:5d} | val loss {val:.4f}")
     if writer and cfg.sample_tokens:
         from sample import generate
-        text = generate(state.model, data.manifest["tokenizer"]["name"], "\n", cfg.sample_tokens, seed=cfg.seed)
+        text = generate(state.model.cpu(), data.manifest["tokenizer"]["name"], "\n", cfg.sample_tokens, seed=cfg.seed)
         log("sample:\n" + text)
     return state
 
@@ -392,7 +400,8 @@ def main(argv):
         cfg = parse_config(argv)
         treefold.check_topology(cfg.micro_batches, world)   # before any work
         if world > 1:
-            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=cfg.dist_timeout))
+            backend = "cpu:gloo,cuda:nccl" if cfg.device == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.dist_timeout))
         run(cfg, rank, world)
     except (UsageError, DataError, treefold.TopologyError, hashchain.HashChainError) as e:
         if rank == 0:

@@ -89,8 +89,9 @@ def allreduce_tree(subtree, group=None):
         partner = rank ^ d
         other = torch.empty_like(acc)
         peer = dist.get_global_rank(group, partner) if group is not None else partner
-        reqs = [dist.isend(acc, peer, group=group), dist.irecv(other, peer, group=group)]
-        for r in reqs:
+        # One batched exchange: NCCL would deadlock on two blocking sends; gloo accepts it too.
+        for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, acc, peer, group),
+                                         dist.P2POp(dist.irecv, other, peer, group)]):
             r.wait()
         acc = repops.ops.add(acc, other) if rank < partner else repops.ops.add(other, acc)
         d *= 2
