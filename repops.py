@@ -78,7 +78,16 @@ def _check_toolchain():
         raise RepOpsBuildError("RepOps needs ninja to build its kernels: pip install ninja")
 
 
+def _one_line_excepthook(kind, value, tb, _default=sys.excepthook):
+    """Command-line tools import repops at the top: a failed build reads as one line there."""
+    if issubclass(kind, RepOpsBuildError):
+        print(f"error: {value}", file=sys.stderr)
+    else:
+        _default(kind, value, tb)
+
+
 def _load():
+    sys.excepthook = _one_line_excepthook
     _check_toolchain()
     name = "repops_cuda" if HAS_CUDA else "repops_cpu"
     build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
