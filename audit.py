@@ -4,6 +4,7 @@
     python audit.py --step 15 --run runs/x     # another run
     python audit.py --range 1:40               # every step from 1 to 40
     python audit.py --all                      # the whole chain
+    python audit.py --step 17 --trace a.jsonl  # also a per-operator trace (see optrace.py)
 
 It verifies the chain's links, loads the latest checkpoint at or before the first step to
 check (verified tensor by tensor against the chain), replays with train.train_step (the one
@@ -21,8 +22,9 @@ import time
 
 import hashchain
 from data import DataError, TokenData
-from train import (Config, TrainState, UsageError, checkpoint_dir, code_digest, load_verified_checkpoint,
-                   step_record, train_step)
+from optrace import trace_step
+from train import (Config, StepRefused, TrainState, UsageError, checkpoint_dir, code_digest,
+                   load_verified_checkpoint, step_record, train_step)
 
 
 class Audit:
@@ -90,11 +92,18 @@ class Audit:
                                      "match the genesis record"))
         return state
 
-    def replay(self, first, last):
-        """Replay up to `last`, comparing every step from the checkpoint on; first mismatch."""
+    def replay(self, first, last, trace=None):
+        """Replay up to `last`, comparing every step from the checkpoint on; first mismatch.
+        With trace (a path), step `last` is recorded operator by operator there (optrace.py)."""
         state = self.start_state(first - 1)
         while state.step < last:
-            fields = train_step(state, self.data, self.cfg)
+            try:
+                if trace and state.step + 1 == last:
+                    fields = trace_step(state, self.data, self.cfg, trace, self.chain.records[last])
+                else:
+                    fields = train_step(state, self.data, self.cfg)
+            except StepRefused as e:    # the published run cannot have recorded this step
+                return state.step + 1, str(e)
             replayed = step_record(state, self.data, self.cfg, fields)
             diff = compare(replayed, self.chain.records[state.step])
             if diff:
@@ -150,15 +159,19 @@ def main(argv):
     group.add_argument("--all", action="store_true", help="every step in the chain")
     ap.add_argument("--run", default=Config.run_dir, help="run directory (default %(default)s)")
     ap.add_argument("--data", help="corpus directory (default: the run's data_dir)")
+    ap.add_argument("--trace", metavar="FILE", help="with --step: write a per-operator trace of "
+                    "the step to FILE (compare two with python optrace.py A B)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
+        if args.trace and args.step is None:
+            raise UsageError("--trace records one step: use it with --step N")
         audit = Audit(args.run, args.data)
         first, last = parse_steps(args, audit.last_step())
         broken = audit.chain_mismatch()
         result = (broken if broken and broken[0] <= last else None)
         if result is None:
-            result = audit.replay(first, last)
+            result = audit.replay(first, last, args.trace)
     except (UsageError, DataError, hashchain.HashChainError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
         return 2

@@ -87,6 +87,10 @@ class StepRefused(Exception):
     """A step produced a non-finite loss or gradient norm; nothing of it was written."""
 
 
+class ReproducibilityError(Exception):
+    """Ranks disagree on the state, or a re-derived step differs from its chain record."""
+
+
 def parse_config(argv, base=None):
     """Config from --key=value / --key value overrides; unknown keys and bad types refused."""
     cfg = base or Config()
@@ -314,16 +318,16 @@ def check_same_state(root, world):
     dist.all_gather(gathered, mine)
     roots = [bytes(g.tolist()).hex() for g in gathered]
     if len(set(roots)) != 1:
-        raise RuntimeError("ranks disagree on the state hash: " + ", ".join(r[:12] for r in roots))
+        raise ReproducibilityError("ranks disagree on the state hash: " + ", ".join(r[:12] for r in roots))
 
 
 def run(cfg, rank, world):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     writer = rank == 0
+    data = TokenData(cfg.data_dir, cfg.seed)       # before creating anything: bad data, no run dir
     os.makedirs(checkpoint_dir(cfg.run_dir), exist_ok=True)
     log = Logger(cfg.run_dir, writer)
-    data = TokenData(cfg.data_dir, cfg.seed)
     device = torch.device(cfg.device)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -372,7 +376,7 @@ def run(cfg, rank, world):
         if step < len(chain):           # re-deriving a step the chain already holds
             published = {k: v for k, v in chain.records[step].items() if k not in ("prev", "record_hash")}
             if published != json.loads(json.dumps(record)):
-                raise RuntimeError(f"step {step} re-derived differently from the chain record: "
+                raise ReproducibilityError(f"step {step} re-derived differently from the chain record: "
                                    "this machine does not reproduce the run (run audit.py)")
         elif writer:
             chain.append(record)
@@ -388,7 +392,8 @@ def run(cfg, rank, world):
             log(f"step {step:5d} | val loss {val:.4f}")
     if writer and cfg.sample_tokens:
         from sample import generate
-        text = generate(state.model.cpu(), data.manifest["tokenizer"]["name"], "\n", cfg.sample_tokens, seed=cfg.seed)
+        text = generate(state.model.cpu(), data.manifest["tokenizer"]["name"], "\n", cfg.sample_tokens,
+                        seed=cfg.seed)
         log("sample:\n" + text)
     return state
 
@@ -407,8 +412,13 @@ def main(argv):
         if rank == 0:
             print(f"train.py: error: {e}", file=sys.stderr)
         return 2
-    except (StepRefused, RuntimeError) as e:   # RuntimeError: a dead or disagreeing rank
+    except (StepRefused, ReproducibilityError) as e:
         print(f"train.py: error (rank {rank}): {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        if world == 1:
+            raise                      # a bug, not a broken peer: keep the traceback
+        print(f"train.py: error (rank {rank}): a peer failed or the connection broke: {e}", file=sys.stderr)
         return 1
     finally:
         if dist.is_initialized():
