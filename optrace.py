@@ -5,7 +5,7 @@ bits differ. On machine A and on machine B (same run directory, e.g. copied over
 
     python audit.py --step 17 --trace a.jsonl      # on machine A
     python audit.py --step 17 --trace b.jsonl      # on machine B
-    python optrace.py a.jsonl b.jsonl             # anywhere, with both files
+    python optrace.py a.jsonl b.jsonl              # anywhere, with both files
 
 It prints "traces identical (N ops)" (exit 0) or the first operator whose output differs,
 with the last operator that still matched (exit 1); unreadable files or traces of different
