@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import hashchain
+import optrace
 import repops
 import train
 from data import TokenData
@@ -41,14 +42,8 @@ def timeit(fn, repeats, warmup=1):
 
 
 def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{cpu} | {torch.get_num_threads()} threads | torch {torch.__version__} | "
-            f"python {platform.python_version()}")
+    m = optrace.machine()
+    return f"{m['cpu']} | {torch.get_num_threads()} threads | torch {m['torch']} | python {platform.python_version()}"
 
 
 # ----------------------------------------------------------------------------- baseline model

@@ -245,118 +245,12 @@ def test_canonical_mirror_matches_contract_h(tmp_path):
 
 
 # ================================================================================================
-# 5. the self-test digest calls, parameterised by device (validated on the CPU here)
+# 5. the self-test digests on the CPU: the golden values the GPU must reproduce
 # ================================================================================================
-def _digests(dev):
-    """tests/test_selftest.py's torch_digests() with every tensor on `dev`; the ops without
-    tensor inputs use their <name>_cuda twins on a CUDA device."""
-    import repops
-
-    ops = torch.ops.repops
-    cuda = dev != "cpu"  # only a CUDA device has the <name>_cuda ops
-
-    def nt(name):  # no-tensor-input ops
-        return getattr(ops, name + "_cuda") if cuda else getattr(ops, name)
-
-    def T(a):
-        return ST.T(a).to(dev)
-
-    def dig(*outs):
-        return ST._digest(*(o.detach().cpu() for o in outs))
-
-    d = {}
-    fin20 = ST._fin(2.0**20)
-    gen, index, bitsgen, _fin = ST.gen, ST.index, ST.bitsgen, ST._fin
-    G = lambda s, shape: T(gen(s, shape, -2, 4, 16, fin20))  # noqa: E731
-    A, B, At, Bt = G(1, (37, 129)), G(2, (129, 45)), G(3, (129, 37)), G(4, (45, 129))
-    d["matmul_nn"] = dig(ops.matmul(A, B))
-    d["matmul_tn"] = dig(ops.matmul(At.t(), B))
-    d["matmul_nt"] = dig(ops.matmul(A, Bt.t()))
-    d["matmul_tt"] = dig(ops.matmul(At.t(), Bt.t()))
-    A3, B3, B2, A2t = G(5, (3, 19, 70)), G(6, (3, 70, 33)), G(7, (70, 33)), G(8, (70, 19))
-    d["matmul_batched"] = dig(ops.matmul(A3, B3))
-    d["matmul_bcast_b"] = dig(ops.matmul(A3, B2))
-    d["matmul_bcast_a"] = dig(ops.matmul(A2t.t(), B3))
-    d["matmul_big"] = dig(ops.matmul(G(9, (100, 300)), G(10, (260, 300)).t()))
-
-    eps = float.fromhex("0x1.4f8b58p-17")
-    x, w = T(gen(20, (37, 129), -3, 8, 16, fin20)), T(gen(21, (129,), -1, 2))
-    gy = T(gen(22, (37, 129), -3, 8, 16, _fin(2.0**10)))
-    y, rstd = ops.rmsnorm(x, w, eps)
-    d["rmsnorm"] = dig(y, rstd)
-    d["rmsnorm_backward"] = dig(*ops.rmsnorm_backward(gy, x, w, rstd))
-
-    d["rope_tables_long"] = dig(*nt("rope_tables")(3000, 8, 500000.0))
-    c, s = nt("rope_tables")(37, 18, 10000.0)
-    d["rope_tables"] = dig(c, s)
-    d["rope"] = dig(ops.rope(T(gen(30, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, False))
-    d["rope_backward"] = dig(ops.rope(T(gen(31, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, True))
-
-    scale = float.fromhex("0x1.6a09e6p-3")
-    P = ops.causal_softmax(T(gen(40, (3, 37, 37), -4, 10, 16, _fin(2.0**12))), scale)
-    d["causal_softmax"] = dig(P)
-    gP = T(gen(41, (3, 37, 37), -4, 8, 16, _fin(2.0**10)))
-    d["causal_softmax_backward"] = dig(ops.causal_softmax_backward(gP, P, scale))
-
-    u = T(gen(50, (37, 90), -6, 14, 16, _fin(2.0**7)))
-    d["swiglu"] = dig(ops.swiglu(u))
-    d["swiglu_backward"] = dig(ops.swiglu_backward(T(gen(51, (37, 45), -3, 8, 16, _fin(2.0**10))), u))
-
-    zloss = float.fromhex("0x1.a36e2ep-14")
-    z, t = T(gen(60, (37, 131), -3, 9, 16, _fin(2.0**10))), T(index(61, 37, 131))
-    loss, lse = ops.cross_entropy(z, t, zloss)
-    d["cross_entropy"] = dig(loss, lse)
-    d["cross_entropy_backward"] = dig(
-        ops.cross_entropy_backward(torch.tensor(0.75, dtype=torch.float32, device=dev), z, t, lse, zloss))
-
-    idx = T(index(71, 70, 20))
-    d["embedding"] = dig(ops.embedding(T(gen(70, (23, 129), -3, 8, 16, fin20)), idx))
-    d["embedding_backward"] = dig(ops.embedding_backward(T(gen(72, (70, 129), -3, 8, 16, fin20)), idx, 23))
-
-    a, b = T(gen(80, (10007,), -4, 12, 8, _fin(2.0**100))), T(gen(81, (10007,), -4, 12, 8, _fin(2.0**100)))
-    d["add"] = dig(ops.add(a, b))
-    d["mul"] = dig(ops.mul(a, b))
-    d["scale"] = dig(ops.scale(a, float.fromhex("-0x1.3p-110")))
-    seed64 = repops._signed64(ST._seed64())
-    d["dropout"] = dig(ops.dropout(T(gen(82, (10007,), -4, 12, 8, fin20)), 0.1, seed64, 7, 11))
-    d["csum_rows"] = dig(ops.csum(T(gen(100, (37, 129), -3, 8, 16, fin20))))
-    d["csum_rows_long"] = dig(ops.csum(T(gen(101, (3, 1000), -3, 8, 16, fin20))))
-
-    hp = [float.fromhex(h) for h in ST.ADAMW_HEX]
-    p = T(gen(90, (10007,), -3, 8, 16, fin20))
-    g = T(gen(91, (10007,), -12, 14, 16, fin20))
-    m = T(gen(92, (10007,), -12, 10, 16, fin20))
-    v = T(np.abs(gen(93, (10007,), -24, 20, 16, fin20)))
-    ops.adamw_(p, g, m, v, *hp)
-    d["adamw"] = dig(p, m, v)
-    d["clip_grad"] = dig(*ops.clip_grad(T(gen(94, (10007,), -4, 8, 16, _fin(2.0**10))), 0.5))
-
-    n = 20011
-    d["exp"] = dig(ops.exp(T(gen(110, (n,), -20, 28, 8, ST.SPEC))))
-    for name, stream in (("log", 111), ("recip", 112), ("rsqrt", 113), ("sqrt", 114)):
-        d[name] = dig(getattr(ops, name)(T(bitsgen(stream, n, 8, ST.SPEC))))
-    for name, stream in (("sin", 115), ("cos", 116)):
-        d[name] = dig(getattr(ops, name)(T(gen(stream, (n,), -20, 38, 8, ST.SPEC))))
-
-    words = nt("philox")(seed64, 3, 5, 1, 1001, 7).cpu().numpy().astype("<u4")
-    d["philox"] = hashlib.sha256(words.tobytes()).hexdigest()
-    d["uniform"] = dig(nt("uniform")(seed64, 4, 6, 3, 1001))
-    d["normal"] = dig(nt("normal")(seed64, 8, 9, 1, 1003))
-    d["canary"] = dig(nt("canary")())
-    return d
-
-
 @pytest.fixture(scope="module")
 def cpu_digests():
     TK._load_repops()
     return ST.torch_digests()
-
-
-def test_digest_harness_matches_selftest_on_cpu(cpu_digests):
-    mine = _digests("cpu")
-    assert list(mine) == ST.EXPECTED_NAMES
-    bad = [n for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
-    assert not bad, f"this file's digest calls differ from tests/test_selftest.py's: {bad}"
 
 
 # ================================================================================================
@@ -687,7 +581,7 @@ def test_kernels_launch_on_the_current_stream(ops):
 # ================================================================================================
 @needs_gpu
 def test_selftest_golden_digests_on_cuda(ops, cpu_digests, tmp_path):
-    mine = _digests(DEV)
+    mine = ST.torch_digests(DEV)
     bad = [f"{n}: cpu {cpu_digests[n][:16]}.. cuda {mine[n][:16]}.." for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
     assert not bad, "CUDA digests differ from the CPU's:\n" + "\n".join(bad)
     if shutil.which("g++"):  # and from the standalone self-test program itself

@@ -265,7 +265,7 @@ def _seed64():
 
 
 def _f32_bytes(t):
-    u = np.ascontiguousarray(t.detach().numpy() if isinstance(t, torch.Tensor) else t, dtype=np.float32)
+    u = np.ascontiguousarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, dtype=np.float32)
     u = u.reshape(-1).view(np.uint32).copy()
     nan = ((u & np.uint32(0x7F800000)) == np.uint32(0x7F800000)) & ((u & np.uint32(0x007FFFFF)) != 0)
     u[nan] = np.uint32(0x7FC00000)
@@ -279,7 +279,7 @@ def _digest(*outs):
     return h.hexdigest()
 
 
-def T(a):
+def to_tensor(a):
     return torch.from_numpy(np.ascontiguousarray(a).copy())
 
 
@@ -296,8 +296,16 @@ EXPECTED_NAMES = [
     "sqrt", "sin", "cos", "philox", "uniform", "normal", "canary"]
 
 
-def torch_digests():
+def torch_digests(device="cpu"):
+    """The self-test's digests computed through torch.ops.repops on `device` (tests/test_cuda.py
+    runs this on a GPU). Ops without tensor inputs use their <name>_cuda twins on CUDA."""
     import repops
+
+    def T(a):  # noqa: N802 - short: it wraps every input below
+        return to_tensor(a).to(device)
+
+    def no_tensor_op(name):
+        return getattr(torch.ops.repops, name + ("_cuda" if device != "cpu" else ""))
 
     ops = torch.ops.repops
     d = {}
@@ -326,8 +334,8 @@ def torch_digests():
     d["rmsnorm_backward"] = _digest(*ops.rmsnorm_backward(gy, x, w, rstd))
 
     # rope
-    d["rope_tables_long"] = _digest(*ops.rope_tables(3000, 8, 500000.0))
-    c, s = ops.rope_tables(37, 18, 10000.0)
+    d["rope_tables_long"] = _digest(*no_tensor_op("rope_tables")(3000, 8, 500000.0))
+    c, s = no_tensor_op("rope_tables")(37, 18, 10000.0)
     d["rope_tables"] = _digest(c, s)
     d["rope"] = _digest(ops.rope(T(gen(30, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, False))
     d["rope_backward"] = _digest(ops.rope(T(gen(31, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, True))
@@ -352,7 +360,7 @@ def torch_digests():
     loss, lse = ops.cross_entropy(z, t, zloss)
     d["cross_entropy"] = _digest(loss, lse)
     d["cross_entropy_backward"] = _digest(
-        ops.cross_entropy_backward(torch.tensor(0.75, dtype=torch.float32), z, t, lse, zloss))
+        ops.cross_entropy_backward(torch.tensor(0.75, dtype=torch.float32, device=device), z, t, lse, zloss))
 
     # embedding
     idx = T(index(71, 70, 20))
@@ -392,11 +400,11 @@ def torch_digests():
         d[name] = _digest(getattr(ops, name)(T(gen(stream, (n,), -20, 38, 8, SPEC))))
 
     # random numbers
-    words = ops.philox(seed64, 3, 5, 1, 1001, 7).numpy().astype("<u4")
+    words = no_tensor_op("philox")(seed64, 3, 5, 1, 1001, 7).cpu().numpy().astype("<u4")
     d["philox"] = hashlib.sha256(words.tobytes()).hexdigest()
-    d["uniform"] = _digest(ops.uniform(seed64, 4, 6, 3, 1001))
-    d["normal"] = _digest(ops.normal(seed64, 8, 9, 1, 1003))
-    d["canary"] = _digest(ops.canary())
+    d["uniform"] = _digest(no_tensor_op("uniform")(seed64, 4, 6, 3, 1001))
+    d["normal"] = _digest(no_tensor_op("normal")(seed64, 8, 9, 1, 1003))
+    d["canary"] = _digest(no_tensor_op("canary")())
     return d
 
 
