@@ -28,7 +28,8 @@ from train import (Config, StepRefused, TrainState, UsageError, checkpoint_dir, 
 
 
 class Audit:
-    def __init__(self, run_dir, data_dir=None):
+    def __init__(self, run_dir, data_dir=None, device="cpu"):
+        self.device = device
         self.bytes_read = 0
         self.findings = []           # mismatches found while setting up (bad checkpoints)
         path = os.path.join(run_dir, "chain.jsonl")
@@ -75,7 +76,7 @@ class Audit:
 
     def start_state(self, before):
         """A verified state at the latest checkpoint <= before (or the genesis state)."""
-        state = TrainState(self.cfg, self.vocab)
+        state = TrainState(self.cfg, self.vocab, self.device)
         for step, path in reversed(hashchain.list_checkpoints(checkpoint_dir(self.run_dir))):
             if step > before:
                 continue
@@ -159,6 +160,7 @@ def main(argv):
     group.add_argument("--all", action="store_true", help="every step in the chain")
     ap.add_argument("--run", default=Config.run_dir, help="run directory (default %(default)s)")
     ap.add_argument("--data", help="corpus directory (default: the run's data_dir)")
+    ap.add_argument("--device", default="cpu", help="replay on cpu (default) or cuda: same bits")
     ap.add_argument("--trace", metavar="FILE", help="with --step: write a per-operator trace of "
                     "the step to FILE (compare two with python optrace.py A B)")
     args = ap.parse_args(argv)
@@ -166,7 +168,7 @@ def main(argv):
     try:
         if args.trace and args.step is None:
             raise UsageError("--trace records one step: use it with --step N")
-        audit = Audit(args.run, args.data)
+        audit = Audit(args.run, args.data, args.device)
         first, last = parse_steps(args, audit.last_step())
         broken = audit.chain_mismatch()
         result = (broken if broken and broken[0] <= last else None)
