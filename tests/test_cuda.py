@@ -398,6 +398,16 @@ def test_matmul_batched_and_special_bits(ops):
 
 
 @needs_gpu
+def test_matmul_past_the_grid_limits_bits(ops):
+    """More than 65535 batches, and more than 65535 row tiles of 64 (grid.z and grid.y limits):
+    the launcher splits the work into several launches; every element keeps its bits."""
+    rng = np.random.default_rng(14)
+    r = lambda *s: rng.standard_normal(s).astype(F32)  # noqa: E731
+    same_all(ops, "matmul", r(65535 + 7, 2, 3), r(3, 2), what="batch > 65535")
+    same_all(ops, "matmul", r(65535 * 64 + 33, 3), r(3, 2), what="rows > 65535 * 64")
+
+
+@needs_gpu
 @pytest.mark.parametrize("RD", [(1, 1), (7, 33), (33, 7), (3, 129), (1, 1000), (70, 129)])
 @pytest.mark.parametrize("kind", ["normal", "adv", "zero_rows", "huge", "tiny"])
 @pytest.mark.parametrize("eps", [1e-5, 0.0])

@@ -58,7 +58,9 @@ std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x_, const Tensor& w_, double ep
 
 std::tuple<Tensor, Tensor> rmsnorm_backward(const Tensor& gy_, const Tensor& x_, const Tensor& w_, const Tensor& rstd_) {
   Tensor gy = contig(gy_, "gy"), x = contig(x_, "x"), w = contig(w_, "w"), rstd = contig(rstd_, "rstd");
-  TORCH_CHECK(gy.sizes() == x.sizes() && x.dim() == 2 && rstd.numel() == x.size(0), "repops.rmsnorm_backward: shapes");
+  TORCH_CHECK(gy.sizes() == x.sizes() && x.dim() == 2 && rstd.numel() == x.size(0) && w.dim() == 1 &&
+                  w.size(0) == x.size(1),
+              "repops.rmsnorm_backward: shapes");
   Tensor gx = at::empty_like(x), gw = at::empty_like(w);
   rp_rmsnorm_backward(gy.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(), rstd.data_ptr<float>(),
                       gx.data_ptr<float>(), gw.data_ptr<float>(), x.size(0), x.size(1));

@@ -48,7 +48,7 @@ using namespace rpc;  // the launchers below name the kernels and constants abov
 
 cudaError_t rpc_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_t T, cudaStream_t st) {
   const int64_t rows = BH * T;
-  if (rows > 0) causal_softmax_kernel<<<(unsigned)((rows + WARPS - 1) / WARPS), WARPS * kLanes, 0, st>>>(s, scale, p, rows, T);
+  if (rows > 0) causal_softmax_kernel<<<row_blocks(rows, WARPS), WARPS * kLanes, 0, st>>>(s, scale, p, rows, T);
   return cudaGetLastError();
 }
 
@@ -56,7 +56,7 @@ cudaError_t rpc_causal_softmax_backward(const float* gp, const float* p, float s
                                         int64_t T, cudaStream_t st) {
   const int64_t rows = BH * T;
   if (rows > 0)
-    causal_softmax_backward_kernel<<<(unsigned)((rows + WARPS - 1) / WARPS), WARPS * kLanes, 0, st>>>(gp, p, scale,
+    causal_softmax_backward_kernel<<<row_blocks(rows, WARPS), WARPS * kLanes, 0, st>>>(gp, p, scale,
                                                                                                      gs, rows, T);
   return cudaGetLastError();
 }

@@ -88,6 +88,9 @@ std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x_, const Tensor& w_, double ep
 std::tuple<Tensor, Tensor> rmsnorm_backward(const Tensor& gy_, const Tensor& x_, const Tensor& w_, const Tensor& rstd_) {
   Tensor gy = contig(gy_, "gy"), x = contig(x_, "x"), w = contig(w_, "w"), rstd = contig(rstd_, "rstd");
   TORCH_CHECK(gy.sizes() == x.sizes() && x.dim() == 2 && rstd.numel() == x.size(0), "repops.rmsnorm_backward: shapes");
+  // w [D] too: the kernels read w[j] for every column j < D, and on the GPU a short w is an
+  // illegal address that poisons the whole CUDA context, not just this op.
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(1), "repops.rmsnorm_backward: w [D]");
   for (const Tensor* t : {&x, &w, &rstd}) same_device(gy, *t, "rmsnorm_backward");
   c10::cuda::CUDAGuard guard(x.device());
   Tensor gx = at::empty_like(x), gw = at::empty_like(w);

@@ -248,6 +248,13 @@ inline unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return (unsigned)(b < 1 ? 1 : (b > (1 << 20) ? (1 << 20) : b));
 }
+// Blocks for the row kernels (one warp per row, `warps` rows per block). Past the grid's limit
+// of 2^31 - 1 blocks it returns 0, which the launch rejects (cudaErrorInvalidConfiguration,
+// reported by the launcher) instead of running a truncated grid that leaves rows unwritten.
+inline unsigned row_blocks(int64_t rows, int warps) {
+  const int64_t b = (rows + warps - 1) / warps;
+  return b > 0x7FFFFFFF ? 0u : (unsigned)b;
+}
 // Global index and stride of a 1-D grid-stride loop.
 __device__ __forceinline__ int64_t gtid() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t gstride() { return (int64_t)gridDim.x * blockDim.x; }

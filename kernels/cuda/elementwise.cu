@@ -85,7 +85,7 @@ cudaError_t rpc_scale(const float* a, float s, float* y, int64_t n, cudaStream_t
   return cudaGetLastError();
 }
 cudaError_t rpc_csum_rows(const float* x, float* y, int64_t rows, int64_t n, cudaStream_t st) {
-  if (rows > 0) csum_rows_kernel<<<(unsigned)((rows + WARPS - 1) / WARPS), WARPS * kLanes, 0, st>>>(x, y, rows, n);
+  if (rows > 0) csum_rows_kernel<<<row_blocks(rows, WARPS), WARPS * kLanes, 0, st>>>(x, y, rows, n);
   return cudaGetLastError();
 }
 cudaError_t rpc_dropout(const float* x, float* y, int64_t n, uint32_t threshold, float scale, uint64_t seed,

@@ -52,7 +52,7 @@ using namespace rpc;  // the launchers below name the kernels and constants abov
 cudaError_t rpc_cross_entropy(const float* z, const int64_t* targets, float zloss, float inv_r, float* loss,
                               float* lse, float* row_loss, int64_t R, int64_t V, cudaStream_t st) {
   if (R > 0)
-    cross_entropy_rows_kernel<<<(unsigned)((R + WARPS - 1) / WARPS), WARPS * kLanes, 0, st>>>(z, targets, zloss, lse,
+    cross_entropy_rows_kernel<<<row_blocks(R, WARPS), WARPS * kLanes, 0, st>>>(z, targets, zloss, lse,
                                                                                              row_loss, R, V);
   mean_kernel<<<1, kLanes, 0, st>>>(row_loss, inv_r, loss, R);
   return cudaGetLastError();

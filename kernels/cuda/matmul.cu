@@ -18,7 +18,7 @@ constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4, THREADS = 256;
 __global__ void __launch_bounds__(THREADS)
 matmul_kernel(const float* __restrict__ A, int64_t sab, int64_t sam, int64_t sak,
               const float* __restrict__ B, int64_t sbb, int64_t sbk, int64_t sbn,
-              float* __restrict__ C, int64_t M, int64_t N, int64_t K) {
+              float* __restrict__ C, int64_t scb, int64_t M, int64_t N, int64_t K) {
   __shared__ float As[BK][BM];  // As[k][i]
   __shared__ float Bs[BK][BN];  // Bs[k][j]
   const int64_t b = blockIdx.z, i0 = (int64_t)blockIdx.y * BM, j0 = (int64_t)blockIdx.x * BN;
@@ -52,7 +52,7 @@ matmul_kernel(const float* __restrict__ A, int64_t sab, int64_t sam, int64_t sak
     }
     __syncthreads();
   }
-  float* Cb = C + b * M * N;
+  float* Cb = C + b * scb;
   for (int r = 0; r < TM; ++r)
     for (int c = 0; c < TN; ++c) {
       const int64_t i = i0 + ty + 16 * r, j = j0 + tx + 16 * c;
@@ -68,9 +68,22 @@ cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                        const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                        float* C, int64_t batch, int64_t M, int64_t N, int64_t K, cudaStream_t st) {
   if (batch == 0 || M == 0 || N == 0) return cudaGetLastError();
-  const int64_t gy = (M + BM - 1) / BM, gx = (N + BN - 1) / BN;
-  if (gy > 65535 || batch > 65535 || gx > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)batch);
-  matmul_kernel<<<grid, THREADS, 0, st>>>(A, sab, sam, sak, B, sbb, sbk, sbn, C, M, N, K);
-  return cudaGetLastError();
+  const int64_t gx = (N + BN - 1) / BN;
+  if (gx > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  // grid.y (row tiles) and grid.z (batch) stop at 65535: larger problems run as several
+  // launches over slices of rows and of the batch (pointers offset; C keeps its batch stride
+  // M*N). Each output element is still computed whole by one thread, so the bits do not change.
+  constexpr int64_t kMaxYZ = 65535, kRowsPerLaunch = kMaxYZ * BM;
+  for (int64_t b0 = 0; b0 < batch; b0 += kMaxYZ) {
+    const int64_t nb = (batch - b0 < kMaxYZ) ? batch - b0 : kMaxYZ;
+    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerLaunch) {
+      const int64_t mm = (M - m0 < kRowsPerLaunch) ? M - m0 : kRowsPerLaunch;
+      const dim3 grid((unsigned)gx, (unsigned)((mm + BM - 1) / BM), (unsigned)nb);
+      matmul_kernel<<<grid, THREADS, 0, st>>>(A + b0 * sab + m0 * sam, sab, sam, sak, B + b0 * sbb, sbb, sbk, sbn,
+                                              C + b0 * M * N + m0 * N, M * N, mm, N, K);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
 }

@@ -63,16 +63,16 @@ using namespace rpc;  // the launchers below name the kernels and constants abov
 cudaError_t rpc_rmsnorm(const float* x, const float* w, float eps, float inv_d, float* y, float* rstd,
                         int64_t R, int64_t D, cudaStream_t st) {
   if (R == 0) return cudaGetLastError();
-  rmsnorm_kernel<<<(unsigned)((R + WARPS - 1) / WARPS), WARPS * kLanes, 0, st>>>(x, w, eps, inv_d, y, rstd, R, D);
+  rmsnorm_kernel<<<row_blocks(R, WARPS), WARPS * kLanes, 0, st>>>(x, w, eps, inv_d, y, rstd, R, D);
   return cudaGetLastError();
 }
 
 cudaError_t rpc_rmsnorm_backward(const float* gy, const float* x, const float* w, const float* rstd,
                                  float inv_d, float* gx, float* gw, int64_t R, int64_t D, cudaStream_t st) {
   if (R > 0)
-    rmsnorm_backward_kernel<<<(unsigned)((R + WARPS - 1) / WARPS), WARPS * kLanes, 0, st>>>(gy, x, w, rstd, inv_d,
+    rmsnorm_backward_kernel<<<row_blocks(R, WARPS), WARPS * kLanes, 0, st>>>(gy, x, w, rstd, inv_d,
                                                                                            gx, R, D);
   if (D > 0)
-    rmsnorm_gw_kernel<<<(unsigned)((D + kLanes - 1) / kLanes), dim3(kLanes, kLanes), 0, st>>>(gy, x, rstd, gw, R, D);
+    rmsnorm_gw_kernel<<<row_blocks(D, kLanes), dim3(kLanes, kLanes), 0, st>>>(gy, x, rstd, gw, R, D);
   return cudaGetLastError();
 }
