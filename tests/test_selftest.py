@@ -132,11 +132,11 @@ def binaries(tmp_path_factory):
         return dict(pool.map(build, VARIANTS.items()))
 
 
-def _run(exe):
+def _run(*cmd):
     t0 = time.perf_counter()
-    r = subprocess.run([exe], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - t0
-    assert r.returncode == 0, f"{exe} failed ({r.returncode}): {r.stderr}"
+    assert r.returncode == 0, f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}"
     lines = r.stdout.splitlines()
     digests = {}
     for line in lines:
@@ -183,6 +183,25 @@ def test_digests_catch_contraction(results):
     assert "matmul_nn" in changed, "an FMA build left the matmul digest unchanged: the digest does not catch contraction"
     assert all(n in changed for n in EXPECTED_NAMES if n.startswith("matmul_"))
     assert "canary" in changed
+
+
+ARM_CXX, QEMU_ARM = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
+
+
+def test_aarch64_build_matches(results, tmp_path):
+    """The program built for AArch64 (NEON, FPCR.FZ, another code generator) and run under
+    qemu-user prints the same digests: the contract holds across instruction sets."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the AArch64 cross-check runs from an x86-64 machine")
+    if not (ARM_CXX and QEMU_ARM):
+        pytest.skip("no AArch64 cross compiler or qemu-user "
+                    "(Debian packages g++-aarch64-linux-gnu and qemu-user)")
+    exe = str(tmp_path / "selftest_aarch64")
+    cmd = [ARM_CXX, "-O3", "-static"] + CONTRACT + BASE_FLAGS + SOURCES + ["-o", exe]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"building for AArch64 failed: {' '.join(cmd)}\n{r.stderr}"
+    lines, _, stderr, _ = _run(QEMU_ARM, exe)
+    assert stderr == "" and lines == results["gcc_O0"][0]
 
 
 # ------------------------------------------------------------------------------------------------
