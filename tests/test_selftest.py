@@ -204,6 +204,38 @@ def test_aarch64_build_matches(results, tmp_path):
     assert stderr == "" and lines == results["gcc_O0"][0]
 
 
+FTZ_WINDOW_PROGRAM = r"""
+#include <cstdio>
+#include <cstring>
+#include "contract.h"
+void rp_parallel_for(int64_t, int64_t, void (*)(void*, int64_t, int64_t), void*) {}
+static float from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+int main() {  // exact products 2^-126 (1 - 2^-24) and 2^-126 (1 - 2^-46), both just below FLT_MIN
+  volatile float a = from_bits(0x1FFFFFFF), b = from_bits(0x20000000);
+  volatile float c = from_bits(0x20000001), d = from_bits(0x1FFFFFFE);
+  rp::FpModeGuard guard;
+  std::printf("%08x %08x\n", rp::bits(a * b), rp::bits(c * d));
+}
+"""
+
+
+def test_aarch64_ftz_window_is_the_documented_difference(tmp_path):
+    """Contract §3: x86 decides tininess after rounding (the second product rounds up to
+    FLT_MIN and is kept), AArch64 before rounding (it flushes both). This pins the one known
+    ARM difference, so the contract's statement is checked rather than assumed."""
+    if platform.machine() != "x86_64" or not (ARM_CXX and QEMU_ARM):
+        pytest.skip("needs an x86-64 host with g++-aarch64-linux-gnu and qemu-user")
+    src = tmp_path / "ftz_window.cpp"
+    src.write_text(FTZ_WINDOW_PROGRAM)
+    outputs = {}
+    for name, cxx, extra, runner in (("x86", "g++", [], []), ("aarch64", ARM_CXX, ["-static"], [QEMU_ARM])):
+        exe = str(tmp_path / name)
+        subprocess.run([cxx, "-O2"] + extra + CONTRACT + BASE_FLAGS + [str(src), "-o", exe], check=True)
+        outputs[name] = subprocess.run(runner + [exe], capture_output=True, text=True, check=True).stdout.split()
+    assert outputs["x86"] == ["00000000", "00800000"]      # the contract's rule
+    assert outputs["aarch64"] == ["00000000", "00000000"]  # the documented ARM difference
+
+
 # ------------------------------------------------------------------------------------------------
 # 2. the same digests through the torch extension, from a NumPy copy of the generator
 # ------------------------------------------------------------------------------------------------
