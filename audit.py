@@ -109,6 +109,8 @@ class Audit:
             diff = compare(replayed, self.chain.records[state.step])
             if diff:
                 return state.step, diff
+            if state.step % 25 == 0 and state.step < last:   # long audits show progress
+                print(f"audit: steps up to {state.step} match, replaying to {last}", flush=True)
         return None
 
 
