@@ -20,7 +20,6 @@ op's bits on random, awkward-size and adversarial inputs; the self-test's golden
 short training run on CUDA whose chain is byte-identical to the CPU chain; torchrun with NCCL
 for R=2 when two GPUs exist.
 """
-import dataclasses
 import hashlib
 import math
 import os
@@ -39,6 +38,7 @@ import torch.utils.cpp_extension
 
 import test_kernels as TK
 import test_selftest as ST
+from tiny import TINY, make_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "kernels" / "cuda"
@@ -601,34 +601,17 @@ def test_selftest_golden_digests_on_cuda(ops, cpu_digests, tmp_path):
         assert {n: program[n] for n in ST.EXPECTED_NAMES} == mine
 
 
-TINY = ["--n_layer=2", "--d_model=32", "--n_head=2", "--d_hidden=64", "--seq_len=16", "--micro_batch_size=2",
-        "--micro_batches=4", "--max_steps=6", "--checkpoint_every=3", "--eval_every=0", "--sample_tokens=0"]
-
-
-@pytest.fixture(scope="module")
-def train_device_option():
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import train
-    if "device" not in {f.name for f in dataclasses.fields(train.Config)}:
-        pytest.skip("train.py has no --device option yet (see the proposed change)")
+RUN_FLAGS = [*TINY, "--max_steps=6", "--checkpoint_every=3", "--eval_every=0", "--sample_tokens=0"]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    import data
-    base = tmp_path_factory.mktemp("cuda_corpus")
-    words = "the king queen sword night day love death crown fair lord lady house war peace".split()
-    rng = np.random.default_rng(7)
-    text = "\n".join(" ".join(rng.choice(words, rng.integers(4, 12))).capitalize() + "." for _ in range(400))
-    (base / "source.txt").write_text(text)
-    _, out = data.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"))
-    return Path(out)
+    return make_corpus(tmp_path_factory.mktemp("cuda_corpus"), seed=7, lines=400)
 
 
 def _train(work, corpus, *extra, launcher=None):
     work.mkdir(parents=True, exist_ok=True)
-    cmd = (launcher or [sys.executable]) + [str(ROOT / "train.py"), "--run_dir=run", f"--data_dir={corpus}", *TINY, *extra]
+    cmd = (launcher or [sys.executable]) + [str(ROOT / "train.py"), "--run_dir=run", f"--data_dir={corpus}", *RUN_FLAGS, *extra]
     r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     run = work / "run"
@@ -636,7 +619,7 @@ def _train(work, corpus, *extra, launcher=None):
 
 
 @pytest.fixture(scope="module")
-def cpu_chain(train_device_option, corpus, tmp_path_factory):
+def cpu_chain(corpus, tmp_path_factory):
     return _train(tmp_path_factory.mktemp("cpu_run"), corpus, "--threads=1")
 
 

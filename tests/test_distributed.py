@@ -15,7 +15,6 @@ Every run uses the same --run_dir string ("run", relative to its own working dir
 although the genesis record holds only the config fields that decide the chain.
 """
 import os
-import random
 import re
 import signal
 import socket
@@ -24,6 +23,8 @@ import sys
 import time
 
 import pytest
+
+from tiny import TINY, make_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
@@ -50,17 +51,8 @@ def env():
 @pytest.fixture(scope="module")
 def args(tmp_path_factory):
     """The one config every run uses, over a corpus built here."""
-    import data
-    tmp = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(7)
-    words = ["the", "king", "a", "rose", "by", "any", "other", "name", "would", "smell", "as",
-             "sweet", "to", "be", "or", "not", "that", "is", "question", "night", "day"]
-    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(3000)]
-    (tmp / "text.txt").write_text("\n".join(lines) + "\n")
-    data.prepare(inputs=[str(tmp / "text.txt")], out_dir=str(tmp / "corpus"))
-    return ["--run_dir=run", f"--data_dir={tmp / 'corpus'}", "--n_layer=2", "--d_model=32",
-            "--n_head=2", "--d_hidden=64", "--seq_len=16", "--micro_batch_size=2",
-            "--micro_batches=4", f"--max_steps={MAX_STEPS}", "--warmup_steps=2",
+    corpus = make_corpus(tmp_path_factory.mktemp("corpus"), seed=7, lines=3000)
+    return ["--run_dir=run", f"--data_dir={corpus}", *TINY, f"--max_steps={MAX_STEPS}", "--warmup_steps=2",
             f"--checkpoint_every={CKPT_EVERY}", "--eval_every=0", "--sample_tokens=0",
             "--threads=1", f"--dist_timeout={DIST_TIMEOUT}"]
 

@@ -20,13 +20,12 @@ import pytest
 
 import data
 import hashchain
+from tiny import MICRO_BATCH_SIZE, MICRO_BATCHES, SEQ_LEN, TINY, make_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 30
 CKPT_EVERY = 10
-TINY = ["--n_layer=2", "--d_model=32", "--n_head=2", "--d_hidden=64", "--seq_len=16",
-        "--micro_batch_size=2", "--micro_batches=4"]
-SEQ_LEN, MICRO_BATCH_SIZE, MICRO_BATCHES, SEED = 16, 2, 4, 1337   # as TINY, and Config's seed
+SEED = 1337   # Config's seed
 TIMEOUT = 180   # seconds for one subprocess; only a hang gets near it
 
 
@@ -95,17 +94,7 @@ def write_chain(run, records):
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A small corpus of seeded random sentences, prepared with data.py's byte tokenizer."""
-    base = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(7)
-    words = ("the king queen sword night day love death crown fair lord lady house war peace "
-             "gold blood heart hand eye sea storm fool wise old young sweet bitter speak hear "
-             "come go stay fly fall rise thou thee my our their never ever now").split()
-    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))).capitalize() + "."
-                     for _ in range(600))
-    (base / "source.txt").write_text(text)
-    _, out = data.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"))
-    return Path(out)
+    return make_corpus(tmp_path_factory.mktemp("corpus"), seed=7, lines=600)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ floating-point arithmetic. Anything else, stock arithmetic or autograd summing g
 its own, fails the test, which prints the operator counts.
 """
 import collections
-import dataclasses
-import random
 
 import pytest
 import torch
@@ -17,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import data
 import repops
 import train
+from tiny import TINY, make_corpus
 
 # Every exception, and why it is not arithmetic. Keep it to what a step actually runs: an
 # unused entry is reported too.
@@ -63,12 +62,7 @@ def report(counts):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    base = tmp_path_factory.mktemp("guard")
-    rng = random.Random(3)
-    (base / "text.txt").write_text(" ".join(rng.choice(["to", "be", "or", "not", "that", "is", "the",
-                                                        "question"]) for _ in range(3000)))
-    _, out = data.prepare(inputs=[str(base / "text.txt")], out_dir=str(base / "tokens"))
-    return out
+    return make_corpus(tmp_path_factory.mktemp("guard"), seed=3)
 
 
 DROPOUTS = (0.0, 0.1)
@@ -79,9 +73,7 @@ def step_ops(corpus):
     """{dropout: operator counts of one training step of a tiny model}."""
     out = {}
     for dropout in DROPOUTS:
-        cfg = dataclasses.replace(train.Config(), data_dir=corpus, n_layer=2, d_model=32, n_head=2,
-                                  d_hidden=64, seq_len=16, micro_batch_size=2, micro_batches=4,
-                                  dropout=dropout)
+        cfg = train.parse_config([*TINY, f"--data_dir={corpus}", f"--dropout={dropout}"])
         tokens = data.TokenData(corpus, cfg.seed)
         state = train.TrainState(cfg, tokens.vocab_size)
         with OpRecorder() as rec:

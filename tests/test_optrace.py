@@ -7,7 +7,6 @@ named by the diff as the first difference.
 """
 import contextlib
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +16,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import audit
-import data
 import optrace as trace
+from tiny import TINY, make_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["--n_layer=2", "--d_model=32", "--n_head=2", "--d_hidden=64", "--seq_len=16",
-        "--micro_batch_size=2", "--micro_batches=4", "--eval_every=0", "--sample_tokens=0"]
 STEP = 2
 
 
@@ -34,11 +31,9 @@ def script(name, *args):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("trace")
-    rng = random.Random(5)
-    (base / "text.txt").write_text(" ".join(rng.choice(["to", "be", "or", "not", "that", "is", "the",
-                                                        "question"]) for _ in range(3000)))
-    _, corpus = data.prepare(inputs=[str(base / "text.txt")], out_dir=str(base / "tokens"))
-    proc = script("train.py", f"--run_dir={base / 'run'}", f"--data_dir={corpus}", *TINY, "--max_steps=3")
+    corpus = make_corpus(base, seed=5)
+    proc = script("train.py", f"--run_dir={base / 'run'}", f"--data_dir={corpus}", *TINY, "--max_steps=3",
+                  "--eval_every=0", "--sample_tokens=0")
     assert proc.returncode == 0, proc.stderr
     return base, base / "run"
 
