@@ -1,17 +1,29 @@
 """Replay training steps on this machine and check them against the published hash chain.
 
-    python audit.py --step 120                 # run directory runs/default
-    python audit.py --step 15 --run runs/x     # another run
-    python audit.py --range 1:40               # every step from 1 to 40
-    python audit.py --all                      # the whole chain
-    python audit.py --step 17 --trace a.jsonl  # also a per-operator trace (see optrace.py)
+    python audit.py --step 120                        # run directory runs/default
+    python audit.py --step 15 --run_dir runs/x        # another run (--run is an alias)
+    python audit.py --range 1:40                      # every step from 1 to 40
+    python audit.py --all                             # the whole chain
+    python audit.py --step 17 --trace a.jsonl         # also a per-operator trace (optrace.py)
 
-It verifies the chain's links, loads the latest checkpoint at or before the first step to
-check (verified tensor by tensor against the chain), replays with train.train_step (the one
-step function, single device, no topology emulation) and compares every replayed record with
-the published one. Prints MATCH or the first mismatch (step, and tensor or field), and what
-the audit cost. Exit code: 0 match, 1 mismatch, 2 bad input (missing run, step out of range,
-unreadable checkpoint or chain).
+The audit vouches only for what it checked, and checks everything it vouches for:
+1. the chain's links up to the last audited step: a malformed, edited, missing, inserted or
+   reordered record is a break at its step;
+2. the genesis record, field by field, against one recomputed here from its config, this code
+   and this corpus (so code, data, tokenizer and initial state are checked), and config.json
+   against the genesis config;
+3. the checkpoint the replay starts from, and every checkpoint file from there to the last
+   audited step, plus the run's latest checkpoint (the model people download): tensors against
+   the record's Merkle leaves, metadata against the record;
+4. every replayed step's record against the published one, field for field: the state hash
+   (naming the first differing tensor), batch digest, loss, gradient norm, learning rate, and
+   any field the published record has that a replay does not produce, or lacks.
+
+Replays use train.train_step (the one step function) on one device with no topology emulation.
+Each problem prints as "MISMATCH at step S: ..." in step order, then what the audit cost.
+Exit code: 0 match, 1 mismatch, 2 bad input (missing run or data, step out of range, malformed
+checkpoint or config). The audit only reads the run directory: it creates, renames and deletes
+nothing there.
 """
 import argparse
 import json
@@ -21,121 +33,171 @@ import sys
 import time
 
 import hashchain
+import optrace
+import repops
+import rundir
+from config import UsageError, validate
 from data import DataError, TokenData
-from optrace import trace_step
-from train import (Config, StepRefused, TrainState, UsageError, checkpoint_dir, code_digest,
-                   load_verified_checkpoint, step_record, train_step)
+from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step
+
+# Fields compared first: a changed batch explains a changed state, and the state names a tensor.
+FIRST_FIELDS = ("kind", "step", "batch_digest", "state_hash")
+
+
+def _canon(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def compare(replayed, published):
+    """The first difference between a replayed record and the published one, or None.
+
+    Every field is compared as exact JSON (floats included); a field the published record has
+    and a replay does not produce, or lacks, is a difference. Names the field (and the tensor
+    or key inside it)."""
+    mine = json.loads(json.dumps(replayed))
+    theirs = {k: v for k, v in published.items() if k not in ("prev", "record_hash")}
+    keys = [k for k in FIRST_FIELDS if k in mine or k in theirs]
+    keys += sorted((set(mine) | set(theirs)) - set(FIRST_FIELDS))
+    for key in keys:
+        if key not in theirs:
+            return f"field {key} is missing from the published record"
+        if key not in mine:
+            return f"field {key} is not part of a {mine.get('kind', '')} record (published {_canon(theirs[key])[:60]})"
+        a, b = mine[key], theirs[key]
+        if _canon(a) == _canon(b):
+            continue
+        if key == "state_hash":
+            leaves = theirs.get("tensor_hashes") if isinstance(theirs.get("tensor_hashes"), dict) else {}
+            bad = [n for n, h in mine["tensor_hashes"].items() if leaves.get(n) != h]
+            what = (f"tensor {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                    if bad else "the state hash")
+            return f"field state_hash: {what} differs from the replay"
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = sorted(k for k in set(a) | set(b) if _canon(a.get(k)) != _canon(b.get(k)))[0]
+            return (f"field {key}.{sub} differs: replayed {_canon(a.get(sub))[:70]}, "
+                    f"published {_canon(b.get(sub))[:70]}")
+        return f"field {key} differs: replayed {_canon(a)[:70]}, published {_canon(b)[:70]}"
+    return None
+
+
+def trace_step(state, data, cfg, path, record):
+    """train_step under optrace.OpTrace, writing the trace to path; returns the step's fields."""
+    with optrace.OpTrace() as rec:
+        fields = train_step(state, data, cfg)
+    try:
+        optrace.write(path, rec.entries, {"step": state.step, "state_hash": record.get("state_hash"),
+                                          "code_digest": code_digest()})
+    except OSError as e:
+        raise UsageError(f"cannot write the trace {path}: {e}") from None
+    print(f"trace: {len(rec.entries)} operators of step {state.step} written to {path}")
+    return fields
 
 
 class Audit:
     def __init__(self, run_dir, data_dir=None, device="cpu"):
+        self.run = rundir.Run(run_dir)          # reads only: repair=False
         self.device = device
-        self.bytes_read = 0
-        self.findings = []           # mismatches found while setting up (bad checkpoints)
-        path = os.path.join(run_dir, "chain.jsonl")
-        if not os.path.isdir(run_dir):
-            raise UsageError(f"no run directory {run_dir}")
-        if not os.path.exists(path):
-            raise UsageError(f"no chain in {run_dir} (chain.jsonl missing)")
-        self.run_dir = run_dir
-        self.chain = hashchain.Chain(path)
-        note = self.chain.load(repair=False)   # an audit never writes to the run
-        self.bytes_read += os.path.getsize(path)
-        if note:
-            print("note: " + note)
-        if not self.chain.records or self.chain.records[0].get("kind") != "genesis":
-            raise UsageError(f"{path} has no genesis record")
-        genesis = self.chain.records[0]
-        try:
-            self.cfg = Config(**genesis["config"])
-        except TypeError as e:
-            raise UsageError(f"genesis config is not one this code understands: {e}") from None
-        self.data = TokenData(data_dir or recorded_data_dir(run_dir), self.cfg.seed)
-        if self.data.digest != genesis["data_manifest"]:
-            print(f"warning: data manifest {self.data.digest[:12]} differs from the run's "
-                  f"{genesis['data_manifest'][:12]}")
+        self.bytes_read = os.path.getsize(self.run.chain.path)
+        self.findings = []                       # (step, message), every problem found
+        self.checked = set()                     # checkpoint steps already verified
+        self.cfg = self.run.cfg
+        validate(self.cfg)
+        self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
         try:
             self.data.verify()
         except DataError as e:
             print(f"warning: {e}; the replay shows which steps it affects")
-        if code_digest() != genesis["code_digest"]:
-            print("warning: this code differs from the code that trained the run "
-                  "(code digest); a MATCH still proves the steps reproduce")
-        self.vocab = genesis["vocab_size"]
 
-    def last_step(self):
-        return len(self.chain) - 1
+    def find(self, step, message):
+        if (step, message) not in self.findings:
+            self.findings.append((step, message))
 
-    def chain_mismatch(self):
-        """(step, message) of the first broken link, or None."""
+    def steps(self, first, last):
+        """Check that steps first..last can be audited: a chain break at or before `last` is a
+        finding (the steps from it on cannot be vouched for); returns the last replayable step."""
+        chain = self.run.chain
         try:
-            self.chain.verify()
+            chain.verify(upto=last)
         except hashchain.ChainError as e:
-            return e.line - 1, e.message
-        return None
+            self.find(e.line - 1, e.message)
+            return min(last, e.line - 2)
+        if last >= len(chain):
+            raise UsageError(f"steps {first}..{last} are not in the chain (it holds steps 1..{len(chain) - 1})")
+        return last
 
-    def start_state(self, before):
-        """A verified state at the latest checkpoint <= before (or the genesis state)."""
-        state = TrainState(self.cfg, self.vocab, self.device)
-        for step, path in reversed(hashchain.list_checkpoints(checkpoint_dir(self.run_dir))):
-            if step > before:
-                continue
-            try:
-                state.load(load_verified_checkpoint(path, self.chain.records[step]))
-                self.bytes_read += os.path.getsize(path)
-                return state
-            except hashchain.StateMismatch as e:
-                self.findings.append((step, f"checkpoint {path} does not match the chain: {e.message}"))
-            except hashchain.CheckpointError as e:
-                raise UsageError(str(e)) from None
-        if state.hash()[0] != self.chain.records[0]["state_hash"]:
-            self.findings.append((0, "the initial state recomputed from the genesis config does not "
-                                     "match the genesis record"))
+    def check_genesis(self):
+        state = TrainState(self.cfg, self.data.vocab_size, self.device)
+        diff = compare(genesis_record(state, self.data, self.cfg), self.run.genesis)
+        if diff:
+            self.find(0, f"genesis record: {diff}")
+        for key in self.run.config_json_differences():
+            self.find(0, f"config.json disagrees with the genesis record on {key}")
         return state
 
+    def checkpoint(self, step, path):
+        """Verify one checkpoint file against its record (once); a finding if it does not match."""
+        if step in self.checked:
+            return None
+        self.checked.add(step)
+        try:
+            tensors = self.run.verified_checkpoint(step, path)
+        except hashchain.StateMismatch as e:
+            self.find(step, f"checkpoint {path} does not match the chain: {e.message}")
+            return None
+        except hashchain.ChainError as e:       # the chain breaks before this checkpoint
+            self.find(e.line - 1, e.message)
+            return None
+        except hashchain.CheckpointError as e:
+            raise UsageError(str(e)) from None
+        self.bytes_read += os.path.getsize(path)
+        return tensors
+
+    def start_state(self, genesis_state, before):
+        """A verified state at the latest checkpoint <= before, else the genesis state."""
+        for step, path in reversed(self.run.checkpoints()):
+            if step <= before and (tensors := self.checkpoint(step, path)) is not None:
+                try:
+                    genesis_state.load(tensors)
+                    return genesis_state
+                except hashchain.StateMismatch as e:
+                    self.find(step, f"checkpoint {path}: {e.message}")
+        return genesis_state
+
     def replay(self, first, last, trace=None):
-        """Replay up to `last`, comparing every step from the checkpoint on; first mismatch.
-        With trace (a path), step `last` is recorded operator by operator there (optrace.py)."""
-        state = self.start_state(first - 1)
-        while state.step < last:
+        """Audit steps first..last; findings accumulate in self.findings (empty: MATCH)."""
+        last_ok = self.steps(first, last)
+        if last_ok < 0:
+            return
+        state = self.start_state(self.check_genesis(), first - 1)
+        checkpoints = dict(self.run.checkpoints())
+        while state.step < last_ok:
+            step = state.step + 1
             try:
-                if trace and state.step + 1 == last:
-                    fields = trace_step(state, self.data, self.cfg, trace, self.chain.records[last])
+                if trace and step == last:
+                    fields = trace_step(state, self.data, self.cfg, trace, self.run.chain.records[step])
                 else:
                     fields = train_step(state, self.data, self.cfg)
-            except StepRefused as e:    # the published run cannot have recorded this step
-                return state.step + 1, str(e)
-            replayed = step_record(state, self.data, self.cfg, fields)
-            diff = compare(replayed, self.chain.records[state.step])
+            except StepRefused as e:        # the published run cannot have recorded this step
+                self.find(step, str(e))
+                return
+            diff = compare(step_record(state, self.data, self.cfg, fields), self.run.chain.records[step])
             if diff:
-                return state.step, diff
-            if state.step % 25 == 0 and state.step < last:   # long audits show progress
-                print(f"audit: steps up to {state.step} match, replaying to {last}", flush=True)
-        return None
+                self.find(step, diff)
+                return
+            if step in checkpoints:
+                self.checkpoint(step, checkpoints[step])
+            if step % 25 == 0 and step < last_ok:       # long audits show progress
+                print(f"audit: steps up to {step} match, replaying to {last_ok}", flush=True)
+        self.check_later_checkpoints(last_ok)
 
-
-def recorded_data_dir(run_dir):
-    """The corpus the run was trained on, as its config.json names it (not part of the chain:
-    where the data lives is not part of what is audited)."""
-    try:
-        with open(os.path.join(run_dir, "config.json")) as f:
-            return json.load(f)["data_dir"]
-    except (OSError, ValueError, KeyError):
-        return Config.data_dir
-
-
-def compare(replayed, published):
-    """Describe the first difference between a replayed and a published record, or None."""
-    if replayed["state_hash"] != published.get("state_hash"):
-        theirs = published.get("tensor_hashes", {})
-        bad = [n for n, h in replayed["tensor_hashes"].items() if theirs.get(n) != h]
-        what = f"tensor {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") if bad else "state hash"
-        extra = " (the batch differs too: data changed)" if replayed["batch_digest"] != published.get("batch_digest") else ""
-        return f"{what} differs{extra}"
-    for key in ("batch_digest", "loss_bits", "grad_norm_bits", "lr_bits"):
-        if replayed[key] != published.get(key):
-            return f"{key} differs: replayed {replayed[key]}, published {published.get(key)}"
-    return None
+    def check_later_checkpoints(self, last):
+        """The run's latest checkpoint (what people download) and any file beyond the chain."""
+        later = [(s, p) for s, p in self.run.checkpoints() if s > last]
+        for step, path in later:
+            if step >= self.run.chain.lines:
+                self.find(step, f"checkpoint {path} has no record in the chain")
+        if later and later[-1][0] < self.run.chain.lines:
+            self.checkpoint(*later[-1])         # behind a chain break, the break is reported
 
 
 def parse_steps(args, last):
@@ -148,9 +210,9 @@ def parse_steps(args, last):
         except ValueError:
             raise UsageError(f"--range expects A:B, got {args.range!r}") from None
     else:
-        first = final = args.step
-    if not (1 <= first <= final <= last):
-        raise UsageError(f"steps {first}..{final} are not in the chain (it holds steps 1..{last})")
+        first, final = args.step, args.step
+    if not 1 <= first <= final:
+        raise UsageError(f"steps {first}..{final}: steps start at 1 and a range runs forward")
     return first, final
 
 
@@ -160,9 +222,9 @@ def main(argv):
     group.add_argument("--step", type=int, help="the step to audit")
     group.add_argument("--range", help="A:B, every step from A to B")
     group.add_argument("--all", action="store_true", help="every step in the chain")
-    ap.add_argument("--run", default=Config.run_dir, help="run directory (default %(default)s)")
-    ap.add_argument("--data", help="corpus directory (default: the run's data_dir)")
-    ap.add_argument("--device", default="cpu", help="replay on cpu (default) or cuda: same bits")
+    ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
+    ap.add_argument("--data_dir", "--data", help="corpus directory (default: the run's config.json data_dir)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="replay on cpu (default) or cuda: same bits")
     ap.add_argument("--trace", metavar="FILE", help="with --step: write a per-operator trace of "
                     "the step to FILE (compare two with python optrace.py A B)")
     args = ap.parse_args(argv)
@@ -170,29 +232,22 @@ def main(argv):
     try:
         if args.trace and args.step is None:
             raise UsageError("--trace records one step: use it with --step N")
-        audit = Audit(args.run, args.data, args.device)
-        first, last = parse_steps(args, audit.last_step())
-        broken = audit.chain_mismatch()
-        result = (broken if broken and broken[0] <= last else None)
-        if result is None:
-            result = audit.replay(first, last, args.trace)
-    except (UsageError, DataError, hashchain.HashChainError) as e:
+        audit = Audit(args.run_dir, args.data_dir, args.device)
+        first, last = parse_steps(args, audit.run.chain.lines - 1)
+        audit.replay(first, last, args.trace)
+    except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
         return 2
-    for step, message in audit.findings:
+    for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
-    if result:
-        print(f"MISMATCH at step {result[0]}: {result[1]}")
-    elif audit.findings:
-        print(f"steps {first}..{last} replay to the published state hashes from an earlier "
-              "checkpoint, but the artifacts above do not match the chain")
-    else:
-        print(f"MATCH: steps {first}..{last} of {args.run} replay to the published state hashes "
-              f"(step {last}: {audit.chain.records[last]['state_hash'][:16]})")
+    if not audit.findings:
+        print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
+              f"(step {last}: {audit.run.chain.records[last]['state_hash'][:16]}), and the "
+              "checkpoints checked match the chain")
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"audit cost: {time.perf_counter() - t0:.1f} s, peak memory {peak_mib:.0f} MiB, "
           f"read {audit.bytes_read / 1e6:.1f} MB (+ token windows)")
-    return 1 if result or audit.findings else 0
+    return 1 if audit.findings else 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ state hashing (GB/s and its share of a step), and auditing one step against trai
 Needs a prepared corpus (python data.py). Not a test: run it on a quiet machine.
 """
 import argparse
+import copy
 import math
 import os
 import platform
@@ -22,6 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import audit
 import hashchain
 import optrace
 import repops
@@ -53,12 +55,8 @@ class TorchLlama(torch.nn.Module):
     def __init__(self, state):
         super().__init__()
         self.cfg = state.model.cfg
-        self.p = torch.nn.ParameterDict({n.replace(".", "/"): torch.nn.Parameter(t.detach().clone())
-                                         for n, t in state.params.items()})
-        self.cos, self.sin = state.model.rope_cos, state.model.rope_sin
-
-    def w(self, name):
-        return self.p[name.replace(".", "/")]
+        self.m = copy.deepcopy(state.model)    # the same parameters, read by attribute below
+        self.cos, self.sin = self.m.rope_cos, self.m.rope_sin
 
     def rmsnorm(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps) * w
@@ -73,21 +71,22 @@ class TorchLlama(torch.nn.Module):
         cfg = self.cfg
         B, T = idx.shape
         H, Dh = cfg.n_head, cfg.d_model // cfg.n_head
+        m = self.m
         mask = torch.ones(T, T, dtype=torch.bool).tril()
-        x = F.embedding(idx, self.w("tok_emb"))
-        for i in range(cfg.n_layer):
-            h = self.rmsnorm(x, self.w(f"layers.{i}.attn_norm"))
-            q, k, v = (h @ self.w(f"layers.{i}.wqkv").t()).view(B, T, 3, H, Dh).unbind(2)
+        x = F.embedding(idx, m.tok_emb)
+        for layer in m.layers:
+            h = self.rmsnorm(x, layer.attn_norm)
+            q, k, v = (h @ layer.wqkv.t()).view(B, T, 3, H, Dh).unbind(2)
             q, k = self.rope(q), self.rope(k)
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             s = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
             p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
             o = (p @ v).transpose(1, 2).reshape(B, T, -1)
-            x = x + o @ self.w(f"layers.{i}.wo").t()
-            h = self.rmsnorm(x, self.w(f"layers.{i}.mlp_norm"))
-            a, b = (h @ self.w(f"layers.{i}.w_gate_up").t()).chunk(2, -1)
-            x = x + (F.silu(a) * b) @ self.w(f"layers.{i}.w_down").t()
-        logits = (self.rmsnorm(x, self.w("norm")) @ self.w("lm_head").t()).view(B * T, -1)
+            x = x + o @ layer.wo.t()
+            h = self.rmsnorm(x, layer.mlp_norm)
+            a, b = (h @ layer.w_gate_up.t()).chunk(2, -1)
+            x = x + (F.silu(a) * b) @ layer.w_down.t()
+        logits = (self.rmsnorm(x, m.norm) @ m.lm_head.t()).view(B * T, -1)
         lse = torch.logsumexp(logits, -1)
         return F.cross_entropy(logits, targets.reshape(-1)) + zloss * (lse * lse).mean()
 
@@ -141,7 +140,6 @@ def bench_step(cfg, data, repeats, workdir):
           f"{100 * t_hash / (t_rep + t_hash):.1f}% of a step (step + hash)")
 
     # Audit one step: a run of 1 step with a checkpoint at 0, then audit.py's replay of step 1.
-    import audit
     run_dir = os.path.join(workdir, "run")
     rcfg = train.parse_config(["--run_dir", run_dir, "--max_steps", "1", "--sample_tokens", "0",
                                "--eval_every", "0"], base=cfg)

@@ -21,8 +21,10 @@ Three pieces, all plain files a third party can check with a few lines of any la
     chain.append({"step": len(chain), "state_hash": root, "loss_bits": hc.f32_bits(loss)})
     chain.verify()          # raises ChainError naming the first broken line
 
-Every error raised here derives from HashChainError and has a one-line message, so a CLI can
-catch HashChainError and print str(e).
+Files are read as hostile input: only regular files (a FIFO or a device never blocks a reader),
+strict JSON (no duplicate keys, no NaN or Infinity, bounded nesting and size). Every error
+raised here derives from HashChainError and has a one-line message, so a CLI can catch
+HashChainError and print str(e).
 """
 
 import hashlib
@@ -31,6 +33,7 @@ import math
 import os
 import re
 import secrets
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,6 +58,39 @@ class StateMismatch(HashChainError):
         super().__init__(message)
         self.message = message
         self.tensor = tensor
+
+
+def open_regular(path, what="file", error=None):
+    """Open `path` for binary reading only if it is a regular file (else `error`, by default
+    HashChainError). O_NONBLOCK: opening a FIFO would otherwise wait forever for a writer."""
+    error = error or HashChainError
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise error(f"{what} {path} cannot be opened: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise error(f"{what} {path} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _no_duplicates(pairs):
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError(f"duplicate key {sorted(k for k in keys if keys.count(k) > 1)[0]!r}")
+    return dict(pairs)
+
+
+def _no_constant(name):
+    raise ValueError(f"non-standard JSON value {name}")
+
+
+def strict_json(text):
+    """json.loads that refuses duplicate keys, NaN/Infinity and deep nesting (ValueError)."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 class ChainError(HashChainError):
@@ -162,33 +198,23 @@ def verify_state(tensors, expected_root, expected_leaves=None):
 
 _MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors reference reader uses
 _CKPT_RE = re.compile(r"^step_(\d{8,})\.safetensors$")
-# Temp files carry the writer's pid so cleanup never removes a file a live writer still owns
-# (an audit may list checkpoints while training is writing one).
-_TMP_RE = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]{12}$")
+# A checkpoint being written is ".step_N.safetensors.tmp-<random>" until its rename. Only the
+# trainer holding the run's lock removes leftovers (remove_temp_files); readers ignore them.
+_TMP_RE = re.compile(r"^\..+\.tmp-[0-9a-f]{12}$")
+# Header dimensions beyond this cannot describe a real file and would overflow numpy's shapes.
+_MAX_DIM = 1 << 48
 
 
 def checkpoint_path(ckpt_dir, step):
     return Path(ckpt_dir) / f"step_{step:08d}.safetensors"
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_stale_temps(directory):
+def remove_temp_files(directory):
+    """Delete leftover checkpoint temp files. Only the writer that holds the run's lock may call
+    this: no one else can be writing one."""
     for entry in os.scandir(directory):
-        m = _TMP_RE.match(entry.name)
-        if m and not _pid_alive(int(m.group(1))):
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                pass  # read-only run directory: leftovers are harmless, readers ignore them
+        if _TMP_RE.match(entry.name):
+            os.unlink(entry.path)
 
 
 def _fsync_dir(directory):
@@ -203,7 +229,6 @@ def save_checkpoint(path, tensors, meta):
     """Write tensors + metadata atomically: a crash leaves either no file or a complete one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(path.parent)
     if "__metadata__" in tensors:
         raise CheckpointError(f"checkpoint {path}: '__metadata__' cannot be a tensor name")
     header = {"__metadata__": {"repops": json.dumps(meta, sort_keys=True)}}
@@ -217,7 +242,7 @@ def save_checkpoint(path, tensors, meta):
     hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hbytes += b" " * (-len(hbytes) % 8)  # safetensors allows space padding; keeps data aligned
 
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
     try:
         with open(tmp, "wb") as f:
             f.write(len(hbytes).to_bytes(8, "little"))
@@ -237,13 +262,6 @@ def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _no_duplicates(pairs):
-    keys = [k for k, _ in pairs]
-    if len(keys) != len(set(keys)):
-        raise ValueError("duplicate key in header")
-    return dict(pairs)
-
-
 def load_checkpoint(path):
     """(tensors, meta) from a checkpoint, strictly validated; never executes code."""
     path = Path(path)
@@ -251,11 +269,7 @@ def load_checkpoint(path):
     def bad(what):
         return CheckpointError(f"checkpoint {path} {what}")
 
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise bad(f"cannot be opened: {e.strerror}") from None
-    with f:
+    with open_regular(path, "checkpoint", CheckpointError) as f:
         size = os.fstat(f.fileno()).st_size
         if size < 8:
             raise bad(f"is truncated: expected at least 8 bytes, found {size}")
@@ -265,7 +279,7 @@ def load_checkpoint(path):
         if 8 + n > size:
             raise bad(f"is truncated: header needs {8 + n} bytes, found {size}")
         try:
-            header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
+            header = strict_json(f.read(n).decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise bad(f"has a header that is not valid JSON ({e})") from None
         if not isinstance(header, dict):
@@ -275,7 +289,7 @@ def load_checkpoint(path):
         if not isinstance(md, dict) or not isinstance(md.get("repops"), str):
             raise bad("has no '__metadata__.repops' entry")
         try:
-            meta = json.loads(md["repops"])
+            meta = strict_json(md["repops"])
         except ValueError as e:
             raise bad(f"has metadata that is not valid JSON ({e})") from None
         if not isinstance(meta, dict):
@@ -286,7 +300,7 @@ def load_checkpoint(path):
             if (not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}
                     or e["dtype"] not in _BY_ST_DTYPE
                     or not isinstance(e["shape"], list)
-                    or not all(_is_int(d) and d >= 0 for d in e["shape"])
+                    or not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in e["shape"])
                     or not isinstance(e["data_offsets"], list) or len(e["data_offsets"]) != 2
                     or not all(_is_int(o) for o in e["data_offsets"])):
                 raise bad(f"has a malformed header entry for tensor {name!r}")
@@ -326,11 +340,10 @@ def load_checkpoint(path):
 
 
 def list_checkpoints(ckpt_dir):
-    """[(step, path)] of the checkpoint files in ckpt_dir, sorted by step; removes stale temps."""
+    """[(step, path)] of the checkpoint files in ckpt_dir, sorted by step (reads only)."""
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         return []
-    _remove_stale_temps(ckpt_dir)
     found = [(int(m.group(1)), ckpt_dir / m.group(0))
              for m in map(_CKPT_RE.match, os.listdir(ckpt_dir)) if m]
     return sorted(found)
@@ -340,7 +353,13 @@ def list_checkpoints(ckpt_dir):
 # The hash chain
 
 def _canonical_json(obj):
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    """The one serialization of records. NaN and Infinity are not JSON: refused, never written."""
+    try:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                          allow_nan=False)
+    except ValueError:
+        raise HashChainError("refusing to write a non-finite number (NaN or Infinity) into "
+                             "the chain") from None
 
 
 def record_hash(record):
@@ -369,12 +388,24 @@ def bits_f32(s):
     return float(np.array(int(s, 16), dtype=np.uint32).view(np.float32))
 
 
+# A record line longer than this is not a record (a default-model record is about 3 KB; one
+# tensor hash per tensor keeps even a 1000-layer model's records far below it).
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+
+
 class Chain:
-    """The append-only chain file: one sealed JSON record per line, step k on line k+1."""
+    """The append-only chain file: one sealed JSON record per line, step k on line k+1.
+
+    load() keeps the records up to the first line that is not a well-formed record and remembers
+    that line as `broken` (a ChainError); verify() reports the first problem in line order, so a
+    reader learns at which step the chain breaks, and a writer refuses to extend a broken chain.
+    """
 
     def __init__(self, path):
         self.path = Path(path)
         self.records = []
+        self.lines = 0            # complete lines in the file (records + the broken line and after)
+        self.broken = None        # ChainError of the first malformed line, if any
         self.note = None          # set by load() when it found (and dropped) a torn last line
         self._tail_ok = False     # False until loaded with no torn tail left in the file
 
@@ -382,8 +413,12 @@ class Chain:
         """Read all records. A last line without "\\n" is a torn write from a killed writer: it
         is dropped and, with repair=True, cut from the file (repair=False leaves the file alone,
         for readers such as an audit that must not write to the run). Returns self.note."""
-        self.records, self.note = [], None
-        data = self.path.read_bytes() if self.path.exists() else b""
+        self.records, self.broken, self.note = [], None, None
+        if self.path.exists():
+            with open_regular(self.path, "chain") as f:
+                data = f.read()
+        else:
+            data = b""
         keep = data.rfind(b"\n") + 1
         if keep < len(data):
             self.note = (f"{self.path}: dropped a torn last line ({len(data) - keep} bytes) "
@@ -394,18 +429,30 @@ class Chain:
                     f.flush()
                     os.fsync(f.fileno())
         self._tail_ok = repair or keep == len(data)
-        for i, raw in enumerate(data[:keep].split(b"\n")[:-1], start=1):
+        lines = data[:keep].split(b"\n")[:-1]
+        self.lines = len(lines)
+        for i, raw in enumerate(lines, start=1):
             try:
-                rec = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as e:
-                raise ChainError(i, f"{self.path} line {i}: not valid JSON ({e})") from None
-            if (not isinstance(rec, dict) or not _is_int(rec.get("step"))
-                    or not isinstance(rec.get("prev"), str)
-                    or not isinstance(rec.get("record_hash"), str)):
-                raise ChainError(i, f"{self.path} line {i}: not a chain record (needs integer "
-                                    "'step' and string 'prev' and 'record_hash')")
-            self.records.append(rec)
+                self.records.append(self._parse(i, raw))
+            except ChainError as e:
+                self.broken = e
+                break
         return self.note
+
+    def _parse(self, i, raw):
+        where = f"{self.path} line {i} (step {i - 1})"
+        if len(raw) > MAX_RECORD_BYTES:
+            raise ChainError(i, f"{where}: a line of {len(raw)} bytes is not a record")
+        try:
+            rec = strict_json(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ChainError(i, f"{where}: not valid JSON ({e})") from None
+        if (not isinstance(rec, dict) or not _is_int(rec.get("step"))
+                or not isinstance(rec.get("prev"), str)
+                or not isinstance(rec.get("record_hash"), str)):
+            raise ChainError(i, f"{where}: not a chain record (needs integer 'step' and string "
+                                "'prev' and 'record_hash')")
+        return rec
 
     @property
     def head(self):
@@ -420,24 +467,30 @@ class Chain:
         durably. Returns the sealed record."""
         if not self._tail_ok:
             self.load()
+        if self.broken:
+            raise self.broken
         if record.get("step") != len(self.records):
             raise ChainError(len(self.records) + 1,
                              f"{self.path} line {len(self.records) + 1}: appending step "
                              f"{record.get('step')!r}, expected step {len(self.records)}")
         # Round-trip through JSON so the in-memory record equals what load() will read back.
         sealed = seal(json.loads(_canonical_json(record)), self.head)
+        line = (_canonical_json(sealed) + "\n").encode("utf-8")
         with open(self.path, "ab") as f:
-            f.write((_canonical_json(sealed) + "\n").encode("utf-8"))
+            f.write(line)
             f.flush()
             os.fsync(f.fileno())
         self.records.append(sealed)
+        self.lines += 1
         return sealed
 
-    def verify(self):
-        """Raise ChainError at the first record whose hash, prev link or step number is wrong."""
+    def verify(self, upto=None):
+        """Raise ChainError at the first record (up to step `upto`, default all) whose hash, prev
+        link or step number is wrong, or that is not a well-formed record."""
+        last = len(self.records) - 1 if upto is None else min(upto, len(self.records) - 1)
         prev = GENESIS_PREV
-        for i, rec in enumerate(self.records):
-            where = f"{self.path} line {i + 1} (step {rec['step']})"
+        for i, rec in enumerate(self.records[:last + 1]):
+            where = f"{self.path} line {i + 1} (step {i})"
             if record_hash(rec) != rec["record_hash"]:
                 raise ChainError(i + 1, f"{where}: record hash does not match its contents "
                                         "(edited?)")
@@ -445,5 +498,8 @@ class Chain:
                 raise ChainError(i + 1, f"{where}: prev does not match the previous record's "
                                         "hash (record missing, inserted or reordered?)")
             if rec["step"] != i:
-                raise ChainError(i + 1, f"{where}: expected step {i}")
+                raise ChainError(i + 1, f"{where}: holds step {rec['step']}, expected step {i} "
+                                        "(record missing, inserted or reordered?)")
             prev = rec["record_hash"]
+        if self.broken and (upto is None or self.broken.line - 1 <= upto):
+            raise self.broken

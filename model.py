@@ -8,6 +8,11 @@ biases, untied input/output embeddings. Initialization is canonical: Philox norm
     model = Llama(ModelConfig(n_layer=2), seed=1337)
     loss = model(idx, targets)                      # idx, targets: int64 [B, T]
     logits = model.logits(idx)                      # [B, T, vocab]
+    ids = model.generate([10, 20], n_tokens=50, seed=7)   # the same tokens on every machine
+
+Parameters: tok_emb [vocab, d], layers.{i}.{attn_norm [d], wqkv [3d, d], wo [d, d], mlp_norm [d],
+w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d]; `named_tensors()` lists them
+by dotted name in sorted order, the canonical order of the flat gradient and the state hash.
 
 The residual stream enters each block through repops.rmsnorm_fork, so a tensor feeds two
 consumers without autograd ever adding gradients itself (contract §8 rmsnorm_fork); QKV and
@@ -50,20 +55,22 @@ class Llama(nn.Module):
         self.cfg = cfg
         self.seed = seed
         d, h, v = cfg.d_model, cfg.d_hidden, cfg.vocab_size
-        shapes = {"tok_emb": (v, d), "norm": (d,), "lm_head": (v, d)}
+        self.tok_emb = nn.Parameter(self._init("tok_emb", (v, d)))
+        self.layers = nn.ModuleList()
         for i in range(cfg.n_layer):
-            shapes.update({f"layers.{i}.attn_norm": (d,), f"layers.{i}.wqkv": (3 * d, d),
-                           f"layers.{i}.wo": (d, d), f"layers.{i}.mlp_norm": (d,),
-                           f"layers.{i}.w_gate_up": (2 * h, d), f"layers.{i}.w_down": (d, h)})
-        # Parameters live in a ParameterDict keyed by dotted names ('.' is not allowed as a
-        # ParameterDict key, so '/' stands in for it internally).
-        self.params = nn.ParameterDict(
-            {name.replace(".", "/"): nn.Parameter(self._init(name, shape)) for name, shape in sorted(shapes.items())})
+            block = nn.Module()
+            for name, shape in (("attn_norm", (d,)), ("wqkv", (3 * d, d)), ("wo", (d, d)),
+                                ("mlp_norm", (d,)), ("w_gate_up", (2 * h, d)), ("w_down", (d, h))):
+                block.register_parameter(name, nn.Parameter(self._init(f"layers.{i}.{name}", shape)))
+            self.layers.append(block)
+        self.norm = nn.Parameter(self._init("norm", (d,)))
+        self.lm_head = nn.Parameter(self._init("lm_head", (v, d)))
         cos, sin = repops.rope_tables(cfg.seq_len, d // cfg.n_head, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def _init(self, name, shape):
+        """Canonical init of parameter `name`: its bits depend only on (seed, name, shape)."""
         if name.endswith("norm"):
             return torch.ones(shape)
         std = self.cfg.init_std
@@ -74,15 +81,12 @@ class Llama(nn.Module):
 
     def named_tensors(self):
         """{dotted name: parameter} in sorted name order (the canonical parameter order)."""
-        return {k.replace("/", "."): p for k, p in sorted(self.params.items())}
+        return dict(sorted(self.named_parameters()))
 
-    def p(self, name):
-        return self.params[name.replace(".", "/")]
-
-    def _attention(self, i, h, B, T):
+    def _attention(self, layer, h, B, T):
         cfg = self.cfg
         H, Dh = cfg.n_head, cfg.d_model // cfg.n_head
-        qkv = repops.linear(h, self.p(f"layers.{i}.wqkv")).view(B, T, 3, H, Dh)
+        qkv = repops.linear(h, layer.wqkv).view(B, T, 3, H, Dh)
         q, k, v = qkv.unbind(2)                                   # each [B, T, H, Dh]
         q = repops.rope(q.contiguous(), self.rope_cos, self.rope_sin)
         k = repops.rope(k.contiguous(), self.rope_cos, self.rope_sin)
@@ -92,7 +96,7 @@ class Llama(nn.Module):
         p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))
         o = repops.matmul(p, v)                                   # [B*H, T, Dh]
         o = o.view(B, H, T, Dh).permute(0, 2, 1, 3).reshape(B, T, H * Dh)
-        return repops.linear(o, self.p(f"layers.{i}.wo"))
+        return repops.linear(o, layer.wo)
 
     def _branch_dropout(self, x, rng, site):
         if not self.training or self.cfg.dropout == 0.0 or rng is None:
@@ -106,22 +110,39 @@ class Llama(nn.Module):
         B, T = idx.shape
         if T > cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's seq_len {cfg.seq_len}")
-        x = repops.embedding(self.p("tok_emb"), idx)              # [B, T, d]
-        for i in range(cfg.n_layer):
-            x, h = repops.rmsnorm_fork(x, self.p(f"layers.{i}.attn_norm"), cfg.norm_eps)
-            x = repops.add(x, self._branch_dropout(self._attention(i, h, B, T), rng, 2 * i))
-            x, h = repops.rmsnorm_fork(x, self.p(f"layers.{i}.mlp_norm"), cfg.norm_eps)
-            m = repops.swiglu(repops.linear(h, self.p(f"layers.{i}.w_gate_up")).view(B * T, -1))
-            m = repops.linear(m, self.p(f"layers.{i}.w_down")).view(B, T, -1)
+        x = repops.embedding(self.tok_emb, idx)              # [B, T, d]
+        for i, layer in enumerate(self.layers):
+            x, h = repops.rmsnorm_fork(x, layer.attn_norm, cfg.norm_eps)
+            x = repops.add(x, self._branch_dropout(self._attention(layer, h, B, T), rng, 2 * i))
+            x, h = repops.rmsnorm_fork(x, layer.mlp_norm, cfg.norm_eps)
+            m = repops.swiglu(repops.linear(h, layer.w_gate_up).view(B * T, -1))
+            m = repops.linear(m, layer.w_down).view(B, T, -1)
             x = repops.add(x, self._branch_dropout(m, rng, 2 * i + 1))
-        return repops.rmsnorm(x, self.p("norm"), cfg.norm_eps)
+        return repops.rmsnorm(x, self.norm, cfg.norm_eps)
 
     def logits(self, idx):
         B, T = idx.shape
-        return repops.linear(self.hidden(idx), self.p("lm_head")).view(B, T, -1)
+        return repops.linear(self.hidden(idx), self.lm_head).view(B, T, -1)
 
     def forward(self, idx, targets, zloss=0.0, rng=None):
         """Mean cross-entropy (+ zloss * logsumexp^2) over all B*T positions."""
         B, T = idx.shape
-        logits = repops.linear(self.hidden(idx, rng), self.p("lm_head")).view(B * T, -1)
+        logits = repops.linear(self.hidden(idx, rng), self.lm_head).view(B * T, -1)
         return repops.cross_entropy(logits, targets.reshape(-1), zloss)
+
+    @torch.no_grad()
+    def generate(self, ids, n_tokens, seed, temperature=0.8):
+        """Extend the token list `ids` by n_tokens samples; returns the whole list. Gumbel-max:
+        token = argmax(logits / temperature + g), g = -log(-log(u)), u from Philox (purpose
+        SAMPLE, counter = generated position), all in RepOps, so every machine picks the same
+        tokens; argmax is exact."""
+        ids = list(ids) or [0]
+        self.eval()
+        for i in range(n_tokens):
+            ctx = torch.tensor([ids[-self.cfg.seq_len:]], dtype=torch.int64)
+            logits = self.logits(ctx)[0, -1].contiguous()                     # [vocab]
+            u = repops.uniform(seed, i, 0, repops.PURPOSE_SAMPLE, self.cfg.vocab_size)
+            gumbel = repops.ops.scale(repops.ops.log(repops.ops.scale(repops.ops.log(u), -1.0)), -1.0)
+            score = repops.ops.add(repops.ops.scale(logits, repops.f32(1.0 / temperature)), gumbel)
+            ids.append(int(torch.argmax(score)))
+        return ids

@@ -1,4 +1,4 @@
-"""Per-operator trace of one training step, to diff between two machines (DESIGN §7).
+"""Per-operator trace of one training step, to diff between two machines.
 
 When two machines disagree on a step, the trace names the first RepOps operator whose output
 bits differ. On machine A and on machine B (same run directory, e.g. copied over):
@@ -16,7 +16,8 @@ value) and, per output (for in-place operators: each mutated argument), dtype, s
 SHA-256 of its contiguous little-endian CPU bytes, NaNs canonicalized to 0x7FC00000 (contract
 §7: NaN payloads differ between CPUs and are not a reproducibility failure).
 
-In-process: `with OpTrace() as t: train.train_step(...)`, then `write(path, t.entries, meta)`.
+In-process: `with OpTrace() as t: train.train_step(...)`, then `write(path, t.entries, meta)`
+(audit.trace_step does exactly that for `audit.py --trace`).
 """
 import hashlib
 import json
@@ -100,20 +101,6 @@ def write(path, entries, meta):
     with open(path, "w") as f:
         for line in [header, *entries]:
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
-
-
-def trace_step(state, data, cfg, path, record):
-    """train.train_step under OpTrace, writing the trace to path; returns the step's fields."""
-    from train import UsageError, code_digest, train_step
-    with OpTrace() as rec:
-        fields = train_step(state, data, cfg)
-    try:
-        write(path, rec.entries, {"step": state.step, "state_hash": record.get("state_hash"),
-                                  "code_digest": code_digest()})
-    except OSError as e:
-        raise UsageError(f"cannot write the trace {path}: {e}") from None
-    print(f"trace: {len(rec.entries)} operators of step {state.step} written to {path}")
-    return fields
 
 
 def read(path):

@@ -2,17 +2,20 @@
 
 The arithmetic contract that all kernels obey is kernels/README.md (IEEE float32, no fused
 multiply-add, flush-to-zero, one canonical order for every sum, canonical exp/log/rsqrt/sin/cos,
-Philox random numbers). This module builds the kernels on first import, checks the build with
-a runtime canary, and exposes each operator as a differentiable Python function:
+Philox random numbers). This module exposes each operator as a differentiable Python function;
+the kernels are built on first use (or by repops.load()) and checked with a runtime canary:
 
     import repops
     y = repops.linear(x, w)                  # x [R, in], w [out, in]
     loss = repops.cross_entropy(logits, targets)
     loss.backward()                           # backward passes are RepOps kernels too
 
-Raw kernels are torch custom ops: torch.ops.repops.<name> (see kernels/cpu/binding.cpp).
+Raw kernels are torch custom ops: repops.ops.<name> is torch.ops.repops.<name> (see
+kernels/cpu/binding.cpp), loaded on first access. A failed build raises RepOpsBuildError with a
+one-line message; importing this module has no side effects.
 Host-side scalars are rounded to float32 with f32() after float64 IEEE arithmetic (contract §1).
-Backends: CPU (kernels/cpu, C++); CUDA and Metal register the same op names when built.
+Backends: CPU (kernels/cpu, C++); CUDA (kernels/cuda) registers the same op names with CUDA
+implementations where torch has CUDA.
 """
 import hashlib
 import os
@@ -78,21 +81,23 @@ def _check_toolchain():
         raise RepOpsBuildError("RepOps needs ninja to build its kernels: pip install ninja")
 
 
-def _one_line_excepthook(kind, value, tb, _default=sys.excepthook):
-    """Command-line tools import repops at the top: a failed build reads as one line there."""
-    if issubclass(kind, RepOpsBuildError):
-        print(f"error: {value}", file=sys.stderr)
-    else:
-        _default(kind, value, tb)
+_loaded = False
 
 
-def _load():
-    sys.excepthook = _one_line_excepthook
+def load():
+    """Build (once per CPU type; cached in build/) and load the kernels, then run the canaries.
+    Idempotent; called on first use of `ops`. Raises RepOpsBuildError."""
+    global _loaded
+    if _loaded:
+        return
     _check_toolchain()
     name = "repops_cuda" if HAS_CUDA else "repops_cpu"
     build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
     os.makedirs(build_dir, exist_ok=True)
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    # The build finds ninja on PATH: a virtual environment's bin/ need not be activated. PATH is
+    # restored afterwards, so importing repops changes nothing in the caller's environment.
+    saved_path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + saved_path
     try:
         torch.utils.cpp_extension.load(
             name=name, sources=CPU_SOURCES + (CUDA_SOURCES if HAS_CUDA else []), extra_cflags=CPU_FLAGS,
@@ -100,7 +105,10 @@ def _load():
             extra_include_paths=[CPU_DIR, CUDA_DIR],
             build_directory=build_dir, is_python_module=False, verbose=False)
     except (RuntimeError, subprocess.CalledProcessError) as e:
-        raise RepOpsBuildError(f"building the RepOps kernels failed (build dir {build_dir}): {e}") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RepOpsBuildError(f"building the RepOps kernels failed (build dir {build_dir}): {first}") from e
+    finally:
+        os.environ["PATH"] = saved_path
     fused, ftz_missing = torch.ops.repops.canary().tolist()
     if fused != 0.0:
         raise RepOpsBuildError("RepOps canary: the kernels were built with floating-point contraction "
@@ -110,10 +118,20 @@ def _load():
     if HAS_CUDA and torch.ops.repops.canary_cuda().tolist() != [0.0, 0.0]:
         raise RepOpsBuildError("RepOps CUDA canary: the CUDA kernels were built with contraction or "
                                "without flush-to-zero; rebuild with repops.CUDA_FLAGS")
+    _loaded = True
 
 
-_load()
-ops = torch.ops.repops
+class _Kernels:
+    """torch.ops.repops, loaded on first attribute access (then cached on this object)."""
+
+    def __getattr__(self, name):
+        load()
+        op = getattr(torch.ops.repops, name)
+        setattr(self, name, op)
+        return op
+
+
+ops = _Kernels()
 
 
 # ------------------------------------------------------------------ host scalars (contract §1)
@@ -322,22 +340,6 @@ def add(a, b):
     return _Add.apply(a, b)
 
 
-class _Mul(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return ops.mul(a, b)
-
-    @staticmethod
-    def backward(ctx, g):
-        a, b = ctx.saved_tensors
-        return ops.mul(g, b), ops.mul(g, a)
-
-
-def mul(a, b):
-    return _Mul.apply(a, b)
-
-
 class _Scale(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, s):
@@ -384,6 +386,3 @@ def clip_grad(flat_grad, max_norm):
     """(clipped flat gradient, its norm before clipping) over one flat gradient vector."""
     return ops.clip_grad(flat_grad, f32(max_norm))
 
-
-csum = ops.csum
-exp, log, recip, rsqrt, sqrt, sin, cos = ops.exp, ops.log, ops.recip, ops.rsqrt, ops.sqrt, ops.sin, ops.cos

@@ -1,41 +1,43 @@
 """Generate text from a checkpoint; the same prompt and seed give the same text on every machine.
 
-    python sample.py                                  # latest checkpoint of runs/default
-    python sample.py --run runs/x --step 100 --prompt "ROMEO:" --tokens 300 --seed 7
+    python sample.py                                        # latest checkpoint of runs/default
+    python sample.py --run_dir runs/x --step 100 --prompt "ROMEO:" --tokens 300 --seed 7
 
-Sampling is Gumbel-max: token = argmax(logits / temperature + g) with g = -log(-log(u)) and u
-from Philox (purpose SAMPLE, counter = generated position), all in RepOps; argmax is exact.
+The checkpoint is loaded only after the chain up to its step and the checkpoint itself verify
+against the published records. Sampling is Gumbel-max with Philox noise, all in RepOps
+(model.Llama.generate). It only reads the run directory. Exit code 2 on bad input.
 """
 import argparse
 import sys
 
-import torch
-
+import hashchain
 import repops
+import rundir
+from config import UsageError
+from data import DataError, get_tokenizer
+from train import TrainState
 
 
-@torch.no_grad()
-def generate(model, tokenizer_name, prompt, n_tokens, seed, temperature=0.8):
-    from data import get_tokenizer
-    enc = get_tokenizer(tokenizer_name)
-    ids = enc.encode(prompt) or [0]
-    model.eval()
-    vocab = model.cfg.vocab_size
-    for i in range(n_tokens):
-        ctx = torch.tensor([ids[-model.cfg.seq_len:]], dtype=torch.int64)
-        logits = model.logits(ctx)[0, -1].contiguous()                     # [vocab]
-        u = repops.uniform(seed, i, 0, repops.PURPOSE_SAMPLE, vocab)
-        gumbel = repops.ops.scale(repops.log(repops.ops.scale(repops.log(u), -1.0)), -1.0)
-        score = repops.ops.add(repops.ops.scale(logits, repops.f32(1.0 / temperature)), gumbel)
-        ids.append(int(torch.argmax(score)))
-    return enc.decode(ids)
+def load_model(run_dir, step):
+    """(model, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
+    run = rundir.Run(run_dir)
+    ckpts = dict(run.checkpoints())
+    in_chain = [s for s in ckpts if s < run.chain.lines]
+    step = max(in_chain, default=None) if step is None else step
+    if step not in ckpts:
+        raise UsageError(f"no checkpoint for step {step} in {run_dir} (have {sorted(ckpts)})")
+    tensors = run.verified_checkpoint(step, ckpts[step])
+    state = TrainState(run.cfg, run.vocab_size)
+    state.load(tensors)
+    tokenizer = run.genesis.get("tokenizer")
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("name"), str):
+        raise UsageError(f"{run.chain.path}: the genesis record names no tokenizer")
+    return state.model, get_tokenizer(tokenizer["name"])
 
 
 def main(argv):
-    import hashchain
-    from train import Config, TrainState, UsageError, load_verified_checkpoint, checkpoint_dir
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", default=Config.run_dir)
+    ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
     ap.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     ap.add_argument("--prompt", default="\n")
     ap.add_argument("--tokens", type=int, default=300)
@@ -43,23 +45,14 @@ def main(argv):
     ap.add_argument("--temperature", type=float, default=0.8)
     args = ap.parse_args(argv)
     try:
-        chain = hashchain.Chain(f"{args.run}/chain.jsonl")
-        chain.load(repair=False)
-        if not chain.records:
-            raise UsageError(f"no chain at {args.run} (train first)")
-        ckpts = dict(hashchain.list_checkpoints(checkpoint_dir(args.run)))
-        step = args.step if args.step is not None else max((s for s in ckpts if s < len(chain)), default=None)
-        if step not in ckpts or step >= len(chain):
-            raise UsageError(f"no checkpoint for step {step} in {args.run} (have {sorted(ckpts)})")
-        genesis = chain.records[0]
-        cfg = Config(**genesis["config"])
-        state = TrainState(cfg, genesis["vocab_size"])
-        state.load(load_verified_checkpoint(ckpts[step], chain.records[step]))
-    except (UsageError, hashchain.HashChainError) as e:
+        if args.tokens < 0 or not args.temperature > 0 or not 0 <= args.seed < 1 << 64:
+            raise UsageError("--tokens must be >= 0, --temperature > 0 and --seed in [0, 2^64)")
+        model, enc = load_model(args.run_dir, args.step)
+        ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
+    except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
         return 2
-    print(generate(state.model, genesis["tokenizer"]["name"], args.prompt, args.tokens, args.seed,
-                   args.temperature))
+    print(enc.decode(ids))
     return 0
 
 

@@ -9,8 +9,10 @@
 Every step: N micro-batches (a pure function of data, seed, step, index), each giving a fresh
 gradient; the gradients are summed with TreeFold's fixed tree (treefold.py), clipped, and
 applied with AdamW, all in RepOps. The state hash (parameters, Adam moments, step) goes into
-runs/<name>/chain.jsonl; checkpoints every `checkpoint_every` steps. Killed at any moment,
-`python train.py` resumes from the latest valid checkpoint and re-derives the same chain.
+runs/<name>/chain.jsonl; checkpoints every `checkpoint_every` steps (rundir.py lays out the
+directory). Killed at any moment, `python train.py` resumes from the latest checkpoint that
+verifies and re-derives the same chain; it refuses a run directory that another trainer holds
+or that was started with another config, corpus or code. The config block is config.py.
 `train_step` below is the one step function: audit.py imports it.
 """
 import dataclasses
@@ -21,101 +23,27 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 import hashchain
 import repops
+import rundir
 import treefold
-from data import DataError, TokenData, batch_digest
+from config import Config, UsageError, decisive_config, differences, parse_config, validate
+from data import DataError, TokenData, batch_digest, get_tokenizer
 from model import Llama, ModelConfig
 
 
-# ----------------------------------------------------------------------------- config
-@dataclass
-class Config:
-    # run
-    run_dir: str = "runs/default"      # chain.jsonl, checkpoints/, config.json, train.log
-    data_dir: str = "data/shakespeare"  # a corpus prepared by data.py
-    seed: int = 1337                    # init, data order and dropout all derive from it
-    # model (vocab_size comes from the corpus)
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    d_hidden: int = 384
-    seq_len: int = 128
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    init_std: float = 0.02
-    # batch: a step is micro_batches (N, a power of two) x micro_batch_size sequences
-    micro_batches: int = 4
-    micro_batch_size: int = 8
-    # optimizer: AdamW, linear warmup then linear decay to min_lr at max_steps
-    max_steps: int = 300
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 20
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.1           # on matrices only
-    grad_clip: float = 1.0
-    zloss: float = 1e-4
-    # bookkeeping (does not change the chain)
-    checkpoint_every: int = 50
-    eval_every: int = 100
-    eval_batches: int = 4
-    sample_tokens: int = 200            # printed at the end (0: none)
-    threads: int = 0                    # torch threads per process (0: torch's default)
-    device: str = "cpu"                 # "cuda": same bits on the GPU kernels (rank r uses GPU r)
-    dist_timeout: int = 60              # seconds before a rank gives up on a dead peer
-
-
-# Keys that do not decide the state of any step: they may differ when resuming or auditing.
-BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
-               "sample_tokens", "threads", "dist_timeout", "device"}
-
-
-class UsageError(Exception):
-    """Bad command line, run directory or data: printed as one line, exit code 2."""
-
-
 class StepRefused(Exception):
-    """A step produced a non-finite loss or gradient norm; nothing of it was written."""
+    """A step produced a non-finite loss, gradient norm or state; nothing of it was written."""
 
 
 class ReproducibilityError(Exception):
     """Ranks disagree on the state, or a re-derived step differs from its chain record."""
-
-
-def parse_config(argv, base=None):
-    """Config from --key=value / --key value overrides; unknown keys and bad types refused."""
-    cfg = base or Config()
-    fields = {f.name: f for f in dataclasses.fields(Config)}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            raise UsageError(f"unexpected argument {arg!r} (use --key=value)")
-        key, eq, value = arg[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(argv):
-                raise UsageError(f"--{key} needs a value")
-            value, i = argv[i + 1], i + 1
-        key = key.replace("-", "_")
-        if key not in fields:
-            raise UsageError(f"unknown config key --{key} (known: {', '.join(fields)})")
-        kind = type(getattr(Config(), key))
-        try:
-            parsed = kind(value) if kind is not int else int(value, 0)
-        except ValueError:
-            raise UsageError(f"--{key} expects {kind.__name__}, got {value!r}") from None
-        cfg = dataclasses.replace(cfg, **{key: parsed})
-        i += 1
-    return cfg
 
 
 def model_config(cfg, vocab_size):
@@ -166,6 +94,16 @@ class TrainState:
         return out
 
     def load(self, tensors):
+        """Copy a verified checkpoint's tensors in; StateMismatch if they are not the state of
+        this config's model (names, shapes, dtypes)."""
+        mine = self.tensors()
+        for name in sorted(set(mine) | set(tensors)):
+            a, b = mine.get(name), tensors.get(name)
+            if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+                raise hashchain.StateMismatch(
+                    f"checkpoint tensor {name} does not fit the state of the run's config "
+                    f"(checkpoint {None if b is None else list(b.shape)}, model "
+                    f"{None if a is None else list(a.shape)})", name)
         with torch.no_grad():
             for n, p in self.params.items():
                 p.copy_(tensors["params." + n])
@@ -175,6 +113,9 @@ class TrainState:
 
     def hash(self):
         return hashchain.state_hash(self.tensors())
+
+    def n_params(self):
+        return sum(p.numel() for p in self.params.values())
 
 
 # ----------------------------------------------------------------------------- the step
@@ -219,10 +160,21 @@ def train_step(state, data, cfg, rank=0, world=1):
             repops.adamw_(p.data, g, state.m[name], state.v[name], lr=lr, beta1=cfg.beta1,
                           beta2=cfg.beta2, eps=cfg.adam_eps,
                           weight_decay=cfg.weight_decay if p.dim() >= 2 else 0.0, step=step)
+    check_finite(state, step)
     state.step = step
     return {"loss": loss_f, "loss_bits": hashchain.f32_bits(loss_f), "grad_norm": norm_f,
             "grad_norm_bits": hashchain.f32_bits(norm_f), "lr": repops.f32(lr),
             "lr_bits": hashchain.f32_bits(lr)}
+
+
+def check_finite(state, step):
+    """Refuse a step whose update left a non-finite parameter or moment. Read on the host with
+    numpy: a check, not arithmetic on the training path (no ATen op runs)."""
+    for name in state.params:
+        for t in (state.params[name], state.m[name], state.v[name]):
+            if not np.isfinite(t.detach().cpu().numpy()).all():
+                raise StepRefused(f"step {step}: the update left non-finite values in {name} (or its "
+                                  "Adam moments); the step is refused and nothing of it is written")
 
 
 def step_record(state, data, cfg, fields):
@@ -252,50 +204,85 @@ def evaluate(state, data, cfg):
 
 
 # ----------------------------------------------------------------------------- run directory
-def checkpoint_dir(run_dir):
-    return os.path.join(run_dir, "checkpoints")
+# ----------------------------------------------------------------------------- run directory
+def save_checkpoint(run_dir, state, record):
+    hashchain.save_checkpoint(hashchain.checkpoint_path(rundir.checkpoint_dir(run_dir), state.step),
+                              state.tensors(), {"step": state.step, "state_hash": record["state_hash"],
+                                                "tensor_hashes": record["tensor_hashes"]})
 
 
-def save_checkpoint(path, state, root, leaves):
-    hashchain.save_checkpoint(path, state.tensors(), {"step": state.step, "state_hash": root,
-                                                      "tensor_hashes": leaves})
+def check_identity(cfg, data, genesis):
+    """A resumed run must be the run its chain started: same decisive config, data and code."""
+    diff = differences(decisive_config(cfg), genesis.get("config", {}))
+    if diff:
+        raise UsageError(f"{cfg.run_dir} was started with a different config ({', '.join(diff)}); "
+                         "resume with the same settings or choose another --run_dir")
+    if genesis.get("data_manifest") != data.digest:
+        raise UsageError(f"{cfg.run_dir} was trained on corpus {str(genesis.get('data_manifest'))[:12]}, "
+                         f"but {cfg.data_dir} holds {data.digest[:12]}; resume with the same data")
+    if genesis.get("code_digest") != code_digest():
+        raise UsageError(f"{cfg.run_dir} was started by different code (code digest); resume it with "
+                         "that code, or start a new --run_dir")
 
 
-def load_verified_checkpoint(path, record):
-    """Load a checkpoint and check it against its chain record (names the bad tensor)."""
-    tensors, meta = hashchain.load_checkpoint(path)
-    hashchain.verify_state(tensors, record["state_hash"], record.get("tensor_hashes"))
-    return tensors
+def restore(run, state, upto, log, writer):
+    """Load the latest checkpoint at or before `upto` that verifies; returns its step (0: the
+    genesis state, re-created from the config and checked against the genesis record). The
+    writer moves a checkpoint that fails verification to rejected/ (evidence, never overwritten)."""
+    def on_bad(step, path, error):
+        if writer:
+            log(f"warning: skipping checkpoint {path}: {error}; moved to "
+                f"{rundir.reject_checkpoint(run.dir, path)}")
 
-
-def restore(state, chain, run_dir, log, upto):
-    """Load the latest checkpoint at or before `upto` that matches the chain; else re-init.
-
-    Returns the step restored. A checkpoint that fails verification is reported and skipped,
-    never deleted (it is evidence)."""
-    for step, path in reversed(hashchain.list_checkpoints(checkpoint_dir(run_dir))):
-        if step > upto or step >= len(chain):
-            continue
-        try:
-            state.load(load_verified_checkpoint(path, chain.records[step]))
-            return step
-        except hashchain.HashChainError as e:
-            log(f"warning: skipping checkpoint {path}: {e}")
-    if state.hash()[0] != chain.records[0]["state_hash"]:   # a fresh state is step 0
+    step, tensors = run.latest_checkpoint(upto, on_bad)
+    if tensors is not None:
+        state.load(tensors)
+    elif state.hash()[0] != run.genesis["state_hash"]:
         raise UsageError("the initial state recomputed from the config does not match the chain's "
                          "genesis record (different code or kernels?)")
-    return 0
+    return step
 
 
-def decisive_config(cfg):
-    """The config fields that decide the chain (the genesis record holds exactly these, so a
-    run's chain does not depend on where it was written or how many threads it used)."""
-    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in BOOKKEEPING}
+def open_run(cfg, data, state, rank, world, log):
+    """The run's verified chain and the step to resume from. Rank 0 (the writer, which holds the
+    run's lock) starts a new run (config.json, genesis record, checkpoint 0) or repairs a torn
+    chain tail and restores; the other ranks then restore the same checkpoint."""
+    writer = rank == 0
+    chain_path = Path(cfg.run_dir) / "chain.jsonl"
+    if writer and not chain_path.exists():
+        chain_path.touch()
+    if world > 1 and not writer:
+        dist.barrier()                  # rank 0 has written or repaired everything
+    run = rundir.Run(cfg.run_dir, repair=writer)
+    if run.chain.note:
+        log("resume: " + run.chain.note)
+    run.chain.verify()
+    if len(run.chain) == 0:
+        with open(run.dir / "config.json", "w") as f:
+            json.dump(dataclasses.asdict(cfg), f, indent=2)
+        run.chain.append(genesis_record(state, data, cfg))
+        start = 0
+    else:
+        check_identity(cfg, data, run.genesis)
+        start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
+        log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
+    if writer and start == 0 and not hashchain.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
+        save_checkpoint(run.dir, state, run.chain.records[0])
+    if world > 1 and writer:
+        dist.barrier()
+    return run.chain, start
 
 
-def config_differences(cfg, published):
-    mine = decisive_config(cfg)
-    return [k for k in sorted(set(mine) | set(published)) if mine.get(k) != published.get(k)]
+def prepare_run_dir(run_dir):
+    """Create the run directory and take its lock (held until this process exits); only then
+    remove leftover checkpoint temp files, which no one else can be writing."""
+    try:
+        os.makedirs(rundir.checkpoint_dir(run_dir), exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
+    lock = rundir.hold_lock(run_dir)
+    hashchain.remove_temp_files(rundir.checkpoint_dir(run_dir))
+    return lock
 
 
 class Logger:
@@ -312,7 +299,7 @@ class Logger:
 
 
 def check_same_state(root, world):
-    """Every rank must hold the same state hash after each step (DESIGN §5)."""
+    """Every rank must hold the same state hash after each step (treefold.py's promise)."""
     mine = torch.frombuffer(bytearray(bytes.fromhex(root)), dtype=torch.uint8)
     gathered = [torch.empty(32, dtype=torch.uint8) for _ in range(world)]
     dist.all_gather(gathered, mine)
@@ -321,80 +308,63 @@ def check_same_state(root, world):
         raise ReproducibilityError("ranks disagree on the state hash: " + ", ".join(r[:12] for r in roots))
 
 
+def publish(chain, record, writer):
+    """Append the step's record; a step the chain already holds (re-derived after a resume)
+    must equal its published record field for field."""
+    step = record["step"]
+    if step < len(chain):
+        published = {k: v for k, v in chain.records[step].items() if k not in ("prev", "record_hash")}
+        if published != json.loads(json.dumps(record)):
+            raise ReproducibilityError(f"step {step} re-derived differently from the chain record: "
+                                       "this machine does not reproduce the run (run audit.py)")
+    elif writer:
+        chain.append(record)
+
+
+def device_of(cfg, world):
+    if cfg.device != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if world > 1 else 0)
+    torch.cuda.set_device(device)
+    return device
+
+
+# ----------------------------------------------------------------------------- the loop
 def run(cfg, rank, world):
+    """Train (or resume) cfg.run_dir up to cfg.max_steps; returns the final state."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     writer = rank == 0
-    data = TokenData(cfg.data_dir, cfg.seed)       # before creating anything: bad data, no run dir
-    os.makedirs(checkpoint_dir(cfg.run_dir), exist_ok=True)
+    data = TokenData(cfg.data_dir, cfg.seed)     # bad data is refused before the run dir exists
+    lock = prepare_run_dir(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    device = torch.device(cfg.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    state = TrainState(cfg, data.vocab_size, device)
-    chain = hashchain.Chain(os.path.join(cfg.run_dir, "chain.jsonl"))
-    note = chain.load(repair=writer)
-    if note:
-        log("resume: " + note)
-    if len(chain) == 0:
-        if writer:
-            with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
-                json.dump(dataclasses.asdict(cfg), f, indent=2)
-            chain.append(genesis_record(state, data, cfg))
-        start = 0
-    else:
-        chain.verify()
-        genesis = chain.records[0]
-        diff = config_differences(cfg, genesis["config"])
-        if diff:
-            raise UsageError(f"{cfg.run_dir} was started with a different config ({', '.join(diff)}); "
-                             "resume with the same settings or choose another --run_dir")
-        if genesis["code_digest"] != code_digest():
-            log("warning: the code differs from the code that started this run; re-derived "
-                "steps are compared with the chain, so any change of bits stops the run")
-        start = restore(state, chain, cfg.run_dir, log, upto=cfg.max_steps)
-        log(f"resume: from step {start} ({len(chain) - 1} steps in the chain)")
-    if world > 1:
-        dist.barrier()                  # rank 0 has written the genesis record
-        if len(chain) == 0:
-            chain.load(repair=False)
-    n_params = sum(p.numel() for p in state.params.values())
+    state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
+    chain, start = open_run(cfg, data, state, rank, world, log)
     tokens_per_step = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
-    log(f"model {n_params / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
+    log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
         f"{world} rank(s) x {cfg.micro_batches // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
-    ckpt0 = hashchain.checkpoint_path(checkpoint_dir(cfg.run_dir), 0)
-    if writer and start == 0 and not os.path.exists(ckpt0):
-        save_checkpoint(ckpt0, state, *state.hash())
     for step in range(start + 1, cfg.max_steps + 1):
         t0 = time.perf_counter()
         fields = train_step(state, data, cfg, rank, world)
         record = step_record(state, data, cfg, fields)
         if world > 1:
             check_same_state(record["state_hash"], world)
-        if step < len(chain):           # re-deriving a step the chain already holds
-            published = {k: v for k, v in chain.records[step].items() if k not in ("prev", "record_hash")}
-            if published != json.loads(json.dumps(record)):
-                raise ReproducibilityError(f"step {step} re-derived differently from the chain record: "
-                                   "this machine does not reproduce the run (run audit.py)")
-        elif writer:
-            chain.append(record)
+        publish(chain, record, writer)
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
-            save_checkpoint(hashchain.checkpoint_path(checkpoint_dir(cfg.run_dir), step), state,
-                            record["state_hash"], record["tensor_hashes"])
+            save_checkpoint(cfg.run_dir, state, record)
         ms = (time.perf_counter() - t0) * 1000
         log(f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
             f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens_per_step / ms * 1000:7.0f} tok/s | "
             f"state {record['state_hash'][:12]}")
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-            val = evaluate(state, data, cfg)   # on every rank: none waits for rank 0 alone
-            log(f"step {step:5d} | val loss {val:.4f}")
+            log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")  # every rank evaluates
     if writer and cfg.sample_tokens:
-        from sample import generate
-        text = generate(state.model.cpu(), data.manifest["tokenizer"]["name"], "\n", cfg.sample_tokens,
-                        seed=cfg.seed)
-        log("sample:\n" + text)
+        enc = get_tokenizer(data.manifest["tokenizer"]["name"])
+        ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
+        log("sample:\n" + enc.decode(ids))
+    if lock:
+        lock.close()
     return state
 
 
@@ -403,18 +373,23 @@ def main(argv):
     rank = int(os.environ.get("RANK", "0"))
     try:
         cfg = parse_config(argv)
+        validate(cfg, world)
         treefold.check_topology(cfg.micro_batches, world)   # before any work
         if world > 1:
             backend = "cpu:gloo,cuda:nccl" if cfg.device == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.dist_timeout))
         run(cfg, rank, world)
-    except (UsageError, DataError, treefold.TopologyError, hashchain.HashChainError) as e:
+    except (UsageError, DataError, treefold.TopologyError, hashchain.HashChainError,
+            repops.RepOpsBuildError) as e:
         if rank == 0:
             print(f"train.py: error: {e}", file=sys.stderr)
         return 2
     except (StepRefused, ReproducibilityError) as e:
         print(f"train.py: error (rank {rank}): {e}", file=sys.stderr)
         return 1
+    except OSError as e:                # a full disk, a run directory made read-only meanwhile
+        print(f"train.py: error (rank {rank}): {e}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         if world == 1:
             raise                      # a bug, not a broken peer: keep the traceback

@@ -138,23 +138,53 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
                                    if k != "__metadata__")
 
 
-def test_list_checkpoints_and_stale_temp_cleanup(tmp_path):
+def test_list_checkpoints_reads_only_and_temp_cleanup_is_explicit(tmp_path):
     d = tmp_path / "ck"
     for step in (200, 3, 100):
         hc.save_checkpoint(hc.checkpoint_path(d, step), {"x": torch.ones(1)}, {"step": step})
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = d / f".step_00000300.safetensors.tmp-{dead.pid}-0123456789ab"
-    live = d / f".step_00000300.safetensors.tmp-{os.getpid()}-0123456789ab"
-    stale.write_bytes(b"partial")
-    live.write_bytes(b"partial")
+    temp = d / ".step_00000300.safetensors.tmp-0123456789ab"
+    temp.write_bytes(b"partial")
     (d / "notes.txt").write_text("ignored")
     assert hc.list_checkpoints(d) == [(3, hc.checkpoint_path(d, 3)),
                                       (100, hc.checkpoint_path(d, 100)),
                                       (200, hc.checkpoint_path(d, 200))]
-    assert not stale.exists()
-    assert live.exists()  # a live writer's temp file is never touched
+    assert temp.exists()        # listing (what readers do) never deletes anything
+    hc.remove_temp_files(d)     # what the lock-holding trainer does
+    assert not temp.exists() and (d / "notes.txt").exists()
     assert hc.list_checkpoints(tmp_path / "missing") == []
+
+
+def test_fifo_and_directory_are_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "step_00000001.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(hc.CheckpointError, match="not a regular file"):
+        hc.load_checkpoint(fifo)          # opening a FIFO for reading would block forever
+    chain_dir = tmp_path / "chain.jsonl"
+    chain_dir.mkdir()
+    with pytest.raises(hc.HashChainError, match="not a regular file"):
+        hc.Chain(chain_dir).load(repair=False)
+
+
+def test_huge_shape_in_header_is_malformed_not_a_crash(tmp_path):
+    path = tmp_path / "c.safetensors"
+    header = json.dumps({"__metadata__": {"repops": "{}"},
+                         "x": {"dtype": "F32", "shape": [2 ** 63, 0], "data_offsets": [0, 0]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(hc.CheckpointError, match="malformed header entry"):
+        hc.load_checkpoint(path)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    path.write_bytes(len(deep).to_bytes(8, "little") + deep)
+    with pytest.raises(hc.CheckpointError, match="not valid JSON"):
+        hc.load_checkpoint(path)
+
+
+def test_chain_writer_refuses_non_finite_numbers(tmp_path):
+    c = hc.Chain(tmp_path / "chain.jsonl")
+    c.load()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(hc.HashChainError, match="non-finite"):
+            c.append({"step": 0, "loss": bad})
+    assert not (tmp_path / "chain.jsonl").exists() or (tmp_path / "chain.jsonl").read_bytes() == b""
 
 
 # Saves two precomputed states alternately, so nearly all of its time is spent inside
@@ -187,7 +217,8 @@ def test_sigkill_during_save_leaves_no_partial_file(tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
-        listed = hc.list_checkpoints(d)
+        listed = hc.list_checkpoints(d)          # a killed write's temp file is never listed
+        hc.remove_temp_files(d)                  # and the next lock holder removes it
         assert [f.name for f in d.iterdir()] == ([path.name] if path.exists() else [])
         if path.exists():
             assert listed == [(10, path)]
@@ -344,19 +375,45 @@ def test_torn_last_line_repaired(tmp_path):
     c.verify()
 
 
+def _broken_at(path):
+    c = hc.Chain(path)
+    c.load(repair=False)
+    with pytest.raises(hc.ChainError) as e:
+        c.verify()
+    return c, e.value
+
+
 def test_garbage_line(tmp_path):
     path = tmp_path / "chain.jsonl"
     make_chain(path, 5)
     lines = path.read_bytes().split(b"\n")
     lines[3] = b"not json at all"
     path.write_bytes(b"\n".join(lines))
-    with pytest.raises(hc.ChainError) as e:
-        hc.Chain(path).load()
-    assert e.value.line == 4 and "line 4" in str(e.value)
+    c, e = _broken_at(path)
+    assert e.line == 4 and "line 4" in str(e)
+    assert len(c) == 3 and c.lines == 5         # the records before the break are kept
+    with pytest.raises(hc.ChainError):
+        c.append({"step": 3})                   # a broken chain is never extended
+    c.verify(upto=2)                            # the prefix is sound
     lines[3] = b'{"step": 3}'
     path.write_bytes(b"\n".join(lines))
-    with pytest.raises(hc.ChainError, match="line 4: not a chain record"):
-        hc.Chain(path).load()
+    assert "line 4 (step 3): not a chain record" in str(_broken_at(path)[1])
+
+
+@pytest.mark.parametrize("line,why", [
+    (b'{"step":3,"loss":NaN,"prev":"","record_hash":""}', "NaN"),
+    (b'{"step":3,"loss":Infinity,"prev":"","record_hash":""}', "Infinity"),
+    (b'{"step":3,"loss":1,"loss":2,"prev":"","record_hash":""}', "duplicate key 'loss'"),
+    (b'{"step":3,"x":' + b"[" * 50_000 + b"]" * 50_000 + b',"prev":"","record_hash":""}', "nested too deeply"),
+], ids=["nan", "infinity", "duplicate_key", "deep_nesting"])
+def test_non_standard_json_is_a_break_at_that_line(tmp_path, line, why):
+    path = tmp_path / "chain.jsonl"
+    make_chain(path, 5)
+    lines = path.read_bytes().split(b"\n")
+    lines[3] = line
+    path.write_bytes(b"\n".join(lines))
+    _, e = _broken_at(path)
+    assert e.line == 4 and why in str(e)
 
 
 def _rewrite(path, fn):

@@ -43,7 +43,7 @@ def audit_trace(run):
     """The trace of step STEP recorded by `audit.py --step STEP --trace`."""
     base, run_dir = run
     path = base / "audit_a.jsonl"
-    proc = script("audit.py", "--run", run_dir, "--step", STEP, "--trace", path)
+    proc = script("audit.py", "--run_dir", run_dir, "--step", STEP, "--trace", path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "MATCH" in proc.stdout and f"written to {path}" in proc.stdout, proc.stdout
     return path
@@ -68,13 +68,13 @@ def record_in_process(run, path, perturb=False):
     """Replay step STEP in this process (audit.Audit's state) and trace it to path."""
     base, run_dir = run
     a = audit.Audit(str(run_dir))
-    state = a.start_state(STEP - 1)
+    state = a.start_state(a.check_genesis(), STEP - 1)
     while state.step < STEP - 1:
         audit.train_step(state, a.data, a.cfg)
     n_flat = sum(p.numel() for p in state.params.values()) + 1       # a TreeFold leaf
     # The perturbing mode sits below OpTrace, so the trace sees the perturbed kernel's output.
     with FlipOneBit(n_flat) if perturb else contextlib.nullcontext():
-        trace.trace_step(state, a.data, a.cfg, str(path), a.chain.records[STEP])
+        audit.trace_step(state, a.data, a.cfg, str(path), a.run.chain.records[STEP])
     return path
 
 
@@ -94,7 +94,7 @@ def test_trace_covers_the_whole_step(audit_trace):
 def test_two_audits_give_identical_traces(run, audit_trace):
     base, run_dir = run
     path = base / "audit_b.jsonl"
-    proc = script("audit.py", "--run", run_dir, "--step", STEP, "--trace", path)
+    proc = script("audit.py", "--run_dir", run_dir, "--step", STEP, "--trace", path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert trace.diff(audit_trace, path) is None
     proc = script("optrace.py", audit_trace, path)
@@ -155,7 +155,7 @@ def test_cli_bad_files(run, audit_trace, tmp_path):
 
 
 def test_audit_trace_needs_a_single_step(run, tmp_path):
-    proc = script("audit.py", "--run", run[1], "--range", "1:2", "--trace", tmp_path / "x.jsonl")
+    proc = script("audit.py", "--run_dir", run[1], "--range", "1:2", "--trace", tmp_path / "x.jsonl")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "--step" in lines[0], proc.stderr
     assert not (tmp_path / "x.jsonl").exists()

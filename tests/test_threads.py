@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-import repops  # noqa: F401  (builds and registers torch.ops.repops; tests/conftest.py sets the path)
+import repops  # noqa: F401  (tests/conftest.py builds and loads torch.ops.repops)
 
 OPS = torch.ops.repops
 THREADS = (1, 2, 3)

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 
-import repops  # noqa: F401  (builds and registers torch.ops.repops; tests/conftest.py sets the path)
+import repops  # noqa: F401  (tests/conftest.py builds and loads torch.ops.repops)
 
 # Max error in ulp, asserted.  Each bound sits a little above the measured maximum, so a
 # change of algorithm that worsens accuracy is noticed.  The measured values are the maxima

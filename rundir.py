@@ -1,0 +1,173 @@
+"""A run directory: its files, its one writer, and opening it to train, audit or sample.
+
+    runs/default/chain.jsonl        line 0: the genesis record; line k: the record of step k
+    runs/default/checkpoints/       step_00000100.safetensors, ... (verified against the chain)
+    runs/default/config.json        the resolved config (bookkeeping included), for people
+    runs/default/train.log          what train.py printed
+    runs/default/lock               the trainer's advisory lock (flock) and who holds it
+    runs/default/rejected/          checkpoints that failed verification, kept as evidence
+
+    run = Run("runs/default")              # reads only: chain, genesis, config
+    step, tensors = run.latest_checkpoint(upto=120, on_bad=print)   # chain verified up to it
+    run.config_json_differences()          # config.json vs the genesis record
+
+    lock = hold_lock("runs/default")       # the trainer, for its whole life; UsageError if held
+
+Readers (audit.py, sample.py) never create, rename or delete anything in a run. The trainer
+holds an flock on `lock` while it lives; the kernel drops it when the process dies, however it
+dies, so no pid or host bookkeeping decides who may write.
+"""
+import datetime
+import fcntl
+import os
+import socket
+from pathlib import Path
+
+import config
+import hashchain
+from config import UsageError
+
+MAX_CONFIG_JSON = 1 << 20
+
+
+def checkpoint_dir(run_dir):
+    return Path(run_dir) / "checkpoints"
+
+
+def hold_lock(run_dir):
+    """Take the run's exclusive lock for this process's lifetime; returns the open lock file.
+    A second trainer gets UsageError naming the holder."""
+    path = Path(run_dir) / "lock"
+    try:
+        f = open(path, "a+")
+    except OSError as e:
+        raise UsageError(f"cannot write to the run directory {run_dir}: {e.strerror}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read(200).strip() or "another process"
+        f.close()
+        raise UsageError(f"{run_dir} is in use by {holder}; one trainer per run directory") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"train.py pid {os.getpid()} on {socket.gethostname()} since "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC\n")
+    f.flush()
+    return f
+
+
+def reject_checkpoint(run_dir, path):
+    """Move a checkpoint that failed verification to rejected/ (never overwrite or delete it:
+    it is evidence). Returns the new path. Only the lock holder calls this."""
+    dest_dir = Path(run_dir) / "rejected"
+    dest_dir.mkdir(exist_ok=True)
+    dest, n = dest_dir / Path(path).name, 1
+    while dest.exists():
+        dest, n = dest_dir / f"{Path(path).name}.{n}", n + 1
+    os.rename(path, dest)
+    return dest
+
+
+class Run:
+    """A run directory opened for reading. `chain` is loaded, not yet verified (readers decide
+    how far to verify it); `cfg` and `genesis` come from the genesis record."""
+
+    def __init__(self, run_dir, repair=False):
+        self.dir = Path(run_dir)
+        if not self.dir.is_dir():
+            raise UsageError(f"no run directory {run_dir}")
+        path = self.dir / "chain.jsonl"
+        if not path.exists():
+            raise UsageError(f"no chain in {run_dir} (chain.jsonl missing: train first)")
+        self.chain = hashchain.Chain(path)
+        self.chain.load(repair=repair)
+
+    @property
+    def genesis(self):
+        """Line 0 (its fields are checked by whoever relies on them: the audit, one by one)."""
+        if not self.chain.records:
+            if self.chain.broken:
+                raise self.chain.broken
+            raise UsageError(f"{self.chain.path} has no genesis record")
+        return self.chain.records[0]
+
+    @property
+    def cfg(self):
+        """The run's Config: the genesis record's decisive fields, bookkeeping defaults."""
+        if "config" not in self.genesis:
+            raise UsageError(f"{self.chain.path}: the genesis record has no config")
+        return config.from_record(self.genesis["config"], f"{self.chain.path}: genesis config")
+
+    @property
+    def vocab_size(self):
+        vocab = self.genesis.get("vocab_size")
+        if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+            raise UsageError(f"{self.chain.path}: the genesis record has no valid vocab_size")
+        return vocab
+
+    def checkpoints(self):
+        """[(step, path)] of the checkpoint files, sorted by step."""
+        return hashchain.list_checkpoints(checkpoint_dir(self.dir))
+
+    def verified_checkpoint(self, step, path):
+        """The tensors of the checkpoint of `step`, after verifying the chain up to that step,
+        the tensors against the record's Merkle leaves and the metadata against the record.
+        HashChainError (StateMismatch for a file that does not match) otherwise."""
+        self.chain.verify(upto=step)
+        if step >= len(self.chain):
+            raise hashchain.StateMismatch(f"checkpoint {path}: step {step} has no record in the chain")
+        record = self.chain.records[step]
+        tensors, meta = hashchain.load_checkpoint(path)
+        hashchain.verify_state(tensors, record.get("state_hash"), record.get("tensor_hashes"))
+        expected = {"step": step, "state_hash": record["state_hash"],
+                    "tensor_hashes": record["tensor_hashes"]}
+        if meta != expected:
+            bad = sorted(k for k in set(meta) | set(expected) if meta.get(k) != expected.get(k))
+            raise hashchain.StateMismatch(f"checkpoint {path}: metadata field {bad[0]!r} differs "
+                                          "from the chain record")
+        return tensors
+
+    def latest_checkpoint(self, upto, on_bad):
+        """(step, tensors) of the latest checkpoint at or before `upto` that verifies, or
+        (0, None) if none does (the caller re-creates the genesis state). Each checkpoint that
+        is malformed (CheckpointError) or does not match its record (StateMismatch) is passed to
+        on_bad(step, path, error), which may raise, and skipped. A broken chain raises."""
+        for step, path in reversed(self.checkpoints()):
+            if step > upto:
+                continue
+            try:
+                return step, self.verified_checkpoint(step, path)
+            except (hashchain.StateMismatch, hashchain.CheckpointError) as e:
+                on_bad(step, path, e)
+        return 0, None
+
+    def config_json_differences(self):
+        """Decisive keys on which config.json disagrees with the genesis record ([] if equal or
+        absent). config.json is for people; the genesis record is what counts."""
+        path = self.dir / "config.json"
+        if not path.exists():
+            return []
+        try:
+            with hashchain.open_regular(path, "config") as f:
+                raw = f.read(MAX_CONFIG_JSON + 1)
+            if len(raw) > MAX_CONFIG_JSON:
+                raise ValueError("larger than 1 MiB")
+            recorded = hashchain.strict_json(raw.decode("utf-8"))
+            if not isinstance(recorded, dict):
+                raise ValueError("not a JSON object")
+        except (UnicodeDecodeError, ValueError) as e:
+            raise UsageError(f"{path} is not a config file: {e}") from None
+        decisive = {k: v for k, v in recorded.items() if k not in config.BOOKKEEPING}
+        return config.differences(decisive, self.genesis.get("config", {}))
+
+    def recorded_data_dir(self):
+        """The corpus the run was trained on, as config.json names it (where the data lives is
+        bookkeeping, not part of what is audited); the default when config.json has none."""
+        path = self.dir / "config.json"
+        try:
+            with hashchain.open_regular(path, "config") as f:
+                value = hashchain.strict_json(f.read(MAX_CONFIG_JSON).decode("utf-8")).get("data_dir")
+        except (hashchain.HashChainError, UnicodeDecodeError, ValueError, AttributeError):
+            value = None
+        return value if isinstance(value, str) and value else config.Config.data_dir

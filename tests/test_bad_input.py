@@ -1,0 +1,182 @@
+"""Bad input and a run directory that cannot be corrupted.
+
+- train.py validates the whole config first: each bad value gives one line `train.py: error:`,
+  exit 2, and creates nothing.
+- Non-finite values never reach the chain: a step whose update leaves a non-finite moment is
+  refused (in-process), and the chain writer refuses NaN (tests/test_hashchain.py).
+- Hostile files (FIFO, directory, deep JSON, overflowing shapes, a genesis without config or
+  with a string seed) give one line and exit 2 in audit.py and sample.py, never a hang.
+- One writer per run: a second train.py on the same run exits 2 naming the holder.
+- Readers only read: audit.py and sample.py leave the run directory byte for byte as it was.
+- A resume with another corpus is refused; a checkpoint that fails verification is moved to
+  rejected/, never overwritten.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import data
+import hashchain
+import rundir
+import train
+from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records, copy_run,
+                  make_corpus, script, train as train_run, train_args, write_chain)
+
+
+@pytest.mark.parametrize("arg", [
+    "--lr=nan", "--lr=inf", "--lr=0", "--seq_len=0", "--micro_batch_size=0", "--n_head=0",
+    "--d_model=30", "--seed=-1", "--threads=-2", "--beta2=1.0", "--beta1=-0.1", "--dropout=1",
+    "--grad_clip=-1", "--max_steps=0", "--micro_batches=0", "--checkpoint_every=0", "--device=tpu",
+    "--weight_decay=1000", "--norm_eps=nan", "--no_such_key=1", "--n_layer=two",
+])
+def test_train_refuses_bad_config_before_creating_anything(corpus, tmp_path, arg):
+    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY, arg)
+    assert_one_line_error(proc, "train.py")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_train_refuses_cuda_without_a_gpu(corpus, tmp_path):
+    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY, "--device=cuda")
+    assert_one_line_error(proc, "train.py")
+    assert "no CUDA GPU" in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_train_refuses_world_size_that_does_not_divide(corpus, tmp_path):
+    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY,
+                  env={**os.environ, "WORLD_SIZE": "3", "RANK": "0"})
+    assert_one_line_error(proc, "train.py")
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_run_dir_under_a_regular_file(corpus, tmp_path):
+    (tmp_path / "file").write_text("x")
+    proc = script("train.py", *train_args(tmp_path / "file" / "run", corpus))
+    assert_one_line_error(proc, "train.py")
+
+
+def test_a_non_finite_update_is_refused(corpus):
+    cfg = train.parse_config([*TINY, f"--data_dir={corpus}"])
+    tokens = data.TokenData(str(corpus), cfg.seed)
+    state = train.TrainState(cfg, tokens.vocab_size)
+    state.v["layers.0.wo"][0, 0] = float("inf")      # a moment the update keeps non-finite
+    with pytest.raises(train.StepRefused, match="layers.0.wo"):
+        train.train_step(state, tokens, cfg)
+
+
+# ----------------------------------------------------------------------------- hostile files
+def _fifo(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("damage", [
+    "chain_fifo", "chain_dir", "checkpoint_fifo", "checkpoint_deep_header", "checkpoint_huge_shape",
+    "genesis_without_config", "genesis_string_seed", "config_json_fifo",
+])
+def test_audit_hostile_files_one_line_exit_2(reference, corpus, tmp_path, damage):
+    run = copy_run(reference, tmp_path / "run")
+    ckpt = hashchain.checkpoint_path(run / "checkpoints", 10)
+    records = chain_records(run)
+    if damage == "chain_fifo":
+        _fifo(run / "chain.jsonl")
+    elif damage == "chain_dir":
+        (run / "chain.jsonl").unlink()
+        (run / "chain.jsonl").mkdir()
+    elif damage == "checkpoint_fifo":
+        _fifo(ckpt)
+    elif damage == "checkpoint_deep_header":
+        deep = b"[" * 200_000 + b"]" * 200_000
+        ckpt.write_bytes(len(deep).to_bytes(8, "little") + deep)
+    elif damage == "checkpoint_huge_shape":
+        header = json.dumps({"__metadata__": {"repops": "{}"},
+                             "x": {"dtype": "F32", "shape": [2 ** 62, 0], "data_offsets": [0, 0]}}).encode()
+        ckpt.write_bytes(len(header).to_bytes(8, "little") + header)
+    elif damage == "genesis_without_config":
+        records[0].pop("config")
+        write_chain(run, records)
+    elif damage == "genesis_string_seed":
+        records[0]["config"]["seed"] = "1337"
+        write_chain(run, records)
+    elif damage == "config_json_fifo":
+        _fifo(run / "config.json")
+    assert_one_line_error(audit(run, "--step", "15", corpus=corpus), "audit.py")
+
+
+def test_deeply_nested_chain_line_is_a_break_not_a_crash(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    lines = (run / "chain.jsonl").read_text().splitlines(keepends=True)
+    lines[5] = '{"x":' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    (run / "chain.jsonl").write_text("".join(lines))
+    proc = audit(run, "--all")
+    assert proc.returncode == 1 and "MISMATCH at step 5:" in proc.stdout and "nested" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- one writer, readers read
+def snapshot(run):
+    return {str(p.relative_to(run)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+            for p in sorted(run.rglob("*"))}
+
+
+def test_audit_and_sample_never_write_to_the_run(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    (run / "checkpoints" / ".step_00000040.safetensors.tmp-0123456789ab").write_bytes(b"partial")
+    lines = (run / "chain.jsonl").read_bytes()
+    (run / "chain.jsonl").write_bytes(lines + b'{"torn')     # a torn tail: readers leave it
+    before = snapshot(run)
+    assert audit(run, "--all").returncode == 0
+    assert script("sample.py", "--run_dir", run, "--tokens", "5").returncode == 0
+    assert snapshot(run) == before
+
+
+def test_second_trainer_on_the_same_run_is_refused(corpus, tmp_path):
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
+                              *train_args(run, corpus, "--max_steps=100000")],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        t0 = time.monotonic()
+        while not (run / "chain.jsonl").exists() or (run / "chain.jsonl").stat().st_size == 0:
+            assert first.poll() is None and time.monotonic() - t0 < 120, first.stderr.read()
+            time.sleep(0.05)
+        proc = script("train.py", *train_args(run, corpus, "--max_steps=100000"))
+        assert_one_line_error(proc, "train.py")
+        assert f"in use by train.py pid {first.pid}" in proc.stderr
+    finally:
+        first.kill()
+        first.wait()
+        first.stderr.close()
+    # The kernel released the killed holder's lock; the chain was never interleaved.
+    rundir.hold_lock(run).close()
+    records = chain_records(run)
+    assert [r["step"] for r in records] == list(range(len(records)))
+
+
+def test_resume_with_another_corpus_is_refused(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    (tmp_path / "other").mkdir()
+    other = make_corpus(tmp_path / "other", seed=8, lines=600)
+    before = snapshot(run)
+    proc = script("train.py", *train_args(run, other))
+    assert_one_line_error(proc, "train.py")
+    assert "resume with the same data" in proc.stderr
+    after = snapshot(run)
+    assert {k: v for k, v in after.items() if k != "lock"} == {k: v for k, v in before.items() if k != "lock"}
+
+
+def test_resume_moves_a_bad_checkpoint_aside_and_rederives_it(reference, corpus, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    path = hashchain.checkpoint_path(run / "checkpoints", STEPS)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x01                              # the last byte of the last tensor
+    path.write_bytes(raw)
+    train_run(run, corpus)                       # resumes from step 20, re-derives 21..30
+    assert (run / "rejected" / path.name).read_bytes() == bytes(raw)
+    assert path.read_bytes() == hashchain.checkpoint_path(reference / "checkpoints", STEPS).read_bytes()
+    assert "moved to" in (run / "train.log").read_text()

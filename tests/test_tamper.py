@@ -1,0 +1,185 @@
+"""The audit cannot be fooled: every field of every record, every checkpoint file it vouches for.
+
+- Every field of the genesis record and of a step record (every config key, every tensor hash
+  leaf, every split) is changed in turn and the chain re-sealed, as a forger would: the audit
+  must report a mismatch at that step that names the field. Runs in-process (audit.Audit) on
+  copies of one tiny run, so each case costs one replayed step.
+- Checkpoints: a bit flipped in the final checkpoint, in a middle one the replay does not start
+  from, or the checkpoint's own metadata edited: found, exit 1.
+- A deleted record, a duplicate JSON key, an injected field: a break or mismatch at that step.
+- sample.py refuses a checkpoint whose chain link is broken.
+"""
+import json
+import shutil
+
+import pytest
+
+import audit
+import hashchain
+from tiny import (STEPS, assert_one_line_error, audit as audit_cli, chain_records, copy_run,
+                  mismatch_lines, reseal, script, write_chain)
+
+STEP = 11             # a step record to tamper with: replayed from the checkpoint at step 10
+
+
+def tampered(value):
+    """A different value of the same JSON type that still makes a valid config."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value * 2 if value else 1
+    if isinstance(value, float):
+        return value / 2 if value else 0.5
+    if isinstance(value, str):
+        return value[:-1] + ("0" if value[-1:] != "0" else "1")
+    raise TypeError(value)
+
+
+@pytest.fixture(scope="module")
+def records(reference):
+    return chain_records(reference)
+
+
+def field_paths(record):
+    """Every leaf field of a record as a path: ("loss",), ("config", "lr"), ("tensor_hashes", name)."""
+    for key, value in sorted(record.items()):
+        if key in ("prev", "record_hash"):
+            continue
+        if isinstance(value, dict):
+            for sub in sorted(value):
+                yield (key, sub)
+        else:
+            yield (key,)
+
+
+def run_audit(run, step):
+    a = audit.Audit(str(run))
+    a.replay(step, step)
+    return sorted(a.findings, key=lambda f: f[0])
+
+
+@pytest.fixture(scope="module")
+def workdir(reference, tmp_path_factory):
+    return copy_run(reference, tmp_path_factory.mktemp("tamper") / "run")
+
+
+def test_every_field_of_genesis_and_step_records_is_checked(reference, records, workdir):
+    """Exit 1 at the step, naming the field, for each field changed and the chain re-sealed."""
+    original = (reference / "chain.jsonl").read_text()
+    missed, checked = [], 0
+    for step, audited in ((0, 1), (STEP, STEP)):
+        for path in field_paths(records[step]):
+            forged = json.loads(json.dumps(records))
+            target = forged[step]
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = tampered(target[path[-1]])
+            write_chain(workdir, reseal(forged))
+            findings = run_audit(workdir, audited)
+            name = path[-1]
+            if not (findings and findings[0][0] == step
+                    and any(name in msg for s, msg in findings if s == step)):
+                missed.append((step, ".".join(path), findings[:2]))
+            checked += 1
+    (workdir / "chain.jsonl").write_text(original)
+    assert checked > 40, checked                 # config keys, tensor leaves, record fields
+    assert not missed, missed
+
+
+@pytest.mark.parametrize("edit,expect", [
+    (lambda r: r.update(injected=1), "field injected is not part of"),
+    (lambda r: r.pop("loss"), "field loss is missing"),
+    (lambda r: r.update(loss=r["loss"] + 1e-9), "field loss differs"),
+], ids=["injected_field", "missing_field", "float_changed_slightly"])
+def test_injected_missing_and_changed_fields(records, workdir, edit, expect):
+    forged = json.loads(json.dumps(records))
+    edit(forged[STEP])
+    write_chain(workdir, reseal(forged))
+    findings = run_audit(workdir, STEP)
+    assert findings and findings[0][0] == STEP and expect in findings[0][1], findings
+
+
+def test_link_fields_prev_and_record_hash(records, workdir):
+    for field in ("prev", "record_hash"):
+        forged = json.loads(json.dumps(records))
+        forged[STEP][field] = tampered(forged[STEP][field])
+        if field == "prev":                      # sealed over the wrong link: its own hash holds
+            body = {k: v for k, v in forged[STEP].items() if k not in ("prev", "record_hash")}
+            forged[STEP] = hashchain.seal(body, forged[STEP]["prev"])
+        write_chain(workdir, forged)
+        findings = run_audit(workdir, STEP)
+        assert findings and findings[0][0] == STEP, findings
+        assert ("record hash" if field == "record_hash" else "prev") in findings[0][1], findings
+
+
+def test_duplicate_key_is_a_break_without_any_reseal(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    lines = (run / "chain.jsonl").read_text().splitlines(keepends=True)
+    lines[STEP] = lines[STEP].replace('{', '{"loss":0.01,', 1)     # json.loads keeps the last one
+    (run / "chain.jsonl").write_text("".join(lines))
+    proc = audit_cli(run, "--all")
+    assert proc.returncode == 1 and mismatch_lines(proc)[0].startswith(f"MISMATCH at step {STEP}:"), proc.stdout
+    assert "duplicate key 'loss'" in proc.stdout
+
+
+def test_deleted_record_is_a_break_at_that_step(records, reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    write_chain(run, records[:STEP] + records[STEP + 1:])
+    for args in (["--step", str(STEPS)], ["--all"]):
+        proc = audit_cli(run, *args)
+        lines = mismatch_lines(proc)
+        assert proc.returncode == 1 and lines[0].startswith(f"MISMATCH at step {STEP}:"), proc.stdout
+    write_chain(run, reseal(records[:STEP] + records[STEP + 1:], STEP))   # hidden by a reseal
+    proc = audit_cli(run, "--all")
+    assert proc.returncode == 1 and mismatch_lines(proc)[0].startswith(f"MISMATCH at step {STEP}:")
+    assert "expected step" in proc.stdout
+
+
+def flip_bit(path, tensor="params.lm_head"):
+    raw = bytearray(path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8:8 + n])[tensor]["data_offsets"]
+    raw[8 + n + (begin + end) // 2] ^= 0x01
+    path.write_bytes(raw)
+
+
+@pytest.mark.parametrize("ckpt_step,args", [
+    (STEPS, ["--step", "20"]),             # the final checkpoint: what people download
+    (STEPS, ["--all"]),
+    (20, ["--all"]),                       # a middle one the replay passes through
+    (20, ["--step", "25"]),                # the one --step 25 starts from
+], ids=["final_step20", "final_all", "middle_all", "start_step25"])
+def test_bit_flip_in_any_checked_checkpoint(reference, tmp_path, ckpt_step, args):
+    run = copy_run(reference, tmp_path / "run")
+    flip_bit(hashchain.checkpoint_path(run / "checkpoints", ckpt_step))
+    proc = audit_cli(run, *args)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert any(line.startswith(f"MISMATCH at step {ckpt_step}:") and "params.lm_head" in line
+               for line in mismatch_lines(proc)), proc.stdout
+
+
+def test_edited_checkpoint_metadata(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    path = hashchain.checkpoint_path(run / "checkpoints", STEPS)
+    tensors, meta = hashchain.load_checkpoint(path)
+    hashchain.save_checkpoint(path, tensors, {**meta, "note": "edited"})
+    proc = audit_cli(run, "--all")
+    assert proc.returncode == 1 and "metadata field 'note'" in proc.stdout, proc.stdout
+
+
+def test_sample_refuses_a_checkpoint_behind_a_broken_link(records, reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    records[5]["loss"] += 1.0                    # an edited record before the final checkpoint
+    write_chain(run, records)
+    proc = script("sample.py", "--run_dir", run, "--tokens", "5")
+    assert_one_line_error(proc, "sample.py")
+    assert "step 5" in proc.stderr
+
+
+def test_config_json_that_disagrees_is_reported(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    cfg = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**cfg, "beta2": 0.99}))
+    proc = audit_cli(run, "--step", "1")
+    assert proc.returncode == 1 and "config.json disagrees with the genesis record on beta2" in proc.stdout
+    shutil.rmtree(run)
