@@ -232,8 +232,7 @@ Tensor scale(const Tensor& a_, double s) {
   return y;
 }
 
-// fn: the index of RpFn (kernels/cpu/kernels.h): exp, log, recip, rsqrt, sqrt, sin, cos.
-Tensor unary(const Tensor& x_, int fn) {
+Tensor unary(const Tensor& x_, RpFn fn) {
   Tensor x = contig(x_, "x");
   c10::cuda::CUDAGuard guard(x.device());
   Tensor y = at::empty_like(x);
@@ -361,13 +360,13 @@ TORCH_LIBRARY_IMPL(repops, CUDA, m) {
   m.impl("adamw_", adamw_);
   m.impl("clip_grad", clip_grad);
   m.impl("csum", csum);
-  m.impl("exp", [](const Tensor& x) { return unary(x, 0); });
-  m.impl("log", [](const Tensor& x) { return unary(x, 1); });
-  m.impl("recip", [](const Tensor& x) { return unary(x, 2); });
-  m.impl("rsqrt", [](const Tensor& x) { return unary(x, 3); });
-  m.impl("sqrt", [](const Tensor& x) { return unary(x, 4); });
-  m.impl("sin", [](const Tensor& x) { return unary(x, 5); });
-  m.impl("cos", [](const Tensor& x) { return unary(x, 6); });
+  m.impl("exp", [](const Tensor& x) { return unary(x, RpFn::Exp); });
+  m.impl("log", [](const Tensor& x) { return unary(x, RpFn::Log); });
+  m.impl("recip", [](const Tensor& x) { return unary(x, RpFn::Recip); });
+  m.impl("rsqrt", [](const Tensor& x) { return unary(x, RpFn::Rsqrt); });
+  m.impl("sqrt", [](const Tensor& x) { return unary(x, RpFn::Sqrt); });
+  m.impl("sin", [](const Tensor& x) { return unary(x, RpFn::Sin); });
+  m.impl("cos", [](const Tensor& x) { return unary(x, RpFn::Cos); });
 }
 
 // No tensor inputs: nothing to dispatch on, so these run wherever they are called.
