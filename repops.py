@@ -32,7 +32,8 @@ CPU_SOURCES = sorted(
     if f.endswith(".cpp") and f != "selftest.cpp")
 CUDA_DIR = os.path.join(ROOT, "kernels", "cuda")
 CUDA_SOURCES = sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(CUDA_DIR) if f.endswith((".cu", ".cpp")))
-# Headers both backends include: the ids that the CPU and CUDA kernels share.
+# Headers both backends include: the ids they share (CPU kernels, CUDA kernels) and the
+# bindings' common argument checks.
 COMMON_DIR = os.path.join(ROOT, "kernels", "common")
 
 
