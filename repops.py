@@ -35,11 +35,18 @@ CPU_SOURCES = sorted(
     if f.endswith(".cpp") and f != "selftest.cpp")
 CUDA_DIR = os.path.join(ROOT, "kernels", "cuda")
 CUDA_SOURCES = sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(CUDA_DIR) if f.endswith((".cu", ".cpp")))
+# Headers both backends include: the ids they share (CPU kernels, CUDA kernels) and the
+# bindings' common argument checks.
+COMMON_DIR = os.path.join(ROOT, "kernels", "common")
+
+
+def _headers(folder):
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith((".h", ".cuh")))
+
+
 # What decides the kernels' bits (the code digest of a run covers these). The CUDA files count
 # on every machine, so a CPU run and a CUDA run of the same code share one digest.
-KERNEL_FILES = (CPU_SOURCES + sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR) if f.endswith(".h"))
-                + CUDA_SOURCES + sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(CUDA_DIR)
-                                        if f.endswith((".h", ".cuh"))))
+KERNEL_FILES = CPU_SOURCES + _headers(CPU_DIR) + CUDA_SOURCES + _headers(CUDA_DIR) + _headers(COMMON_DIR)
 # Contract §2-§3: no contraction into FMA, no fast-math reassociation. -march=native only picks
 # the SIMD width; it cannot change bits because nothing is fused or reordered.
 # -fopenmp: at::parallel_for (binding.cpp) is an inline OpenMP loop; without it, it runs serially.
@@ -51,6 +58,7 @@ CUDA_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true"
               "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
 HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where torch has CUDA
 
+# Philox purpose tags (contract §6), the numbers of RpPurpose in kernels/common/ids.h.
 PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
 
 
@@ -102,7 +110,7 @@ def load():
         torch.utils.cpp_extension.load(
             name=name, sources=CPU_SOURCES + (CUDA_SOURCES if HAS_CUDA else []), extra_cflags=CPU_FLAGS,
             extra_cuda_cflags=CUDA_FLAGS if HAS_CUDA else None, extra_ldflags=["-fopenmp"],
-            extra_include_paths=[CPU_DIR, CUDA_DIR],
+            extra_include_paths=[CPU_DIR, CUDA_DIR, COMMON_DIR],
             build_directory=build_dir, is_python_module=False, verbose=False)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -43,6 +43,7 @@ from tiny import TINY, make_corpus
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "kernels" / "cuda"
 CPU_DIR = ROOT / "kernels" / "cpu"
+COMMON_DIR = ROOT / "kernels" / "common"  # headers both backends include
 CU_SOURCES = sorted(CUDA_DIR.glob("*.cu"))
 # The contract's nvcc flags (kernels/README.md §2, §3; repops.py builds with the same).
 NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true", "-prec-sqrt=true",
@@ -82,7 +83,7 @@ def ptx_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("cuda_build")
 
     def build(src):
-        base = ["-I", str(CUDA_DIR)] + NVCC_FLAGS
+        base = ["-I", str(CUDA_DIR), "-I", str(COMMON_DIR)] + NVCC_FLAGS
         _run([NVCC, "-c"] + base + ARCHS + [str(src), "-o", str(out / (src.stem + ".o"))])
         _run([NVCC, "-ptx", "-arch=compute_80"] + base + [str(src), "-o", str(out / (src.stem + ".ptx"))])
         return src.name
@@ -138,7 +139,7 @@ def test_ptx_check_catches_contraction(tmp_path):
     """The same check on a build with --fmad=true must see an FMA (the canary's a*b + c)."""
     src, out = CUDA_DIR / "elementwise.cu", tmp_path / "fused.ptx"
     flags = [f for f in NVCC_FLAGS if f != "--fmad=false"] + ["--fmad=true"]
-    _run([NVCC, "-ptx", "-arch=compute_80", "-I", str(CUDA_DIR)] + flags + [str(src), "-o", str(out)])
+    _run([NVCC, "-ptx", "-arch=compute_80", "-I", str(CUDA_DIR), "-I", str(COMMON_DIR)] + flags + [str(src), "-o", str(out)])
     assert re.search(r"\bfma\.rn(\.ftz)?\.f32\b", out.read_text())
 
 
@@ -168,7 +169,7 @@ def test_binding_compiles_against_torch_headers(tmp_path):
         # Windows DLL exports, so a syntax check without it is still a full type check.
         defs.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
     cmd = ["g++", "-std=c++17", "-fsyntax-only", "-w"] + defs + [f"-I{p}" for p in torch_inc]
-    cmd += [f"-I{inc}", f"-I{CUDA_DIR}", str(CUDA_DIR / "binding_cuda.cpp")]
+    cmd += [f"-I{inc}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", str(CUDA_DIR / "binding_cuda.cpp")]
     _run(cmd, timeout=300)
 
 

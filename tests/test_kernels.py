@@ -13,6 +13,8 @@ Three groups of tests:
 """
 
 import math
+import os
+import re
 import zlib
 
 import numpy as np
@@ -596,6 +598,16 @@ def test_philox_kat_through_kernel(ops):
     assert [int(v) for v in got] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
     got = N(ops.philox(-1, 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 32 - 1, 4, 2 ** 32 - 1))
     assert [int(v) for v in got] == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+def test_purpose_tags_match_ids_h(rp):
+    """The Philox purpose tags Python passes (repops.PURPOSE_*, and the reference's) are the
+    numbers the C++ and CUDA kernels use (RpPurpose in kernels/common/ids.h)."""
+    with open(os.path.join(rp.COMMON_DIR, "ids.h")) as f:
+        tags = {name.upper(): int(v) for name, v in re.findall(r"kPurpose(\w+) = (\d+)", f.read())}
+    assert set(tags) == {"INIT", "DROPOUT", "DATA", "SAMPLE"}, tags
+    for name, value in tags.items():
+        assert getattr(rp, "PURPOSE_" + name) == getattr(R, "PURPOSE_" + name) == value, name
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 129, 10_000])

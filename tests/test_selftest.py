@@ -73,9 +73,10 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_DIR = os.path.join(ROOT, "kernels", "cpu")
+COMMON_DIR = os.path.join(ROOT, "kernels", "common")  # ids.h, shared with the CUDA kernels
 SOURCES = sorted(os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
                  if f.endswith(".cpp") and f != "binding.cpp")
-BASE_FLAGS = ["-std=c++17", "-pthread", "-Wno-psabi", "-I", CPU_DIR]
+BASE_FLAGS = ["-std=c++17", "-pthread", "-Wno-psabi", "-I", CPU_DIR, "-I", COMMON_DIR]
 CONTRACT = ["-ffp-contract=off"]
 
 SEED = 0x5EED2024

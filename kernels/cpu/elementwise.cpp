@@ -41,7 +41,7 @@ void rp_dropout(const float* x, float* y, int64_t n, uint32_t threshold, float s
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   rp::parallel_for((n + 3) / 4, kGrain / 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const rp::Philox4 r = rp::philox4x32_10((uint32_t)b, c1, c2, 2u /*DROPOUT*/, k0, k1);
+      const rp::Philox4 r = rp::philox4x32_10((uint32_t)b, c1, c2, kPurposeDropout, k0, k1);
       for (int64_t q = 0; q < 4 && 4 * b + q < n; ++q) {
         const int64_t i = 4 * b + q;
         y[i] = x[i] * (r.w[q] < threshold ? scale : 0.0f);

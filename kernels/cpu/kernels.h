@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "contract.h"
+#include "ids.h"
 
 // matmul.cpp (contract §4.1, §8 matmul). C [batch, M, N] contiguous; A, B any strides.
 void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
@@ -40,8 +41,7 @@ void rp_cross_entropy_backward(float g, const float* z, const int64_t* targets, 
 void rp_embedding(const float* w, const int64_t* idx, float* out, int64_t N, int64_t D);
 void rp_embedding_backward(const float* g, const int64_t* idx, float* gw, int64_t N, int64_t V, int64_t D);
 
-// elementwise.cpp (§5, §8 add/mul/scale/dropout/csum). n elements.
-enum class RpFn { Exp, Log, Recip, Rsqrt, Sqrt, Sin, Cos };
+// elementwise.cpp (§5, §8 add/mul/scale/dropout/csum). n elements; fn: which §5 function (ids.h).
 void rp_unary(RpFn fn, const float* x, float* y, int64_t n);
 void rp_add(const float* a, const float* b, float* y, int64_t n);
 void rp_mul(const float* a, const float* b, float* y, int64_t n);

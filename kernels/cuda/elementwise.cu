@@ -9,18 +9,18 @@ namespace rpc {
 namespace {
 constexpr int THREADS = 256, WARPS = 4;
 
-__global__ void unary_kernel(int fn, const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+__global__ void unary_kernel(RpFn fn, const float* __restrict__ x, float* __restrict__ y, int64_t n) {
   for (int64_t i = gtid(); i < n; i += gstride()) {
     const float v = x[i];
     float r;
     switch (fn) {
-      case 0: r = exp(v); break;
-      case 1: r = log(v); break;
-      case 2: r = recip(v); break;
-      case 3: r = rsqrt(v); break;
-      case 4: r = sqrt(v); break;
-      case 5: r = sin(v); break;
-      default: r = cos(v); break;
+      case RpFn::Exp: r = exp(v); break;
+      case RpFn::Log: r = log(v); break;
+      case RpFn::Recip: r = recip(v); break;
+      case RpFn::Rsqrt: r = rsqrt(v); break;
+      case RpFn::Sqrt: r = sqrt(v); break;
+      case RpFn::Sin: r = sin(v); break;
+      default: r = cos(v); break;  // RpFn::Cos
     }
     y[i] = r;
   }
@@ -49,7 +49,7 @@ __global__ void csum_rows_kernel(const float* __restrict__ x, float* __restrict_
 __global__ void dropout_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, uint32_t threshold,
                                float scale, uint32_t k0, uint32_t k1, uint32_t c1, uint32_t c2) {
   for (int64_t b = gtid(); b < (n + 3) / 4; b += gstride()) {
-    const Philox4 r = philox4x32_10((uint32_t)b, c1, c2, 2u /*DROPOUT*/, k0, k1);
+    const Philox4 r = philox4x32_10((uint32_t)b, c1, c2, kPurposeDropout, k0, k1);
     for (int64_t q = 0; q < 4 && 4 * b + q < n; ++q) {
       const int64_t i = 4 * b + q;
       y[i] = fmul(x[i], r.w[q] < threshold ? scale : 0.0f);
@@ -68,7 +68,7 @@ __global__ void canary_kernel(float a, float c, float tiny, float tiny2, float* 
 
 using namespace rpc;  // the launchers below name the kernels and constants above
 
-cudaError_t rpc_unary(int fn, const float* x, float* y, int64_t n, cudaStream_t st) {
+cudaError_t rpc_unary(RpFn fn, const float* x, float* y, int64_t n, cudaStream_t st) {
   if (n > 0) unary_kernel<<<blocks_for(n, THREADS), THREADS, 0, st>>>(fn, x, y, n);
   return cudaGetLastError();
 }

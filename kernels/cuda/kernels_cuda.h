@@ -9,6 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "ids.h"
+
 // matmul.cu (§4.1, §8 matmul). C [batch, M, N] contiguous; A, B any strides.
 cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                        const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
@@ -51,9 +53,8 @@ cudaError_t rpc_embedding(const float* w, const int64_t* idx, float* out, int64_
 cudaError_t rpc_embedding_backward(const float* g, const int64_t* idx, float* gw, int64_t N, int64_t V, int64_t D,
                                    cudaStream_t st);
 
-// elementwise.cu (§5, §8 add/mul/scale/dropout/csum, §2 canary). fn: 0 exp, 1 log, 2 recip,
-// 3 rsqrt, 4 sqrt, 5 sin, 6 cos (the order of RpFn in kernels/cpu/kernels.h).
-cudaError_t rpc_unary(int fn, const float* x, float* y, int64_t n, cudaStream_t st);
+// elementwise.cu (§5, §8 add/mul/scale/dropout/csum, §2 canary).
+cudaError_t rpc_unary(RpFn fn, const float* x, float* y, int64_t n, cudaStream_t st);
 cudaError_t rpc_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t st);
 cudaError_t rpc_mul(const float* a, const float* b, float* y, int64_t n, cudaStream_t st);
 cudaError_t rpc_scale(const float* a, float s, float* y, int64_t n, cudaStream_t st);

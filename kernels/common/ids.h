@@ -1,0 +1,14 @@
+// ids.h -- the numbers that the CPU kernels, the CUDA kernels and both torch bindings must
+// agree on: which canonical function an elementwise op applies, and the Philox purpose tags.
+// Plain C++ with no torch and no CUDA headers: kernels/cpu/selftest.cpp builds the CPU kernels
+// without torch, and nvcc uses these values in device code.
+#pragma once
+#include <cstdint>
+
+// The canonical functions of contract §5 that the unary ops (torch.ops.repops.exp, ...) apply.
+enum class RpFn { Exp, Log, Recip, Rsqrt, Sqrt, Sin, Cos };
+
+// Philox purpose tags, word c3 of the counter (contract §6): streams drawn for different
+// purposes never share a counter. repops.PURPOSE_* pass the same numbers from Python
+// (tests/test_kernels.py checks that they agree).
+enum RpPurpose : uint32_t { kPurposeInit = 1, kPurposeDropout = 2, kPurposeData = 3, kPurposeSample = 4 };
