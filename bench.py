@@ -8,6 +8,8 @@ Prints the machine, then tables of absolute figures and ratios (RepOps / PyTorch
 matmul GFLOP/s at the model's shapes (forward and both backward products), one full training
 step (forward, backward, fold, clip, AdamW) against the same model written in plain torch,
 state hashing (GB/s and its share of a step), and auditing one step against training one.
+Also the bytes each rank sends to sum a step's gradient across ranks, computed (not timed):
+TreeFold's reduce-scatter + all-gather against the recursive doubling it replaced.
 Needs a prepared corpus (python data.py). Not a test: run it on a quiet machine.
 """
 import argparse
@@ -28,6 +30,7 @@ import hashchain
 import optrace
 import repops
 import train
+import treefold
 from data import TokenData
 
 
@@ -149,6 +152,23 @@ def bench_step(cfg, data, repeats, workdir):
           f"{t_audit / (t_rep + t_hash):.2f}x a training step")
 
 
+def bench_traffic(cfg, vocab):
+    """Bytes per rank per step of the gradient all-reduce, from the algorithms (not measured)."""
+    numel = sum(p.numel() for p in train.TrainState(cfg, vocab).params.values()) + 1   # + the loss
+    mb = 4 * numel / 1e6
+    print(f"\nall-reduce, bytes sent per rank per step (computed, not timed); P = the flat gradient "
+          f"and loss, {numel:,} float32 = {mb:.2f} MB")
+    print(f"{'N':>5s} {'R':>4s}   {'recursive doubling':22s} reduce-scatter + all-gather (most of any rank)")
+    for n, world in ((cfg.micro_batches, 4), (12, 4), (288, 48)):
+        rounds = world.bit_length() - 1
+        # Recursive doubling sends the whole buffer in each of its log2(R) rounds; it needs N and
+        # R to be powers of two.
+        pow2 = all(x & (x - 1) == 0 for x in (n, world))
+        rd = f"{mb * rounds:6.2f} MB = {rounds:.2f} P" if pow2 else "not possible"
+        rs = max(treefold.bytes_sent(n, world, r, numel) for r in range(world)) / 1e6
+        print(f"{n:5d} {world:4d}   {rd:22s} {rs:6.2f} MB = {rs / mb:.2f} P")
+
+
 def main():
     ap = argparse.ArgumentParser(description="RepOps vs stock PyTorch on this machine.")
     ap.add_argument("--threads", type=int, default=0)
@@ -160,6 +180,7 @@ def main():
     cfg = train.Config(data_dir=args.data_dir)
     data = TokenData(cfg.data_dir, cfg.seed)
     print("machine:", machine())
+    bench_traffic(cfg, data.vocab_size)
     bench_matmul(cfg, data.vocab_size, args.repeats)
     workdir = tempfile.mkdtemp(prefix="repops-bench-")
     try:

@@ -34,7 +34,7 @@ class Config:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     init_std: float = 0.02
-    # batch: a step is micro_batches (N) x micro_batch_size sequences
+    # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
     micro_batches: int = 4
     micro_batch_size: int = 8
     # optimizer: AdamW, linear warmup then linear decay to min_lr at max_steps

@@ -132,19 +132,19 @@ def micro_batch_gradient(state, data, cfg, step, micro):
 def train_step(state, data, cfg, rank=0, world=1):
     """Advance `state` by one step; returns the step's record fields. Shared with audit.py.
 
-    Rank r folds its own micro-batches; with world > 1 the subtrees meet in TreeFold's
-    all-reduce, so every rank (and a single-device replay) ends with the same bits.
+    Rank r folds its own block of micro-batches into the largest subtrees of the step's tree
+    inside it; with world > 1 TreeFold's all-reduce completes the tree, so every rank (and a
+    single-device replay) ends with the same bits for any world size that divides N.
     """
     step = state.step + 1
     n = cfg.micro_batches
     state.model.train()
-    fold = treefold.LocalFold()
-    for micro in treefold.owned_micro_batches(n, world, rank):
+    fold = treefold.Fold(n, world, rank)
+    for micro in fold.leaves:
         fold.push(micro_batch_gradient(state, data, cfg, step, micro))
-    total = fold.result()
-    if world > 1:
-        total = treefold.allreduce_tree(total)
-    mean = repops.ops.scale(total, repops.f32(1.0 / n))     # exact: n is a power of two
+    total = treefold.allreduce(fold) if world > 1 else fold.result()
+    # Contract §4.4: one multiply by f32(1/N) (exact when N is a power of two, a fixed rounding otherwise).
+    mean = repops.ops.scale(total, repops.f32(1.0 / n))
     loss = mean[-1]
     grad, grad_norm = repops.clip_grad(mean[:-1], cfg.grad_clip)
     loss_f, norm_f = float(loss), float(grad_norm)

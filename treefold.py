@@ -1,112 +1,207 @@
-"""TreeFold: the deterministic tree reduction of micro-batch gradients (DESIGN §5).
+"""TreeFold: the one fixed tree that sums a step's micro-batch gradients, on any number of ranks.
 
-A step's gradient is the balanced binary tree over g_0 .. g_{N-1} in index order, e.g. for
-N = 4: (g0 + g1) + (g2 + g3). Every addition is a RepOps add, so the bits depend only on N:
+A step's gradient is the sum of its N micro-batch gradients g_0 .. g_{N-1} (flat float32
+buffers) over the left-complete binary tree: a node over n > 1 consecutive leaves adds its
+left child, the first p leaves with p the largest power of two below n, to its right child,
+the other n - p leaves (contract §4.4). N = 4: (g0 + g1) + (g2 + g3); N = 6:
+((g0 + g1) + (g2 + g3)) + (g4 + g5); N = 3: (g0 + g1) + g2. Every add is a RepOps add, so the
+bits depend on N only, never on the ranks:
 
-    fold = LocalFold()
-    for m in my_micro_batches:          # a contiguous, power-of-two block of indices
-        fold.push(flat_gradient(m))     # holds at most floor(log2 N) + 1 buffers
-    subtree = fold.result()
-    total = allreduce_tree(subtree)     # recursive doubling across ranks: same tree, all ranks
+    fold = Fold(n)                          # one device (audit, R = 1)
+    for m in fold.leaves:                   # 0 .. n-1, in index order
+        fold.push(flat_gradient(m))         # holds at most floor(log2 n) + 1 buffers
+    total = fold.result()
 
-    simulate_ranks(leaf, n_micro, world)   # one device plays all ranks (audit, tests)
+    fold = Fold(n, world, rank)             # rank r of R (R divides n)
+    for m in fold.leaves:                   # its block [r*n/R, (r+1)*n/R)
+        fold.push(flat_gradient(m))         # -> fold.frontier: the block's largest subtrees
+    total = allreduce(fold)                 # reduce-scatter + all-gather: same bits, every rank
 
-Rank r of R owns micro-batches [r*N/R, (r+1)*N/R); its local fold is the subtree over that
-block, and recursive doubling (partner r ^ 1, then r ^ 2, ...) joins neighbouring subtrees in
-exactly the order of the single-device tree. The communication backend only moves bytes.
+    simulate_ranks(leaf, n, world)          # one device plays all ranks (tests), O(log n) memory
+
+Fold is a binary-carry stack that knows the tree: a finished node that is a left child waits
+on the stack, a right child is added to the left sibling on top of it, and a node that is one
+of the largest subtrees inside the fold's leaves (its frontier) is handed on. Over all n leaves
+this is the plain binary-carry stack with the leftover stack folded right to left at the end.
+A rank's block need not be a subtree (n = 12 on R = 4 gives blocks of 3): the frontier of
+[3, 6) is [3, 4) and [4, 6), and the all-reduce completes the tree above them exactly.
 """
-import torch
+import math
+
 import torch.distributed as dist
 
 import repops
 
 
 class TopologyError(ValueError):
-    """The number of ranks does not divide the step's micro-batches as a power of two."""
+    """micro_batches is not positive, or the number of ranks does not divide it."""
 
 
 def check_topology(n_micro, world):
-    def pow2(x):
-        return x > 0 and x & (x - 1) == 0
-
-    if not pow2(n_micro):
-        raise TopologyError(f"micro_batches must be a power of two, got {n_micro}")
-    if not pow2(world) or n_micro % world:
-        # List the allowed sizes exactly: a fixed "1, 2, 4, ..." would name 4 for n_micro < 4.
-        allowed = ", ".join(str(1 << k) for k in range(n_micro.bit_length()))
+    if n_micro < 1:
+        raise TopologyError(f"micro_batches must be at least 1, got {n_micro}")
+    if world < 1 or n_micro % world:
+        small = [d for d in range(1, math.isqrt(n_micro) + 1) if n_micro % d == 0]
+        allowed = sorted(set(small) | {n_micro // d for d in small})
         raise TopologyError(
-            f"world size {world} is not supported: it must be a power of two that divides "
-            f"micro_batches={n_micro} ({allowed})")
+            f"world size {world} is not supported: it must divide micro_batches={n_micro} "
+            f"({', '.join(map(str, allowed))})")
 
 
-def owned_micro_batches(n_micro, world, rank):
+def block(n_micro, world, rank):
+    """Rank `rank`'s micro-batches: the contiguous range [rank*N/R, (rank+1)*N/R)."""
     per = n_micro // world
     return range(rank * per, (rank + 1) * per)
 
 
-class LocalFold:
-    """Binary-carry stack: push leaves in index order; equal-level neighbours merge at once."""
+def split(size):
+    """The left child's share of a node over size >= 2 leaves: the largest power of two below size."""
+    return 1 << ((size - 1).bit_length() - 1)
 
-    def __init__(self):
-        self.stack = []          # [(level, tensor)], levels strictly decreasing
-        self.peak_buffers = 0    # the most tensors held at once (tests check the log bound)
 
-    def push(self, leaf):
-        self.peak_buffers = max(self.peak_buffers, len(self.stack) + 1)  # the stack + this leaf
-        level, acc = 0, leaf
-        while self.stack and self.stack[-1][0] == level:
-            _, left = self.stack.pop()
-            acc = repops.ops.add(left, acc)   # left subtree first: index order
-            level += 1
-        self.stack.append((level, acc))
+def frontier(n, leaves):
+    """The largest nodes of the n-leaf tree inside `leaves` (a range), in index order: [(lo, size)]."""
+    out = []
+
+    def visit(lo, size):
+        if lo >= leaves.stop or lo + size <= leaves.start:
+            return
+        if leaves.start <= lo and lo + size <= leaves.stop:
+            out.append((lo, size))
+            return
+        left = split(size)
+        visit(lo, left)
+        visit(lo + left, size - left)
+
+    visit(0, n)
+    return out
+
+
+def parent(n, lo, size):
+    """(lo, size, is_right_child) of the parent of the node over leaves [lo, lo + size)."""
+    plo, psize = 0, n
+    while psize > size:
+        left = split(psize)
+        if (lo, size) == (plo, left):
+            return plo, psize, False
+        if (lo, size) == (plo + left, psize - left):
+            return plo, psize, True
+        plo, psize = (plo, left) if lo < plo + left else (plo + left, psize - left)
+    raise ValueError(f"leaves [{lo}, {lo + size}) are not a node of the {n}-leaf tree")
+
+
+class Fold:
+    """The tree over rank `rank`'s block of n leaves; push leaves (or whole nodes) in index order.
+
+    Each finished frontier node goes to `emit(lo, size, tensor)`; by default it is appended to
+    `self.frontier` (one tensor per node of `self.targets`)."""
+
+    def __init__(self, n, world=1, rank=0, emit=None):
+        check_topology(n, world)
+        self.n = n
+        self.leaves = block(n, world, rank)
+        self.targets = frontier(n, self.leaves)   # [(lo, size)]: what this fold hands on
+        self.frontier = []
+        self.emit = emit
+        self.done = 0              # targets emitted so far
+        self.next = self.leaves.start
+        self.stack = []            # left children waiting for their right sibling, in index order
+        self.peak_buffers = 0      # the most tensors held at once (tests check the log bound)
+
+    def push(self, tensor, size=1):
+        """The node over the next `size` leaves (a leaf: size 1), e.g. a rank's frontier sum."""
+        lo = self.next
+        if lo + size > self.leaves.stop:
+            raise ValueError(f"leaves [{lo}, {lo + size}) go past this fold's leaves "
+                             f"[{self.leaves.start}, {self.leaves.stop})")
+        self.next = lo + size
+        self.peak_buffers = max(self.peak_buffers, len(self.stack) + 1)   # the stack + this node
+        while (lo, size) != self.targets[self.done]:
+            # Strictly inside a frontier node, so the parent lies inside this fold's leaves.
+            plo, psize, right = parent(self.n, lo, size)
+            if not right:
+                self.stack.append(tensor)
+                return
+            tensor = repops.ops.add(self.stack.pop(), tensor)   # left subtree first: index order
+            lo, size = plo, psize
+        self.done += 1
+        if self.emit:
+            self.emit(lo, size, tensor)
+        else:
+            self.frontier.append(tensor)
 
     def result(self):
-        if len(self.stack) != 1:
-            raise ValueError(f"fold of a non-power-of-two count of leaves ({len(self.stack)} subtrees left)")
-        return self.stack[0][1]
+        """The sum over all n leaves (a fold over every leaf, all of them pushed)."""
+        if self.leaves != range(self.n) or self.next != self.n:
+            raise ValueError(f"the fold holds leaves [{self.leaves.start}, {self.next}) of "
+                             f"{self.n}: the tree is not complete")
+        return self.frontier[0]
 
 
-def fold_leaves(leaves):
-    """The balanced tree sum of an iterable of a power-of-two number of leaves."""
-    fold = LocalFold()
-    for leaf in leaves:
-        fold.push(leaf)
-    return fold.result()
+def allreduce(fold):
+    """Complete the tree across the ranks; every rank gets the same bits as a one-device fold.
 
-
-def allreduce_tree(subtree, group=None):
-    """Sum the ranks' subtrees with recursive doubling; every rank gets identical bits.
-
-    Round d pairs rank r with r ^ d: both exchange buffers and compute lower + higher with one
-    RepOps add. A dead peer surfaces as an exception from the backend (bounded by the process
-    group's timeout), never as a hang.
+    `fold` is this rank's finished Fold; its frontier holds k flat buffers [L]. Reduce-scatter:
+    the buffers are cut into R chunks of q = ceil(L / R) elements (zero-padded past L), and
+    rank c receives chunk c of every rank's frontier ([k_s, q] from rank s; every k_s follows
+    from n and R) and pushes them, in index order, into a Fold over all n leaves: the same tree
+    for each element, whatever R. All-gather: each rank's finished chunk [q] goes to every rank.
+    A rank sends 4 q (R - 1) (k + 1) bytes (bytes_sent); 2 L (R - 1) / R floats when k = 1.
+    Batched point-to-point and all_gather exist on gloo and NCCL; a dead peer surfaces as an
+    exception from the backend within the process group's timeout, never as a hang.
     """
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    acc = subtree.contiguous()
-    d = 1
-    while d < world:
-        partner = rank ^ d
-        other = torch.empty_like(acc)
-        peer = dist.get_global_rank(group, partner) if group is not None else partner
-        # One batched exchange: NCCL would deadlock on two blocking sends; gloo accepts it too.
-        for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, acc, peer, group),
-                                         dist.P2POp(dist.irecv, other, peer, group)]):
-            r.wait()
-        acc = repops.ops.add(acc, other) if rank < partner else repops.ops.add(other, acc)
-        d *= 2
-    return acc
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if fold.next != fold.leaves.stop:
+        raise ValueError("allreduce of a fold whose leaves are not all pushed")
+    first = fold.frontier[0]
+    numel = first.numel()
+    q = -(-numel // world)
+    targets = [frontier(fold.n, block(fold.n, world, r)) for r in range(world)]
+
+    def chunk(c):
+        """[k, q]: chunk c of each of this rank's frontier buffers, zeros past numel."""
+        out = first.new_zeros(len(fold.frontier), q)
+        lo, hi = min(c * q, numel), min((c + 1) * q, numel)
+        for row, t in zip(out, fold.frontier):
+            row[:hi - lo].copy_(t[lo:hi])
+        return out
+
+    received, ops = [], []
+    for peer in range(world):
+        if peer == rank:
+            received.append(chunk(rank))
+            continue
+        received.append(first.new_empty(len(targets[peer]), q))
+        # One batch: NCCL would deadlock on blocking sends to each other; gloo accepts it too.
+        ops += [dist.P2POp(dist.isend, chunk(peer), peer), dist.P2POp(dist.irecv, received[-1], peer)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    total = Fold(fold.n)
+    for peer in range(world):
+        for (_, size), row in zip(targets[peer], received[peer]):
+            total.push(row, size)
+    gathered = first.new_empty(world, q)
+    dist.all_gather(list(gathered.unbind(0)), total.result())
+    return gathered.view(-1)[:numel]
+
+
+def bytes_sent(n_micro, world, rank, numel):
+    """Bytes rank `rank` hands to the backend in allreduce, for float32 buffers of numel elements:
+    its k frontier chunks to each of the R - 1 others, then its finished chunk to each of them."""
+    k = len(frontier(n_micro, block(n_micro, world, rank)))
+    return 4 * -(-numel // world) * (world - 1) * (k + 1)
 
 
 def simulate_ranks(leaf, n_micro, world):
-    """Single-device replay of `world` ranks: each folds its block, then recursive doubling.
+    """One device plays `world` ranks; returns what every rank would hold after allreduce.
 
-    `leaf(m)` returns micro-batch m's flat gradient. Returns what every rank would hold.
+    `leaf(m)` returns micro-batch m's flat gradient. Each rank's Fold runs as on that rank, and
+    each frontier sum goes straight into the completing Fold (what every chunk owner does), so
+    the adds are the ranks' adds and at most floor(log2 N) + 1 buffers are held, whatever R.
     """
-    check_topology(n_micro, world)
-    held = [fold_leaves(leaf(m) for m in owned_micro_batches(n_micro, world, r)) for r in range(world)]
-    d = 1
-    while d < world:
-        held = [repops.ops.add(held[min(r, r ^ d)], held[max(r, r ^ d)]) for r in range(world)]
-        d *= 2
-    return held[0]
+    total = Fold(n_micro)
+    for rank in range(world):
+        local = Fold(n_micro, world, rank, emit=lambda lo, size, t: total.push(t, size))
+        for m in local.leaves:
+            local.push(leaf(m))
+    return total.result()

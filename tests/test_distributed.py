@@ -1,11 +1,16 @@
-"""Multi-process training (DESIGN §4-§6), as subprocesses on CPU with gloo.
+"""Multi-process training (README "Several processes and several nodes"), as subprocesses on
+CPU with gloo.
 
-- `python train.py` (R = 1) and `torchrun --nproc_per_node=R train.py` for R = 2, 4 with one
-  config write byte-identical chain.jsonl files and checkpoints;
-- one process replaying a step of the R = 4 run with the ranks simulated (treefold.simulate_ranks
-  standing in for the all-reduce inside train.train_step) reaches the state hash the real run
-  published;
-- R = 3 is refused on rank 0 before any work, with the allowed world sizes, and creates nothing;
+- `python train.py` (R = 1) and `torchrun --nproc_per_node=R train.py` with one config write
+  byte-identical chain.jsonl files and checkpoints: R = 2, 4 on N = 4 micro-batches, and R = 3,
+  4, 6 on N = 12 (R = 4: blocks of 3 micro-batches, which are not subtrees of the step's tree);
+- one process replaying a step of the R = 4 runs with the ranks simulated (treefold.simulate_ranks
+  standing in for the all-reduce inside train.train_step, for every R that divides N) reaches the
+  state hash the real run published;
+- the reference run's shape, N = 288 on R = 48 (48 processes do not fit here), simulated the
+  same way, gives the same step as R = 1;
+- R = 3 on N = 4 is refused on rank 0 before any work, with the valid world sizes, and creates
+  nothing;
 - a rank killed with SIGKILL makes the other ranks stop with an error in bounded time, under
   torchrun and without its agent (plain processes with the env:// variables, so train.py's own
   error path is what ends them); the chain and checkpoints left behind verify, and resuming (with
@@ -30,6 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
 MAX_STEPS = 16
 CKPT_EVERY = 4
+STEPS_12, CKPT_EVERY_12 = 6, 3       # the N = 12 runs: three times the work per step
+WORLDS = {4: (1, 2, 4), 12: (1, 3, 4, 6)}
 DIST_TIMEOUT = 20
 BOUND_S = DIST_TIMEOUT + 30          # a dead rank must end the run within this many seconds
 WORLD_MSG = "world size 3 is not supported"
@@ -49,12 +56,22 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def args(tmp_path_factory):
-    """The one config every run uses, over a corpus built here."""
-    corpus = make_corpus(tmp_path_factory.mktemp("corpus"), seed=7, lines=3000)
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"), seed=7, lines=3000)
+
+
+@pytest.fixture(scope="module")
+def args(corpus):
+    """The one config every N = 4 run uses, over a corpus built here."""
     return ["--run_dir=run", f"--data_dir={corpus}", *TINY, f"--max_steps={MAX_STEPS}", "--warmup_steps=2",
             f"--checkpoint_every={CKPT_EVERY}", "--eval_every=0", "--sample_tokens=0",
             "--threads=1", f"--dist_timeout={DIST_TIMEOUT}"]
+
+
+def args_for(args, n):
+    """The config of the N = n runs (later flags override earlier ones)."""
+    return args if n == 4 else args + [f"--micro_batches={n}", f"--max_steps={STEPS_12}",
+                                       f"--checkpoint_every={CKPT_EVERY_12}"]
 
 
 def launch(cmd, cwd):
@@ -67,16 +84,28 @@ def check_ok(proc):
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, args):
-    """{R: run directory} for R = 1 (plain python), 2 and 4 (torchrun)."""
-    base = tmp_path_factory.mktemp("runs")
+def train_runs(base, args, n):
+    """{R: run directory} for every R of WORLDS[n]: R = 1 with plain python, the others torchrun."""
     out = {}
-    for world in (1, 2, 4):
+    for world in WORLDS[n]:
         cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
-        check_ok(launch(cmd + args, base / f"r{world}"))
+        check_ok(launch(cmd + args_for(args, n), base / f"r{world}"))
         out[world] = base / f"r{world}" / "run"
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, args):
+    return train_runs(tmp_path_factory.mktemp("runs"), args, 4)
+
+
+@pytest.fixture(scope="module")
+def runs12(tmp_path_factory, args):
+    return train_runs(tmp_path_factory.mktemp("runs12"), args, 12)
+
+
+def runs_of(request, n):
+    return request.getfixturevalue("runs" if n == 4 else "runs12")
 
 
 def chain_bytes(run):
@@ -89,50 +118,66 @@ def checkpoint_files(run):
 
 
 # ----------------------------------------------------------------------------- equivalence
-def test_chain_byte_identical_across_world_sizes(runs):
+@pytest.mark.parametrize("n", sorted(WORLDS))
+def test_chain_byte_identical_across_world_sizes(request, n):
     import hashchain
+    runs = runs_of(request, n)
     ref = chain_bytes(runs[1])
     chain = hashchain.Chain(runs[1] / "chain.jsonl")
     assert chain.load(repair=False) is None
     chain.verify()
-    assert len(chain) == MAX_STEPS + 1
-    for world in (2, 4):
+    assert len(chain) == (MAX_STEPS if n == 4 else STEPS_12) + 1
+    assert chain.records[0]["config"]["micro_batches"] == n
+    for world in WORLDS[n][1:]:
         assert chain_bytes(runs[world]) == ref, f"R={world} chain differs from R=1"
-        assert f"{world} rank(s) x {4 // world} micro-batches" in (runs[world] / "train.log").read_text()
+        assert f"{world} rank(s) x {n // world} micro-batches" in (runs[world] / "train.log").read_text()
 
 
-def test_checkpoints_byte_identical_across_world_sizes(runs):
+@pytest.mark.parametrize("n", sorted(WORLDS))
+def test_checkpoints_byte_identical_across_world_sizes(request, n):
+    runs = runs_of(request, n)
+    steps, every = (MAX_STEPS, CKPT_EVERY) if n == 4 else (STEPS_12, CKPT_EVERY_12)
     ref = checkpoint_files(runs[1])
-    assert [s for s, _ in ref] == list(range(0, MAX_STEPS + 1, CKPT_EVERY))
-    for world in (2, 4):
+    assert [s for s, _ in ref] == list(range(0, steps + 1, every))
+    for world in WORLDS[n][1:]:
         got = checkpoint_files(runs[world])
         assert [s for s, _ in got] == [s for s, _ in ref]
         for (step, a), (_, b) in zip(ref, got):
             assert a.read_bytes() == b.read_bytes(), f"R={world} checkpoint of step {step} differs"
 
 
-def test_simulated_ranks_match_the_real_run(runs, monkeypatch):
-    """Replay step k+1 of the R = 4 run in this process: train_step with the all-reduce replaced
-    by treefold.simulate_ranks (one device plays every rank) must publish the same record."""
-    import torch
-
-    import audit
-    import hashchain
-    import train
+def simulate_allreduce(monkeypatch, leaf, n, world, rank):
+    """Make train_step's all-reduce treefold.simulate_ranks: one device plays every rank."""
     import treefold
+
+    def simulated_allreduce(fold):
+        # train_step folded rank `rank`'s block itself, into its frontier
+        assert (fold.n, fold.leaves, fold.next) == (n, treefold.block(n, world, rank), fold.leaves.stop)
+        assert len(fold.frontier) == len(treefold.frontier(n, fold.leaves))
+        return treefold.simulate_ranks(leaf, n, world)
+
+    monkeypatch.setattr(treefold, "allreduce", simulated_allreduce)
+
+
+@pytest.mark.parametrize("n", sorted(WORLDS))
+def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
+    """Replay step k+1 of the R = 4 run in this process: train_step with the all-reduce replaced
+    by treefold.simulate_ranks for every R that divides N must publish the same record."""
+    import hashchain
+    import rundir
+    import train
     from data import TokenData
 
-    chain = hashchain.Chain(runs[4] / "chain.jsonl")
-    chain.load(repair=False)
-    chain.verify()
-    cfg = train.Config(**chain.records[0]["config"])
-    data = TokenData(audit.recorded_data_dir(runs[4]), cfg.seed)  # not in the chain: config.json
-    k = 2 * CKPT_EVERY
-    ckpt = hashchain.checkpoint_path(runs[4] / "checkpoints", k)
-    tensors = train.load_verified_checkpoint(ckpt, chain.records[k])
-    n = cfg.micro_batches
+    run = runs_of(request, n)[4]
+    opened = rundir.Run(run)
+    opened.chain.verify()
+    chain, cfg = opened.chain, opened.cfg
+    data = TokenData(opened.recorded_data_dir(), cfg.seed)  # not in the chain: config.json
+    k = 2 * CKPT_EVERY if n == 4 else CKPT_EVERY_12
+    tensors = opened.verified_checkpoint(k, hashchain.checkpoint_path(run / "checkpoints", k))
+    assert cfg.micro_batches == n
 
-    for world in (1, 2, 4):
+    for world in (w for w in range(1, n + 1) if n % w == 0):
         state = train.TrainState(cfg, data.vocab_size)
         state.load(tensors)
         assert state.hash()[0] == chain.records[k]["state_hash"]
@@ -140,19 +185,36 @@ def test_simulated_ranks_match_the_real_run(runs, monkeypatch):
         def leaf(m):
             return train.micro_batch_gradient(state, data, cfg, k + 1, m)
 
-        def simulated_allreduce(subtree, group=None):
-            # train_step folded rank 0's block itself; the simulation must agree with it
-            mine = treefold.fold_leaves(leaf(m) for m in treefold.owned_micro_batches(n, world, 0))
-            assert torch.equal(subtree.view(torch.int32), mine.view(torch.int32))
-            return treefold.simulate_ranks(leaf, n, world)
-
-        monkeypatch.setattr(treefold, "allreduce_tree", simulated_allreduce)
-        fields = train.train_step(state, data, cfg, rank=0, world=world)
+        simulate_allreduce(monkeypatch, leaf, n, world, world - 1)
+        fields = train.train_step(state, data, cfg, rank=world - 1, world=world)
         record = train.step_record(state, data, cfg, fields)
         published = chain.records[k + 1]
         assert record["state_hash"] == published["state_hash"], f"simulated R={world}"
         assert ({**record, "prev": published["prev"], "record_hash": published["record_hash"]}
                 == published)
+
+
+def test_reference_run_shape_288_on_48_ranks_simulated(corpus, monkeypatch):
+    """N = 288 micro-batches on R = 48 ranks (blocks of 6, not subtrees: each rank sends two
+    partial sums), the ranks simulated in this process as seen from the last rank, gives the
+    same step as R = 1."""
+    import train
+    from data import TokenData
+
+    n, world = 288, 48
+    cfg = train.parse_config([f"--data_dir={corpus}", *TINY, f"--micro_batches={n}", "--micro_batch_size=1"])
+    data = TokenData(cfg.data_dir, cfg.seed)
+    records = []
+    for ranks in (1, world):
+        state = train.TrainState(cfg, data.vocab_size)
+
+        def leaf(m):
+            return train.micro_batch_gradient(state, data, cfg, 1, m)
+
+        simulate_allreduce(monkeypatch, leaf, n, ranks, ranks - 1)
+        fields = train.train_step(state, data, cfg, rank=ranks - 1, world=ranks)
+        records.append(train.step_record(state, data, cfg, fields))
+    assert records[1] == records[0]
 
 
 # ----------------------------------------------------------------------------- invalid R
@@ -162,8 +224,8 @@ def test_invalid_world_size_refused_before_any_work(tmp_path, args):
     assert proc.returncode != 0
     stderr = {int(p.parent.name): p.read_text() for p in logs.glob("*/attempt_0/*/stderr.log")}
     assert sorted(stderr) == [0, 1, 2]
-    assert re.search(r"world size 3 is not supported: it must be a power of two that divides "
-                     r"micro_batches=4 \(1, 2, 4\)", stderr[0]), stderr[0]
+    assert re.search(r"world size 3 is not supported: it must divide micro_batches=4 \(1, 2, 4\)",
+                     stderr[0]), stderr[0]
     assert stderr[0].count(WORLD_MSG) == 1
     assert WORLD_MSG not in stderr[1] + stderr[2]           # printed once, by rank 0
     assert "Traceback" not in "".join(stderr.values())
@@ -239,18 +301,19 @@ def _kill_rank_mid_run(victim, chain_path):
 def _check_left_behind(run, reference):
     """The chain and checkpoints left by a killed run: nothing torn or unverifiable."""
     import hashchain
-    import train
-    chain = hashchain.Chain(run / "chain.jsonl")
-    note = chain.load(repair=True)
+    import rundir
+    opened = rundir.Run(run, repair=True)     # as the next trainer would: cut a torn tail
+    chain, note = opened.chain, opened.chain.note
     chain.verify()
     data = (run / "chain.jsonl").read_bytes()
     assert data.endswith(b"\n") and len(chain) == data.count(b"\n")
     assert reference.startswith(data), "the partial chain is not a prefix of the reference chain"
-    ckpts = checkpoint_files(run)          # also removes temp files of dead writers
+    hashchain.remove_temp_files(run / "checkpoints")   # as the next lock holder would
+    ckpts = checkpoint_files(run)
     assert ckpts and ckpts[0][0] == 0
     for step, path in ckpts:
         assert step < len(chain), f"checkpoint of step {step} without its chain record"
-        train.load_verified_checkpoint(path, chain.records[step])
+        opened.verified_checkpoint(step, path)
     # nothing else in the directory could pass for a checkpoint
     assert sorted(os.listdir(run / "checkpoints")) == sorted(p.name for _, p in ckpts)
     return len(chain), note

@@ -1,4 +1,4 @@
-"""The strict guard of DESIGN §3: no floating-point arithmetic outside RepOps inside a step.
+"""The strict guard of the contract (kernels/README.md): no floating-point arithmetic outside RepOps inside a step.
 
 A TorchDispatchMode records every operator that reaches the dispatcher during one
 train.train_step (forward, backward, TreeFold, clipping, AdamW). Each one must be a RepOps

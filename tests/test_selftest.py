@@ -1,4 +1,4 @@
-"""The standalone kernel self-test (kernels/cpu/selftest.cpp, DESIGN §3).
+"""The standalone kernel self-test (kernels/cpu/selftest.cpp; contract in kernels/README.md).
 
 selftest.cpp runs every CPU kernel on inputs generated from integer counters and prints one line
 `name sha256hex` per kernel call (SHA-256 of the outputs' little-endian float32 bytes, every NaN

@@ -1,4 +1,4 @@
-// selftest.cpp -- standalone self-test of the CPU kernels (DESIGN §3): no torch, no files read.
+// selftest.cpp -- standalone self-test of the CPU kernels (contract §9 in kernels/README.md): no torch, no files read.
 //
 // Runs every CPU kernel of kernels.h on inputs generated from integer counters only and prints
 // one line per kernel call, `name sha256hex`, where the digest is SHA-256 over the output
