@@ -26,6 +26,7 @@ checkpoint or config). The audit only reads the run directory: it creates, renam
 nothing there.
 """
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -100,8 +101,8 @@ class Audit:
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
         self.checked = set()                     # checkpoint steps already verified
-        self.cfg = self.run.cfg
-        validate(self.cfg)
+        self.cfg = dataclasses.replace(self.run.cfg, device=device)
+        validate(self.cfg)                       # the genesis config, and this machine's device
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
         try:
             self.data.verify()

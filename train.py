@@ -204,7 +204,6 @@ def evaluate(state, data, cfg):
 
 
 # ----------------------------------------------------------------------------- run directory
-# ----------------------------------------------------------------------------- run directory
 def save_checkpoint(run_dir, state, record):
     hashchain.save_checkpoint(hashchain.checkpoint_path(rundir.checkpoint_dir(run_dir), state.step),
                               state.tensors(), {"step": state.step, "state_hash": record["state_hash"],
@@ -335,10 +334,11 @@ def run(cfg, rank, world):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     writer = rank == 0
-    data = TokenData(cfg.data_dir, cfg.seed)     # bad data is refused before the run dir exists
+    # Data, kernels and model first: a bad corpus or a failed build creates no run directory.
+    data = TokenData(cfg.data_dir, cfg.seed)
+    state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     lock = prepare_run_dir(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     chain, start = open_run(cfg, data, state, rank, world, log)
     tokens_per_step = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "

