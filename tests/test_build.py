@@ -3,17 +3,26 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_missing_compiler_is_one_clear_line():
+@pytest.mark.parametrize("prog", ["train.py", "audit.py", "sample.py"])
+def test_missing_compiler_is_one_clear_line(reference, corpus, tmp_path, prog):
+    """With a corpus and a run present, the first kernel use is the build: without a compiler
+    each tool prints one line, exits 2, and (train.py) creates no run directory."""
     env = dict(os.environ, CXX="no-such-compiler")
-    proc = subprocess.run([sys.executable, "train.py", "--max_steps=1"], cwd=ROOT, env=env,
+    args = {"train.py": [f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", "--max_steps=1"],
+            "audit.py": ["--run_dir", str(reference), "--step", "1"],
+            "sample.py": ["--run_dir", str(reference), "--tokens", "3"]}[prog]
+    proc = subprocess.run([sys.executable, prog, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0
-    assert len(lines) == 1 and "C++17 compiler" in lines[0] and "apt-get install g++" in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), proc.stderr
+    assert "C++17 compiler" in lines[0] and "apt-get install g++" in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_build_flags_switch_contraction_off():
