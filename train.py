@@ -237,8 +237,7 @@ def step_record(state, data, cfg, fields):
 def genesis_record(state, data, cfg):
     root, leaves = state.hash()
     return {"kind": "genesis", "step": 0, "config": decisive_config(cfg),
-            "code_digest": code_digest(), "data_manifest": data.digest,
-            "data_splits": {s: r["sha256"] for s, r in data.manifest["splits"].items()},
+            "code_digest": code_digest(), **data.commitments(),
             "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
             "state_hash": root, "tensor_hashes": leaves}
 

@@ -7,7 +7,7 @@
 import random
 from pathlib import Path
 
-import data
+import dataprep
 
 # seconds per step stay in the tens of milliseconds on 2 cores
 TINY = ["--n_layer=2", "--d_model=32", "--n_head=2", "--d_hidden=64", "--seq_len=16",
@@ -19,12 +19,13 @@ WORDS = ("the king queen sword night day love death crown fair lord lady house w
          "come go stay fly fall rise thou thee my our their never ever now").split()
 
 
-def make_corpus(base, seed=7, lines=600):
-    """Seeded random sentences under `base`, prepared with data.py's byte tokenizer."""
+def make_corpus(base, seed=7, lines=600, chunk_bytes=dataprep.CHUNK_BYTES):
+    """Seeded random sentences under `base`, prepared with the byte tokenizer."""
     base = Path(base)
     rng = random.Random(seed)
     text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
                      for _ in range(lines))
     (base / "source.txt").write_text(text)
-    _, out = data.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"))
+    _, out = dataprep.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"),
+                              chunk_bytes=chunk_bytes)
     return Path(out)
