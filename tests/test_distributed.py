@@ -1,7 +1,8 @@
 """Multi-process training (DESIGN §4-§6), as subprocesses on CPU with gloo.
 
 - `python train.py` (R = 1) and `torchrun --nproc_per_node=R train.py` for R = 2, 4 with one
-  config write byte-identical chain.jsonl files and checkpoints;
+  config write byte-identical chain.jsonl files and checkpoints, also over a weighted mix of
+  corpora (each row's source is drawn by Philox from seed, step, micro-batch and row);
 - one process replaying a step of the R = 4 run with the ranks simulated (treefold.simulate_ranks
   standing in for the all-reduce inside train.train_step) reaches the state hash the real run
   published;
@@ -14,8 +15,10 @@
 Every run uses the same --run_dir string ("run", relative to its own working directory),
 although the genesis record holds only the config fields that decide the chain.
 """
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +27,7 @@ import time
 
 import pytest
 
+from dataprep import make_mix
 from tiny import TINY, make_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,6 +103,24 @@ def test_chain_byte_identical_across_world_sizes(runs):
     for world in (2, 4):
         assert chain_bytes(runs[world]) == ref, f"R={world} chain differs from R=1"
         assert f"{world} rank(s) x {4 // world} micro-batches" in (runs[world] / "train.log").read_text()
+
+
+def test_chain_byte_identical_across_world_sizes_with_a_mix(args, tmp_path):
+    mix = tmp_path / "mix"
+    for name, seed in (("plays", 7), ("poems", 11)):
+        (tmp_path / name).mkdir()
+        shutil.copytree(make_corpus(tmp_path / name, seed=seed, lines=1500), mix / name)
+    make_mix("plays=0.7,poems=0.3", str(mix))
+    mix_args = [a for a in args if not a.startswith("--data_dir=")] + [f"--data_dir={mix}"]
+    chains = {}
+    for world in (1, 2, 4):
+        cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
+        check_ok(launch(cmd + mix_args, tmp_path / f"r{world}"))
+        chains[world] = chain_bytes(tmp_path / f"r{world}" / "run")
+    assert chains[2] == chains[1] and chains[4] == chains[1]
+    genesis = json.loads(chains[1].splitlines()[0])
+    assert [e["name"] for e in genesis["data_mix"]] == ["plays", "poems"]
+    assert set(genesis["data_splits"]) == {"plays/train", "plays/val", "poems/train", "poems/val"}
 
 
 def test_checkpoints_byte_identical_across_world_sizes(runs):
