@@ -21,7 +21,7 @@ import sys
 import time
 
 import hashchain
-from data import DataError, TokenData
+from data import DataError, DataMismatch, TokenData
 from optrace import trace_step
 from train import (Config, StepRefused, TrainState, UsageError, checkpoint_dir, code_digest,
                    load_verified_checkpoint, step_record, train_step)
@@ -51,12 +51,10 @@ class Audit:
         except TypeError as e:
             raise UsageError(f"genesis config is not one this code understands: {e}") from None
         self.data = TokenData(data_dir or recorded_data_dir(run_dir), self.cfg.seed)
-        if self.data.digest != genesis["data_manifest"]:
-            print(f"warning: data manifest {self.data.digest[:12]} differs from the run's "
-                  f"{genesis['data_manifest'][:12]}")
+        self.data.check_run(genesis)     # DataMismatch unless it is the data the run names
         try:
             self.data.verify()
-        except DataError as e:
+        except DataMismatch as e:
             print(f"warning: {e}; the replay shows which steps it affects")
         if code_digest() != genesis["code_digest"]:
             print("warning: this code differs from the code that trained the run "
@@ -176,6 +174,9 @@ def main(argv):
         result = (broken if broken and broken[0] <= last else None)
         if result is None:
             result = audit.replay(first, last, args.trace)
+    except DataMismatch as e:       # a bundle chunk, or the manifest, is not what was published
+        print(f"MISMATCH: {e}")
+        return 1
     except (UsageError, DataError, hashchain.HashChainError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
         return 2

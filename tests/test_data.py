@@ -578,10 +578,13 @@ def test_mix_manifest_and_commitments(mix, tmp_path):
     assert c["data_splits"] == {f"{n}/{s}": r["sha256"] for n in sorted(srcs)
                                 for s, r in srcs[n].manifest["splits"].items()}
     assert c["data_chunks"]["web/train"] == srcs["web"].manifest["splits"]["train"]["chunks"]
+    d.check_run(c)
     d.verify()
     # Another weight is another mix; the order of the --mix entries is not.
     assert make_mix("books=0.1,code=0.2,web=0.7", str(base)) == manifest
     assert manifest_digest(make_mix("web=0.6,code=0.3,books=0.1", str(base))) != c["data_manifest"]
+    with pytest.raises(DataMismatch, match="data_manifest"):
+        TokenData(str(base), seed=3).check_run(c)
 
 
 def test_mix_rows_follow_the_spec(mix):
