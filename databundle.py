@@ -63,8 +63,8 @@ def open_split(data, split, rec):
     try:
         if bundle["format"] != 1:
             raise DataError(f"{where}: unsupported bundle format")
-        proofs = bundle["chunks"].get(split, {})
-        steps = [int(s) for s in bundle["steps"]]
+        proofs = dict(bundle["chunks"].get(split, {}))
+        first, last = (int(s) for s in bundle["steps"])
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise DataError(f"{where}: malformed bundle ({type(e).__name__}: {e})") from None
     chunk_bytes, size = rec["chunks"]["bytes"], rec["n_tokens"] * data.dtype.itemsize
@@ -81,6 +81,8 @@ def open_split(data, split, rec):
         except FileNotFoundError:
             raise DataError(f"bundle {data.path}: chunk {k} of split {split!r} is missing "
                             f"({chunk_file(split, k)})") from None
+        except OSError as e:
+            raise DataError(f"cannot read {path}: {e.strerror}") from None
         try:
             leaf = hashlib.sha256(raw).digest()
             root = hashchain.merkle_root_from_proof(leaf, k, n_chunks, proof)
@@ -91,7 +93,7 @@ def open_split(data, split, rec):
                                f"the manifest's chunk root (altered or swapped)")
         chunks[k] = np.frombuffer(raw, data.dtype)
     return SparseTokens(rec["n_tokens"], chunk_bytes // data.dtype.itemsize, chunks,
-                        f"the bundle at {data.path} (steps {steps[0]}..{steps[-1]})")
+                        f"the bundle at {data.path} (steps {first}..{last})")
 
 
 def _write_corpus(corpus, out_dir, needed, steps):
@@ -136,7 +138,10 @@ def write_bundle(out_dir, run_dir, step, corpus_dir=None):
     if not 1 <= step < len(chain):
         raise DataError(f"step {step} is not in the chain (it holds steps 1..{len(chain) - 1})")
     genesis = chain.records[0]
-    cfg = genesis["config"]
+    cfg = genesis.get("config")
+    if not (isinstance(cfg, dict) and {"seed", "micro_batches", "micro_batch_size",
+                                       "seq_len"} <= set(cfg)):
+        raise DataError(f"{chain.path}: the genesis record has no config this code understands")
     data = TokenData(corpus_dir or recorded_data_dir(run_dir), cfg["seed"])
     if data.bundle:
         raise DataError(f"{data.path} is a bundle: cut bundles from the full corpus")

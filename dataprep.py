@@ -148,15 +148,15 @@ def _safe_cut(text):
     return max(i, 0)
 
 
-def _tokens(text, tokenizer):
+def _tokens(text, enc, byte_tokens):
     """The corpus's tokens, as arrays of at most about BLOCK tokens each."""
-    if tokenizer == "bytes":
+    if byte_tokens:
         # The byte tokenizer's tokens are the UTF-8 bytes (get_tokenizer): computed directly,
         # since tiktoken needs one call per piece for it (about 3 MB/s).
         for block in text.blocks(as_bytes=True):
             yield np.frombuffer(block, np.uint8)
         return
-    enc, pending = get_tokenizer(tokenizer), ""
+    pending = ""
     for block in text.blocks(as_bytes=False):
         pending += block
         cut = _safe_cut(pending) if len(pending) >= BLOCK else 0
@@ -289,7 +289,7 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
     try:
         writer = _TokenWriter(tmps, dtype, chunk_bytes, val_fraction)
         n = 0
-        for tokens in _tokens(text, tokenizer):
+        for tokens in _tokens(text, enc, tokenizer == "bytes"):
             writer.write(tokens)
             n += len(tokens)
             if progress and time.time() - last >= PROGRESS_EVERY:

@@ -157,6 +157,12 @@ def _unlist(bundle):
 
 
 ROOT_MISMATCH = "does not match the manifest's chunk root"
+def _directory(bundle):
+    f = chunk_files(bundle)[0]
+    f.unlink()
+    f.mkdir()                      # a chunk path that is not a file
+
+
 TAMPER = {
     "altered": (lambda b, c: _flip(chunk_files(b)[0]), 1, ROOT_MISMATCH),
     "truncated": (lambda b, c: chunk_files(b)[0].write_bytes(chunk_files(b)[0].read_bytes()[:-2]),
@@ -166,6 +172,9 @@ TAMPER = {
     "forged_root": (_forge_root, 1, "its data_chunks differs from the genesis record"),
     "missing": (lambda b, c: chunk_files(b)[0].unlink(), 2, "is missing"),
     "unlisted": (lambda b, c: _unlist(b), 2, "does not hold chunk"),
+    "directory": (lambda b, c: _directory(b), 2, "cannot read"),
+    "garbled_index": (lambda b, c: (b / "bundle.json").write_text('{"format": 1, "steps": []}'),
+                      2, "malformed bundle"),
 }
 
 
