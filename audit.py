@@ -38,7 +38,7 @@ import optrace
 import repops
 import rundir
 from config import UsageError, validate
-from data import DataError, TokenData
+from data import DataError, DataMismatch, TokenData
 from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step
 
 # Fields compared first: a changed batch explains a changed state, and the state names a tensor.
@@ -106,7 +106,7 @@ class Audit:
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
         try:
             self.data.verify()
-        except DataError as e:
+        except DataMismatch as e:               # the genesis comparison and the replay say more
             print(f"warning: {e}; the replay shows which steps it affects")
 
     def find(self, step, message):
@@ -236,6 +236,9 @@ def main(argv):
         audit = Audit(args.run_dir, args.data_dir, args.device)
         first, last = parse_steps(args, audit.run.chain.lines - 1)
         audit.replay(first, last, args.trace)
+    except DataMismatch as e:       # a bundle chunk is not what the run published
+        print(f"MISMATCH: {e}")
+        return 1
     except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
         return 2

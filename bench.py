@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import audit
+import config
 import hashchain
 import optrace
 import repops
@@ -144,7 +145,7 @@ def bench_step(cfg, data, repeats, workdir):
 
     # Audit one step: a run of 1 step with a checkpoint at 0, then audit.py's replay of step 1.
     run_dir = os.path.join(workdir, "run")
-    rcfg = train.parse_config(["--run_dir", run_dir, "--max_steps", "1", "--sample_tokens", "0",
+    rcfg = config.parse_config(["--run_dir", run_dir, "--max_steps", "1", "--sample_tokens", "0",
                                "--eval_every", "0"], base=cfg)
     train.run(rcfg, 0, 1)
     t_audit = timeit(lambda: audit.Audit(run_dir).replay(1, 1), 1, warmup=0)
@@ -173,11 +174,11 @@ def main():
     ap = argparse.ArgumentParser(description="RepOps vs stock PyTorch on this machine.")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--data_dir", default=train.Config.data_dir)
+    ap.add_argument("--data_dir", default=config.Config.data_dir)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = train.Config(data_dir=args.data_dir)
+    cfg = config.Config(data_dir=args.data_dir)
     data = TokenData(cfg.data_dir, cfg.seed)
     print("machine:", machine())
     bench_traffic(cfg, data.vocab_size)

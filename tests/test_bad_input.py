@@ -20,6 +20,7 @@ import time
 import pytest
 import torch
 
+import config
 import data
 import hashchain
 import rundir
@@ -61,7 +62,7 @@ def test_train_run_dir_under_a_regular_file(corpus, tmp_path):
 
 
 def test_a_non_finite_update_is_refused(corpus):
-    cfg = train.parse_config([*TINY, f"--data_dir={corpus}"])
+    cfg = config.parse_config([*TINY, f"--data_dir={corpus}"])
     tokens = data.TokenData(str(corpus), cfg.seed)
     state = train.TrainState(cfg, tokens.vocab_size)
     state.v["layers.0.wo"][0, 0] = float("inf")      # a moment the update keeps non-finite

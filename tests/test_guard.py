@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import config
 import data
 import repops
 import train
@@ -73,7 +74,7 @@ def step_ops(corpus):
     """{dropout: operator counts of one training step of a tiny model}."""
     out = {}
     for dropout in DROPOUTS:
-        cfg = train.parse_config([*TINY, f"--data_dir={corpus}", f"--dropout={dropout}"])
+        cfg = config.parse_config([*TINY, f"--data_dir={corpus}", f"--dropout={dropout}"])
         tokens = data.TokenData(corpus, cfg.seed)
         state = train.TrainState(cfg, tokens.vocab_size)
         with OpRecorder() as rec:

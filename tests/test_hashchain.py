@@ -110,6 +110,30 @@ def test_golden_leaf_and_merkle():
         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
+def test_merkle_proofs():
+    for n in range(1, 34):   # promoted odd nodes at every level somewhere in this range
+        raw = [hashlib.sha256(bytes([i, n])).digest() for i in range(n)]
+        xs = [x.hex() for x in raw]
+        root = _ref_root(xs)
+        assert hc.merkle_root(xs) == root
+        proofs = hc.merkle_proofs(b"".join(raw), range(n))
+        for i in range(n):
+            assert hc.merkle_root_from_proof(raw[i], i, n, proofs[i]) == root
+            if n > 1:        # another leaf, position or sibling implies another root
+                assert hc.merkle_root_from_proof(raw[(i + 1) % n], i, n, proofs[i]) != root
+                assert hc.merkle_root_from_proof(raw[i], (i + 1) % n, n, proofs[(i + 1) % n]) != root
+                bad = list(proofs[i])
+                bad[0] = hashlib.sha256(bad[0].encode()).hexdigest()
+                assert hc.merkle_root_from_proof(raw[i], i, n, bad) != root
+    raw = [hashlib.sha256(bytes([i])).digest() for i in range(5)]
+    proof = hc.merkle_proofs(b"".join(raw), [2])[2]
+    for bad in (proof[:-1], proof + [proof[0]], ["zz" * 32] + proof[1:], [proof[0][:10]] + proof[1:]):
+        with pytest.raises(ValueError):
+            hc.merkle_root_from_proof(raw[2], 2, 5, bad)
+    with pytest.raises(ValueError):
+        hc.merkle_root_from_proof(raw[2], 5, 5, proof)
+
+
 # --- checkpoints -----------------------------------------------------------------------------
 
 def test_checkpoint_round_trip_bit_exact(tmp_path):

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import data
+import dataprep
 import hashchain
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,14 +33,15 @@ WORDS = ("the king queen sword night day love death crown fair lord lady house w
          "come go stay fly fall rise thou thee my our their never ever now").split()
 
 
-def make_corpus(base, seed=7, lines=600):
-    """Seeded random sentences under `base`, prepared with data.py's byte tokenizer."""
+def make_corpus(base, seed=7, lines=600, chunk_bytes=dataprep.CHUNK_BYTES):
+    """Seeded random sentences under `base`, prepared with the byte tokenizer."""
     base = Path(base)
     rng = random.Random(seed)
     text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
                      for _ in range(lines))
     (base / "source.txt").write_text(text)
-    _, out = data.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"))
+    _, out = dataprep.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"),
+                              chunk_bytes=chunk_bytes)
     return Path(out)
 
 
