@@ -36,13 +36,13 @@ Exit code: 0 match, 1 mismatch, 2 bad input (missing run or data, step out of ra
 checkpoint or config). The audit only reads the run directory: it creates, renames and deletes
 nothing there, and the files it writes (receipts, salts) must lie outside it.
 
-The protocol (receipts.py holds its logic): --check-receipts and --coverage exit 0 when every
-well-formed receipt checked is accepted (--coverage: and every step has --redundancy accepted
-receipts from distinct auditors), 1 otherwise; a receipt whose step has no revealed salt is
-listed as unchecked and counts for neither. A malformed receipt (not JSON, a wrong type, a
-field missing or unknown) is listed with the others, then the command exits 2 with one error
-line: it is bad input, not evidence about the run. --anchors exits 1 at the first anchor the
-chain contradicts.
+The protocol (receipts.py holds its logic): --check-receipts exits 0 when every well-formed
+receipt it could check is accepted, 1 if any is rejected (a receipt whose step has no revealed
+salt is listed as unchecked and counts for neither); --coverage exits 0 when every step has
+--redundancy accepted receipts from distinct auditors, 1 otherwise. A malformed receipt (not
+JSON, a wrong type, a field missing or unknown) is listed with the others, then either command
+exits 2 with one error line: it is bad input, not evidence about the run. --anchors exits 1 at
+the first anchor the chain contradicts.
 """
 import argparse
 import dataclasses
