@@ -21,7 +21,7 @@ import torch
 @dataclass
 class Config:
     # run
-    run_dir: str = "runs/default"      # chain.jsonl, checkpoints/, config.json, train.log
+    run_dir: str = "runs/default"      # chain.jsonl, checkpoints/, secret, anchors.jsonl, ... (rundir.py)
     data_dir: str = "data/shakespeare"  # a corpus prepared by data.py
     seed: int = 1337                    # init, data order and dropout all derive from it
     # model (vocab_size comes from the corpus)
@@ -56,11 +56,12 @@ class Config:
     threads: int = 0                    # torch threads per process (0: torch's default)
     device: str = "cpu"                 # "cuda": same bits on the GPU kernels (rank r uses GPU r)
     dist_timeout: int = 60              # seconds before a rank gives up on a dead peer
+    anchor_every: int = 100             # append the chain head to anchors.jsonl every N steps (0: never)
 
 
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
-               "sample_tokens", "threads", "device", "dist_timeout"}
+               "sample_tokens", "threads", "device", "dist_timeout", "anchor_every"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 SEED_LIMIT = 1 << 64                    # Philox keys are 64-bit
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -132,7 +133,7 @@ def validate(cfg, world=1):
     for key in ("n_layer", "n_head", "d_model", "d_hidden", "seq_len", "micro_batches",
                 "micro_batch_size", "max_steps", "checkpoint_every", "eval_batches", "dist_timeout"):
         need(getattr(cfg, key) >= 1, key, "must be >= 1")
-    for key in ("warmup_steps", "eval_every", "sample_tokens", "threads"):
+    for key in ("warmup_steps", "eval_every", "sample_tokens", "threads", "anchor_every"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
     for key in FIELDS:
         if FIELDS[key] is float:

@@ -287,7 +287,8 @@ def remove_temp_files(directory):
             os.unlink(entry.path)
 
 
-def _fsync_dir(directory):
+def fsync_dir(directory):
+    """Make the renames in `directory` durable (a file's fsync does not cover its name)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -325,7 +326,7 @@ def save_checkpoint(path, tensors, meta):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)  # make the rename itself durable
+    fsync_dir(path.parent)  # make the rename itself durable
 
 
 def _is_int(x):

@@ -6,14 +6,19 @@
     runs/default/train.log          what train.py printed
     runs/default/lock               the trainer's advisory lock (flock) and who holds it
     runs/default/rejected/          checkpoints that failed verification, kept as evidence
+    runs/default/secret             the run's secret (32 bytes, mode 0600): never published
+    runs/default/anchors.jsonl      chain heads every anchor_every steps, to copy out and publish
 
     run = Run("runs/default")              # reads only: chain, genesis, config
     step, tensors = run.latest_checkpoint(upto=120, on_bad=print)   # chain verified up to it
     run.config_json_differences()          # config.json vs the genesis record
 
     lock = hold_lock("runs/default")       # the trainer, for its whole life; UsageError if held
+    check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is in the run
 
-Readers (audit.py, sample.py) never create, rename or delete anything in a run. The trainer
+Readers (audit.py, sample.py) never create, rename or delete anything in a run; the files they
+write (receipts, revealed salts) must lie outside it. The secret and anchors.jsonl are written
+by the trainer only (receipts.py). The trainer
 holds an flock on `lock` while it lives; the kernel drops it when the process dies, however it
 dies, so no pid or host bookkeeping decides who may write.
 """
@@ -55,6 +60,15 @@ def hold_lock(run_dir):
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC\n")
     f.flush()
     return f
+
+
+def check_outside(run_dir, path, option):
+    """UsageError if `path` (an output file) lies inside the run directory: readers never write
+    into a run."""
+    run, target = os.path.realpath(run_dir), os.path.realpath(path)
+    if os.path.commonpath([run, target]) == run:
+        raise UsageError(f"{option} {path} lies inside the run directory {run_dir}; readers never "
+                         "write into a run: choose a file outside it")
 
 
 def reject_checkpoint(run_dir, path):

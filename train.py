@@ -12,7 +12,10 @@ applied with AdamW, all in RepOps. The state hash (parameters, Adam moments, ste
 runs/<name>/chain.jsonl; checkpoints every `checkpoint_every` steps (rundir.py lays out the
 directory). Killed at any moment, `python train.py` resumes from the latest checkpoint that
 verifies and re-derives the same chain; it refuses a run directory that another trainer holds
-or that was started with another config, corpus or code. The config block is config.py.
+or that was started with another config, corpus or code. Each step record also commits to the
+step's final gradient with the run's secret (grad_commit, receipts.py), so that auditors can
+prove they replayed the step; every `anchor_every` steps the chain head is appended to
+anchors.jsonl, for the publisher to copy out of the run. The config block is config.py.
 `train_step` below is the one step function: audit.py imports it.
 """
 import dataclasses
@@ -30,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 import hashchain
+import receipts
 import repops
 import rundir
 import treefold
@@ -162,9 +166,11 @@ def train_step(state, data, cfg, rank=0, world=1):
                           weight_decay=cfg.weight_decay if p.dim() >= 2 else 0.0, step=step)
     check_finite(state, step)
     state.step = step
+    # grad_root: the digest of the final gradient, which only a replay can compute; the
+    # trainer commits to it (step_record), an auditor's receipt reveals it (receipts.py).
     return {"loss": loss_f, "loss_bits": hashchain.f32_bits(loss_f), "grad_norm": norm_f,
             "grad_norm_bits": hashchain.f32_bits(norm_f), "lr": repops.f32(lr),
-            "lr_bits": hashchain.f32_bits(lr)}
+            "lr_bits": hashchain.f32_bits(lr), "grad_root": hashchain.tensor_leaf("grad", grad)}
 
 
 def check_finite(state, step):
@@ -177,13 +183,20 @@ def check_finite(state, step):
                                   "Adam moments); the step is refused and nothing of it is written")
 
 
-def step_record(state, data, cfg, fields):
-    """The chain record of the step `state` just finished (everything but prev/record_hash)."""
+def step_record(state, data, cfg, fields, secret=None):
+    """The chain record of the step `state` just finished (everything but prev/record_hash).
+    fields["grad_root"] is never published: with the run's secret (the trainer) the record holds
+    its commitment grad_commit; without it (a replay) the record has no grad_commit, which only
+    the secret's holder can compute."""
     root, leaves = state.hash()
     windows = [data.window("train", state.step, m, cfg.micro_batch_size, cfg.seq_len)
                for m in range(cfg.micro_batches)]
-    return {"kind": "step", "step": state.step, "state_hash": root, "tensor_hashes": leaves,
-            "batch_digest": batch_digest(windows), **fields}
+    record = {"kind": "step", "step": state.step, "state_hash": root, "tensor_hashes": leaves,
+              "batch_digest": batch_digest(windows), **fields}
+    grad_root = record.pop("grad_root")
+    if secret is not None:
+        record["grad_commit"] = receipts.commit(receipts.salt(secret, state.step), grad_root)
+    return record
 
 
 def genesis_record(state, data, cfg):
@@ -242,9 +255,10 @@ def restore(run, state, upto, log, writer):
 
 
 def open_run(cfg, data, state, rank, world, log):
-    """The run's verified chain and the step to resume from. Rank 0 (the writer, which holds the
-    run's lock) starts a new run (config.json, genesis record, checkpoint 0) or repairs a torn
-    chain tail and restores; the other ranks then restore the same checkpoint."""
+    """The run's verified chain, the step to resume from and the run's secret. Rank 0 (the
+    writer, which holds the run's lock) starts a new run (secret, config.json, genesis record,
+    checkpoint 0) or repairs a torn chain tail and restores; the other ranks then restore the
+    same checkpoint. A chain without its secret is refused: its commitments could not go on."""
     writer = rank == 0
     chain_path = Path(cfg.run_dir) / "chain.jsonl"
     if writer and not chain_path.exists():
@@ -256,19 +270,22 @@ def open_run(cfg, data, state, rank, world, log):
         log("resume: " + run.chain.note)
     run.chain.verify()
     if len(run.chain) == 0:
+        secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
         with open(run.dir / "config.json", "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
         run.chain.append(genesis_record(state, data, cfg))
         start = 0
     else:
         check_identity(cfg, data, run.genesis)
+        secret = receipts.read_secret(run.dir, "the chain's commitments (grad_commit) cannot be "
+                                      "continued without it; restore it, or start a new --run_dir")
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
     if writer and start == 0 and not hashchain.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
         save_checkpoint(run.dir, state, run.chain.records[0])
     if world > 1 and writer:
         dist.barrier()
-    return run.chain, start
+    return run.chain, start, secret
 
 
 def prepare_run_dir(run_dir):
@@ -312,7 +329,11 @@ def publish(chain, record, writer):
     step = record["step"]
     if step < len(chain):
         published = {k: v for k, v in chain.records[step].items() if k not in ("prev", "record_hash")}
-        if published != json.loads(json.dumps(record)):
+        mine = json.loads(json.dumps(record))
+        if published != mine:
+            if [k for k in set(published) | set(mine) if published.get(k) != mine.get(k)] == ["grad_commit"]:
+                raise ReproducibilityError(f"step {step} re-derived to its record but for grad_commit: the "
+                                           "run's secret is not the one its chain was made with")
             raise ReproducibilityError(f"step {step} re-derived differently from the chain record: "
                                        "this machine does not reproduce the run (run audit.py)")
     elif writer:
@@ -338,7 +359,7 @@ def run(cfg, rank, world):
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     lock = prepare_run_dir(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    chain, start = open_run(cfg, data, state, rank, world, log)
+    chain, start, secret = open_run(cfg, data, state, rank, world, log)
     tokens_per_step = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
         f"{world} rank(s) x {cfg.micro_batches // world} micro-batches | "
@@ -346,10 +367,12 @@ def run(cfg, rank, world):
     for step in range(start + 1, cfg.max_steps + 1):
         t0 = time.perf_counter()
         fields = train_step(state, data, cfg, rank, world)
-        record = step_record(state, data, cfg, fields)
+        record = step_record(state, data, cfg, fields, secret)
         if world > 1:
             check_same_state(record["state_hash"], world)
         publish(chain, record, writer)
+        if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
+            receipts.append_anchor(cfg.run_dir, step, chain.records[step]["record_hash"])
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
             save_checkpoint(cfg.run_dir, state, record)
         ms = (time.perf_counter() - t0) * 1000

@@ -7,7 +7,11 @@
 - Hostile files (FIFO, directory, deep JSON, overflowing shapes, a genesis without config or
   with a string seed) give one line and exit 2 in audit.py and sample.py, never a hang.
 - One writer per run: a second train.py on the same run exits 2 naming the holder.
-- Readers only read: audit.py and sample.py leave the run directory byte for byte as it was.
+- Readers only read: audit.py (every mode) and sample.py leave the run directory byte for byte
+  as it was, and never create its secret.
+- The protocol's bad input (receipts that are not JSON or have wrong types, a receipt directory
+  that does not exist, a missing secret, bad --plan arguments, an option of another mode, an
+  output file inside the run, a malformed anchors or salts file) gives one line and exit 2.
 - A resume with another corpus is refused; a checkpoint that fails verification is moved to
   rejected/, never overwritten.
 """
@@ -20,9 +24,11 @@ import time
 import pytest
 import torch
 
+import audit as audit_module
 import config
 import data
 import hashchain
+import receipts
 import rundir
 import train
 from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records, copy_run,
@@ -33,6 +39,7 @@ from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records
     "--lr=nan", "--lr=inf", "--lr=0", "--seq_len=0", "--micro_batch_size=0", "--n_head=0",
     "--d_model=30", "--seed=-1", "--threads=-2", "--beta2=1.0", "--beta1=-0.1", "--dropout=1",
     "--grad_clip=-1", "--max_steps=0", "--micro_batches=0", "--checkpoint_every=0", "--device=tpu",
+    "--anchor_every=-1",
     "--weight_decay=1000", "--norm_eps=nan", "--no_such_key=1", "--n_layer=two",
 ])
 def test_train_refuses_bad_config_before_creating_anything(corpus, tmp_path, arg):
@@ -132,8 +139,93 @@ def test_audit_and_sample_never_write_to_the_run(reference, tmp_path):
     (run / "chain.jsonl").write_bytes(lines + b'{"torn')     # a torn tail: readers leave it
     before = snapshot(run)
     assert audit(run, "--all").returncode == 0
+    (tmp_path / "r").mkdir()
+    assert audit(run, "--step", "12", "--receipt", tmp_path / "r" / "12.json", "--auditor", "a").returncode == 0
+    for args in (["--check-receipts", tmp_path / "r"], ["--coverage", tmp_path / "r", "--redundancy", "1",
+                 "--steps", "12:12"], ["--reveal-salts", "1:3"], ["--plan", "--auditors", "3", "--seed", "1"]):
+        proc = audit(run, *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     assert script("sample.py", "--run_dir", run, "--tokens", "5").returncode == 0
     assert snapshot(run) == before
+
+
+def test_readers_never_create_the_secret(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    (run / "secret").unlink()                    # a published copy of the run
+    assert audit(run, "--step", "3").returncode == 0
+    assert script("sample.py", "--run_dir", run, "--tokens", "5").returncode == 0
+    assert not (run / "secret").exists()
+
+
+def _receipt(run, **changes):
+    """A well-formed receipt of step 3 of `run` (not a true one), with `changes`."""
+    genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])
+    return json.dumps({"format": receipts.RECEIPT_FORMAT, "run": genesis["record_hash"], "step": 3,
+                       "state_hash": "0" * 64, "grad_root": "0" * 64, "auditor": "a", "machine": {},
+                       "cost": {}, "code_digest": "0" * 64, "data_manifest": "0" * 64,
+                       "verdict": "MATCH", "findings": [], **changes})
+
+
+@pytest.mark.parametrize("case", [
+    "receipt_dir_missing", "receipt_dir_empty", "receipt_not_json", "receipt_wrong_type",
+    "receipt_unknown_field", "secret_missing_check", "secret_missing_reveal", "reveal_beyond_chain",
+    "salts_not_json", "plan_without_auditors", "plan_zero_auditors", "plan_redundancy_above_auditors",
+    "plan_steps_backwards", "plan_steps_beyond_chain", "plan_absent_not_a_fraction",
+    "plan_with_an_audit_option", "receipt_without_auditor", "receipt_with_range",
+    "receipt_inside_the_run", "anchors_not_anchors", "anchors_empty", "step_zero",
+])
+def test_protocol_bad_input_one_line_exit_2(reference, tmp_path, capsys, case):
+    """In-process (audit.main): one `audit.py: error:` line on stderr and exit 2, nothing else
+    on stderr; a malformed receipt is also listed on stdout, with the others."""
+    run = copy_run(reference, tmp_path / "run")
+    receipts_dir = tmp_path / "r"
+    receipts_dir.mkdir()
+    (tmp_path / "anchors.jsonl").write_text("")
+    if case == "receipt_dir_missing":
+        args = ["--check-receipts", tmp_path / "nowhere"]
+    elif case == "receipt_dir_empty":
+        args = ["--check-receipts", receipts_dir]
+    elif case.startswith("receipt_") and case.endswith(("json", "type", "field")):
+        text = {"receipt_not_json": "{", "receipt_wrong_type": _receipt(run, step="3"),
+                "receipt_unknown_field": _receipt(run, extra=1)}[case]
+        (receipts_dir / "x.json").write_text(text)
+        args = ["--check-receipts", receipts_dir]
+    elif case.startswith("secret_missing"):
+        (run / "secret").unlink()
+        (receipts_dir / "x.json").write_text(_receipt(run))
+        args = ["--check-receipts", receipts_dir] if case.endswith("check") else ["--reveal-salts", "1:2"]
+    elif case == "reveal_beyond_chain":
+        args = ["--reveal-salts", "1:99"]
+    elif case == "salts_not_json":
+        (receipts_dir / "x.json").write_text(_receipt(run))
+        (tmp_path / "salts.json").write_text("salts")
+        args = ["--check-receipts", receipts_dir, "--salts", tmp_path / "salts.json"]
+    elif case.startswith("plan_"):
+        args = ["--plan", *{"plan_without_auditors": [], "plan_zero_auditors": ["--auditors", "0"],
+                            "plan_redundancy_above_auditors": ["--auditors", "2", "--redundancy", "3"],
+                            "plan_steps_backwards": ["--auditors", "3", "--steps", "5:2"],
+                            "plan_steps_beyond_chain": ["--auditors", "3", "--steps", "1:99"],
+                            "plan_absent_not_a_fraction": ["--auditors", "3", "--absent", "1.5"],
+                            "plan_with_an_audit_option": ["--auditors", "3", "--auditor", "a"]}[case]]
+    elif case == "receipt_without_auditor":
+        args = ["--step", "3", "--receipt", tmp_path / "x.json"]
+    elif case == "receipt_with_range":
+        args = ["--range", "1:2", "--receipt", tmp_path / "x.json", "--auditor", "a"]
+    elif case == "receipt_inside_the_run":
+        args = ["--step", "3", "--receipt", run / "x.json", "--auditor", "a"]
+    elif case == "step_zero":
+        args = ["--step", "0"]
+    else:
+        if case == "anchors_not_anchors":
+            (tmp_path / "anchors.jsonl").write_text('{"step": 1}\n')
+        args = ["--anchors", tmp_path / "anchors.jsonl"]
+    before = snapshot(run)
+    rc = audit_module.main(["--run_dir", str(run), *map(str, args)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("audit.py: error:"), (rc, out, err)
+    if case in ("receipt_not_json", "receipt_wrong_type", "receipt_unknown_field"):
+        assert out.startswith(f"malformed {receipts_dir / 'x.json'}: ") and "1 malformed" in out, out
+    assert snapshot(run) == before and not (tmp_path / "x.json").exists()
 
 
 def test_second_trainer_on_the_same_run_is_refused(corpus, tmp_path):

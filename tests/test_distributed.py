@@ -34,7 +34,7 @@ import time
 import pytest
 
 from dataprep import make_mix
-from tiny import TINY, make_corpus
+from tiny import TINY, make_corpus, share_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
@@ -90,10 +90,13 @@ def check_ok(proc):
 
 
 def train_runs(base, args, n):
-    """{R: run directory} for every R of WORLDS[n]: R = 1 with plain python, the others torchrun."""
+    """{R: run directory} for every R of WORLDS[n]: R = 1 with plain python, the others torchrun
+    under R = 1's secret (the chain bytes depend on it through grad_commit)."""
     out = {}
     for world in WORLDS[n]:
         cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
+        if world > 1:
+            share_secret(out[1], base / f"r{world}" / "run")
         check_ok(launch(cmd + args_for(args, n), base / f"r{world}"))
         out[world] = base / f"r{world}" / "run"
     return out
@@ -148,6 +151,8 @@ def test_chain_byte_identical_across_world_sizes_with_a_mix(args, tmp_path):
     chains = {}
     for world in (1, 2, 4):
         cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
+        if world > 1:               # one secret, so one grad_commit per step
+            share_secret(tmp_path / "r1" / "run", tmp_path / f"r{world}" / "run")
         check_ok(launch(cmd + mix_args, tmp_path / f"r{world}"))
         chains[world] = chain_bytes(tmp_path / f"r{world}" / "run")
     assert chains[2] == chains[1] and chains[4] == chains[1]
@@ -187,6 +192,7 @@ def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
     """Replay step k+1 of the R = 4 run in this process: train_step with the all-reduce replaced
     by treefold.simulate_ranks for every R that divides N must publish the same record."""
     import hashchain
+    import receipts
     import rundir
     import train
     from data import TokenData
@@ -210,7 +216,7 @@ def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
 
         simulate_allreduce(monkeypatch, leaf, n, world, world - 1)
         fields = train.train_step(state, data, cfg, rank=world - 1, world=world)
-        record = train.step_record(state, data, cfg, fields)
+        record = train.step_record(state, data, cfg, fields, receipts.read_secret(run, ""))
         published = chain.records[k + 1]
         assert record["state_hash"] == published["state_hash"], f"simulated R={world}"
         assert ({**record, "prev": published["prev"], "record_hash": published["record_hash"]}
@@ -352,7 +358,7 @@ def _cleanup(pids):
 def test_dead_rank_torchrun_stops_and_resumes(tmp_path, args, runs):
     world, victim_rank = 4, 1
     cwd = tmp_path / "dead4"
-    cwd.mkdir()
+    share_secret(runs[1], cwd / "run")
     chain_path = cwd / "run" / "chain.jsonl"
     cmd = torchrun_cmd(world) + args
     with open(cwd / "out.txt", "w") as out:
@@ -407,7 +413,7 @@ def test_dead_rank_without_agent_stops_and_resumes(tmp_path, args, runs):
     """No torchrun agent to kill the survivor: train.py itself must notice the dead peer."""
     world, victim_rank = 2, 1
     cwd = tmp_path / "dead2"
-    cwd.mkdir()
+    share_secret(runs[1], cwd / "run")
     chain_path = cwd / "run" / "chain.jsonl"
     port = _free_port()
     procs, errs = [], []

@@ -21,7 +21,7 @@ import data
 import hashchain
 from tiny import (CKPT_EVERY, MICRO_BATCH_SIZE, MICRO_BATCHES, ROOT, SEQ_LEN, STEPS, TIMEOUT,
                   assert_one_line_error, audit, chain_records, copy_run, mismatch_lines, reseal,
-                  script, train, train_args, write_chain)
+                  script, share_secret, train, train_args, write_chain)
 
 SEED = 1337   # Config's seed
 
@@ -50,8 +50,9 @@ def test_reference_run_has_every_step_and_checkpoint(reference):
 
 
 def test_independent_runs_are_byte_identical(corpus, reference, tmp_path):
-    # Another process, directory and thread count (bookkeeping, not in the chain): same bytes.
-    run = train(tmp_path / "elsewhere", corpus, "--threads=1")
+    # Another process, directory and thread count (bookkeeping, not in the chain), the same
+    # secret (it keys the commitments): the same bytes.
+    run = train(share_secret(reference, tmp_path / "elsewhere"), corpus, "--threads=1")
     assert_same_chain(run, reference)
     assert checkpoint_files(run) == checkpoint_files(reference)
 
@@ -74,7 +75,7 @@ def _state(pid):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
 def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, reference, tmp_path):
-    run = tmp_path / "run"
+    run = share_secret(reference, tmp_path / "run")     # the reference's chain bytes need its secret
     ckpt_dir, chain = run / "checkpoints", run / "chain.jsonl"
     rng = random.Random(20260601)
 

@@ -3,7 +3,8 @@
 - Every field of the genesis record and of a step record (every config key, every tensor hash
   leaf, every split) is changed in turn and the chain re-sealed, as a forger would: the audit
   must report a mismatch at that step that names the field. Runs in-process (audit.Audit) on
-  copies of one tiny run, so each case costs one replayed step.
+  copies of one tiny run, so each case costs one replayed step. grad_commit, which no replay
+  can recompute, is caught by the receipt check, or by the audit's format check.
 - Checkpoints: a bit flipped in the final checkpoint, in a middle one the replay does not start
   from, or the checkpoint's own metadata edited: found, exit 1.
 - A deleted record, a duplicate JSON key, an injected field: a break or mismatch at that step.
@@ -16,6 +17,7 @@ import pytest
 
 import audit
 import hashchain
+import receipts
 from tiny import (STEPS, assert_one_line_error, audit as audit_cli, chain_records, copy_run,
                   mismatch_lines, reseal, script, write_chain)
 
@@ -53,9 +55,20 @@ def field_paths(record, prefix=()):
 
 
 def run_audit(run, step):
+    return sorted(replayed(run, step).findings, key=lambda f: f[0])
+
+
+def replayed(run, step):
     a = audit.Audit(str(run))
     a.replay(step, step)
-    return sorted(a.findings, key=lambda f: f[0])
+    return a
+
+
+def receipt_check(a, step):
+    """(status, reason) the publisher's receipt check (with the run's secret) gives a receipt of
+    audit `a`'s replay of `step`."""
+    secret = receipts.read_secret(a.run.dir, "")
+    return receipts.judge(a.receipt(step, "tester", {}), a.run.chain, lambda s: receipts.salt(secret, s))
 
 
 @pytest.fixture(scope="module")
@@ -64,23 +77,36 @@ def workdir(reference, tmp_path_factory):
 
 
 def test_every_field_of_genesis_and_step_records_is_checked(reference, records, workdir):
-    """Exit 1 at the step, naming the field, for each field changed and the chain re-sealed."""
+    """Exit 1 at the step, naming the field, for each field changed and the chain re-sealed.
+
+    The step record's grad_commit commits to the step's gradient with the run's secret, so no
+    replay can recompute it. Changed to another well-formed commitment, the audit must stay
+    silent (it cannot know) and the publisher's receipt check must reject the receipt of that
+    very replay, which it accepts on the true chain; changed to something that is not 64 hex
+    digits, the audit's format check must name it."""
     original = (reference / "chain.jsonl").read_text()
+    assert receipt_check(replayed(workdir, STEP), STEP)[0] == "accepted"
     missed, checked = [], 0
     for step, audited in ((0, 1), (STEP, STEP)):
         for path in field_paths(records[step]):
-            forged = json.loads(json.dumps(records))
-            target = forged[step]
-            for key in path[:-1]:
-                target = target[key]
-            target[path[-1]] = tampered(target[path[-1]])
-            write_chain(workdir, reseal(forged))
-            findings = run_audit(workdir, audited)
-            name = path[1] if len(path) > 1 else path[0]    # the key a report must name
-            if not (findings and findings[0][0] == step
-                    and any(name in msg for s, msg in findings if s == step)):
-                missed.append((step, ".".join(path), findings[:2]))
-            checked += 1
+            for malformed in ((False, True) if path == ("grad_commit",) else (False,)):
+                forged = json.loads(json.dumps(records))
+                target = forged[step]
+                for key in path[:-1]:
+                    target = target[key]
+                target[path[-1]] = "not hex" if malformed else tampered(target[path[-1]])
+                write_chain(workdir, reseal(forged))
+                a = replayed(workdir, audited)
+                findings = sorted(a.findings, key=lambda f: f[0])
+                name = path[1] if len(path) > 1 else path[0]    # the key a report must name
+                if path == ("grad_commit",) and not malformed:
+                    caught = not findings and receipt_check(a, step)[0] == "rejected"
+                else:
+                    caught = (findings and findings[0][0] == step
+                              and any(name in msg for s, msg in findings if s == step))
+                if not caught:
+                    missed.append((step, ".".join(path), malformed, findings[:2]))
+                checked += 1
     (workdir / "chain.jsonl").write_text(original)
     assert checked > 40, checked                 # config keys, tensor leaves, record fields
     assert not missed, missed

@@ -1,0 +1,368 @@
+"""Audits that cannot be faked and that add up: receipts, a coverage plan, anchored chain heads.
+
+The chain's per-step hashes are public, so an "auditor" could report MATCH without replaying
+anything. Three pieces close that and the two other holes (no plan, no anchor):
+
+    # 1. Commit, then reveal. The trainer (the run's lock holder) makes the run's secret once;
+    #    every step record carries grad_commit = SHA-256(salt_s || grad_root_s), where
+    #    salt_s = HMAC-SHA256(secret, step as 8 bytes big-endian) and grad_root_s is
+    #    hashchain.tensor_leaf("grad", the step's final gradient: folded, scaled, clipped).
+    secret = make_secret("runs/x")                      # trainer only: 32 random bytes, mode 0600
+    secret = read_secret("runs/x", "why it is needed")  # UsageError if missing or malformed
+    commit(salt(secret, 17), grad_root)                 # the record's grad_commit
+    write_receipt("alice/step_17.json", receipt)        # audit.py --step 17 --receipt FILE
+    results = check_receipts("receipts/", chain, salts) # [Result]: accepted/rejected/malformed/unchecked
+    reveal(secret, run_id(genesis), 1, 40)              # salts of steps 1..40, for anyone to check with
+
+    # 2. A plan for K auditors, each step replayed by C of them; what accepted receipts cover.
+    costs = replay_costs(1, 40, checkpoint_steps)      # {step: steps an audit of it replays}
+    assignment = plan(costs, auditors=8, redundancy=2, seed=42)
+    counts = coverage(accepted_results, 1, 40)          # {step: distinct auditors}
+    ranges([1, 2, 3, 7])                                # "1-3,7"
+
+    # 3. Anchors: chain heads published outside the run (the trainer writes run_dir/anchors.jsonl
+    #    every anchor_every steps; the publisher copies it out: a git tag, a transparency log).
+    append_anchor("runs/x", step, record_hash)
+    first_contradiction(chain, read_anchors("anchors.jsonl"))   # None, or (step, message)
+
+Only a replay produces grad_root: it appears nowhere in the chain, and grad_commit hides it
+behind a salt that only the secret's holder can compute. A receipt's grad_root opens the
+commitment only if the auditor computed the step's gradient bit for bit. The publisher checks
+receipts with the secret; revealing the salts of a range lets anyone check those receipts
+later. Bad input raises config.UsageError (one line); a malformed receipt is reported as such
+by check_receipts, not raised.
+"""
+import bisect
+import dataclasses
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+from pathlib import Path
+
+import hashchain
+from config import UsageError
+
+SECRET = "secret"                  # in the run directory; never published
+SECRET_BYTES = 32
+ANCHORS = "anchors.jsonl"          # in the run directory; meant to be copied out of it
+RECEIPT_FORMAT = "repops-receipt-v1"
+SALTS_FORMAT = "repops-salts-v1"
+MAX_FILE = 1 << 20                 # a receipt or salts file is a few KB; an anchors file small
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def is_hex64(value):
+    return isinstance(value, str) and HEX64.fullmatch(value) is not None
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_json_file(path, what, error):
+    """Strict JSON text of a regular file no larger than MAX_FILE; `error` on any problem."""
+    with hashchain.open_regular(path, what, error) as f:
+        raw = f.read(MAX_FILE + 1)
+    if len(raw) > MAX_FILE:
+        raise error(f"{what} {path} is larger than {MAX_FILE} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not UTF-8 text") from None
+
+
+# ----------------------------------------------------------------------------- 1. secret, commitments
+def make_secret(run_dir):
+    """The trainer's secret for a run whose chain is still empty: kept if run_dir/secret already
+    holds one (a publisher may provide it, e.g. to give two runs the same chain bytes), otherwise
+    32 random bytes written atomically with mode 0600. Returns it."""
+    path = Path(run_dir) / SECRET
+    if not path.exists():
+        tmp = path.with_name(".secret.tmp")
+        tmp.unlink(missing_ok=True)          # O_EXCL below: the mode applies to a new file only
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(SECRET_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)                # a kill leaves no secret or a whole one
+        hashchain.fsync_dir(path.parent)     # durable before the genesis record that needs it
+    return read_secret(run_dir, "")
+
+
+def read_secret(run_dir, hint):
+    """The run's secret; UsageError (ending with `hint`) if it is missing or not 32 bytes."""
+    path = Path(run_dir) / SECRET
+    if not path.exists():
+        raise UsageError(f"{path} is missing: {hint}")
+    with hashchain.open_regular(path, "secret", UsageError) as f:
+        secret = f.read(SECRET_BYTES + 1)
+    if len(secret) != SECRET_BYTES:
+        raise UsageError(f"{path} is not a run secret ({SECRET_BYTES} bytes)")
+    return secret
+
+
+def salt(secret, step):
+    """salt_s = HMAC-SHA256(secret, step as 8 bytes big-endian), 32 bytes."""
+    return hmac.new(secret, step.to_bytes(8, "big"), hashlib.sha256).digest()
+
+
+def commit(salt_bytes, grad_root):
+    """grad_commit = SHA-256(salt || grad_root), both as raw 32 bytes; hex."""
+    return hashlib.sha256(salt_bytes + bytes.fromhex(grad_root)).hexdigest()
+
+
+def run_id(genesis):
+    """A run's identity: its genesis record's hash (every later record links back to it)."""
+    return genesis["record_hash"]
+
+
+# ----------------------------------------------------------------------------- receipts
+# Every field a receipt has, and its type (HEX: 64 hex digits).
+HEX = "hex64"
+RECEIPT_FIELDS = {"format": str, "run": HEX, "step": int, "state_hash": HEX, "grad_root": HEX,
+                  "auditor": str, "machine": dict, "cost": dict, "code_digest": HEX,
+                  "data_manifest": HEX, "verdict": str, "findings": list}
+
+
+class Malformed(Exception):
+    """A file that is not a receipt (reported by check_receipts, never raised to the CLI)."""
+
+
+def write_receipt(path, receipt):
+    try:
+        with open(path, "w") as f:
+            f.write(json.dumps(receipt, indent=1, sort_keys=True) + "\n")
+    except OSError as e:
+        raise UsageError(f"cannot write the receipt {path}: {e.strerror}") from None
+
+
+def read_receipt(path):
+    """The receipt in `path`, every field type-checked; Malformed otherwise."""
+    try:
+        receipt = hashchain.strict_json(_read_json_file(path, "receipt", Malformed))
+    except ValueError as e:
+        raise Malformed(f"not valid JSON ({e})") from None
+    if not isinstance(receipt, dict):
+        raise Malformed("not a JSON object")
+    if set(receipt) != set(RECEIPT_FIELDS):
+        odd = sorted(set(receipt) ^ set(RECEIPT_FIELDS))
+        raise Malformed(f"field {odd[0]} is {'unknown' if odd[0] in receipt else 'missing'}")
+    for key, kind in RECEIPT_FIELDS.items():
+        value = receipt[key]
+        ok = is_hex64(value) if kind == HEX else _is_int(value) if kind is int else isinstance(value, kind)
+        if not ok:
+            raise Malformed(f"field {key} must be {'64 hex digits' if kind == HEX else kind.__name__}")
+    if receipt["format"] != RECEIPT_FORMAT:
+        raise Malformed(f"format is not {RECEIPT_FORMAT}")
+    if receipt["step"] < 1 or not receipt["auditor"].strip() or receipt["verdict"] not in ("MATCH", "MISMATCH"):
+        raise Malformed("step must be >= 1, auditor non-empty, verdict MATCH or MISMATCH")
+    if not all(isinstance(f, str) for f in receipt["findings"]):
+        raise Malformed("findings must be a list of strings")
+    return receipt
+
+
+@dataclasses.dataclass
+class Result:
+    path: str
+    status: str                 # accepted, rejected, malformed, unchecked (no salt revealed)
+    reason: str = ""
+    receipt: dict = None
+
+
+def judge(receipt, chain, salt_of):
+    """(status, reason) of a well-formed receipt against the verified chain; salt_of(step) is
+    the step's salt, or None where it is not known (unchecked)."""
+    step, genesis = receipt["step"], chain.records[0]
+    if receipt["run"] != run_id(genesis):
+        return "rejected", f"a receipt for another run ({receipt['run'][:12]})"
+    if step >= len(chain):
+        return "rejected", f"step {step} is not in the chain"
+    record = chain.records[step]
+    step_salt = salt_of(step)
+    if step_salt is None:
+        return "unchecked", f"no salt revealed for step {step}"
+    reasons = []
+    if commit(step_salt, receipt["grad_root"]) != record.get("grad_commit"):
+        reasons.append("its grad_root does not open the step's commitment (echoed, or another gradient)")
+    if receipt["state_hash"] != record.get("state_hash"):
+        reasons.append("its state hash differs from the chain's")
+    for key in ("code_digest", "data_manifest"):
+        if receipt[key] != genesis.get(key):
+            reasons.append(f"it was replayed with another {key}")
+    if receipt["verdict"] != "MATCH":
+        reasons.append("the auditor reports " + (receipt["findings"] or ["MISMATCH"])[0])
+    return ("rejected", "; ".join(reasons)) if reasons else ("accepted", "")
+
+
+def receipt_files(directory):
+    """Every *.json under `directory` (sorted, symlinked directories not followed)."""
+    if not os.path.isdir(directory):
+        raise UsageError(f"no receipt directory {directory}")
+    found = sorted(os.path.join(d, name) for d, _, names in os.walk(directory)
+                   for name in names if name.endswith(".json"))
+    if not found:
+        raise UsageError(f"no receipts (*.json) under {directory}")
+    return found
+
+
+def check_receipts(directory, chain, salt_of):
+    """[Result] for every receipt file under `directory` against the verified chain."""
+    results = []
+    for path in receipt_files(directory):
+        try:
+            receipt = read_receipt(path)
+        except Malformed as e:
+            results.append(Result(path, "malformed", str(e)))
+            continue
+        results.append(Result(path, *judge(receipt, chain, salt_of), receipt))
+    return results
+
+
+# ----------------------------------------------------------------------------- reveal
+def reveal(secret, run, first, last):
+    """The salts of steps first..last as a JSON-ready object: with them anyone can check those
+    steps' receipts (grad_root still stays hidden in the commitment)."""
+    return {"format": SALTS_FORMAT, "run": run,
+            "salts": {str(s): salt(secret, s).hex() for s in range(first, last + 1)}}
+
+
+def read_salts(path, run):
+    """{step: salt bytes} from a file reveal() wrote for this run; UsageError otherwise."""
+    try:
+        doc = hashchain.strict_json(_read_json_file(path, "salts file", UsageError))
+    except ValueError as e:
+        raise UsageError(f"salts file {path} is not valid JSON ({e})") from None
+    if not (isinstance(doc, dict) and doc.get("format") == SALTS_FORMAT and isinstance(doc.get("salts"), dict)
+            and all(re.fullmatch(r"[1-9][0-9]*", k) and is_hex64(v) for k, v in doc["salts"].items())):
+        raise UsageError(f"{path} is not a salts file ({SALTS_FORMAT}: step -> 64 hex digits)")
+    if doc.get("run") != run:
+        raise UsageError(f"{path} reveals the salts of another run")
+    return {int(k): bytes.fromhex(v) for k, v in doc["salts"].items()}
+
+
+# ----------------------------------------------------------------------------- 2. plan, coverage
+def replay_costs(first, last, checkpoint_steps):
+    """{step: how many steps an audit of it replays}: audit.py starts from the latest
+    checkpoint before the step (the genesis state, step 0, when there is none)."""
+    ckpts = sorted(set(checkpoint_steps) | {0})
+    return {s: s - ckpts[bisect.bisect_right(ckpts, s - 1) - 1] for s in range(first, last + 1)}
+
+
+def _key(seed, *parts):
+    """A pseudo-random sort key that only the seed's holder can predict (SHA-256, no RNG state)."""
+    return hashlib.sha256(json.dumps([seed, *parts]).encode()).digest()
+
+
+def plan(costs, auditors, redundancy, seed):
+    """[sorted steps of auditor 0, of auditor 1, ...]: every step of `costs` goes to `redundancy`
+    distinct auditors. Greedy by cost: the most expensive steps first (in seed order within a
+    cost), each to the least-loaded auditors (ties in seed order), so no auditor's total cost
+    exceeds another's by more than one step's cost. Deterministic given the seed."""
+    if auditors < 1 or redundancy < 1:
+        raise UsageError(f"--auditors {auditors} --redundancy {redundancy}: both must be >= 1")
+    if redundancy > auditors:
+        raise UsageError(f"--redundancy {redundancy} needs at least {redundancy} distinct auditors, "
+                         f"--auditors is {auditors}")
+    load, steps = [0] * auditors, [[] for _ in range(auditors)]
+    for step in sorted(costs, key=lambda s: (-costs[s], _key(seed, "step", s))):
+        for a in sorted(range(auditors), key=lambda a: (load[a], _key(seed, "auditor", step, a)))[:redundancy]:
+            load[a] += costs[step]
+            steps[a].append(step)
+    return [sorted(s) for s in steps]
+
+
+def replay_hours(replayed_steps, probe_seconds, probe_work, run_work):
+    """Estimated hours to replay `replayed_steps` steps of a run, from one step of a probe model
+    timed on this machine. A step's time scales with its work W = P x T (parameters x tokens per
+    step: its matmuls are about 6 P T flops), so
+
+        hours = replayed_steps x probe_seconds x W_run / W_probe / 3600
+
+    (an audit's fixed work, verifying the chain and the checkpoints, is not counted)."""
+    return replayed_steps * probe_seconds * run_work / probe_work / 3600
+
+
+def coverage(results, first, last):
+    """{step: distinct auditors with an accepted receipt for it}, for steps first..last."""
+    auditors = {s: set() for s in range(first, last + 1)}
+    for r in results:
+        if r.status == "accepted" and r.receipt["step"] in auditors:
+            auditors[r.receipt["step"]].add(r.receipt["auditor"])
+    return {s: len(a) for s, a in auditors.items()}
+
+
+def ranges(steps):
+    """Compact ranges of sorted integers: [1, 2, 3, 7] -> "1-3,7"."""
+    parts, steps = [], sorted(steps)
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        parts.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ",".join(parts) or "none"
+
+
+# ----------------------------------------------------------------------------- 3. anchors
+def append_anchor(run_dir, step, record_hash):
+    """Add {step, record_hash, utc} to run_dir/anchors.jsonl unless that step is anchored
+    already (a resume re-derives anchored steps). The file is rewritten atomically: a kill
+    leaves the old file or the new one, never a torn line. Only the lock holder calls this."""
+    path = Path(run_dir) / ANCHORS
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    if any(json.loads(line)["step"] == step for line in lines):
+        return
+    utc = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    anchor = {"step": step, "record_hash": record_hash, "utc": utc}
+    lines.append(json.dumps(anchor, sort_keys=True, separators=(",", ":")) + "\n")
+    tmp = path.with_name(f".{ANCHORS}.tmp")
+    with open(tmp, "w") as f:
+        f.write("".join(lines))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    hashchain.fsync_dir(path.parent)
+
+
+def read_anchors(path):
+    """[{step, record_hash, utc}] from an anchors file; UsageError if it is not one."""
+    anchors = []
+    for n, line in enumerate(_read_json_file(path, "anchors file", UsageError).splitlines(), start=1):
+        try:
+            a = hashchain.strict_json(line)
+        except ValueError as e:
+            raise UsageError(f"{path} line {n} is not valid JSON ({e})") from None
+        if not (isinstance(a, dict) and set(a) == {"step", "record_hash", "utc"} and _is_int(a["step"])
+                and a["step"] >= 0 and is_hex64(a["record_hash"]) and isinstance(a["utc"], str)):
+            raise UsageError(f"{path} line {n} is not an anchor (step, record_hash, utc)")
+        anchors.append(a)
+    if not anchors:
+        raise UsageError(f"{path} holds no anchors")
+    return anchors
+
+
+def first_contradiction(chain, anchors):
+    """(step, message) of the first anchor (in step order) that the chain contradicts, or None.
+    The chain's links are verified up to the last anchored step: a broken link or a record whose
+    hash does not match its contents contradicts every anchor from its step on."""
+    try:
+        chain.verify(upto=max(a["step"] for a in anchors))
+        broken = None
+    except hashchain.ChainError as e:
+        broken = e
+    for a in sorted(anchors, key=lambda a: a["step"]):
+        step, where = a["step"], f"anchored at {a['utc']} with record hash {a['record_hash'][:16]}"
+        if broken and step >= broken.line - 1:
+            return broken.line - 1, f"{broken.message} (the anchor of step {step}: {where})"
+        if step >= len(chain):
+            return step, f"{where}, but the chain ends at step {len(chain) - 1} (history cut after anchoring)"
+        if chain.records[step]["record_hash"] != a["record_hash"]:
+            return step, (f"{where}, the chain holds {chain.records[step]['record_hash'][:16]} "
+                          "(history rewritten after anchoring)")
+    return None
