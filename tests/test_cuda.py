@@ -603,6 +603,7 @@ def test_selftest_golden_digests_on_cuda(ops, cpu_digests, tmp_path):
 
 
 RUN_FLAGS = [*TINY, "--max_steps=6", "--checkpoint_every=3", "--eval_every=0", "--sample_tokens=0"]
+SECRET = bytes(range(32))           # every run here under one secret, so their chains can be equal
 
 
 @pytest.fixture(scope="module")
@@ -611,7 +612,8 @@ def corpus(tmp_path_factory):
 
 
 def _train(work, corpus, *extra, launcher=None):
-    work.mkdir(parents=True, exist_ok=True)
+    (work / "run").mkdir(parents=True, exist_ok=True)
+    (work / "run" / "secret").write_bytes(SECRET)   # the chain bytes depend on it (grad_commit)
     cmd = (launcher or [sys.executable]) + [str(ROOT / "train.py"), "--run_dir=run", f"--data_dir={corpus}", *RUN_FLAGS, *extra]
     r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
