@@ -214,7 +214,7 @@ class Audit:
             except StepRefused as e:        # the published run cannot have recorded this step
                 self.find(step, str(e))
                 return
-            record = step_record(state, self.data, self.cfg, fields)
+            record = step_record(state.step, *state.hash(), self.data, self.cfg, fields)
             self.replayed[step] = record["state_hash"], fields["grad_root"]
             diff = compare(record, self.run.chain.records[step])
             if diff:

@@ -3,6 +3,7 @@
     python bench.py                  # default model and batch of train.py
     python bench.py --threads 1      # pin the thread count (both sides)
     python bench.py --repeats 10
+    python bench.py --device cuda    # on a GPU: bench_cuda.py's tables (TFLOP/s, bf16, 27.5M)
 
 Prints the machine, then tables of absolute figures and ratios (RepOps / PyTorch time):
 matmul GFLOP/s at the model's shapes (forward and both backward products), one full training
@@ -54,11 +55,12 @@ def machine():
 
 # ----------------------------------------------------------------------------- baseline model
 class TorchLlama(torch.nn.Module):
-    """The same model in plain PyTorch fp32 (same shapes, same math, same initial weights)."""
+    """The same model in plain PyTorch fp32 (same shapes, same math, same initial weights);
+    sdpa: attention by F.scaled_dot_product_attention (the GPU baseline) instead of written out."""
 
-    def __init__(self, state):
+    def __init__(self, state, sdpa=False):
         super().__init__()
-        self.cfg = state.model.cfg
+        self.cfg, self.sdpa = state.model.cfg, sdpa
         self.m = copy.deepcopy(state.model)    # the same parameters, read by attribute below
         self.cos, self.sin = self.m.rope_cos, self.m.rope_sin
 
@@ -76,16 +78,19 @@ class TorchLlama(torch.nn.Module):
         B, T = idx.shape
         H, Dh = cfg.n_head, cfg.d_model // cfg.n_head
         m = self.m
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
         x = F.embedding(idx, m.tok_emb)
         for layer in m.layers:
             h = self.rmsnorm(x, layer.attn_norm)
             q, k, v = (h @ layer.wqkv.t()).view(B, T, 3, H, Dh).unbind(2)
             q, k = self.rope(q), self.rope(k)
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            s = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
-            p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
-            o = (p @ v).transpose(1, 2).reshape(B, T, -1)
+            if self.sdpa:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                s = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
+                o = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
+            o = o.transpose(1, 2).reshape(B, T, -1)
             x = x + o @ layer.wo.t()
             h = self.rmsnorm(x, layer.mlp_norm)
             a, b = (h @ layer.w_gate_up.t()).chunk(2, -1)
@@ -98,16 +103,22 @@ class TorchLlama(torch.nn.Module):
 def torch_step(model, opt, data, cfg, step):
     opt.zero_grad(set_to_none=True)
     for m in range(cfg.micro_batches):
-        x, y = data.micro_batch("train", step, m, cfg.micro_batch_size, cfg.seq_len)
+        x, y = (t.to(model.m.tok_emb.device) for t in data.micro_batch("train", step, m, cfg.micro_batch_size,
+                                                                         cfg.seq_len))
         (model(x, y, cfg.zloss) / cfg.micro_batches).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
 
 
 # ----------------------------------------------------------------------------- sections
+def model_shapes(cfg, vocab):
+    """{weight: (out_features, in_features)} of the model's matrices."""
+    d, h = cfg.d_model, cfg.d_hidden
+    return {"wqkv": (3 * d, d), "wo": (d, d), "w_gate_up": (2 * h, d), "w_down": (d, h), "lm_head": (vocab, d)}
+
+
 def bench_matmul(cfg, vocab, repeats):
-    rows, d, h = cfg.micro_batch_size * cfg.seq_len, cfg.d_model, cfg.d_hidden
-    shapes = {"wqkv": (3 * d, d), "wo": (d, d), "w_gate_up": (2 * h, d), "w_down": (d, h), "lm_head": (vocab, d)}
+    rows, shapes = cfg.micro_batch_size * cfg.seq_len, model_shapes(cfg, vocab)
     print(f"\nmatmul, fp32, rows = micro_batch_size x seq_len = {rows} (GFLOP/s; ratio = RepOps/torch speed)")
     print(f"{'weight':10s} {'product':22s} {'RepOps':>8s} {'torch':>8s} {'ratio':>6s}")
     ratios = []
@@ -175,11 +186,19 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--data_dir", default=config.Config.data_dir)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--large", action="store_true", help="cuda: also the 1.23B-parameter step")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = config.Config(data_dir=args.data_dir)
     data = TokenData(cfg.data_dir, cfg.seed)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("bench.py: error: --device cuda needs a CUDA GPU that torch can use")
+        import bench_cuda    # its own module: GPU timing and baselines
+        bench_cuda.main(args, data)
+        return
     print("machine:", machine())
     bench_traffic(cfg, data.vocab_size)
     bench_matmul(cfg, data.vocab_size, args.repeats)

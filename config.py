@@ -57,11 +57,12 @@ class Config:
     device: str = "cpu"                 # "cuda": same bits on the GPU kernels (rank r uses GPU r)
     dist_timeout: int = 60              # seconds before a rank gives up on a dead peer
     anchor_every: int = 100             # append the chain head to anchors.jsonl every N steps (0: never)
+    hash_async: str = "auto"            # hash step N while step N+1 computes: on, off, auto (= on for cuda)
 
 
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
-               "sample_tokens", "threads", "device", "dist_timeout", "anchor_every"}
+               "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "hash_async"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 SEED_LIMIT = 1 << 64                    # Philox keys are 64-bit
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -151,6 +152,7 @@ def validate(cfg, world=1):
     need(cfg.run_dir != "", "run_dir", "must not be empty")
     need(cfg.data_dir != "", "data_dir", "must not be empty")
     need(cfg.device in ("cpu", "cuda"), "device", "must be cpu or cuda")
+    need(cfg.hash_async in ("on", "off", "auto"), "hash_async", "must be on, off or auto")
     if cfg.device == "cuda":
         need(torch.cuda.is_available(), "device", "this machine has no CUDA GPU that torch can use")
         need(torch.cuda.device_count() >= world, "device",

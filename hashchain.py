@@ -229,15 +229,22 @@ def merkle_root_from_proof(leaf, index, n_leaves, proof):
     return node.hex()
 
 
-_HASH_POOL = ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, 8)))
+# One thread per core: hashlib releases the GIL on large buffers, so leaves hash in parallel.
+HASH_POOL = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
+
+
+def map_tensors(fn, tensors):
+    """{name: fn(name, tensor)} in sorted name order, computed in HASH_POOL's threads with the
+    largest tensors started first (a big embedding started last would finish alone)."""
+    by_size = sorted(tensors, key=lambda n: (-tensors[n].numel(), n))
+    results = dict(zip(by_size, HASH_POOL.map(lambda n: fn(n, tensors[n]), by_size)))
+    return {n: results[n] for n in sorted(tensors)}
 
 
 def state_hash(tensors):
     """(root hex, {name: leaf hex}) of a dict of tensors, names sorted. Leaves are hashed in
-    parallel threads (hashlib releases the GIL on large buffers); the result is the same."""
-    names = sorted(tensors)
-    hexes = _HASH_POOL.map(lambda n: tensor_leaf(n, tensors[n]), names)
-    leaves = dict(zip(names, hexes))
+    parallel threads; the result does not depend on it."""
+    leaves = map_tensors(tensor_leaf, tensors)
     return merkle_root(list(leaves.values())), leaves
 
 

@@ -298,10 +298,22 @@ def swiglu(u):
     return out.view(*u.shape[:-1], u.shape[-1] // 2)
 
 
+def _indices_on(idx, device, hi, what):
+    """(idx on `device`, whether the op must still check its range). Indices that come from the
+    host bound for a GPU are checked here, on the host, once: the GPU op then need not wait for
+    the device to test them (a host sync per call)."""
+    if idx.device == device or idx.device.type != "cpu":
+        return idx, True
+    ops.check_index(idx.reshape(-1), hi, what)
+    # from pinned memory the copy is truly asynchronous (no wait for the device's queue)
+    return idx.pin_memory().to(device, non_blocking=True), False
+
+
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, targets, zloss):
-        loss, lse = ops.cross_entropy(z, targets, zloss)
+        targets, check = _indices_on(targets, z.device, z.shape[-1], "targets")
+        loss, lse = ops.cross_entropy(z, targets, zloss, check)
         ctx.save_for_backward(z, targets, lse)
         ctx.zloss = zloss
         return loss
@@ -309,28 +321,33 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         z, targets, lse = ctx.saved_tensors
-        return ops.cross_entropy_backward(g, z, targets, lse, ctx.zloss), None, None
+        # the forward checked these targets
+        return ops.cross_entropy_backward(g, z, targets, lse, ctx.zloss, False), None, None
 
 
 def cross_entropy(z, targets, zloss=0.0):
-    """Mean over rows of -log softmax(z)[target] + zloss * logsumexp(z)^2."""
+    """Mean over rows of -log softmax(z)[target] + zloss * logsumexp(z)^2. targets may be a host
+    tensor for a GPU z (checked on the host, then moved)."""
     return _CrossEntropy.apply(z, targets, f32(zloss))
 
 
 class _Embedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx, w, idx):
+        idx, check = _indices_on(idx, w.device, w.shape[0], "token ids")
         ctx.save_for_backward(idx)
         ctx.num_rows = w.shape[0]
-        return ops.embedding(w, idx.reshape(-1)).view(*idx.shape, w.shape[1])
+        return ops.embedding(w, idx.reshape(-1), check).view(*idx.shape, w.shape[1])
 
     @staticmethod
     def backward(ctx, g):
         (idx,) = ctx.saved_tensors
-        return ops.embedding_backward(g.reshape(-1, g.shape[-1]), idx.reshape(-1), ctx.num_rows), None
+        # the forward checked these indices
+        return ops.embedding_backward(g.reshape(-1, g.shape[-1]), idx.reshape(-1), ctx.num_rows, False), None
 
 
 def embedding(w, idx):
+    """Rows of w [V, D] at idx (int64, any shape). idx may be a host tensor for a GPU w."""
     return _Embedding.apply(w, idx)
 
 

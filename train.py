@@ -10,8 +10,10 @@ Every step: N micro-batches (a pure function of data, seed, step, index), each g
 gradient; the gradients are summed with TreeFold's fixed tree (treefold.py), clipped, and
 applied with AdamW, all in RepOps. The state hash (parameters, Adam moments, step) goes into
 runs/<name>/chain.jsonl; checkpoints every `checkpoint_every` steps (rundir.py lays out the
-directory). Killed at any moment, `python train.py` resumes from the latest checkpoint that
-verifies and re-derives the same chain; it refuses a run directory that another trainer holds
+directory). With --hash_async (the CUDA default) step N is hashed while step N+1 computes and
+is published after it (snapshot.py); a record never exists before its state was hashed. Killed
+at any moment, `python train.py` resumes from the latest checkpoint that verifies and
+re-derives the same chain; it refuses a run directory that another trainer holds
 or that was started with another config, corpus or code. Each step record also commits to the
 step's final gradient with the run's secret (grad_commit, receipts.py), so that auditors can
 prove they replayed the step; every `anchor_every` steps the chain head is appended to
@@ -28,7 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,6 +37,7 @@ import hashchain
 import receipts
 import repops
 import rundir
+import snapshot
 import treefold
 from config import UsageError, decisive_config, differences, parse_config, validate
 from data import DataError, TokenData, batch_digest, get_tokenizer
@@ -88,6 +90,13 @@ class TrainState:
         self.m = {n: torch.zeros_like(p) for n, p in self.params.items()}
         self.v = {n: torch.zeros_like(p) for n, p in self.params.items()}
         self.step = 0
+        self.copy_done = None    # CUDA event: an asynchronous host copy of the state (snapshot.py)
+
+    def wait_for_snapshot(self):
+        """Make the update wait until a pending asynchronous copy of the state has read it."""
+        if self.copy_done is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.copy_done)
+            self.copy_done = None
 
     def tensors(self):
         out = {"step": torch.tensor([self.step], dtype=torch.int64)}
@@ -125,8 +134,8 @@ class TrainState:
 # ----------------------------------------------------------------------------- the step
 def micro_batch_gradient(state, data, cfg, step, micro):
     """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss."""
-    batch = data.micro_batch("train", step, micro, cfg.micro_batch_size, cfg.seq_len)
-    x, y = (t.to(state.device) for t in batch)
+    # host tensors: repops checks their range on the host, once, and moves them to the device
+    x, y = data.micro_batch("train", step, micro, cfg.micro_batch_size, cfg.seq_len)
     params = list(state.params.values())
     loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
     grads = torch.autograd.grad(loss, params)
@@ -151,12 +160,14 @@ def train_step(state, data, cfg, rank=0, world=1):
     mean = repops.ops.scale(total, repops.f32(1.0 / n))
     loss = mean[-1]
     grad, grad_norm = repops.clip_grad(mean[:-1], cfg.grad_clip)
-    loss_f, norm_f = float(loss), float(grad_norm)
+    # The step's one host sync: loss and norm read together.
+    loss_f, norm_f = torch.cat([loss.reshape(1), grad_norm.reshape(1)]).tolist()
     if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
         raise StepRefused(f"step {step}: loss {loss_f} / gradient norm {norm_f} is not finite; "
                           "the step is refused and nothing of it is written (lower lr?)")
     lr = lr_at(cfg, step)
     offset = 0
+    state.wait_for_snapshot()
     with torch.no_grad():
         for name, p in state.params.items():
             g = grad[offset:offset + p.numel()].view(p.shape)
@@ -164,7 +175,6 @@ def train_step(state, data, cfg, rank=0, world=1):
             repops.adamw_(p.data, g, state.m[name], state.v[name], lr=lr, beta1=cfg.beta1,
                           beta2=cfg.beta2, eps=cfg.adam_eps,
                           weight_decay=cfg.weight_decay if p.dim() >= 2 else 0.0, step=step)
-    check_finite(state, step)
     state.step = step
     # grad_root: the digest of the final gradient, which only a replay can compute; the
     # trainer commits to it (step_record), an auditor's receipt reveals it (receipts.py).
@@ -173,29 +183,19 @@ def train_step(state, data, cfg, rank=0, world=1):
             "lr_bits": hashchain.f32_bits(lr), "grad_root": hashchain.tensor_leaf("grad", grad)}
 
 
-def check_finite(state, step):
-    """Refuse a step whose update left a non-finite parameter or moment. Read on the host with
-    numpy: a check, not arithmetic on the training path (no ATen op runs)."""
-    for name in state.params:
-        for t in (state.params[name], state.m[name], state.v[name]):
-            if not np.isfinite(t.detach().cpu().numpy()).all():
-                raise StepRefused(f"step {step}: the update left non-finite values in {name} (or its "
-                                  "Adam moments); the step is refused and nothing of it is written")
-
-
-def step_record(state, data, cfg, fields, secret=None):
-    """The chain record of the step `state` just finished (everything but prev/record_hash).
-    fields["grad_root"] is never published: with the run's secret (the trainer) the record holds
-    its commitment grad_commit; without it (a replay) the record has no grad_commit, which only
-    the secret's holder can compute."""
-    root, leaves = state.hash()
-    windows = [data.window("train", state.step, m, cfg.micro_batch_size, cfg.seq_len)
+def step_record(step, root, leaves, data, cfg, fields, secret=None):
+    """The chain record of `step` (everything but prev/record_hash), whose state hashed to
+    (root, leaves) and whose train_step returned `fields`. fields["grad_root"] is never
+    published: with the run's secret (the trainer) the record holds its commitment grad_commit;
+    without it (a replay) the record has no grad_commit, which only the secret's holder can
+    compute."""
+    windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len)
                for m in range(cfg.micro_batches)]
-    record = {"kind": "step", "step": state.step, "state_hash": root, "tensor_hashes": leaves,
+    record = {"kind": "step", "step": step, "state_hash": root, "tensor_hashes": leaves,
               "batch_digest": batch_digest(windows), **fields}
     grad_root = record.pop("grad_root")
     if secret is not None:
-        record["grad_commit"] = receipts.commit(receipts.salt(secret, state.step), grad_root)
+        record["grad_commit"] = receipts.commit(receipts.salt(secret, step), grad_root)
     return record
 
 
@@ -211,15 +211,17 @@ def genesis_record(state, data, cfg):
 def evaluate(state, data, cfg):
     state.model.eval()
     batches = (data.micro_batch("val", 0, m, cfg.micro_batch_size, cfg.seq_len) for m in range(cfg.eval_batches))
-    losses = [float(state.model(x.to(state.device), y.to(state.device))) for x, y in batches]
+    losses = [float(state.model(x, y)) for x, y in batches]   # host ids, as in training
     return sum(losses) / len(losses)
 
 
 # ----------------------------------------------------------------------------- run directory
-def save_checkpoint(run_dir, state, record):
-    hashchain.save_checkpoint(hashchain.checkpoint_path(rundir.checkpoint_dir(run_dir), state.step),
-                              state.tensors(), {"step": state.step, "state_hash": record["state_hash"],
-                                                "tensor_hashes": record["tensor_hashes"]})
+def save_checkpoint(run_dir, tensors, record):
+    """Checkpoint of the state `tensors` whose record (genesis or step) is `record`."""
+    step = record["step"]
+    hashchain.save_checkpoint(hashchain.checkpoint_path(rundir.checkpoint_dir(run_dir), step),
+                              tensors, {"step": step, "state_hash": record["state_hash"],
+                                        "tensor_hashes": record["tensor_hashes"]})
 
 
 def check_identity(cfg, data, genesis):
@@ -282,7 +284,7 @@ def open_run(cfg, data, state, rank, world, log):
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
     if writer and start == 0 and not hashchain.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
-        save_checkpoint(run.dir, state, run.chain.records[0])
+        save_checkpoint(run.dir, state.tensors(), run.chain.records[0])
     if world > 1 and writer:
         dist.barrier()
     return run.chain, start, secret
@@ -340,6 +342,12 @@ def publish(chain, record, writer):
         chain.append(record)
 
 
+def hash_overlaps(cfg):
+    """Hash a step while the next one computes? On CUDA the state crosses to the host anyway
+    and the host's cores are idle; on the CPU the hash would take cores from the step."""
+    return cfg.hash_async == "on" or (cfg.hash_async == "auto" and cfg.device == "cuda")
+
+
 def device_of(cfg, world):
     if cfg.device != "cuda":
         return torch.device("cpu")
@@ -364,22 +372,49 @@ def run(cfg, rank, world):
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
         f"{world} rank(s) x {cfg.micro_batches // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
-    for step in range(start + 1, cfg.max_steps + 1):
-        t0 = time.perf_counter()
-        fields = train_step(state, data, cfg, rank, world)
-        record = step_record(state, data, cfg, fields, secret)
+    hasher = snapshot.StateHasher(overlap=hash_overlaps(cfg))
+    last_log = [time.perf_counter()]
+
+    def finish(fields, job):
+        """Publish a step from its finished hash job: refuse a non-finite state, check the ranks
+        agree, append the record, anchor, checkpoint (from the hashed copy), log."""
+        hashed = job.result()
+        step = hashed.step
+        if hashed.nonfinite:
+            raise StepRefused(f"step {step}: the update left non-finite values in {hashed.nonfinite[0]}; "
+                              "the step is refused and nothing of it is written")
+        record = step_record(step, hashed.root, hashed.leaves, data, cfg, fields, secret)
         if world > 1:
             check_same_state(record["state_hash"], world)
         publish(chain, record, writer)
         if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
             receipts.append_anchor(cfg.run_dir, step, chain.records[step]["record_hash"])
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
-            save_checkpoint(cfg.run_dir, state, record)
-        ms = (time.perf_counter() - t0) * 1000
+            save_checkpoint(cfg.run_dir, hashed.tensors, record)
+        now = time.perf_counter()
+        ms, last_log[0] = (now - last_log[0]) * 1000, now
         log(f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
             f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens_per_step / ms * 1000:7.0f} tok/s | "
             f"state {record['state_hash'][:12]}")
-        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+
+    # With overlap, step N is published after step N+1 has computed (its hash ran meanwhile);
+    # an evaluation, the last step or a refused step publishes what is pending first.
+    pending = None
+    for step in range(start + 1, cfg.max_steps + 1):
+        try:
+            fields = train_step(state, data, cfg, rank, world)
+        except StepRefused:
+            if pending:
+                finish(*pending)
+            raise
+        if pending:
+            finish(*pending)
+        pending = (fields, hasher.submit(state))
+        evaluate_now = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps)
+        if not hasher.overlap or evaluate_now or step == cfg.max_steps:
+            finish(*pending)
+            pending = None
+        if evaluate_now:
             log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")  # every rank evaluates
     if writer and cfg.sample_tokens:
         enc = get_tokenizer(data.manifest["tokenizer"]["name"])

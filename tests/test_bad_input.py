@@ -26,7 +26,6 @@ import torch
 
 import audit as audit_module
 import config
-import data
 import hashchain
 import receipts
 import rundir
@@ -39,7 +38,7 @@ from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records
     "--lr=nan", "--lr=inf", "--lr=0", "--seq_len=0", "--micro_batch_size=0", "--n_head=0",
     "--d_model=30", "--seed=-1", "--threads=-2", "--beta2=1.0", "--beta1=-0.1", "--dropout=1",
     "--grad_clip=-1", "--max_steps=0", "--micro_batches=0", "--checkpoint_every=0", "--device=tpu",
-    "--anchor_every=-1",
+    "--anchor_every=-1", "--hash_async=maybe",
     "--weight_decay=1000", "--norm_eps=nan", "--no_such_key=1", "--n_layer=two",
 ])
 def test_train_refuses_bad_config_before_creating_anything(corpus, tmp_path, arg):
@@ -68,13 +67,24 @@ def test_train_run_dir_under_a_regular_file(corpus, tmp_path):
     assert_one_line_error(proc, "train.py")
 
 
-def test_a_non_finite_update_is_refused(corpus):
-    cfg = config.parse_config([*TINY, f"--data_dir={corpus}"])
-    tokens = data.TokenData(str(corpus), cfg.seed)
-    state = train.TrainState(cfg, tokens.vocab_size)
-    state.v["layers.0.wo"][0, 0] = float("inf")      # a moment the update keeps non-finite
-    with pytest.raises(train.StepRefused, match="layers.0.wo"):
-        train.train_step(state, tokens, cfg)
+@pytest.mark.parametrize("hash_async", ["off", "on"])
+def test_a_non_finite_update_is_refused_and_not_published(corpus, tmp_path, monkeypatch, hash_async):
+    """The state is checked where it is hashed (snapshot.py): with the hash overlapping the next
+    step too, the step that went non-finite is refused and the chain ends before it."""
+    real_step = train.train_step
+
+    def poisoned_step(state, *args, **kwargs):
+        fields = real_step(state, *args, **kwargs)
+        if state.step == 3:
+            state.v["layers.0.wo"][0, 0] = float("inf")   # as an overflowing update would
+        return fields
+
+    monkeypatch.setattr(train, "train_step", poisoned_step)
+    run = tmp_path / "run"
+    cfg = config.parse_config([*train_args(run, corpus), "--max_steps=6", f"--hash_async={hash_async}"])
+    with pytest.raises(train.StepRefused, match=r"step 3: .* adam_v\.layers\.0\.wo"):
+        train.run(cfg, 0, 1)
+    assert [r["step"] for r in chain_records(run)] == [0, 1, 2]
 
 
 # ----------------------------------------------------------------------------- hostile files

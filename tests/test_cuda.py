@@ -36,6 +36,7 @@ import pytest
 import torch
 import torch.utils.cpp_extension
 
+import repops
 import test_kernels as TK
 import test_selftest as ST
 from tiny import TINY, make_corpus
@@ -520,6 +521,31 @@ def test_index_errors_match_cpu(ops):
         with pytest.raises(RuntimeError) as gpu_err:
             call(DEV)
         assert str(cpu_err.value).splitlines()[0] == str(gpu_err.value).splitlines()[0]
+    # host indices bound for the GPU are checked on the host, with the same message
+    for call in (lambda d: repops.cross_entropy(z.to(d), t), lambda d: repops.embedding(w.to(d), t)):
+        with pytest.raises(RuntimeError) as cpu_err:
+            call("cpu")
+        with pytest.raises(RuntimeError) as gpu_err:
+            call(DEV)
+        assert str(cpu_err.value).splitlines()[0] == str(gpu_err.value).splitlines()[0]
+
+
+@needs_gpu
+def test_host_indices_give_the_device_indices_bits():
+    """repops moves host ids to the GPU after checking them on the host; forward and backward
+    are the same bits as with ids already on the GPU (whose range the op tests itself)."""
+    rng = np.random.default_rng(5)
+    w_np, z_np = rng.standard_normal((50, 8), dtype=np.float32), rng.standard_normal((12, 50), dtype=np.float32)
+    idx = torch.from_numpy(rng.integers(0, 50, 12))
+    results = []
+    for ids in (idx, idx.to(DEV)):
+        w = torch.tensor(w_np, device=DEV, requires_grad=True)
+        z = torch.tensor(z_np, device=DEV, requires_grad=True)
+        loss = repops.cross_entropy(z, ids, 1e-4)
+        emb = repops.embedding(w, ids)
+        g_w, g_z = torch.autograd.grad((loss, emb), (w, z), (torch.ones((), device=DEV), torch.ones_like(emb)))
+        results.append([t.cpu().numpy().tobytes() for t in (loss, emb, g_w, g_z)])
+    assert results[0] == results[1]
 
 
 @needs_gpu

@@ -216,7 +216,7 @@ def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
 
         simulate_allreduce(monkeypatch, leaf, n, world, world - 1)
         fields = train.train_step(state, data, cfg, rank=world - 1, world=world)
-        record = train.step_record(state, data, cfg, fields, receipts.read_secret(run, ""))
+        record = train.step_record(state.step, *state.hash(), data, cfg, fields, receipts.read_secret(run, ""))
         published = chain.records[k + 1]
         assert record["state_hash"] == published["state_hash"], f"simulated R={world}"
         assert ({**record, "prev": published["prev"], "record_hash": published["record_hash"]}
@@ -243,7 +243,7 @@ def test_reference_run_shape_288_on_48_ranks_simulated(corpus, monkeypatch):
 
         simulate_allreduce(monkeypatch, leaf, n, ranks, ranks - 1)
         fields = train.train_step(state, data, cfg, rank=ranks - 1, world=ranks)
-        records.append(train.step_record(state, data, cfg, fields))
+        records.append(train.step_record(state.step, *state.hash(), data, cfg, fields))
     assert records[1] == records[0]
 
 

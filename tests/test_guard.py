@@ -31,11 +31,11 @@ ALLOWED = {
     "aten::unbind.int": "views of q, k and v inside the fused QKV projection",
     "aten::detach": "an alias without autograd history",
     "aten::clone": "contiguous() and reshape of strided views: copy bytes to a dense layout",
-    "aten::cat": "lays the flat micro-batch gradients and the loss into one buffer (copies)",
+    "aten::cat": "lays the flat micro-batch gradients and the loss into one buffer, and the loss "
+                 "and gradient norm side by side for the step's one host read (copies)",
     "aten::stack": "unbind's backward: lays the q, k, v gradients side by side (copies)",
     "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
     "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
-    "aten::_local_scalar_dense": "float(loss), float(grad_norm): reads one value to the host",
 }
 
 

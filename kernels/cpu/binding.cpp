@@ -89,35 +89,36 @@ Tensor swiglu_backward(const Tensor& g_, const Tensor& u_) {
   return gu;
 }
 
-std::tuple<Tensor, Tensor> cross_entropy(const Tensor& z_, const Tensor& t_, double zloss) {
+std::tuple<Tensor, Tensor> cross_entropy(const Tensor& z_, const Tensor& t_, double zloss, bool check_indices) {
   auto [z, t] = rpb::cross_entropy_args(kDev, z_, t_);
-  rpb::check_range(t, z.size(1), "targets");
+  if (check_indices) rpb::check_range(t, z.size(1), "targets");
   Tensor loss = at::empty({}, z.options()), lse = at::empty({z.size(0)}, z.options());
   rp_cross_entropy(z.data_ptr<float>(), t.data_ptr<int64_t>(), (float)zloss, loss.data_ptr<float>(),
                    lse.data_ptr<float>(), z.size(0), z.size(1));
   return {loss, lse};
 }
 
-Tensor cross_entropy_backward(const Tensor& g, const Tensor& z_, const Tensor& t_, const Tensor& lse_, double zloss) {
+Tensor cross_entropy_backward(const Tensor& g, const Tensor& z_, const Tensor& t_, const Tensor& lse_, double zloss,
+                              bool check_indices) {
   auto [z, t, lse] = rpb::cross_entropy_backward_args(kDev, g, z_, t_, lse_);
-  rpb::check_range(t, z.size(1), "targets");
+  if (check_indices) rpb::check_range(t, z.size(1), "targets");
   Tensor gz = at::empty_like(z);
   rp_cross_entropy_backward(g.item<float>(), z.data_ptr<float>(), t.data_ptr<int64_t>(), lse.data_ptr<float>(),
                             (float)zloss, gz.data_ptr<float>(), z.size(0), z.size(1));
   return gz;
 }
 
-Tensor embedding(const Tensor& w_, const Tensor& idx_) {
+Tensor embedding(const Tensor& w_, const Tensor& idx_, bool check_indices) {
   auto [w, idx] = rpb::embedding_args(kDev, w_, idx_);
-  rpb::check_range(idx, w.size(0), "token ids");
+  if (check_indices) rpb::check_range(idx, w.size(0), "token ids");
   Tensor out = at::empty({idx.size(0), w.size(1)}, w.options());
   rp_embedding(w.data_ptr<float>(), idx.data_ptr<int64_t>(), out.data_ptr<float>(), idx.size(0), w.size(1));
   return out;
 }
 
-Tensor embedding_backward(const Tensor& g_, const Tensor& idx_, int64_t num_rows) {
+Tensor embedding_backward(const Tensor& g_, const Tensor& idx_, int64_t num_rows, bool check_indices) {
   auto [g, idx] = rpb::embedding_backward_args(kDev, g_, idx_);
-  rpb::check_range(idx, num_rows, "token ids");
+  if (check_indices) rpb::check_range(idx, num_rows, "token ids");
   Tensor gw = at::empty({num_rows, g.size(1)}, g.options());
   rp_embedding_backward(g.data_ptr<float>(), idx.data_ptr<int64_t>(), gw.data_ptr<float>(), g.size(0), num_rows,
                         g.size(1));
@@ -217,10 +218,13 @@ TORCH_LIBRARY(repops, m) {
   m.def("causal_softmax_backward(Tensor gp, Tensor p, float scale) -> Tensor");
   m.def("swiglu(Tensor u) -> Tensor");
   m.def("swiglu_backward(Tensor g, Tensor u) -> Tensor");
-  m.def("cross_entropy(Tensor z, Tensor targets, float zloss) -> (Tensor, Tensor)");
-  m.def("cross_entropy_backward(Tensor g, Tensor z, Tensor targets, Tensor lse, float zloss) -> Tensor");
-  m.def("embedding(Tensor w, Tensor idx) -> Tensor");
-  m.def("embedding_backward(Tensor g, Tensor idx, int num_rows) -> Tensor");
+  // check=False: the caller vouches for the indices' range (checked on the host where they came
+  // from, or by the forward op whose indices a backward reuses), so CUDA need not sync to test it.
+  m.def("cross_entropy(Tensor z, Tensor targets, float zloss, bool check=True) -> (Tensor, Tensor)");
+  m.def("cross_entropy_backward(Tensor g, Tensor z, Tensor targets, Tensor lse, float zloss, bool check=True) -> Tensor");
+  m.def("embedding(Tensor w, Tensor idx, bool check=True) -> Tensor");
+  m.def("embedding_backward(Tensor g, Tensor idx, int num_rows, bool check=True) -> Tensor");
+  m.def("check_index(Tensor idx, int hi, str what) -> ()");
   m.def("add(Tensor a, Tensor b) -> Tensor");
   m.def("mul(Tensor a, Tensor b) -> Tensor");
   m.def("scale(Tensor a, float s) -> Tensor");
@@ -234,7 +238,17 @@ TORCH_LIBRARY(repops, m) {
   RPB_DEF_TENSORLESS_OPS(m, );
 }
 
-TORCH_LIBRARY_IMPL(repops, CPU, m) { RPB_IMPL_TENSOR_OPS(m); }
+// The range check alone, for host indices bound for another device (repops.py checks them here,
+// where they came from, once, so the device op need not).
+void check_index(const Tensor& idx_, int64_t hi, c10::string_view what) {
+  const Tensor idx = rpb::contig_idx(kDev, idx_, "idx");
+  rpb::check_range(idx, hi, std::string(what).c_str());
+}
+
+TORCH_LIBRARY_IMPL(repops, CPU, m) {
+  RPB_IMPL_TENSOR_OPS(m);
+  m.impl("check_index", check_index);
+}
 
 // Ops with no tensor inputs cannot be dispatched by device: they are CPU-only backend-select.
 TORCH_LIBRARY_IMPL(repops, CompositeExplicitAutograd, m) { RPB_IMPL_TENSORLESS_OPS(m, ); }

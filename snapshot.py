@@ -1,0 +1,91 @@
+"""The state hash off the critical path: step N's state is copied to host memory and hashed (and
+checked for NaN/Inf) by host threads while step N+1 computes.
+
+    hasher = StateHasher(overlap=True)
+    job = hasher.submit(state)            # starts the host copy (CUDA: on a side stream), returns
+    fields = train.train_step(state, ...) # the next step; its AdamW update first waits for the
+                                          # copy (TrainState.wait_for_snapshot), nothing else does
+    done = job.result()                   # Hashed(step, root, leaves, tensors, nonfinite)
+
+With overlap=False (the CPU default: there the hash would take cores from the step) submit
+hashes state.tensors() in place, before it returns, with no copy. Either way the digests are
+hashchain.state_hash's, byte for byte, and the trainer publishes a step's record only from a
+finished job, so a crash never leaves a record whose state was not hashed. The host copy also
+serves the step's checkpoint and the finiteness check, so the state crosses to the host once per
+step, not once per use.
+
+Memory: overlap keeps one host copy of the state (pinned for CUDA tensors), reused every step;
+the trainer collects job N before it submits job N+1.
+"""
+from collections import namedtuple
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+import hashchain
+
+# tensors: the hashed host tensors, valid until the next submit; nonfinite: the sorted names of
+# float tensors that hold a NaN or an infinity (the trainer refuses such a step).
+Hashed = namedtuple("Hashed", "step root leaves tensors nonfinite")
+
+
+def _leaf_and_finite(name, t):
+    host = t.detach().cpu()          # a no-op for host tensors; one copy for a device tensor
+    a = host.numpy()
+    # min and max propagate NaN and reach any infinity, with no temporary the size of the tensor
+    finite = not host.is_floating_point() or a.size == 0 or bool(np.isfinite(a.min()) and np.isfinite(a.max()))
+    return hashchain.tensor_leaf(name, host), finite
+
+
+def hash_state(step, tensors):
+    """Hashed for a dict of tensors: leaf hashes and finiteness in one pass per tensor, tensors
+    in parallel (hashchain.map_tensors)."""
+    results = hashchain.map_tensors(_leaf_and_finite, tensors)
+    leaves = {n: leaf for n, (leaf, _) in results.items()}
+    nonfinite = [n for n, (_, finite) in results.items() if not finite]
+    return Hashed(step, hashchain.merkle_root(list(leaves.values())), leaves, tensors, nonfinite)
+
+
+class StateHasher:
+    def __init__(self, overlap):
+        self.overlap = overlap
+        self.buffers = None          # {name: host tensor}: the copy being hashed
+        self.worker = ThreadPoolExecutor(max_workers=1) if overlap else None
+        self.copy_stream = None
+
+    def submit(self, state):
+        """A Future of the Hashed state as it is now (state.step, state.tensors())."""
+        tensors = state.tensors()
+        if not self.overlap:
+            job = Future()
+            job.set_result(hash_state(state.step, tensors))
+            return job
+        if self.buffers is None:
+            self.buffers = {n: torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+                            for n, t in tensors.items()}
+        copied = None
+        if any(t.is_cuda for t in tensors.values()):
+            # The copy runs on its own stream after everything enqueued so far (the update that
+            # made this state); the compute stream goes on with the next step's forward and
+            # backward, which only read the state, and waits for the copy before its update.
+            device = next(t.device for t in tensors.values() if t.is_cuda)
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(device))
+            self.copy_stream = self.copy_stream or torch.cuda.Stream(device)
+            with torch.cuda.stream(self.copy_stream):
+                self.copy_stream.wait_event(ready)
+                for n, t in tensors.items():
+                    self.buffers[n].copy_(t, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self.copy_stream)
+            state.copy_done = copied
+        else:
+            for n, t in tensors.items():
+                self.buffers[n].copy_(t)
+        return self.worker.submit(self._hash, state.step, copied)
+
+    def _hash(self, step, copied):
+        if copied is not None:
+            copied.synchronize()
+        return hash_state(step, self.buffers)
