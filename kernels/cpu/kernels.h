@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "contract.h"
+#include "vmath.h"
 #include "ids.h"
 
 // matmul.cpp (contract §4.1, §8 matmul). C [batch, M, N] contiguous; A, B any strides.
