@@ -16,12 +16,18 @@
 namespace rp {
 
 inline vf splat(float c) { return vf{} + c; }  // +0 + c = c (exact)
+// Loads / stores min(n, 8) floats (n >= 1). The full case is its own branch so that it is one
+// vector move rather than a variable-length copy.
 inline vf loadn(const float* p, int64_t n = VL) {
   vf v = {};
-  __builtin_memcpy(&v, p, (n < VL ? n : VL) * sizeof(float));
+  if (n >= VL) __builtin_memcpy(&v, p, sizeof(vf));
+  else __builtin_memcpy(&v, p, n * sizeof(float));
   return v;
 }
-inline void storen(float* p, vf v, int64_t n = VL) { __builtin_memcpy(p, &v, (n < VL ? n : VL) * sizeof(float)); }
+inline void storen(float* p, vf v, int64_t n = VL) {
+  if (n >= VL) __builtin_memcpy(p, &v, sizeof(vf));
+  else __builtin_memcpy(p, &v, n * sizeof(float));
+}
 
 // DAZ on the bit level (contract.h daz), lane by lane.
 inline vf vdaz(vf x) { return sel((ibits(x) & kExpMask) != 0, x, ifl(ibits(x) & kSign)); }
