@@ -126,14 +126,21 @@ inline float cmax(int64_t n, const Term& term) {
 // Each line is one rounded float operation, in the order the contract lists.
 //
 // The arithmetic of every function is written once, as a template (the *_core functions)
-// over T = float or T = vf (8 lanes, vmath.h): only the handling of special inputs differs.
+// over T = float or T = vf (VL lanes, vmath.h): only the handling of special inputs differs.
 // The scalar forms below return early for them (the contract's text); the SIMD forms in
 // vmath.h compute the core on every lane and select, so both give the same bits
 // (tests/test_vmath.py checks this over every float32 in wide ranges).
 
-// 8-float vectors (GCC/Clang vector extensions; AVX/AVX-512VL registers on x86, register pairs
-// under NEON). `vf * float` broadcasts; a cast between vf and vi reinterprets the bits.
+// SIMD vectors of VL floats (GCC/Clang vector extensions): 8 on x86 (one AVX register; with
+// AVX-512 too, where a bigger register file buys more registers rather than wider ones), 4 on
+// AArch64 (one NEON register: GCC keeps wider generic vectors in memory there). Other targets
+// get 8, which the compiler splits as it can. `vf * float` broadcasts; a cast between vf and vi
+// reinterprets the bits.
+#if defined(__aarch64__)
+constexpr int VL = 4;
+#else
 constexpr int VL = 8;
+#endif
 typedef float vf __attribute__((vector_size(VL * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VL * sizeof(float))));
 

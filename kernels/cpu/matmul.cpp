@@ -15,22 +15,26 @@
 namespace {
 
 using rp::vf;
-using rp::VL;  // 8-float (256-bit) vectors everywhere: Zen 4 splits 512-bit work into two
-               // halves anyway, and a bigger register file buys a taller tile instead.
-// The register tile is MR x NR = MR x 2 vectors: 2*MR accumulators, 2 B vectors, one
-// broadcast A value and one product must fit in the register file.
+using rp::VL;  // floats per vector (contract.h): 8 on x86, 4 on AArch64
+// The register tile is MR rows x NR = 16 columns: MR * NV accumulators, NV vectors of B, the
+// broadcast A value and a product must fit in the register file.
 #if defined(__AVX512VL__)
 constexpr int64_t MR = 8;  // 32 registers: 16 accumulators
 constexpr const char* kPath = "x86 AVX-512VL, matmul tile 8x16 (16 accumulators), 256-bit vectors";
 #elif defined(__AVX__)
 constexpr int64_t MR = 6;  // 16 registers: 12 accumulators, 2 B, 1 broadcast, 1 product
 constexpr const char* kPath = "x86 AVX2, matmul tile 6x16 (12 accumulators), 256-bit vectors";
+#elif defined(__aarch64__)
+// 32 registers, 4 floats each: 16 accumulators, 4 B, the 4 A values, products. (A 6x16 tile's
+// 24 accumulators plus the 6 A values do not fit: GCC 12 spills 7-15 of them per k step.)
+constexpr int64_t MR = 4;
+constexpr const char* kPath = "AArch64 NEON, matmul tile 4x16 (16 accumulators), 128-bit vectors";
 #else
 constexpr int64_t MR = 4;
-constexpr const char* kPath = "generic vectors, matmul tile 4x16 (8 accumulators)";
+constexpr const char* kPath = "generic vectors, matmul tile 4x16";
 #endif
 
-constexpr int64_t NR = 2 * VL;                        // register tile MR x NR
+constexpr int64_t NR = 16, NV = NR / VL;              // register tile MR x NR, NV vectors wide
 constexpr int64_t KC = 256, MC = 32 * MR, NC = 16 * NR;  // cache blocks
 
 inline vf load(const float* p) { vf v; __builtin_memcpy(&v, p, sizeof(vf)); return v; }
@@ -44,21 +48,20 @@ float* scratch(std::vector<float>& buf, size_t n) {
 
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
                          float* C, int64_t ldc, bool first) {
-  vf acc[MR][2];
-  for (int i = 0; i < MR; ++i) {
-    if (first) { acc[i][0] = vf{}; acc[i][1] = vf{}; }
-    else { acc[i][0] = load(C + i * ldc); acc[i][1] = load(C + i * ldc + VL); }
-  }
+  vf acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = first ? vf{} : load(C + i * ldc + v * VL);
   for (int64_t k = 0; k < kc; ++k) {
-    const vf b0 = load(Bp + k * NR), b1 = load(Bp + k * NR + VL);
+    vf b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load(Bp + k * NR + v * VL);
     const float* a = Ap + k * MR;
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      acc[i][0] = acc[i][0] + b0 * a[i];
-      acc[i][1] = acc[i][1] + b1 * a[i];
-    }
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = acc[i][v] + b[v] * a[i];
   }
-  for (int i = 0; i < MR; ++i) { store(C + i * ldc, acc[i][0]); store(C + i * ldc + VL, acc[i][1]); }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) store(C + i * ldc + v * VL, acc[i][v]);
 }
 
 // Pack rows [0, rows) x k [0, kc) of a strided matrix (element (r, k) at p[r*rs + k*ks]) into

@@ -1,4 +1,5 @@
-// vmath.h -- the canonical functions of contract §5 on 8 lanes at once, branch-free.
+// vmath.h -- the canonical functions of contract §5 on VL lanes at once (contract.h: 8 on x86,
+// 4 on AArch64), branch-free.
 //
 // Each function runs the shared *_core arithmetic of contract.h on every lane, then selects
 // the special-case results (NaN, zeros, infinities, out-of-range) the scalar form returns
@@ -6,7 +7,7 @@
 // over every float32 in wide ranges, on x86 and under qemu for AArch64). Lanes whose input is
 // special compute garbage in the core (no traps: FP exceptions are masked) and are replaced.
 //
-//   rp::vf x = rp::loadn(p, n);        // n <= 8 floats; missing lanes read +0.0
+//   rp::vf x = rp::loadn(p, n);        // min(n, VL) floats; missing lanes read +0.0
 //   rp::storen(q, rp::vexp(x), n);
 //   rp::vmap(x, y, n, [](rp::vf v) { return rp::vsigmoid(v); });   // y[i] = f(x[i]) for i < n
 #pragma once
@@ -16,7 +17,7 @@
 namespace rp {
 
 inline vf splat(float c) { return vf{} + c; }  // +0 + c = c (exact)
-// Loads / stores min(n, 8) floats (n >= 1). The full case is its own branch so that it is one
+// Loads / stores min(n, VL) floats (n >= 1). The full case is its own branch so that it is one
 // vector move rather than a variable-length copy.
 inline vf loadn(const float* p, int64_t n = VL) {
   vf v = {};
@@ -85,7 +86,7 @@ inline vf vcos(vf x) { return vsincos_q(x, 1); }
 
 inline vf vsigmoid(vf x) { return vrecip(1.0f + vexp(-x)); }  // §5.6
 
-// y[i] = f(x[i]) for i in [0, n), 8 lanes at a time; the tail runs as a partial vector.
+// y[i] = f(x[i]) for i in [0, n), VL lanes at a time; the tail runs as a partial vector.
 template <class F>
 inline void vmap(const float* x, float* y, int64_t n, const F& f) {
   for (int64_t i = 0; i < n; i += VL) storen(y + i, f(loadn(x + i, n - i)), n - i);
