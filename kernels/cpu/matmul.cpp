@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -40,12 +41,9 @@ constexpr int64_t KC = 256, MC = 32 * MR, NC = 16 * NR;  // cache blocks
 inline vf load(const float* p) { vf v; __builtin_memcpy(&v, p, sizeof(vf)); return v; }
 inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof(vf)); }
 
-// Scratch that lives as long as its thread, so that a call does not allocate and zero it again.
-float* scratch(std::vector<float>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-
+// acc[MR][NR] (+)= Ap[k][MR] x Bp[k][NR] over k in [0, kc); C tile has row stride ldc.
+// `vector * scalar` broadcasts the scalar without arithmetic; -ffp-contract=off keeps the
+// multiply and the add separate instructions.
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
                          float* C, int64_t ldc, bool first) {
   vf acc[MR][NV];
@@ -112,8 +110,9 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
   // bp + bb * K * Npad + k0 * Npad, its n-panel at column j0 a further j0 * kc on.
   // A broadcast B (batch stride 0) is packed once for all batches.
   const int64_t Npad = (N + NR - 1) / NR * NR, bbatches = sbb == 0 ? 1 : batch;
-  static thread_local std::vector<float> bbuf;
-  float* bp = scratch(bbuf, (size_t)(bbatches * K * Npad));
+  // Allocated per call, not zeroed (every element read is written first): its size follows B.
+  const std::unique_ptr<float[]> bbuf(new float[bbatches * K * Npad]);
+  float* bp = bbuf.get();
   rp::parallel_for(bbatches * kblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t bb = t / (kblocks * nblocks), k0 = (t / nblocks) % kblocks * KC, j0 = t % nblocks * nc_blk;
@@ -123,8 +122,8 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
   });
 
   rp::parallel_for(batch * mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
-    static thread_local std::vector<float> abuf;
-    float* apack = scratch(abuf, MC * KC);
+    static thread_local std::vector<float> abuf(MC * KC);  // reused by this thread's calls
+    float* apack = abuf.data();
     float edge[MR * NR];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
