@@ -2,8 +2,11 @@
 
     python bench.py                  # default model and batch of train.py
     python bench.py --threads 1      # pin the thread count (both sides)
+    python bench.py --threads 1 --clock cpu   # CPU time: stable on a machine shared with others
     python bench.py --repeats 10
     python bench.py --device cuda    # on a GPU: bench_cuda.py's tables (TFLOP/s, bf16, 27.5M)
+    # both sides AVX2 only (RepOps kernels, torch's own kernels, MKL's matmul):
+    REPOPS_CPU_ARCH=x86-64-v3 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 python bench.py
 
 Prints the machine, then tables of absolute figures and ratios (RepOps / PyTorch time):
 matmul GFLOP/s at the model's shapes (forward and both backward products), one full training
@@ -36,15 +39,18 @@ import treefold
 from data import TokenData
 
 
+CLOCK = time.perf_counter   # --clock cpu: time.process_time (all of this process's threads)
+
+
 def timeit(fn, repeats, warmup=1):
-    """Median wall time of fn() in seconds."""
+    """Median time of fn() in seconds, on CLOCK."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
     return statistics.median(times)
 
 
@@ -184,6 +190,9 @@ def bench_traffic(cfg, vocab):
 def main():
     ap = argparse.ArgumentParser(description="RepOps vs stock PyTorch on this machine.")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: process CPU time, which other processes on a shared machine do not "
+                         "inflate (use with --threads 1: idle worker threads spin and count too)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--data_dir", default=config.Config.data_dir)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -191,6 +200,8 @@ def main():
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     cfg = config.Config(data_dir=args.data_dir)
     data = TokenData(cfg.data_dir, cfg.seed)
     if args.device == "cuda":
@@ -200,6 +211,10 @@ def main():
         bench_cuda.main(args, data)
         return
     print("machine:", machine())
+    # Which code ran: the RepOps build's ISA and matmul tile, and torch's own kernel ISA
+    # (see the top of this file for running both sides as AVX2 code).
+    print(f"RepOps kernels: -march={repops.CPU_ARCH}: {repops.ops.cpu_path()} | "
+          f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()} | clock: {args.clock}")
     bench_traffic(cfg, data.vocab_size)
     bench_matmul(cfg, data.vocab_size, args.repeats)
     workdir = tempfile.mkdtemp(prefix="repops-bench-")

@@ -20,6 +20,7 @@ implementations where torch has CUDA.
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -47,10 +48,14 @@ def _headers(folder):
 # What decides the kernels' bits (the code digest of a run covers these). The CUDA files count
 # on every machine, so a CPU run and a CUDA run of the same code share one digest.
 KERNEL_FILES = CPU_SOURCES + _headers(CPU_DIR) + CUDA_SOURCES + _headers(CUDA_DIR) + _headers(COMMON_DIR)
-# Contract §2-§3: no contraction into FMA, no fast-math reassociation. -march=native only picks
-# the SIMD width; it cannot change bits because nothing is fused or reordered.
+# The instruction set the CPU kernels are built for: this CPU's (native) unless REPOPS_CPU_ARCH
+# names another -march value, e.g. REPOPS_CPU_ARCH=x86-64-v3 (AVX2 + FMA, no AVX-512) to run the
+# AVX2 code path on an AVX-512 machine. Each value builds into its own folder under build/.
+CPU_ARCH = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
+# Contract §2-§3: no contraction into FMA, no fast-math reassociation. -march only picks the
+# SIMD width and the matmul tile; it cannot change bits because nothing is fused or reordered.
 # -fopenmp: at::parallel_for (binding.cpp) is an inline OpenMP loop; without it, it runs serially.
-CPU_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-march=native", "-fopenmp"]
+CPU_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", f"-march={CPU_ARCH}", "-fopenmp"]
 # CUDA (contract §2-§3): no FMA contraction, flush-to-zero; the kernels also round every add
 # and multiply explicitly (__fadd_rn, __fmul_rn), so no flag can fuse them.
 CUDA_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true", "-prec-sqrt=true",
@@ -67,7 +72,8 @@ class RepOpsBuildError(RuntimeError):
 
 
 def _cpu_isa_tag():
-    """A short digest of what -march=native sees, so builds for different CPUs never mix."""
+    """A short digest of what -march sees (this CPU's flags and CPU_ARCH), so builds for
+    different CPUs or instruction sets never mix."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -75,7 +81,8 @@ def _cpu_isa_tag():
     except OSError:
         pass
     compiler = os.environ.get("CXX", "c++")
-    return hashlib.sha256((platform.machine() + flags + compiler).encode()).hexdigest()[:12]
+    tag = hashlib.sha256((platform.machine() + flags + compiler + CPU_ARCH).encode()).hexdigest()[:12]
+    return tag if CPU_ARCH == "native" else CPU_ARCH + "_" + tag
 
 
 def _check_toolchain():
@@ -99,6 +106,8 @@ def load():
     if _loaded:
         return
     _check_toolchain()
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", CPU_ARCH):
+        raise RepOpsBuildError(f"REPOPS_CPU_ARCH={CPU_ARCH!r} is not a -march value (e.g. x86-64-v3, armv8.2-a)")
     name = "repops_cuda" if HAS_CUDA else "repops_cpu"
     build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
     os.makedirs(build_dir, exist_ok=True)

@@ -4,9 +4,10 @@ selftest.cpp runs every CPU kernel on inputs generated from integer counters and
 `name sha256hex` per kernel call (SHA-256 of the outputs' little-endian float32 bytes, every NaN
 hashed as 0x7FC00000, contract §7). This file
 
-1. builds it with g++ -O0, with g++ -O3 -march=native, and with clang++ -O2 where installed
-   (all with the contract's -ffp-contract=off), and requires identical lines: optimisation level,
-   SIMD width (the matmul tiles follow -march) and compiler must not change a bit;
+1. builds it with g++ -O0, with g++ -O3 -march=native, with g++ -O3 -march=x86-64-v3 (the AVX2
+   path, where the CPU can run it) and with clang++ -O2 where installed (all with the contract's
+   -ffp-contract=off), and requires identical lines: optimisation level, SIMD width (the matmul
+   tiles follow -march) and compiler must not change a bit;
 2. regenerates the same inputs in NumPy (a second implementation of the generator documented at
    the top of selftest.cpp), runs them through the torch extension (torch.ops.repops.*, built by
    `import repops`) and requires the same digest, kernel by kernel;
@@ -106,6 +107,8 @@ def _fma_flags():
 VARIANTS = {
     "gcc_O0": ("g++", ["-O0"] + CONTRACT),
     "gcc_O3_native": ("g++", ["-O3", "-march=native"] + CONTRACT),
+    # the AVX2 path (6x16 matmul tile) even where native is AVX-512 (8x16)
+    "gcc_O3_avx2": ("g++" if {"avx2", "fma"} <= _cpu_flags() else None, ["-O3", "-march=x86-64-v3"] + CONTRACT),
     "clang_O2": ("clang++" if shutil.which("clang++") else None, ["-O2"] + CONTRACT),
     "gcc_O2_fma_contract": ("g++" if _has_fma() else None, ["-O2", "-march=native", "-ffp-contract=fast"] + _fma_flags()),
 }
@@ -165,6 +168,13 @@ def test_o0_runs_fast_and_clean(results):
 def test_gcc_O3_native_matches_O0(results):
     assert results["gcc_O3_native"][0] == results["gcc_O0"][0]
     assert results["gcc_O3_native"][2] == ""
+
+
+def test_gcc_O3_avx2_matches_O0(results):
+    if "gcc_O3_avx2" not in results:
+        pytest.skip("this CPU has no AVX2 + FMA (x86-64-v3), so the AVX2 build cannot run here")
+    assert results["gcc_O3_avx2"][0] == results["gcc_O0"][0]
+    assert results["gcc_O3_avx2"][2] == ""
 
 
 def test_clang_matches_gcc(results):

@@ -124,44 +124,74 @@ inline float cmax(int64_t n, const Term& term) {
 
 // ---------------------------------------------------------------- §5 canonical functions
 // Each line is one rounded float operation, in the order the contract lists.
+//
+// The arithmetic of every function is written once, as a template (the *_core functions)
+// over T = float or T = vf (VL lanes, vmath.h): only the handling of special inputs differs.
+// The scalar forms below return early for them (the contract's text); the SIMD forms in
+// vmath.h compute the core on every lane and select, so both give the same bits
+// (tests/test_vmath.py checks this over every float32 in wide ranges).
 
-inline float exp(float x) {  // §5.1
-  x = daz(x);
-  if (x != x) return x + x;
-  if (x > 88.72283935546875f) return kInf;
-  if (x < -87.33654022216797f) return 0.0f;
-  float t = x * 1.44269502f;
+// SIMD vectors of VL floats (GCC/Clang vector extensions): 8 on x86 (one AVX register; with
+// AVX-512 too, where a bigger register file buys more registers rather than wider ones), 4 on
+// AArch64 (one NEON register: GCC keeps wider generic vectors in memory there). Other targets
+// get 8, which the compiler splits as it can. `vf * float` broadcasts; a cast between vf and vi
+// reinterprets the bits.
+#if defined(__aarch64__)
+constexpr int VL = 4;
+#else
+constexpr int VL = 8;
+#endif
+typedef float vf __attribute__((vector_size(VL * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VL * sizeof(float))));
+
+inline int32_t ibits(float x) { return (int32_t)bits(x); }
+inline float ifl(int32_t u) { return fl((uint32_t)u); }
+inline vi ibits(vf x) { return (vi)x; }
+inline vf ifl(vi u) { return (vf)u; }
+inline float to_float(int32_t i) { return (float)i; }
+inline vf to_float(vi i) { return __builtin_convertvector(i, vf); }
+// c ? a : b, lane by lane for vectors (a compare gives 0 / -1 per lane).
+template <class C, class T> inline T sel(C c, T a, T b) { return c ? a : b; }
+
+constexpr int32_t kSign = (int32_t)0x80000000u, kExpMask = 0x7F800000, kMantMask = 0x007FFFFF;
+
+// 2^n for -126 <= n <= 127 (exact), lane by lane.
+template <class I> inline auto ipow2(I n) { return ifl((n + 127) << 23); }
+// |x| = m * 2^e with m in [1, 2) for a normal x (the exponent field minus 127, and the mantissa).
+template <class T> inline auto exponent_of(T x) { return ((ibits(x) >> 23) & 0xFF) - 127; }
+template <class T> inline T mantissa_of(T x) { return ifl((ibits(x) & kMantMask) | 0x3F800000); }
+
+// §5.1 for x already DAZ-read and inside [-87.34, 88.72].
+template <class T> inline T exp_core(T x) {
+  T t = x * 1.44269502f;
   t = t + kMagic;
-  int32_t n = (int32_t)(bits(t) - bits(kMagic));
-  float nf = t - kMagic;
-  float r = x - nf * 0.693359375f;
+  auto n = ibits(t) - ibits(kMagic);
+  T nf = t - kMagic;
+  T r = x - nf * 0.693359375f;
   r = r - nf * -2.12194440e-4f;
-  float z = r * r;
-  float p = 1.9875691500e-4f;
+  T z = r * r;
+  T p = T{} + 1.9875691500e-4f;  // the constant (folded at build time; exact)
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  float y = (p * z + r) + 1.0f;
-  int32_t n1 = n >> 1, n2 = n - n1;
-  return (y * pow2(n1)) * pow2(n2);
+  T y = (p * z + r) + 1.0f;
+  auto n1 = n >> 1, n2 = n - n1;
+  return (y * ipow2(n1)) * ipow2(n2);
 }
 
-inline float log(float x) {  // §5.2
-  x = daz(x);
-  if (x != x) return x + x;
-  if (x < 0.0f) return qnan();
-  if (x == 0.0f) return -kInf;
-  if (x == kInf) return kInf;
-  uint32_t b = bits(x);
-  int32_t e = (int32_t)((b >> 23) & 0xFFu) - 127;
-  float m = fl((b & 0x007FFFFFu) | 0x3F800000u);
-  if (m > 1.41421356f) { m = m * 0.5f; e = e + 1; }
-  float f = m - 1.0f;
-  float ef = (float)e;
-  float z = f * f;
-  float p = 7.0376836292e-2f;
+// §5.2 for a positive normal x (after DAZ).
+template <class T> inline T log_core(T x) {
+  auto e = exponent_of(x);
+  T m = mantissa_of(x);
+  const auto big = m > 1.41421356f;
+  m = sel(big, m * 0.5f, m);
+  e = sel(big, e + 1, e);
+  T f = m - 1.0f;
+  T ef = to_float(e);
+  T z = f * f;
+  T p = T{} + 7.0376836292e-2f;  // the constant (folded at build time; exact)
   p = p * f + -1.1514610310e-1f;
   p = p * f + 1.1676998740e-1f;
   p = p * f + -1.2420140846e-1f;
@@ -170,11 +200,76 @@ inline float log(float x) {  // §5.2
   p = p * f + 2.0000714765e-1f;
   p = p * f + -2.4999993993e-1f;
   p = p * f + 3.3333331174e-1f;
-  float y = (f * z) * p;
+  T y = (f * z) * p;
   y = y + ef * -2.12194440e-4f;
   y = y - 0.5f * z;
   y = f + y;
   return y + ef * 0.693359375f;
+}
+
+// §5.3 for a nonzero finite x (after DAZ); the sign is copied onto the result.
+template <class T> inline T recip_core(T x) {
+  const auto s = ibits(x) & kSign;
+  const auto k = exponent_of(x);
+  const T m = mantissa_of(x);
+  T y = 1.41176474f - 0.470588237f * m;  // 24/17 - 8/17 m
+  for (int it = 0; it < 3; ++it) {
+    T e = 1.0f - m * y;
+    y = y + y * e;
+  }
+  const auto nk = -k, k1 = nk >> 1, k2 = nk - k1;
+  const T r = (y * ipow2(k1)) * ipow2(k2);
+  return ifl(ibits(r) | s);
+}
+
+// §5.4 for a positive normal x (after DAZ). j = k/2 for even k and (k-1)/2 for odd k is k >> 1;
+// the mantissa goes to [2, 4) (one more exponent bit) for odd k.
+template <class T> inline T rsqrt_core(T x) {
+  const auto k = exponent_of(x);
+  const T m = ifl((ibits(x) & kMantMask) | (0x3F800000 + ((k & 1) << 23)));
+  const auto j = k >> 1;
+  T y = ifl(0x5F375A86 - (ibits(m) >> 1));  // bits(m) is positive: the shift is logical
+  const T h = 0.5f * m;
+  for (int it = 0; it < 3; ++it) y = y * (1.5f - (h * y) * y);
+  return y * ipow2(-j);
+}
+
+// §5.5 for |x| <= 65536 (after DAZ): the shared range reduction, both polynomials, and the
+// quadrant (j + shift) & 3 picking one of sinr, cosr, -sinr, -cosr.
+template <class T> inline T sincos_core(T x, int32_t shift) {
+  T t = x * 0.636619747f;
+  t = t + kMagic;
+  auto j = ibits(t) - ibits(kMagic);
+  T jf = t - kMagic;
+  T r = x - jf * 1.5703125f;
+  r = r - jf * 4.84466552734375e-4f;
+  r = r - jf * -6.407499313354492e-7f;
+  r = r - jf * 9.920936294705e-10f;
+  T z = r * r;
+  T s = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z + -1.6666654611e-1f) * z;
+  T sinr = (s * r) + r;
+  T c = ((2.443315711809948e-5f * z + -1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z;
+  T cosr = ((c * z) - 0.5f * z) + 1.0f;
+  const auto q = (j + shift) & 3;
+  const T v = sel((q & 1) != 0, cosr, sinr);
+  return sel((q & 2) != 0, -v, v);
+}
+
+inline float exp(float x) {  // §5.1
+  x = daz(x);
+  if (x != x) return x + x;
+  if (x > 88.72283935546875f) return kInf;
+  if (x < -87.33654022216797f) return 0.0f;
+  return exp_core(x);
+}
+
+inline float log(float x) {  // §5.2
+  x = daz(x);
+  if (x != x) return x + x;
+  if (x < 0.0f) return qnan();
+  if (x == 0.0f) return -kInf;
+  if (x == kInf) return kInf;
+  return log_core(x);
 }
 
 inline float recip(float x) {  // §5.3
@@ -183,16 +278,7 @@ inline float recip(float x) {  // §5.3
   uint32_t b = bits(x), s = b & 0x80000000u;
   if ((b & 0x7FFFFFFFu) == 0) return fl(s | 0x7F800000u);
   if ((b & 0x7FFFFFFFu) == 0x7F800000u) return fl(s);
-  int32_t k = (int32_t)((b >> 23) & 0xFFu) - 127;
-  float m = fl((b & 0x007FFFFFu) | 0x3F800000u);
-  float y = 1.41176474f - 0.470588237f * m;  // 24/17 - 8/17 m
-  for (int it = 0; it < 3; ++it) {
-    float e = 1.0f - m * y;
-    y = y + y * e;
-  }
-  int32_t nk = -k, k1 = nk >> 1, k2 = nk - k1;
-  float r = (y * pow2(k1)) * pow2(k2);
-  return fl(bits(r) | s);
+  return recip_core(x);
 }
 
 inline float rsqrt(float x) {  // §5.4
@@ -201,16 +287,7 @@ inline float rsqrt(float x) {  // §5.4
   if (x < 0.0f) return qnan();
   if (x == 0.0f) return kInf;
   if (x == kInf) return 0.0f;
-  uint32_t b = bits(x);
-  int32_t k = (int32_t)((b >> 23) & 0xFFu) - 127;
-  float m;
-  int32_t j;
-  if ((k & 1) == 0) { m = fl((b & 0x007FFFFFu) | 0x3F800000u); j = k / 2; }
-  else              { m = fl((b & 0x007FFFFFu) | 0x40000000u); j = (k - 1) / 2; }
-  float y = fl(0x5F375A86u - (bits(m) >> 1));
-  float h = 0.5f * m;
-  for (int it = 0; it < 3; ++it) y = y * (1.5f - (h * y) * y);
-  return y * pow2(-j);
+  return rsqrt_core(x);
 }
 
 inline float sqrt(float x) {  // §5.4
@@ -220,29 +297,10 @@ inline float sqrt(float x) {  // §5.4
   return x * rsqrt(x);
 }
 
-// §5.5: the shared range reduction and both polynomials; quadrant picks the result.
-inline float sincos_q(float x, int32_t shift) {
+inline float sincos_q(float x, int32_t shift) {  // §5.5
   x = daz(x);
   if (!(std::fabs(x) <= 65536.0f)) return qnan();
-  float t = x * 0.636619747f;
-  t = t + kMagic;
-  int32_t j = (int32_t)(bits(t) - bits(kMagic));
-  float jf = t - kMagic;
-  float r = x - jf * 1.5703125f;
-  r = r - jf * 4.84466552734375e-4f;
-  r = r - jf * -6.407499313354492e-7f;
-  r = r - jf * 9.920936294705e-10f;
-  float z = r * r;
-  float s = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z + -1.6666654611e-1f) * z;
-  float sinr = (s * r) + r;
-  float c = ((2.443315711809948e-5f * z + -1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z;
-  float cosr = ((c * z) - 0.5f * z) + 1.0f;
-  switch ((j + shift) & 3) {
-    case 0: return sinr;
-    case 1: return cosr;
-    case 2: return -sinr;
-    default: return -cosr;
-  }
+  return sincos_core(x, shift);
 }
 inline float sin(float x) { return sincos_q(x, 0); }
 inline float cos(float x) { return sincos_q(x, 1); }  // cos(x) = sin(x + pi/2): quadrant + 1

@@ -14,14 +14,17 @@ void map(int64_t n, const F& f) {
 }  // namespace
 
 void rp_unary(RpFn fn, const float* x, float* y, int64_t n) {
+  auto apply = [=](auto f) {
+    rp::parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) { rp::vmap(x + i0, y + i0, i1 - i0, f); });
+  };
   switch (fn) {
-    case RpFn::Exp: map(n, [=](int64_t i) { y[i] = rp::exp(x[i]); }); break;
-    case RpFn::Log: map(n, [=](int64_t i) { y[i] = rp::log(x[i]); }); break;
-    case RpFn::Recip: map(n, [=](int64_t i) { y[i] = rp::recip(x[i]); }); break;
-    case RpFn::Rsqrt: map(n, [=](int64_t i) { y[i] = rp::rsqrt(x[i]); }); break;
-    case RpFn::Sqrt: map(n, [=](int64_t i) { y[i] = rp::sqrt(x[i]); }); break;
-    case RpFn::Sin: map(n, [=](int64_t i) { y[i] = rp::sin(x[i]); }); break;
-    case RpFn::Cos: map(n, [=](int64_t i) { y[i] = rp::cos(x[i]); }); break;
+    case RpFn::Exp: apply([](rp::vf v) { return rp::vexp(v); }); break;
+    case RpFn::Log: apply([](rp::vf v) { return rp::vlog(v); }); break;
+    case RpFn::Recip: apply([](rp::vf v) { return rp::vrecip(v); }); break;
+    case RpFn::Rsqrt: apply([](rp::vf v) { return rp::vrsqrt(v); }); break;
+    case RpFn::Sqrt: apply([](rp::vf v) { return rp::vsqrt(v); }); break;
+    case RpFn::Sin: apply([](rp::vf v) { return rp::vsin(v); }); break;
+    case RpFn::Cos: apply([](rp::vf v) { return rp::vcos(v); }); break;
   }
 }
 

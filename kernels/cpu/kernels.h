@@ -5,12 +5,15 @@
 #include <cstdint>
 
 #include "contract.h"
+#include "vmath.h"
 #include "ids.h"
 
 // matmul.cpp (contract §4.1, §8 matmul). C [batch, M, N] contiguous; A, B any strides.
 void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                float* C, int64_t batch, int64_t M, int64_t N, int64_t K);
+// The instruction set this file was built for and the matmul register tile it uses (for bench.py).
+const char* rp_cpu_path();
 
 // norm.cpp (§8 rmsnorm). x, y [R, D]; w [D]; rstd [R].
 void rp_rmsnorm(const float* x, const float* w, float eps, float* y, float* rstd, int64_t R, int64_t D);

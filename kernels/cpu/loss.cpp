@@ -8,10 +8,12 @@ void rp_cross_entropy(const float* z, const int64_t* targets, float zloss, float
                       int64_t R, int64_t V) {
   std::vector<float> row_loss(R);
   rp::parallel_for(R, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> e(V);
     for (int64_t r = r0; r < r1; ++r) {
       const float* zr = z + r * V;
       const float m = rp::cmax(V, [zr](int64_t j) { return zr[j]; });
-      const float s = rp::csum(V, [zr, m](int64_t j) { return rp::exp(zr[j] - m); });
+      rp::vmap(zr, e.data(), V, [m](rp::vf v) { return rp::vexp(v - m); });
+      const float s = rp::csum_array(e.data(), V);
       const float l = m + rp::log(s);
       lse[r] = l;
       row_loss[r] = (l - zr[targets[r]]) + (zloss * l) * l;
@@ -31,13 +33,11 @@ void rp_cross_entropy_backward(float g, const float* z, const int64_t* targets, 
     for (int64_t r = r0; r < r1; ++r) {
       const float *zr = z + r * V;
       float* gr = gz + r * V;
-      const float k = 1.0f + two_z * lse[r];
+      const float k = 1.0f + two_z * lse[r], l = lse[r];
+      rp::vmap(zr, gr, V, [=](rp::vf v) { return (rp::vexp(v - l) * k) * gs; });
+      // the target column subtracts 1 before the last multiply: redo it (scalar, same bits)
       const int64_t tgt = targets[r];
-      for (int64_t j = 0; j < V; ++j) {
-        float q = rp::exp(zr[j] - lse[r]) * k;
-        if (j == tgt) q = q - 1.0f;
-        gr[j] = q * gs;
-      }
+      gr[tgt] = ((rp::exp(zr[tgt] - l) * k) - 1.0f) * gs;
     }
   });
 }

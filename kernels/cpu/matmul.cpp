@@ -1,29 +1,41 @@
 // matmul.cpp -- C[b] = A[b] @ B[b] with the canonical order of contract §4.1:
 // every C[i,j] is acc = +0.0; acc = acc + A[i,k]*B[k,j] for k = 0..K-1 in order.
 //
-// Speed comes only from work across output elements: A and B are packed into cache-sized
-// blocks (any input strides, so transposed views cost nothing extra), a MR x NR register tile
-// of accumulators is updated with SIMD across j, and threads take disjoint output blocks.
+// Speed comes only from work across output elements: B is packed once per call into panels
+// ([k-block][n-panel][kc][NR], any input strides, so transposed views cost nothing extra) that
+// every thread shares; each task packs its A block, and an MR x NR register tile of accumulators
+// is updated with SIMD across j. Threads take disjoint output blocks.
 // Blocking over k carries the running acc through C (load, keep adding), never sums blocks.
 #include "kernels.h"
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace {
 
-// 8-float (256-bit) vectors everywhere: Zen 4 splits 512-bit work into two halves anyway, and
-// a bigger register file (AVX-512's 32 registers) buys a taller tile instead.
-constexpr int VL = 8;  // floats per SIMD vector
+using rp::vf;
+using rp::VL;  // floats per vector (contract.h): 8 on x86, 4 on AArch64
+// The register tile is MR rows x NR = 16 columns: MR * NV accumulators, NV vectors of B, the
+// broadcast A value and a product must fit in the register file.
 #if defined(__AVX512VL__)
-constexpr int64_t MR = 8;  // 32 registers: 16 accumulators, 2 B vectors, products
+constexpr int64_t MR = 8;  // 32 registers: 16 accumulators
+constexpr const char* kPath = "x86 AVX-512VL, matmul tile 8x16 (16 accumulators), 256-bit vectors";
+#elif defined(__AVX__)
+constexpr int64_t MR = 6;  // 16 registers: 12 accumulators, 2 B, 1 broadcast, 1 product
+constexpr const char* kPath = "x86 AVX2, matmul tile 6x16 (12 accumulators), 256-bit vectors";
+#elif defined(__aarch64__)
+// 32 registers, 4 floats each: 16 accumulators, 4 B, the 4 A values, products. (A 6x16 tile's
+// 24 accumulators plus the 6 A values do not fit: GCC 12 spills 7-15 of them per k step.)
+constexpr int64_t MR = 4;
+constexpr const char* kPath = "AArch64 NEON, matmul tile 4x16 (16 accumulators), 128-bit vectors";
 #else
-constexpr int64_t MR = 4;  // 16 registers: 8 accumulators, 2 B vectors, products
+constexpr int64_t MR = 4;
+constexpr const char* kPath = "generic vectors, matmul tile 4x16";
 #endif
-typedef float vf __attribute__((vector_size(VL * sizeof(float))));
 
-constexpr int64_t NR = 2 * VL;                        // register tile MR x NR
+constexpr int64_t NR = 16, NV = NR / VL;              // register tile MR x NR, NV vectors wide
 constexpr int64_t KC = 256, MC = 32 * MR, NC = 16 * NR;  // cache blocks
 
 inline vf load(const float* p) { vf v; __builtin_memcpy(&v, p, sizeof(vf)); return v; }
@@ -34,21 +46,20 @@ inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof(vf)); }
 // multiply and the add separate instructions.
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
                          float* C, int64_t ldc, bool first) {
-  vf acc[MR][2];
-  for (int i = 0; i < MR; ++i) {
-    if (first) { acc[i][0] = vf{}; acc[i][1] = vf{}; }
-    else { acc[i][0] = load(C + i * ldc); acc[i][1] = load(C + i * ldc + VL); }
-  }
+  vf acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = first ? vf{} : load(C + i * ldc + v * VL);
   for (int64_t k = 0; k < kc; ++k) {
-    const vf b0 = load(Bp + k * NR), b1 = load(Bp + k * NR + VL);
+    vf b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load(Bp + k * NR + v * VL);
     const float* a = Ap + k * MR;
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      acc[i][0] = acc[i][0] + b0 * a[i];
-      acc[i][1] = acc[i][1] + b1 * a[i];
-    }
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = acc[i][v] + b[v] * a[i];
   }
-  for (int i = 0; i < MR; ++i) { store(C + i * ldc, acc[i][0]); store(C + i * ldc + VL, acc[i][1]); }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) store(C + i * ldc + v * VL, acc[i][v]);
 }
 
 // Pack rows [0, rows) x k [0, kc) of a strided matrix (element (r, k) at p[r*rs + k*ks]) into
@@ -73,6 +84,8 @@ void pack(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, floa
 
 }  // namespace
 
+const char* rp_cpu_path() { return kPath; }
+
 void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
@@ -91,32 +104,50 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
     else break;
   }
   const int64_t mblocks = (M + mc_blk - 1) / mc_blk, nblocks = (N + nc_blk - 1) / nc_blk;
-  const int64_t tasks = batch * mblocks * nblocks;
-  rp::parallel_for(tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> apack(MC * KC), bpack(KC * NC), edge(MR * NR);
+  const int64_t kblocks = (K + KC - 1) / KC;
+
+  // Pack all of B once: batch bb, k-block starting at k0 (kc deep) is at
+  // bp + bb * K * Npad + k0 * Npad, its n-panel at column j0 a further j0 * kc on.
+  // A broadcast B (batch stride 0) is packed once for all batches.
+  const int64_t Npad = (N + NR - 1) / NR * NR, bbatches = sbb == 0 ? 1 : batch;
+  // Allocated per call, not zeroed (every element read is written first): its size follows B.
+  const std::unique_ptr<float[]> bbuf(new float[bbatches * K * Npad]);
+  float* bp = bbuf.get();
+  rp::parallel_for(bbatches * kblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t bb = t / (kblocks * nblocks), k0 = (t / nblocks) % kblocks * KC, j0 = t % nblocks * nc_blk;
+      const int64_t kc = std::min(KC, K - k0), nc = std::min(nc_blk, N - j0);
+      pack<NR>(B + bb * sbb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, bp + bb * K * Npad + k0 * Npad + j0 * kc);
+    }
+  });
+
+  rp::parallel_for(batch * mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<float> abuf(MC * KC);  // reused by this thread's calls
+    float* apack = abuf.data();
+    float edge[MR * NR];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
       const int64_t i0 = mb * mc_blk, mc = std::min(mc_blk, M - i0);
       const int64_t j0 = nb * nc_blk, nc = std::min(nc_blk, N - j0);
       const float* Ab = A + b * sab;
-      const float* Bb = B + b * sbb;
+      const float* Bb = bp + (sbb == 0 ? 0 : b) * K * Npad;
       float* Cb = C + b * M * N;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        pack<MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack.data());   // A rows
-        pack<NR>(Bb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, bpack.data());   // B columns
+        pack<MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack);   // A rows
+        const float* bpanels = Bb + k0 * Npad + j0 * kc;
         const bool first = (k0 == 0);
         for (int64_t jp = 0; jp < nc; jp += NR) {
           for (int64_t ip = 0; ip < mc; ip += MR) {
             float* ct = Cb + (i0 + ip) * N + (j0 + jp);
             const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
             if (mr == MR && nr == NR) {
-              micro_kernel(kc, &apack[ip * kc], &bpack[jp * kc], ct, N, first);
+              micro_kernel(kc, &apack[ip * kc], &bpanels[jp * kc], ct, N, first);
             } else {  // edge tile: run on a full scratch tile, copy the valid part
               for (int64_t i = 0; i < MR; ++i)
                 for (int64_t j = 0; j < NR; ++j)
                   edge[i * NR + j] = (!first && i < mr && j < nr) ? ct[i * N + j] : 0.0f;
-              micro_kernel(kc, &apack[ip * kc], &bpack[jp * kc], edge.data(), NR, first);
+              micro_kernel(kc, &apack[ip * kc], &bpanels[jp * kc], edge, NR, first);
               for (int64_t i = 0; i < mr; ++i)
                 for (int64_t j = 0; j < nr; ++j) ct[i * N + j] = edge[i * NR + j];
             }

@@ -1,13 +1,15 @@
 // mlp.cpp -- the SwiGLU gate of the MLP, contract §8 swiglu: out = silu(gate) * up.
+// 8 columns at a time with the SIMD sigmoid (vmath.h; the same bits as the scalar one).
 #include "kernels.h"
 
 void rp_swiglu(const float* u, float* out, int64_t R, int64_t H) {
   rp::parallel_for(R, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float *a = u + r * 2 * H, *b = a + H;
-      for (int64_t j = 0; j < H; ++j) {
-        const float sg = rp::sigmoid(a[j]);
-        out[r * H + j] = (a[j] * sg) * b[j];
+      for (int64_t j = 0; j < H; j += rp::VL) {
+        const int64_t n = H - j;
+        const rp::vf aj = rp::loadn(a + j, n), sg = rp::vsigmoid(aj);
+        rp::storen(out + r * H + j, (aj * sg) * rp::loadn(b + j, n), n);
       }
     }
   });
@@ -18,11 +20,13 @@ void rp_swiglu_backward(const float* g, const float* u, float* gu, int64_t R, in
     for (int64_t r = r0; r < r1; ++r) {
       const float *a = u + r * 2 * H, *b = a + H, *gr = g + r * H;
       float *ga = gu + r * 2 * H, *gb = ga + H;
-      for (int64_t j = 0; j < H; ++j) {
-        const float sg = rp::sigmoid(a[j]);
-        const float sa = a[j] * sg;
-        gb[j] = gr[j] * sa;
-        ga[j] = (gr[j] * b[j]) * (sg * (1.0f + (a[j] * (1.0f - sg))));
+      for (int64_t j = 0; j < H; j += rp::VL) {
+        const int64_t n = H - j;
+        const rp::vf aj = rp::loadn(a + j, n), bj = rp::loadn(b + j, n), gj = rp::loadn(gr + j, n);
+        const rp::vf sg = rp::vsigmoid(aj);
+        const rp::vf sa = aj * sg;
+        rp::storen(gb + j, gj * sa, n);
+        rp::storen(ga + j, (gj * bj) * (sg * (1.0f + (aj * (1.0f - sg)))), n);
       }
     }
   });

@@ -5,14 +5,16 @@
 void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
               float omb1, float omb2, float eps, float decay, float bc1, float bc2) {
   rp::parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float mi = (b1 * m[i]) + (omb1 * g[i]);
-      const float vi = (b2 * v[i]) + (omb2 * (g[i] * g[i]));
-      const float den = rp::sqrt(vi * bc2) + eps;
-      const float u = (mi * bc1) * rp::recip(den);
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = (p[i] * decay) - (lr * u);
+    for (int64_t i = i0; i < i1; i += rp::VL) {  // 8 elements at a time (vmath.h)
+      const int64_t k = i1 - i;
+      const rp::vf gi = rp::loadn(g + i, k);
+      const rp::vf mi = (b1 * rp::loadn(m + i, k)) + (omb1 * gi);
+      const rp::vf vi = (b2 * rp::loadn(v + i, k)) + (omb2 * (gi * gi));
+      const rp::vf den = rp::vsqrt(vi * bc2) + eps;
+      const rp::vf u = (mi * bc1) * rp::vrecip(den);
+      rp::storen(m + i, mi, k);
+      rp::storen(v + i, vi, k);
+      rp::storen(p + i, (rp::loadn(p + i, k) * decay) - (lr * u), k);
     }
   });
 }

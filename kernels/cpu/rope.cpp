@@ -2,21 +2,23 @@
 // exp/log/sin/cos (§5), rotation of interleaved pairs, and its backward (rotation by -angle).
 #include "kernels.h"
 
+#include <vector>
+
 void rp_rope_tables(int64_t T, int64_t Dh, float theta, float* cos_t, float* sin_t) {
   const int64_t half = Dh / 2;
   const float inv_dh = (float)(1.0 / (double)Dh);
-  float lt;
+  std::vector<float> f(half);  // the frequencies do not depend on t: once, here
   {
     rp::FpModeGuard guard;  // computed in the calling thread
-    lt = rp::log(theta);
+    const float lt = rp::log(theta);
+    for (int64_t i = 0; i < half; ++i) f[i] = rp::exp((float)(-2 * i) * (lt * inv_dh));
   }
   rp::parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
-      for (int64_t i = 0; i < half; ++i) {
-        float f = rp::exp((float)(-2 * i) * (lt * inv_dh));
-        float a = (float)t * f;
-        cos_t[t * half + i] = rp::cos(a);
-        sin_t[t * half + i] = rp::sin(a);
+      for (int64_t i = 0; i < half; i += rp::VL) {
+        const rp::vf a = (float)t * rp::loadn(&f[i], half - i);
+        rp::storen(cos_t + t * half + i, rp::vcos(a), half - i);
+        rp::storen(sin_t + t * half + i, rp::vsin(a), half - i);
       }
   });
 }
