@@ -3,12 +3,15 @@
     python bench.py                  # default model and batch of train.py
     python bench.py --threads 1      # pin the thread count (both sides)
     python bench.py --repeats 10
+    python bench.py --int8_only      # just the int8 section (--quant=int8, contract §10)
 
 Prints the machine, then tables of absolute figures and ratios (RepOps / PyTorch time):
 matmul GFLOP/s at the model's shapes (forward and both backward products), one full training
 step (forward, backward, fold, clip, AdamW) against the same model written in plain torch,
 state hashing (GB/s and its share of a step), and auditing one step against training one.
-Also the bytes each rank sends to sum a step's gradient across ranks, computed (not timed):
+The int8 section: the int8 GEMM (exact, int32 sums) against RepOps' fp32 matmul, torch._int_mm
+where it runs and torch fp32, at the model's forward shapes and a large square, and one --quant=int8
+training step against the fp32 one. Also the bytes each rank sends to sum a step's gradient across ranks, computed (not timed):
 TreeFold's reduce-scatter + all-gather against the recursive doubling it replaced.
 Needs a prepared corpus (python data.py). Not a test: run it on a quiet machine.
 """
@@ -153,6 +156,46 @@ def bench_step(cfg, data, repeats, workdir):
           f"{t_audit / (t_rep + t_hash):.2f}x a training step")
 
 
+def bench_int8(cfg, data, repeats):
+    rows, d, h = cfg.micro_batch_size * cfg.seq_len, cfg.d_model, cfg.d_hidden
+    shapes = [("wqkv", rows, 3 * d, d), ("wo", rows, d, d), ("w_gate_up", rows, 2 * h, d),
+              ("w_down", rows, d, h), ("square", 2048, 2048, 2048)]
+    print(f"\nint8 GEMM x [M, K] @ W.T, W [N, K] (G op/s; one multiply-add = 2 ops); ratio = int8 speed / "
+          "RepOps fp32 speed; linear = quantize x and W + GEMM + dequantize (the int8 forward)")
+    print(f"{'weight':10s} {'M x N x K':>16s} {'int8':>8s} {'linear':>8s} {'RepOps':>8s} {'_int_mm':>8s} "
+          f"{'torch':>8s} {'ratio':>6s}")
+    for name, M, N, K in shapes:
+        x, w = torch.randn(M, K), torch.randn(N, K) * 0.02
+        sx, sw = torch.empty(1), torch.empty(N)
+        repops.ops.lsq_init_(x, sx)
+        repops.ops.lsq_init_(w, sw)
+        qx, qw = repops.ops.int8_quantize(x, sx), repops.ops.int8_quantize(w, sw)
+        ops_n = 2 * M * N * K
+
+        def linear():
+            repops.ops.int8_linear(repops.ops.int8_quantize(x, sx), repops.ops.int8_quantize(w, sw), sx, sw)
+        t_i8 = timeit(lambda: repops.ops.int8_matmul(qx, qw), repeats)
+        t_lin = timeit(linear, repeats)
+        t_rep = timeit(lambda: repops.ops.matmul(x, w.t()), repeats)
+        t_ref = timeit(lambda: torch.matmul(x, w.t()), repeats)
+        try:
+            qwt = qw.t().contiguous().t()               # _int_mm wants the [K, N] operand column-major
+            t_mm = timeit(lambda: torch._int_mm(qx, qwt), repeats)
+            mm = f"{ops_n / t_mm / 1e9:8.1f}"
+        except (RuntimeError, AttributeError):
+            mm = f"{'n/a':>8s}"
+        print(f"{name:10s} {f'{M}x{N}x{K}':>16s} {ops_n / t_i8 / 1e9:8.1f} {ops_n / t_lin / 1e9:8.1f} "
+              f"{ops_n / t_rep / 1e9:8.1f} {mm} {ops_n / t_ref / 1e9:8.1f} {t_rep / t_i8:6.2f}")
+    times = {}
+    for quant in ("none", "int8"):
+        qcfg = config.parse_config([f"--quant={quant}"], base=cfg)
+        state = train.TrainState(qcfg, data.vocab_size)
+        times[quant] = timeit(lambda: train.train_step(state, data, qcfg), repeats)
+    tokens = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
+    print(f"training step, RepOps ({tokens} tokens): fp32 {times['none'] * 1e3:.0f} ms, --quant=int8 "
+          f"{times['int8'] * 1e3:.0f} ms; int8 / fp32 step time: {times['int8'] / times['none']:.2f}x")
+
+
 def bench_traffic(cfg, vocab):
     """Bytes per rank per step of the gradient all-reduce, from the algorithms (not measured)."""
     numel = sum(p.numel() for p in train.TrainState(cfg, vocab).params.values()) + 1   # + the loss
@@ -175,12 +218,16 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--data_dir", default=config.Config.data_dir)
+    ap.add_argument("--int8_only", action="store_true", help="only the int8 section")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = config.Config(data_dir=args.data_dir)
     data = TokenData(cfg.data_dir, cfg.seed)
     print("machine:", machine())
+    bench_int8(cfg, data, args.repeats)
+    if args.int8_only:
+        return
     bench_traffic(cfg, data.vocab_size)
     bench_matmul(cfg, data.vocab_size, args.repeats)
     workdir = tempfile.mkdtemp(prefix="repops-bench-")

@@ -35,24 +35,39 @@ inline int32_t quant(float v) {
 }
 
 // ---------------------------------------------------------------- GEMM packing
-// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights). Packed panels
-// hold int16 (sign-extended int8) for a tile of R rows over a block of kc (even) k values:
+// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights). Each is packed
+// once per call into panels of R rows x Kp (K rounded up to even) int16 (sign-extended int8):
 //   PAIR layout (x86 vpmaddwd): panel[k/2][R][2]  (two consecutive k of one row side by side)
 //   FLAT layout (NEON, scalar): panel[k][R]
-// Rows past the matrix and k past K are zero (zeros add nothing: exact).
+// In both, k values [k0, k0 + kc) of a panel start at offset k0 * R. Rows past the matrix and
+// k past K are zero (zeros add nothing: exact).
 template <int64_t R, bool PAIR>
-void pack(const int8_t* p, int64_t ld, int64_t rows, int64_t k0, int64_t kc, int64_t K, int16_t* out) {
-  for (int64_t r0 = 0; r0 < rows; r0 += R) {
-    int16_t* panel = out + r0 * kc;
-    for (int64_t r = 0; r < R; ++r) {
-      const bool live = r0 + r < rows;
-      const int8_t* src = p + (r0 + r) * ld;
-      for (int64_t k = 0; k < kc; ++k) {
-        const int16_t v = (live && k0 + k < K) ? (int16_t)src[k0 + k] : (int16_t)0;
-        panel[PAIR ? ((k >> 1) * R + r) * 2 + (k & 1) : k * R + r] = v;
+void pack_panel(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, int16_t* out) {
+  for (int64_t r = 0; r < R; ++r) {
+    const int8_t* s = src + r * K;
+    const bool live = r < rows;
+    if (PAIR) {
+      for (int64_t k2 = 0; k2 < Kp / 2; ++k2) {
+        const int64_t k = 2 * k2;
+        out[(k2 * R + r) * 2] = (live && k < K) ? (int16_t)s[k] : (int16_t)0;
+        out[(k2 * R + r) * 2 + 1] = (live && k + 1 < K) ? (int16_t)s[k + 1] : (int16_t)0;
       }
+    } else {
+      for (int64_t k = 0; k < Kp; ++k) out[k * R + r] = (live && k < K) ? (int16_t)s[k] : (int16_t)0;
     }
   }
+}
+
+// All panels of a [rows, K] matrix, in parallel: panel p holds rows [p R, p R + R).
+template <int64_t R, bool PAIR>
+std::vector<int16_t> pack(const int8_t* src, int64_t rows, int64_t K, int64_t Kp) {
+  const int64_t panels = (rows + R - 1) / R;
+  std::vector<int16_t> out(panels * R * Kp);
+  rp::parallel_for(panels, 1, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p)
+      pack_panel<R, PAIR>(src + p * R * K, rows - p * R, K, Kp, out.data() + p * R * Kp);
+  });
+  return out;
 }
 
 #if defined(__AVX512BW__)
@@ -145,22 +160,22 @@ constexpr int64_t KC = 512, MC = 16 * MR, NC = 8 * NR;  // cache blocks (KC even
 // block [mc, nc] (row stride ldt) inside the thread that computed it.
 template <class Finish>
 void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish) {
+  const int64_t Kp = (K + 1) / 2 * 2;
+  const std::vector<int16_t> ap = pack<MR, kPair>(A, M, K, Kp), bp = pack<NR, kPair>(B, N, K, Kp);
   const int64_t mblocks = (M + MC - 1) / MC, nblocks = (N + NC - 1) / NC;
   rp::parallel_for(mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<int16_t> apack(MC * KC), bpack(NC * KC);
     std::vector<int32_t> tile(MC * NC);  // the block's accumulators, full tiles (padding included)
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t i0 = (t / nblocks) * MC, mc = std::min(MC, M - i0);
       const int64_t j0 = (t % nblocks) * NC, nc = std::min(NC, N - j0);
       const int64_t mcp = (mc + MR - 1) / MR * MR, ncp = (nc + NR - 1) / NR * NR;
-      if (K == 0) std::fill(tile.begin(), tile.end(), 0);
-      for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = std::min(KC, (K - k0 + 1) / 2 * 2);  // even: a zero pads odd K
-        pack<MR, kPair>(A + i0 * K, K, mc, k0, kc, K, apack.data());
-        pack<NR, kPair>(B + j0 * K, K, nc, k0, kc, K, bpack.data());
+      if (Kp == 0) std::fill(tile.begin(), tile.end(), 0);
+      for (int64_t k0 = 0; k0 < Kp; k0 += KC) {
+        const int64_t kc = std::min(KC, Kp - k0);
         for (int64_t jp = 0; jp < ncp; jp += NR)
           for (int64_t ip = 0; ip < mcp; ip += MR)
-            micro(kc, &apack[ip * kc], &bpack[jp * kc], &tile[ip * NC + jp], NC, k0 == 0);
+            micro(kc, &ap[(i0 + ip) * Kp + k0 * MR], &bp[(j0 + jp) * Kp + k0 * NR], &tile[ip * NC + jp], NC,
+                  k0 == 0);
       }
       finish(i0, mc, j0, nc, tile.data(), NC);
     }
