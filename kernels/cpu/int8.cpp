@@ -75,27 +75,28 @@ constexpr bool kPair = true;
 constexpr int64_t MR = 8, NR = 32;  // 16 zmm accumulators of 16 int32 lanes
 // acc[MR][NR] (+)= A panel x B panel over kc (even) k values; C tile row stride ldc.
 inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, int64_t ldc, bool first) {
-  __m512i acc[MR][2];
-  for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h)
-      acc[i][h] = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc + 16 * h);
-  for (int64_t k2 = 0; k2 < kc / 2; ++k2) {
+  // Named accumulators (not an array): GCC then keeps them in registers without copies.
+#define RP_ACC(i) __m512i c##i##0 = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc), \
+                          c##i##1 = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc + 16);
+  RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
+#undef RP_ACC
+  const int32_t* a = reinterpret_cast<const int32_t*>(Ap);  // (A[i,k], A[i,k+1]) pairs
+  for (int64_t k2 = 0; k2 < kc / 2; ++k2, a += MR) {
     const __m512i b0 = _mm512_loadu_si512(Bp + k2 * NR * 2), b1 = _mm512_loadu_si512(Bp + k2 * NR * 2 + 32);
-    const int32_t* a = reinterpret_cast<const int32_t*>(Ap + k2 * MR * 2);  // (A[i,k], A[i,k+1]) pairs
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      const __m512i ai = _mm512_set1_epi32(a[i]);
 #if defined(__AVX512VNNI__)
-      acc[i][0] = _mm512_dpwssd_epi32(acc[i][0], ai, b0);
-      acc[i][1] = _mm512_dpwssd_epi32(acc[i][1], ai, b1);
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(a[i]); \
+                    c##i##0 = _mm512_dpwssd_epi32(c##i##0, ai, b0); c##i##1 = _mm512_dpwssd_epi32(c##i##1, ai, b1); }
 #else
-      acc[i][0] = _mm512_add_epi32(acc[i][0], _mm512_madd_epi16(ai, b0));
-      acc[i][1] = _mm512_add_epi32(acc[i][1], _mm512_madd_epi16(ai, b1));
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(a[i]); \
+                    c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(ai, b0)); \
+                    c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(ai, b1)); }
 #endif
-    }
+    RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
+#undef RP_MAC
   }
-  for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h) _mm512_storeu_si512(C + i * ldc + 16 * h, acc[i][h]);
+#define RP_STORE(i) _mm512_storeu_si512(C + i * ldc, c##i##0); _mm512_storeu_si512(C + i * ldc + 16, c##i##1);
+  RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+#undef RP_STORE
 }
 #elif defined(__AVX2__)
 constexpr bool kPair = true;
