@@ -35,8 +35,9 @@ inline int32_t quant(float v) {
 }
 
 // ---------------------------------------------------------------- GEMM packing
-// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights). Each is packed
-// once per call into panels of R rows x Kp (K rounded up to even) int16 (sign-extended int8):
+// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights), sign-extended
+// to int16 once per call, K rounded up to even (Kp). A stays row-major, [Mp][Kp] (the micro-
+// kernel broadcasts A[i, k..k+1] from each row); B is packed into panels of R rows:
 //   PAIR layout (x86 vpmaddwd): panel[k/2][R][2]  (two consecutive k of one row side by side)
 //   FLAT layout (NEON, scalar): panel[k][R]
 // In both, k values [k0, k0 + kc) of a panel start at offset k0 * R. Rows past the matrix and
@@ -58,6 +59,23 @@ void pack_panel(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, int16_t*
   }
 }
 
+// A [rows, K] int8 -> [ceil(rows / R) R, Kp] int16, row-major, zero-padded; in parallel.
+template <int64_t R>
+std::vector<int16_t> widen(const int8_t* src, int64_t rows, int64_t K, int64_t Kp) {
+  std::vector<int16_t> out((rows + R - 1) / R * R * Kp);   // padding rows stay zero
+  rp::parallel_for(rows, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      int16_t* o = out.data() + r * Kp;
+      for (int64_t k = 0; k < K; ++k) o[k] = src[r * K + k];
+      for (int64_t k = K; k < Kp; ++k) o[k] = 0;
+    }
+  });
+  return out;
+}
+
+// A[i, k], A[i, k + 1] of a row-major int16 matrix as one 32-bit word (the vpmaddwd pair).
+inline int32_t pair(const int16_t* p) { int32_t w; std::memcpy(&w, p, 4); return w; }
+
 // All panels of a [rows, K] matrix, in parallel: panel p holds rows [p R, p R + R).
 template <int64_t R, bool PAIR>
 std::vector<int16_t> pack(const int8_t* src, int64_t rows, int64_t K, int64_t Kp) {
@@ -74,20 +92,21 @@ std::vector<int16_t> pack(const int8_t* src, int64_t rows, int64_t K, int64_t Kp
 constexpr bool kPair = true;
 constexpr int64_t MR = 8, NR = 32;  // 16 zmm accumulators of 16 int32 lanes
 // acc[MR][NR] (+)= A panel x B panel over kc (even) k values; C tile row stride ldc.
-inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, int64_t ldc, bool first) {
+inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
+                  bool first) {
   // Named accumulators (not an array): GCC then keeps them in registers without copies.
 #define RP_ACC(i) __m512i c##i##0 = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc), \
                           c##i##1 = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc + 16);
   RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
 #undef RP_ACC
-  const int32_t* a = reinterpret_cast<const int32_t*>(Ap);  // (A[i,k], A[i,k+1]) pairs
-  for (int64_t k2 = 0; k2 < kc / 2; ++k2, a += MR) {
+  for (int64_t k = 0; k < kc; k += 2) {
+    const int64_t k2 = k / 2;
     const __m512i b0 = _mm512_loadu_si512(Bp + k2 * NR * 2), b1 = _mm512_loadu_si512(Bp + k2 * NR * 2 + 32);
 #if defined(__AVX512VNNI__)
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(a[i]); \
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(pair(A + i * lda + k)); \
                     c##i##0 = _mm512_dpwssd_epi32(c##i##0, ai, b0); c##i##1 = _mm512_dpwssd_epi32(c##i##1, ai, b1); }
 #else
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(a[i]); \
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(pair(A + i * lda + k)); \
                     c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(ai, b0)); \
                     c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(ai, b1)); }
 #endif
@@ -101,7 +120,8 @@ inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, 
 #elif defined(__AVX2__)
 constexpr bool kPair = true;
 constexpr int64_t MR = 4, NR = 16;  // 8 ymm accumulators of 8 int32 lanes
-inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, int64_t ldc, bool first) {
+inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
+                  bool first) {
   __m256i acc[MR][2];
   for (int i = 0; i < MR; ++i)
     for (int h = 0; h < 2; ++h)
@@ -110,9 +130,8 @@ inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, 
   for (int64_t k2 = 0; k2 < kc / 2; ++k2) {
     const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + k2 * NR * 2));
     const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + k2 * NR * 2 + 16));
-    const int32_t* a = reinterpret_cast<const int32_t*>(Ap + k2 * MR * 2);
     for (int i = 0; i < MR; ++i) {
-      const __m256i ai = _mm256_set1_epi32(a[i]);
+      const __m256i ai = _mm256_set1_epi32(pair(A + i * lda + 2 * k2));
       acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(ai, b0));
       acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(ai, b1));
     }
@@ -126,16 +145,16 @@ inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, 
 namespace {
 constexpr bool kPair = false;
 constexpr int64_t MR = 4, NR = 16;  // 16 int32x4 accumulators
-inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, int64_t ldc, bool first) {
+inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
+                  bool first) {
   int32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int q = 0; q < 4; ++q) acc[i][q] = first ? vdupq_n_s32(0) : vld1q_s32(C + i * ldc + 4 * q);
   for (int64_t k = 0; k < kc; ++k) {
     int16x4_t b[4];
     for (int q = 0; q < 4; ++q) b[q] = vld1_s16(Bp + k * NR + 4 * q);
-    const int16_t* a = Ap + k * MR;
     for (int i = 0; i < MR; ++i)
-      for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], a[i]);  // smlal
+      for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], A[i * lda + k]);  // smlal
   }
   for (int i = 0; i < MR; ++i)
     for (int q = 0; q < 4; ++q) vst1q_s32(C + i * ldc + 4 * q, acc[i][q]);
@@ -143,13 +162,14 @@ inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, 
 #else
 constexpr bool kPair = false;
 constexpr int64_t MR = 4, NR = 16;  // portable scalar path
-inline void micro(int64_t kc, const int16_t* Ap, const int16_t* Bp, int32_t* C, int64_t ldc, bool first) {
+inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
+                  bool first) {
   int32_t acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = first ? 0 : C[i * ldc + j];
   for (int64_t k = 0; k < kc; ++k)
     for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)Ap[k * MR + i] * (int32_t)Bp[k * NR + j];
+      for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)A[i * lda + k] * (int32_t)Bp[k * NR + j];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) C[i * ldc + j] = acc[i][j];
 }
@@ -162,7 +182,7 @@ constexpr int64_t KC = 512, MC = 16 * MR, NC = 8 * NR;  // cache blocks (KC even
 template <class Finish>
 void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish) {
   const int64_t Kp = (K + 1) / 2 * 2;
-  const std::vector<int16_t> ap = pack<MR, kPair>(A, M, K, Kp), bp = pack<NR, kPair>(B, N, K, Kp);
+  const std::vector<int16_t> aw = widen<MR>(A, M, K, Kp), bp = pack<NR, kPair>(B, N, K, Kp);
   const int64_t mblocks = (M + MC - 1) / MC, nblocks = (N + NC - 1) / NC;
   rp::parallel_for(mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<int32_t> tile(MC * NC);  // the block's accumulators, full tiles (padding included)
@@ -175,7 +195,7 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
         const int64_t kc = std::min(KC, Kp - k0);
         for (int64_t jp = 0; jp < ncp; jp += NR)
           for (int64_t ip = 0; ip < mcp; ip += MR)
-            micro(kc, &ap[(i0 + ip) * Kp + k0 * MR], &bp[(j0 + jp) * Kp + k0 * NR], &tile[ip * NC + jp], NC,
+            micro(kc, &aw[(i0 + ip) * Kp + k0], Kp, &bp[(j0 + jp) * Kp + k0 * NR], &tile[ip * NC + jp], NC,
                   k0 == 0);
       }
       finish(i0, mc, j0, nc, tile.data(), NC);
