@@ -134,7 +134,8 @@ class Audit:
         self.findings = []                       # (step, message), every problem found
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
-        self.cfg = dataclasses.replace(self.run.cfg, device=device)
+        # dead_tensor_steps=0: an alarm for the trainer (deadcheck.py), not part of what is checked
+        self.cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0)
         validate(self.cfg)                       # the genesis config, and this machine's device
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
         try:

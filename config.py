@@ -34,6 +34,8 @@ class Config:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     init_std: float = 0.02
+    quant: str = "none"                 # "int8": W8A8 block linears with LSQ step sizes (quant.py)
+    lsq_repin: bool = True              # int8: re-pin weight step sizes after every step (else learned)
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
     micro_batches: int = 4
     micro_batch_size: int = 8
@@ -58,11 +60,14 @@ class Config:
     dist_timeout: int = 60              # seconds before a rank gives up on a dead peer
     anchor_every: int = 100             # append the chain head to anchors.jsonl every N steps (0: never)
     hash_async: str = "auto"            # hash step N while step N+1 computes: on, off, auto (= on for cuda)
+    dead_tensor_steps: int = 100        # stop when a parameter's gradient is all zero this many steps running (0: off)
 
 
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
-               "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "hash_async"}
+               "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "hash_async",
+               # an alarm: it decides whether the run goes on, never a step's bits (deadcheck.py)
+               "dead_tensor_steps"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 SEED_LIMIT = 1 << 64                    # Philox keys are 64-bit
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -134,7 +139,7 @@ def validate(cfg, world=1):
     for key in ("n_layer", "n_head", "d_model", "d_hidden", "seq_len", "micro_batches",
                 "micro_batch_size", "max_steps", "checkpoint_every", "eval_batches", "dist_timeout"):
         need(getattr(cfg, key) >= 1, key, "must be >= 1")
-    for key in ("warmup_steps", "eval_every", "sample_tokens", "threads", "anchor_every"):
+    for key in ("warmup_steps", "eval_every", "sample_tokens", "threads", "anchor_every", "dead_tensor_steps"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
     for key in FIELDS:
         if FIELDS[key] is float:
@@ -153,6 +158,11 @@ def validate(cfg, world=1):
     need(cfg.data_dir != "", "data_dir", "must not be empty")
     need(cfg.device in ("cpu", "cuda"), "device", "must be cpu or cuda")
     need(cfg.hash_async in ("on", "off", "auto"), "hash_async", "must be on, off or auto")
+    need(cfg.quant in ("none", "int8"), "quant", "must be none or int8")
+    if cfg.quant == "int8":
+        need(cfg.device == "cpu", "device", "--quant=int8 has CPU kernels only so far; use --device=cpu")
+        for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
+            need(getattr(cfg, key) <= 133144, key, "must be <= 133144 with --quant=int8 (K * 127^2 < 2^31)")
     if cfg.device == "cuda":
         need(torch.cuda.is_available(), "device", "this machine has no CUDA GPU that torch can use")
         need(torch.cuda.device_count() >= world, "device",

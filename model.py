@@ -11,7 +11,8 @@ biases, untied input/output embeddings. Initialization is canonical: Philox norm
     ids = model.generate([10, 20], n_tokens=50, seed=7)   # the same tokens on every machine
 
 Parameters: tok_emb [vocab, d], layers.{i}.{attn_norm [d], wqkv [3d, d], wo [d, d], mlp_norm [d],
-w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d]; `named_tensors()` lists them
+w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d] (with quant="int8" also each
+block linear's step sizes layers.{i}.<linear>_sx [1] and _sw [out], quant.py); `named_tensors()` lists them
 by dotted name in sorted order, the canonical order of the flat gradient and the state hash.
 
 The residual stream enters each block through repops.rmsnorm_fork, so a tensor feeds two
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+import quant
 import repops
 
 
@@ -40,6 +42,8 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0       # Philox dropout on each residual branch (0 disables)
     init_std: float = 0.02
+    quant: str = "none"        # "int8": block linears are W8A8 with LSQ step sizes (quant.py)
+    lsq_repin: bool = True     # int8: re-pin the weight step sizes after every step (else learn them)
 
 
 def param_stream_id(name):
@@ -68,6 +72,9 @@ class Llama(nn.Module):
         cos, sin = repops.rope_tables(cfg.seq_len, d // cfg.n_head, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.calibrating = False
+        if cfg.quant == "int8":
+            quant.attach(self)   # step sizes <linear>_sx, <linear>_sw; calibrates s_x
 
     def _init(self, name, shape):
         """Canonical init of parameter `name`: its bits depend only on (seed, name, shape)."""
@@ -83,10 +90,17 @@ class Llama(nn.Module):
         """{dotted name: parameter} in sorted name order (the canonical parameter order)."""
         return dict(sorted(self.named_parameters()))
 
+    def _linear(self, layer, name, x):
+        """The block linear `name` of `layer` applied to x: fp32 RepOps, or int8 (quant.py)."""
+        w = getattr(layer, name)
+        if self.cfg.quant != "int8":       # "none" (config.validate refuses anything else)
+            return repops.linear(x, w)
+        return quant.linear(x, w, getattr(layer, name + "_sx"), getattr(layer, name + "_sw"), self.calibrating)
+
     def _attention(self, layer, h, B, T):
         cfg = self.cfg
         H, Dh = cfg.n_head, cfg.d_model // cfg.n_head
-        qkv = repops.linear(h, layer.wqkv).view(B, T, 3, H, Dh)
+        qkv = self._linear(layer, "wqkv", h).view(B, T, 3, H, Dh)
         q, k, v = qkv.unbind(2)                                   # each [B, T, H, Dh]
         q = repops.rope(q.contiguous(), self.rope_cos, self.rope_sin)
         k = repops.rope(k.contiguous(), self.rope_cos, self.rope_sin)
@@ -96,7 +110,7 @@ class Llama(nn.Module):
         p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))
         o = repops.matmul(p, v)                                   # [B*H, T, Dh]
         o = o.view(B, H, T, Dh).permute(0, 2, 1, 3).reshape(B, T, H * Dh)
-        return repops.linear(o, layer.wo)
+        return self._linear(layer, "wo", o)
 
     def _branch_dropout(self, x, rng, site):
         if not self.training or self.cfg.dropout == 0.0 or rng is None:
@@ -115,8 +129,8 @@ class Llama(nn.Module):
             x, h = repops.rmsnorm_fork(x, layer.attn_norm, cfg.norm_eps)
             x = repops.add(x, self._branch_dropout(self._attention(layer, h, B, T), rng, 2 * i))
             x, h = repops.rmsnorm_fork(x, layer.mlp_norm, cfg.norm_eps)
-            m = repops.swiglu(repops.linear(h, layer.w_gate_up).view(B * T, -1))
-            m = repops.linear(m, layer.w_down).view(B, T, -1)
+            m = repops.swiglu(self._linear(layer, "w_gate_up", h).view(B * T, -1))
+            m = self._linear(layer, "w_down", m).view(B, T, -1)
             x = repops.add(x, self._branch_dropout(m, rng, 2 * i + 1))
         return repops.rmsnorm(x, self.norm, cfg.norm_eps)
 

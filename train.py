@@ -33,7 +33,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import deadcheck
 import hashchain
+import quant
 import receipts
 import repops
 import rundir
@@ -69,7 +71,7 @@ def lr_at(cfg, step):
 def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
-    files = ["model.py", "repops.py", "treefold.py", "train.py", "data.py", "hashchain.py"]
+    files = ["model.py", "repops.py", "treefold.py", "train.py", "data.py", "hashchain.py", "quant.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -80,16 +82,19 @@ def code_digest():
 
 # ----------------------------------------------------------------------------- state
 class TrainState:
-    """Everything that decides the future: parameters, Adam moments, the step counter."""
+    """Everything that decides the future: parameters (quantizer step sizes included), Adam
+    moments of the trained ones (a re-pinned step size has none), the step counter."""
 
     def __init__(self, cfg, vocab_size, device="cpu"):
         self.device = torch.device(device)
         # Canonical init runs on the CPU kernels; the bits then move to the device unchanged.
         self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed).to(self.device)
         self.params = self.model.named_tensors()           # canonical (sorted) order
-        self.m = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        self.v = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        trained = [n for n, p in self.params.items() if p.requires_grad]   # the flat gradient's order
+        self.m = {n: torch.zeros_like(self.params[n]) for n in trained}
+        self.v = {n: torch.zeros_like(self.params[n]) for n in trained}
         self.step = 0
+        self.dead = deadcheck.DeadTensors(trained, cfg.dead_tensor_steps)
         self.copy_done = None    # CUDA event: an asynchronous host copy of the state (snapshot.py)
 
     def wait_for_snapshot(self):
@@ -102,8 +107,9 @@ class TrainState:
         out = {"step": torch.tensor([self.step], dtype=torch.int64)}
         for n, p in self.params.items():
             out["params." + n] = p.detach()
-            out["adam_m." + n] = self.m[n]
-            out["adam_v." + n] = self.v[n]
+            if n in self.m:
+                out["adam_m." + n] = self.m[n]
+                out["adam_v." + n] = self.v[n]
         return out
 
     def load(self, tensors):
@@ -120,8 +126,9 @@ class TrainState:
         with torch.no_grad():
             for n, p in self.params.items():
                 p.copy_(tensors["params." + n])
-                self.m[n].copy_(tensors["adam_m." + n])
-                self.v[n].copy_(tensors["adam_v." + n])
+                if n in self.m:
+                    self.m[n].copy_(tensors["adam_m." + n])
+                    self.v[n].copy_(tensors["adam_v." + n])
         self.step = int(tensors["step"][0])
 
     def hash(self):
@@ -136,7 +143,7 @@ def micro_batch_gradient(state, data, cfg, step, micro):
     """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss."""
     # host tensors: repops checks their range on the host, once, and moves them to the device
     x, y = data.micro_batch("train", step, micro, cfg.micro_batch_size, cfg.seq_len)
-    params = list(state.params.values())
+    params = [state.params[n] for n in state.m]      # the trained parameters
     loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
     grads = torch.autograd.grad(loss, params)
     return torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
@@ -166,15 +173,21 @@ def train_step(state, data, cfg, rank=0, world=1):
         raise StepRefused(f"step {step}: loss {loss_f} / gradient norm {norm_f} is not finite; "
                           "the step is refused and nothing of it is written (lower lr?)")
     lr = lr_at(cfg, step)
-    offset = 0
     state.wait_for_snapshot()
+    offset, grads = 0, {}
     with torch.no_grad():
-        for name, p in state.params.items():
-            g = grad[offset:offset + p.numel()].view(p.shape)
+        for name in state.m:
+            p = state.params[name]
+            g = grads[name] = grad[offset:offset + p.numel()].view(p.shape)
             offset += p.numel()
+        state.dead.observe(step, grads)
+        for name, g in grads.items():
+            p = state.params[name]
             repops.adamw_(p.data, g, state.m[name], state.v[name], lr=lr, beta1=cfg.beta1,
                           beta2=cfg.beta2, eps=cfg.adam_eps,
                           weight_decay=cfg.weight_decay if p.dim() >= 2 else 0.0, step=step)
+        if cfg.quant == "int8" and cfg.lsq_repin:
+            quant.repin(state.model)     # after the update, before the state hash (quant.py)
     state.step = step
     # grad_root: the digest of the final gradient, which only a replay can compute; the
     # trainer commits to it (step_record), an auditor's receipt reveals it (receipts.py).
@@ -441,7 +454,7 @@ def main(argv):
         if rank == 0:
             print(f"train.py: error: {e}", file=sys.stderr)
         return 2
-    except (StepRefused, ReproducibilityError) as e:
+    except (StepRefused, ReproducibilityError, deadcheck.DeadTensorError) as e:
         print(f"train.py: error (rank {rank}): {e}", file=sys.stderr)
         return 1
     except OSError as e:                # a full disk, a run directory made read-only meanwhile

@@ -640,3 +640,69 @@ def clip_grad(g, max_norm):
     # (x < 1.0) ? x : 1.0 -- a NaN x gives 1.0 (the contract does not spell out the operand order).
     c = select(x < F32(1.0), x, F32(1.0))
     return mul(g, c), np.asarray(norm, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# §10 the quantized path (int8, symmetric grid [-QP, QP])
+# ----------------------------------------------------------------------------------------------
+
+QP = 127
+INV_SQRT_QP = f32(1.0 / math.sqrt(QP))   # 0x1.6b7612p-4
+
+
+def int8_quant(v):
+    """Q(v): 127 if v >= 127, -127 if v <= -127, 0 for NaN, else round half to even (int64)."""
+    v = ftz(v)
+    n, _ = round_to_int(np.clip(np.nan_to_num(v, nan=0.0), -QP, QP).astype(np.float32))
+    with np.errstate(invalid="ignore"):
+        return np.where(v >= QP, QP, np.where(v <= -QP, -QP, np.where(np.isnan(v), 0, n))).astype(np.int64)
+
+
+def _rows(x, s):
+    """x viewed as [R, C] for R = s.size step sizes, and recip(s) as a column [R, 1]."""
+    return np.asarray(x).reshape(s.size, -1), recip(s.astype(np.float32)).reshape(-1, 1)
+
+
+def int8_quantize(x, s):
+    x2, inv = _rows(x, s)
+    return int8_quant(mul(x2, inv)).reshape(np.shape(x)).astype(np.int8)
+
+
+def int8_dequantize(q, s):
+    q2 = np.asarray(q).reshape(s.size, -1)
+    return mul(q2.astype(np.float32), s.astype(np.float32).reshape(-1, 1)).reshape(np.shape(q))
+
+
+def int8_matmul(a, b):
+    """a [M, K] @ b [N, K]^T in int64 (exact), as int32 after checking that it fits."""
+    c = a.astype(np.int64) @ b.astype(np.int64).T
+    assert np.all(np.abs(c) < 2**31)
+    return c.astype(np.int32)
+
+
+def int8_linear(a, b, sx, sw):
+    """float(int8_matmul(a, b)[i, j]) * (sx * sw[j]); the int32 -> float conversion rounds RNE."""
+    sc = mul(np.float32(sx).reshape(()), sw.astype(np.float32))
+    return mul(int8_matmul(a, b).astype(np.float32), sc.reshape(1, -1))
+
+
+def lsq_init(x, rows):
+    """s[r] = (2 * (csum |x[r, :]| * f32(1/C))) * INV_SQRT_QP for x viewed as [rows, C]."""
+    x2 = _arr(x).reshape(rows, -1)
+    mean = mul(csum(np.abs(x2)), f32(1.0 / x2.shape[1]))
+    return mul(mul(F32(2.0), mean), INV_SQRT_QP).reshape(rows)
+
+
+def lsq_backward(x, s, gxh, g):
+    """(gx, gs): STE gx = gxh where -QP < v < QP else +0.0, v = x * recip(s);
+    gs[r] = csum_c(gxh * term) * g with term = Q(v) - v inside the grid and Q(v) at the clip."""
+    x2, inv = _rows(x, s)
+    gx2 = np.asarray(gxh).reshape(x2.shape)
+    v = mul(x2, inv)
+    with np.errstate(invalid="ignore"):
+        inside = gt(v, F32(-QP)) & gt(F32(QP), v)
+    qf = int8_quant(v).astype(np.float32)
+    term = select(inside, sub(qf, v), qf)
+    gx = select(inside, gx2, F32(0.0)).reshape(np.shape(x))
+    gs = mul(np.atleast_1d(csum(mul(gx2, term))), f32(g))
+    return gx, gs.reshape(s.shape)

@@ -2,8 +2,8 @@
 CPU with gloo.
 
 - `python train.py` (R = 1) and `torchrun --nproc_per_node=R train.py` with one config write
-  byte-identical chain.jsonl files and checkpoints: R = 2, 4 on N = 4 micro-batches, also over a
-  weighted mix of corpora (each row's source is drawn by Philox from seed, step, micro-batch and
+  byte-identical chain.jsonl files and checkpoints: R = 2, 4 on N = 4 micro-batches, also with
+  --quant=int8 and over a weighted mix of corpora (each row's source is drawn by Philox from seed, step, micro-batch and
   row), and R = 3, 4, 6 on N = 12 (R = 4: blocks of 3 micro-batches, which are not subtrees of
   the step's tree);
 - one process replaying a step of the R = 4 runs with the ranks simulated (treefold.simulate_ranks
@@ -159,6 +159,23 @@ def test_chain_byte_identical_across_world_sizes_with_a_mix(args, tmp_path):
     genesis = json.loads(chains[1].splitlines()[0])
     assert [e["name"] for e in genesis["data_mix"]] == ["plays", "poems"]
     assert set(genesis["data_splits"]) == {"plays/train", "plays/val", "poems/train", "poems/val"}
+
+
+def test_chain_byte_identical_across_world_sizes_with_int8(args, tmp_path):
+    """--quant=int8 (int8 GEMMs, LSQ step sizes learned and re-pinned): R = 1, 2, 4 write the
+    same chain and final checkpoint bytes."""
+    int8_args = args + ["--quant=int8", "--max_steps=8"]
+    for world in (1, 2, 4):
+        cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
+        if world > 1:
+            share_secret(tmp_path / "r1" / "run", tmp_path / f"r{world}" / "run")
+        check_ok(launch(cmd + int8_args, tmp_path / f"r{world}"))
+    runs = {world: tmp_path / f"r{world}" / "run" for world in (1, 2, 4)}
+    assert json.loads(chain_bytes(runs[1]).splitlines()[0])["config"]["quant"] == "int8"
+    for world in (2, 4):
+        assert chain_bytes(runs[world]) == chain_bytes(runs[1]), f"R={world} int8 chain differs from R=1"
+        assert [p.read_bytes() for _, p in checkpoint_files(runs[world])] == \
+               [p.read_bytes() for _, p in checkpoint_files(runs[1])]
 
 
 @pytest.mark.parametrize("n", sorted(WORLDS))

@@ -66,30 +66,34 @@ def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("guard"), seed=3)
 
 
-DROPOUTS = (0.0, 0.1)
+# name -> the flags of one guarded step (int8: the quantized linears, their LSQ backward, re-pin)
+STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"]}
 
 
 @pytest.fixture(scope="module")
 def step_ops(corpus):
-    """{dropout: operator counts of one training step of a tiny model}."""
+    """{name: operator counts of one training step of a tiny model with STEPS[name]}."""
     out = {}
-    for dropout in DROPOUTS:
-        cfg = config.parse_config([*TINY, f"--data_dir={corpus}", f"--dropout={dropout}"])
+    for name, flags in STEPS.items():
+        cfg = config.parse_config([*TINY, f"--data_dir={corpus}", *flags])
         tokens = data.TokenData(corpus, cfg.seed)
         state = train.TrainState(cfg, tokens.vocab_size)
         with OpRecorder() as rec:
             train.train_step(state, tokens, cfg)
         assert state.step == 1
-        out[dropout] = rec.counts
+        out[name] = rec.counts
     return out
 
 
-@pytest.mark.parametrize("dropout", DROPOUTS, ids=["no_dropout", "dropout"])
-def test_every_op_of_a_step_is_repops_or_justified(step_ops, dropout):
-    counts = step_ops[dropout]
+@pytest.mark.parametrize("name", STEPS)
+def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
+    counts = step_ops[name]
     # The recorder really sees the step: its forward, backward, fold and optimizer kernels.
     needed = {"repops::matmul", "repops::cross_entropy_backward", "repops::add",
-              "repops::clip_grad", "repops::adamw_"} | ({"repops::dropout"} if dropout else set())
+              "repops::clip_grad", "repops::adamw_"}
+    needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(),
+               "int8": {"repops::int8_quantize", "repops::int8_linear", "repops::lsq_backward",
+                        "repops::int8_dequantize", "repops::lsq_init_"}}[name]
     assert needed <= set(counts), report(counts)
     assert not violations(counts), (f"floating-point work outside RepOps: {violations(counts)}\n"
                                     + report(counts))

@@ -33,6 +33,8 @@ def tampered(value):
     if isinstance(value, float):
         return value / 2 if value else 0.5
     if isinstance(value, str):
+        if value in ("none", "int8"):      # --quant: a string with two valid values
+            return "int8" if value == "none" else "none"
         return value[:-1] + ("0" if value[-1:] != "0" else "1")
     raise TypeError(value)
 

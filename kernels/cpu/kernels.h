@@ -66,3 +66,15 @@ void rp_philox(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, uint32
                uint32_t* words, int64_t n);
 void rp_uniform(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, float* out, int64_t n);
 void rp_normal(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, float* out, int64_t n);
+
+// int8.cpp (§10 the quantized path). x, y, gx, gxh [R, C] float; q [R, C] int8; s, gs [R]
+// (one step size per row; a per-tensor step size is R = 1). A [M, K], B [N, K] int8 in
+// [-127, 127] with K * 127^2 < 2^31; C32 [M, N] int32 = A @ B^T; Y [M, N] float.
+void rp_quantize(const float* x, const float* s, int8_t* q, int64_t R, int64_t C);
+void rp_dequantize(const int8_t* q, const float* s, float* y, int64_t R, int64_t C);
+void rp_int8_matmul(const int8_t* A, const int8_t* B, int32_t* C, int64_t M, int64_t N, int64_t K);
+void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw, float* Y, int64_t M,
+                    int64_t N, int64_t K);
+void rp_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c);
+void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
+                     int64_t R, int64_t C);

@@ -445,6 +445,49 @@ void run_random() {
   emit1("normal", z);
 }
 
+void run_int8() {
+  // Contract §10. int8 operands: index(s, n, 255) - 127, in [-127, 127], with every 7th element
+  // of A set to +-127 (extremes); step sizes: |gen(...)| (positive, normal). int8 and int32
+  // outputs are hashed as sign-extended little-endian int32 words.
+  const int64_t M = 37, N = 45, K = 1031;  // odd K over three k blocks of the GEMM
+  auto ints = [](uint32_t stream, int64_t n) {
+    std::vector<int8_t> q(n);
+    auto ix = index(stream, n, 255);
+    for (int64_t i = 0; i < n; ++i) q[i] = (int8_t)(ix[i] - 127);
+    return q;
+  };
+  auto pos = [](std::vector<float> v) { for (float& x : v) x = std::fabs(x); return v; };
+  auto hash_ints = [](const char* name, const auto& v) {
+    Digest d;
+    for (auto x : v) d.u32((uint32_t)(int32_t)x);
+    emit(name, d);
+  };
+  std::vector<int8_t> A = ints(120, M * K), B = ints(121, N * K);
+  for (int64_t i = 0; i < M * K; i += 7) A[i] = (i / 7) % 2 ? -127 : 127;
+  std::vector<int32_t> C(M * N);
+  rp_int8_matmul(A.data(), B.data(), C.data(), M, N, K);
+  hash_ints("int8_matmul", C);
+  auto sw = pos(gen(122, N, -8, 4, 0, kNone));
+  std::vector<float> Y(M * N);
+  rp_int8_linear(A.data(), B.data(), 0x1.2p-7f, sw.data(), Y.data(), M, N, K);
+  emit1("int8_linear", Y);
+
+  const int64_t R = 37, D = 129;
+  auto x = gen(123, R * D, -8, 12, 16, finite(0x1p20f));  // |x / s| spans the grid and the clip
+  auto s = pos(gen(124, R, -6, 4, 0, kNone));
+  std::vector<int8_t> q(R * D);
+  rp_quantize(x.data(), s.data(), q.data(), R, D);
+  hash_ints("int8_quantize", q);
+  std::vector<float> y(R * D), s1(R), gx(R * D), gs(R);
+  rp_dequantize(q.data(), s.data(), y.data(), R, D);
+  emit1("int8_dequantize", y);
+  rp_lsq_init(x.data(), s1.data(), R, D, 0x1.fc07fp-8f);  // inv_c = (float)(1.0 / 129)
+  emit1("lsq_init", s1);
+  auto gxh = gen(125, R * D, -3, 8, 16, finite(0x1p10f));
+  rp_lsq_backward(x.data(), s.data(), gxh.data(), 0x1.0002p-7f, gx.data(), gs.data(), R, D);  // f32(1/sqrt(129*127))
+  emit2("lsq_backward", gx, gs);
+}
+
 }  // namespace
 
 int main() {
@@ -468,5 +511,6 @@ int main() {
     if (c[0] != 0.0f) std::fprintf(stderr, "selftest: canary: this build contracts a*b+c into an FMA\n");
     if (c[1] != 0.0f) std::fprintf(stderr, "selftest: canary: flush-to-zero missing in worker threads\n");
   }
+  run_int8();
   return 0;
 }

@@ -1,0 +1,110 @@
+"""Native int8 training (W8A8) with LSQ step sizes: the model side of contract §10.
+
+    import quant
+    quant.attach(model)              # adds step sizes to every block linear, calibrates s_x
+    y = quant.linear(x, w, sx, sw)   # x [..., K] fp32, w [N, K] fp32 -> [..., N] fp32 via int8
+    quant.repin(model)               # s_w[row] = 2 mean|w_row| / sqrt(Qp), after each optimizer step
+
+Every block linear (wqkv, wo, w_gate_up, w_down) computes y = float(qx @ qw^T) * (s_x * s_w[n]),
+with qx = Q(x * recip(s_x)) per tensor and qw = Q(w * recip(s_w[n])) per output row, both on
+the symmetric grid [-127, 127] (Qn = Qp = 127); the integer products are summed exactly in int32.
+The token embedding and lm_head stay fp32. The backward is the straight-through estimator in
+fp32 RepOps (gradients reach x and w where x / s lies strictly inside (-Qp, Qp)) plus the LSQ
+gradient of each step size (Esser et al. 2019), scaled by g = f32(1 / sqrt(N * Qp)), N the
+number of elements that share the step size (K for a weight row, the micro-batch's x.numel()
+for an activation), computed on the host in float64 (contract §1).
+
+Step sizes are parameters named `<linear>_sx` [1] and `<linear>_sw` [out] next to their weight
+(e.g. layers.0.wqkv_sw), so they are in the state hash, the checkpoints and the audit like any
+parameter. Their initial values (the genesis state):
+- s_w: the re-pin rule on the initial weights;
+- s_x: the same rule, 2 mean|x| / sqrt(Qp) over the whole tensor, on the inputs each linear sees
+  in one forward pass (eval mode, layers in order, each already using the s_x just set) of a
+  calibration batch of Philox tokens: [4, seq_len] ids = philox(seed, 0, CALIBRATION_STREAM,
+  INIT) mod vocab. A pure function of (seed, config): no data read, the same on every rank and
+  in every replay.
+s_x is always learned (AdamW, no weight decay: it is 1-D). With lsq_repin (the default) s_w is
+not learned (requires_grad False, no Adam moments) but re-pinned after every optimizer step,
+before the state hash; with lsq_repin off it is learned like s_x (plain LSQ).
+"""
+import math
+
+import torch
+
+import repops
+
+QP = 127                                  # symmetric grid [-QP, QP]
+LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+CALIBRATION_STREAM = 0x15C0               # Philox c2 of the calibration tokens (purpose INIT)
+CALIBRATION_ROWS = 4
+MAX_K = (2**31 - 1) // (QP * QP)          # 133144: K * 127^2 < 2^31 keeps int32 sums exact
+
+
+def grad_scale(n):
+    """LSQ's g = 1/sqrt(n * Qp), float64 (sqrt and / are correctly rounded), rounded once."""
+    return repops.f32(1.0 / math.sqrt(n * QP))
+
+
+class _Int8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, w, sx, sw):
+        qx = repops.ops.int8_quantize(x2, sx)          # [M, K] int8, one step size
+        qw = repops.ops.int8_quantize(w, sw)           # [N, K] int8, one per row
+        ctx.save_for_backward(x2, w, sx, sw, qx, qw)
+        return repops.ops.int8_linear(qx, qw, sx, sw)  # [M, N]
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, w, sx, sw, qx, qw = ctx.saved_tensors
+        xh = repops.ops.int8_dequantize(qx, sx)        # the values the forward used, fp32
+        wh = repops.ops.int8_dequantize(qw, sw)
+        gxh = repops.ops.matmul(g, wh)                 # [M, N] @ [N, K]
+        gwh = repops.ops.matmul(g.t(), xh)             # [N, M] @ [M, K]
+        gx, gsx = repops.ops.lsq_backward(x2, sx, gxh, grad_scale(x2.numel()))
+        gw, gsw = repops.ops.lsq_backward(w, sw, gwh, grad_scale(w.shape[1]))
+        return gx, gw, gsx, (gsw if ctx.needs_input_grad[3] else None)
+
+
+def linear(x, w, sx, sw, calibrate=False):
+    """x @ w.T through int8 (leading dims of x flattened to rows). calibrate: first set s_x
+    from this x (the init rule above)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if calibrate:
+        with torch.no_grad():
+            repops.ops.lsq_init_(x2, sx.data)
+    y = _Int8Linear.apply(x2, w, sx, sw)
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def step_sizes(model):
+    """[(layer, linear name)] of every quantized linear, in layer order."""
+    return [(layer, name) for layer in model.layers for name in LINEARS]
+
+
+def attach(model):
+    """Register the step sizes of every block linear and give them their initial values."""
+    learn_sw = not model.cfg.lsq_repin
+    for layer, name in step_sizes(model):
+        w = getattr(layer, name)
+        layer.register_parameter(name + "_sx", torch.nn.Parameter(torch.zeros(1)))
+        layer.register_parameter(name + "_sw", torch.nn.Parameter(torch.zeros(w.shape[0]), requires_grad=learn_sw))
+    repin(model)
+    ids = repops.philox_words(model.seed, 0, CALIBRATION_STREAM, repops.PURPOSE_INIT,
+                              CALIBRATION_ROWS * model.cfg.seq_len)
+    ids = torch.remainder(ids, model.cfg.vocab_size).view(CALIBRATION_ROWS, -1)  # exact integers
+    was_training = model.training
+    model.eval()
+    model.calibrating = True
+    try:
+        with torch.no_grad():
+            model.hidden(ids)
+    finally:
+        model.calibrating = False
+        model.train(was_training)
+
+
+@torch.no_grad()
+def repin(model):
+    """s_w[row] = 2 mean|w_row| / sqrt(Qp) for every quantized linear (kernels: lsq_init_)."""
+    for layer, name in step_sizes(model):
+        repops.ops.lsq_init_(getattr(layer, name), getattr(layer, name + "_sw").data)

@@ -1,0 +1,154 @@
+"""The int8 kernels (contract §10, kernels/cpu/int8.cpp) against the NumPy reference, bit for bit.
+
+    .venv/bin/python -m pytest tests/test_int8.py -q -x
+
+The GEMM is checked against NumPy int64 products (exact), including the extreme case: all
+operands +-127 at the largest K the kernel accepts (K * 127^2 < 2^31), where every output is
++-K * 127^2. Quantize, dequantize, the fused int8 linear, the LSQ step-size rule and the LSQ
+backward are checked against tests/reference.py (the contract's float32 sequence) bit for bit,
+and the reference itself against float64 formulas with a tolerance.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import reference as ref
+import repops
+
+KMAX = 133144   # the largest K with K * 127^2 < 2^31
+
+
+def i8(rng, shape, lo=-127, hi=127):
+    return rng.integers(lo, hi + 1, size=shape, dtype=np.int64).astype(np.int8)
+
+
+def same_bits(a, b):
+    a = np.asarray(a, dtype=np.float32).reshape(-1).view(np.uint32)
+    b = np.asarray(b, dtype=np.float32).reshape(-1).view(np.uint32)
+    nan_a = (a & 0x7F800000) == 0x7F800000
+    return a.shape == b.shape and bool(np.all((a == b) | (nan_a & (a & 0x7FFFFF != 0) & (b & 0x7FFFFF != 0))))
+
+
+def T(a):  # noqa: N802
+    return torch.from_numpy(np.ascontiguousarray(a).copy())
+
+
+# ------------------------------------------------------------------------------------- the GEMM
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (37, 45, 129), (9, 33, 3), (70, 300, 1030), (130, 17, 2)])
+def test_int8_matmul_is_exact(M, N, K):
+    rng = np.random.default_rng(M * 1000 + K)
+    a, b = i8(rng, (M, K)), i8(rng, (N, K))
+    got = repops.ops.int8_matmul(T(a), T(b)).numpy()
+    assert got.dtype == np.int32
+    assert np.array_equal(got, ref.int8_matmul(a, b))
+
+
+def test_int8_matmul_extremes_at_the_largest_k():
+    """Every product is +-127^2 and every sum reaches +-KMAX * 127^2 (just below 2^31): any
+    int16 saturation (vpmaddubsw) or int32 overflow would show."""
+    K = KMAX
+    assert K * 127 * 127 < 2**31 <= (K + 1) * 127 * 127
+    a = np.full((3, K), 127, np.int8)
+    a[1] = -127
+    a[2, ::2] = -127                 # alternating signs: partial sums cancel pairwise
+    b = np.full((5, K), 127, np.int8)
+    b[3] = -127
+    got = repops.ops.int8_matmul(T(a), T(b)).numpy().astype(np.int64)
+    assert np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64).T)
+    assert got[0, 0] == K * 127 * 127 and got[1, 0] == -K * 127 * 127
+
+
+def test_int8_matmul_refuses_too_large_k_and_off_grid_values():
+    with pytest.raises(RuntimeError, match=r"K = 133145 is too large .*K <= 133144"):
+        repops.ops.int8_matmul(torch.zeros(1, KMAX + 1, dtype=torch.int8), torch.zeros(1, KMAX + 1, dtype=torch.int8))
+    a = torch.zeros(2, 8, dtype=torch.int8)
+    a[1, 3] = -128
+    with pytest.raises(RuntimeError, match=r"\[-127, 127\]; found -128"):
+        repops.ops.int8_matmul(a, torch.zeros(2, 8, dtype=torch.int8))
+
+
+def test_int8_linear_dequantizes_in_the_written_order():
+    rng = np.random.default_rng(5)
+    a, b = i8(rng, (37, 129)), i8(rng, (45, 129))
+    sx = np.float32([0.0371])
+    sw = (rng.random(45) * 0.01 + 1e-4).astype(np.float32)
+    got = repops.ops.int8_linear(T(a), T(b), T(sx), T(sw)).numpy()
+    assert same_bits(got, ref.int8_linear(a, b, sx[0], sw))
+    exact = (a.astype(np.float64) @ b.astype(np.float64).T) * (float(sx[0]) * sw.astype(np.float64))
+    np.testing.assert_allclose(got, exact, rtol=3e-7)
+
+
+# ------------------------------------------------------------------------------ quantization
+def adversarial(rng, n, s):
+    """Values around every rounding and clipping decision of Q(x * recip(s))."""
+    k = rng.integers(-130, 131, size=n).astype(np.float32)
+    x = (k + np.float32(0.5)) * np.float32(s)          # ties (up to the product's rounding)
+    x[::7] = k[::7] * np.float32(s)                       # exact grid points, +-127 included
+    x[::11] = rng.standard_normal(x[::11].shape).astype(np.float32) * 1e4
+    specials = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 127 * s, -127 * s,
+                           126.5 * s, -126.5 * s, 3e38, -3e38])
+    x[:len(specials)] = specials
+    return x
+
+
+@pytest.mark.parametrize("s", [0.05, 1.0, 3.7e-3, 2.0**-20])
+def test_quantize_per_tensor(s):
+    rng = np.random.default_rng(7)
+    sv = np.float32([s])
+    x = adversarial(rng, 5003, sv[0])
+    got = repops.ops.int8_quantize(T(x), T(sv)).numpy()
+    want = ref.int8_quantize(x, sv)
+    assert got.dtype == np.int8 and np.array_equal(got, want)
+    assert got.min() >= -127 and got[4] == 0            # never -128; NaN -> 0
+    # the reference means round-half-even of x / s, clamped, where x / s is a float32 product
+    ok = np.isfinite(x) & (np.abs(x) < 1e30)
+    v = x[ok].astype(np.float64) * float(ref.recip(sv)[0])
+    assert np.all(np.abs(want[ok] - np.clip(np.round(v), -127, 127)) <= 1)
+
+
+def test_quantize_per_row_and_dequantize():
+    rng = np.random.default_rng(8)
+    s = (rng.random(23) * 0.1 + 1e-3).astype(np.float32)
+    x = (rng.standard_normal((23, 77)) * 0.05).astype(np.float32)
+    q = repops.ops.int8_quantize(T(x), T(s)).numpy()
+    assert np.array_equal(q, ref.int8_quantize(x, s))
+    y = repops.ops.int8_dequantize(T(q), T(s)).numpy()
+    assert same_bits(y, ref.int8_dequantize(q, s))
+    within = np.abs(y - x) <= s[:, None] * 0.5 * (1 + 1e-5)     # half a step, off the clip
+    assert np.all(within[np.abs(q) < 127])
+
+
+def test_lsq_init_is_two_mean_abs_over_sqrt_qp():
+    rng = np.random.default_rng(9)
+    for rows, shape in ((31, (31, 1000)), (1, (64, 33))):
+        x = rng.standard_normal(shape).astype(np.float32)
+        x[0, :5] = [0.0, -0.0, 1e-42, np.float32(3e5), -2.5]
+        s = torch.empty(rows)
+        repops.ops.lsq_init_(T(x), s)
+        assert same_bits(s.numpy(), ref.lsq_init(x, rows))
+        want = 2 * np.abs(x.astype(np.float64)).reshape(rows, -1).mean(1) / math.sqrt(127)
+        np.testing.assert_allclose(s.numpy(), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 17])
+def test_lsq_backward(rows):
+    rng = np.random.default_rng(rows)
+    s = (rng.random(rows) * 0.02 + 5e-3).astype(np.float32)
+    x = (rng.standard_normal((rows, 515)) * 0.6).astype(np.float32)   # some beyond the clip
+    x[0, :4] = [127 * s[0], -127 * s[0], np.inf, 0.0]
+    gxh = rng.standard_normal((rows, 515)).astype(np.float32)
+    g = repops.f32(1.0 / math.sqrt(515 * 127))
+    gx, gs = repops.ops.lsq_backward(T(x), T(s), T(gxh), g)
+    rgx, rgs = ref.lsq_backward(x, s, gxh, g)
+    assert same_bits(gx.numpy(), rgx) and same_bits(gs.numpy(), rgs)
+    # Esser et al.: d xhat / d s = -v + round(v) inside (-Qp, Qp), +-Qp outside, v = x / s
+    # (v as the kernel rounds it: the clip decision at exactly +-127 s depends on that rounding)
+    v = ref.mul(x, ref.recip(s)[:, None]).astype(np.float64)
+    assert np.allclose(v[np.isfinite(v)], (x.astype(np.float64) / s[:, None])[np.isfinite(v)], rtol=1e-6)
+    inside = (v > -127) & (v < 127)
+    term = np.where(inside, np.round(v) - v, np.clip(np.round(v), -127, 127))
+    want = (gxh * term).sum(1) * g
+    np.testing.assert_allclose(gs.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(gx.numpy() != 0, inside & (gxh != 0))
