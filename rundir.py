@@ -175,13 +175,18 @@ class Run:
         decisive = {k: v for k, v in recorded.items() if k not in config.BOOKKEEPING}
         return config.differences(decisive, self.genesis.get("config", {}))
 
-    def recorded_data_dir(self):
-        """The corpus the run was trained on, as config.json names it (where the data lives is
-        bookkeeping, not part of what is audited); the default when config.json has none."""
+    def recorded(self, key, kind, default):
+        """A bookkeeping value as config.json records it (where the data lives, whether the
+        trainer recomputed activations): not part of what is audited; `default` when
+        config.json is missing, unreadable or has no such value of type `kind`."""
         path = self.dir / "config.json"
         try:
             with hashchain.open_regular(path, "config") as f:
-                value = hashchain.strict_json(f.read(MAX_CONFIG_JSON).decode("utf-8")).get("data_dir")
+                value = hashchain.strict_json(f.read(MAX_CONFIG_JSON).decode("utf-8")).get(key)
         except (hashchain.HashChainError, UnicodeDecodeError, ValueError, AttributeError):
             value = None
-        return value if isinstance(value, str) and value else config.Config.data_dir
+        return value if isinstance(value, kind) and value != "" else default
+
+    def recorded_data_dir(self):
+        """The corpus the run was trained on, as config.json names it."""
+        return self.recorded("data_dir", str, config.Config.data_dir)

@@ -37,7 +37,7 @@ import receipts
 import repops
 import rundir
 import treefold
-from config import UsageError, decisive_config, differences, parse_config, validate
+from config import UsageError, decisive_config, differences, parse_config, resolve, validate
 from data import DataError, TokenData, batch_digest, get_tokenizer
 from model import Llama, ModelConfig
 
@@ -51,8 +51,9 @@ class ReproducibilityError(Exception):
 
 
 def model_config(cfg, vocab_size):
+    """The model of cfg; vocab_size is the corpus's, used when cfg.vocab_size is 0 (unresolved)."""
     names = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"}
-    return ModelConfig(vocab_size=vocab_size, **{k: getattr(cfg, k) for k in names})
+    return ModelConfig(vocab_size=cfg.vocab_size or vocab_size, **{k: getattr(cfg, k) for k in names})
 
 
 def lr_at(cfg, step):
@@ -356,6 +357,7 @@ def run(cfg, rank, world):
     writer = rank == 0
     # Data, kernels and model first: a bad corpus or a failed build creates no run directory.
     data = TokenData(cfg.data_dir, cfg.seed)
+    cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     lock = prepare_run_dir(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
