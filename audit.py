@@ -6,7 +6,7 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --range 1:40                      # every step from 1 to 40
     python audit.py --all                             # the whole chain
     python audit.py --step 17 --trace a.jsonl         # also a per-operator trace (optrace.py)
-    python audit.py --step 1 --recompute on           # less memory, same bits (default: the trainer's)
+    python audit.py --step 1 --recompute on --offload on  # less memory, same bits (default: the trainer's)
 
     python audit.py --step 17 --receipt r.json --auditor alice   # proof of the replay
     python audit.py --check-receipts receipts/        # publisher (the secret): accept or reject
@@ -128,16 +128,18 @@ def trace_step(state, data, cfg, path, record):
 
 
 class Audit:
-    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None):
+    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None):
         self.run = rundir.Run(run_dir)          # reads only: repair=False
         self.device = device
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
-        # recompute is bookkeeping: the trainer's choice (config.json) unless the auditor's
-        recompute = self.run.recorded("recompute", bool, False) if recompute is None else recompute
-        self.cfg = dataclasses.replace(self.run.cfg, device=device, recompute=recompute)
+        # recompute and offload are bookkeeping: the trainer's choice (config.json) unless the
+        # auditor makes another for this machine
+        memory = {k: self.run.recorded(k, bool, False) if v is None else v
+                  for k, v in (("recompute", recompute), ("offload", offload))}
+        self.cfg = dataclasses.replace(self.run.cfg, device=device, **memory)
         validate(self.cfg)                       # the genesis config, and this machine's device
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
         self.cfg = resolve(self.cfg, self.data.vocab_size)
@@ -178,7 +180,7 @@ class Audit:
             return None
         self.checked.add(step)
         try:
-            tensors = self.run.verified_checkpoint(step, path)
+            tensors = self.run.verified_checkpoint(step, path, mmap=self.cfg.offload)
         except hashchain.StateMismatch as e:
             self.find(step, f"checkpoint {path} does not match the chain: {e.message}")
             return None
@@ -277,7 +279,7 @@ def chain_steps(run, steps, flag="--steps"):
 def replay_command(args):
     t0 = time.perf_counter()
     audit = Audit(args.run_dir, args.data_dir, args.device,
-                  None if args.recompute is None else args.recompute == "on")
+                  **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")})
     if args.step is not None:
         first = last = args.step
         if args.step < 1:
@@ -447,7 +449,7 @@ def anchors_command(args):
 
 
 # Which mode each option belongs to; any other use is refused with one line.
-OPTION_MODES = {"recompute": ("step", "range", "all"), "trace": ("step",), "receipt": ("step",), "auditor": ("step",),
+OPTION_MODES = {"recompute": ("step", "range", "all"), "offload": ("step", "range", "all"), "trace": ("step",), "receipt": ("step",), "auditor": ("step",),
                 "salts": ("check_receipts", "coverage"), "out": ("reveal_salts",),
                 "auditors": ("plan",), "seed": ("plan",), "absent": ("plan",),
                 "redundancy": ("plan", "coverage"), "steps": ("plan", "coverage")}
@@ -473,6 +475,8 @@ def parse_args(argv):
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="replay on cpu (default) or cuda: same bits")
     ap.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations "
                     "in backward (same bits, less memory; default: what the trainer used)")
+    ap.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting "
+                    "gradient in temp files under TMPDIR (same bits; default: what the trainer used)")
     ap.add_argument("--trace", metavar="FILE", help="with --step: write a per-operator trace of "
                     "the step to FILE (compare two with python optrace.py A B)")
     ap.add_argument("--receipt", metavar="FILE", help="with --step: write the step's receipt to FILE")

@@ -68,11 +68,15 @@ class Config:
     # the same inputs (dropout masks are Philox functions of their indices), so the bits are the
     # same either way, and an auditor chooses it for their own machine.
     recompute: bool = False
+    # Keep the Adam moments in a temp file (under TMPDIR) mapped one tensor at a time, and a
+    # waiting micro-batch gradient in another (offload.py): memory ~ parameters + two gradients
+    # instead of parameters + moments + several gradients. Bookkeeping for the same reason.
+    offload: bool = False
 
 
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
-               "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "recompute"}
+               "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "recompute", "offload"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 # Named shapes (--preset=NAME). open1b: the OPEN-1B reference run's model (1.61B parameters) with
 # 2 micro-batches of 1 x 4096 tokens per step, what one replay on a 24 GiB machine does.
@@ -81,7 +85,7 @@ FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 PRESETS = {
     "open1b": dict(n_layer=24, d_model=2048, n_head=16, n_kv_head=4, d_hidden=5632,
                    vocab_size=128256, seq_len=4096, micro_batches=2, micro_batch_size=1,
-                   recompute=True, checkpoint_every=1, eval_every=0, sample_tokens=0),
+                   recompute=True, offload=True, checkpoint_every=1, eval_every=0, sample_tokens=0),
     "open1b-mini": dict(n_layer=2, d_model=512, n_head=4, n_kv_head=1, d_hidden=1408,
                         seq_len=64, micro_batches=2, micro_batch_size=1, recompute=True),
 }
@@ -185,6 +189,7 @@ def validate(cfg, world=1):
     need(cfg.run_dir != "", "run_dir", "must not be empty")
     need(cfg.data_dir != "", "data_dir", "must not be empty")
     need(cfg.device in ("cpu", "cuda"), "device", "must be cpu or cuda")
+    need(not (cfg.offload and cfg.device != "cpu"), "offload", "offloads the state of a cpu run only")
     if cfg.device == "cuda":
         need(torch.cuda.is_available(), "device", "this machine has no CUDA GPU that torch can use")
         need(torch.cuda.device_count() >= world, "device",

@@ -124,15 +124,16 @@ class Run:
         """[(step, path)] of the checkpoint files, sorted by step."""
         return hashchain.list_checkpoints(checkpoint_dir(self.dir))
 
-    def verified_checkpoint(self, step, path):
+    def verified_checkpoint(self, step, path, mmap=False):
         """The tensors of the checkpoint of `step`, after verifying the chain up to that step,
         the tensors against the record's Merkle leaves and the metadata against the record.
-        HashChainError (StateMismatch for a file that does not match) otherwise."""
+        HashChainError (StateMismatch for a file that does not match) otherwise. mmap: see
+        hashchain.load_checkpoint."""
         self.chain.verify(upto=step)
         if step >= len(self.chain):
             raise hashchain.StateMismatch(f"checkpoint {path}: step {step} has no record in the chain")
         record = self.chain.records[step]
-        tensors, meta = hashchain.load_checkpoint(path)
+        tensors, meta = hashchain.load_checkpoint(path, mmap)
         hashchain.verify_state(tensors, record.get("state_hash"), record.get("tensor_hashes"))
         expected = {"step": step, "state_hash": record["state_hash"],
                     "tensor_hashes": record["tensor_hashes"]}
@@ -142,7 +143,7 @@ class Run:
                                           "from the chain record")
         return tensors
 
-    def latest_checkpoint(self, upto, on_bad):
+    def latest_checkpoint(self, upto, on_bad, mmap=False):
         """(step, tensors) of the latest checkpoint at or before `upto` that verifies, or
         (0, None) if none does (the caller re-creates the genesis state). Each checkpoint that
         is malformed (CheckpointError) or does not match its record (StateMismatch) is passed to
@@ -151,7 +152,7 @@ class Run:
             if step > upto:
                 continue
             try:
-                return step, self.verified_checkpoint(step, path)
+                return step, self.verified_checkpoint(step, path, mmap)
             except (hashchain.StateMismatch, hashchain.CheckpointError) as e:
                 on_bad(step, path, e)
         return 0, None

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 import hashchain
+import offload
 import receipts
 import repops
 import rundir
@@ -79,24 +80,35 @@ def code_digest():
 
 # ----------------------------------------------------------------------------- state
 class TrainState:
-    """Everything that decides the future: parameters, Adam moments, the step counter."""
+    """Everything that decides the future: parameters, Adam moments, the step counter. With
+    cfg.offload the moments live in temp files (offload.MomentStore), mapped one tensor at a
+    time by whoever uses them (AdamW, the state hash, the checkpoint writer)."""
 
     def __init__(self, cfg, vocab_size, device="cpu"):
         self.device = torch.device(device)
         # Canonical init runs on the CPU kernels; the bits then move to the device unchanged.
         self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed).to(self.device)
         self.params = self.model.named_tensors()           # canonical (sorted) order
-        self.m = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        self.v = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        self.offloaded = cfg.offload
+        if cfg.offload:
+            shapes = {n: p.shape for n, p in self.params.items()}
+            self.m, self.v = offload.MomentStore(shapes), offload.MomentStore(shapes)
+        else:
+            self.m = {n: torch.zeros_like(p) for n, p in self.params.items()}
+            self.v = {n: torch.zeros_like(p) for n, p in self.params.items()}
         self.step = 0
 
     def tensors(self):
-        out = {"step": torch.tensor([self.step], dtype=torch.int64)}
-        for n, p in self.params.items():
-            out["params." + n] = p.detach()
-            out["adam_m." + n] = self.m[n]
-            out["adam_v." + n] = self.v[n]
-        return out
+        """{name: tensor} of the whole state; each value is fetched when it is read (an
+        offloaded moment is mapped then), so reading them one by one holds one at a time."""
+        kinds = {"params": self.params, "adam_m": self.m, "adam_v": self.v}
+
+        def get(name):
+            if name == "step":
+                return torch.tensor([self.step], dtype=torch.int64)
+            kind, _, n = name.partition(".")
+            return kinds[kind][n].detach()
+        return offload.LazyTensors(["step"] + [f"{k}.{n}" for k in kinds for n in self.params], get)
 
     def load(self, tensors):
         """Copy a verified checkpoint's tensors in; StateMismatch if they are not the state of
@@ -125,13 +137,40 @@ class TrainState:
 
 # ----------------------------------------------------------------------------- the step
 def micro_batch_gradient(state, data, cfg, step, micro):
-    """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss."""
+    """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss.
+
+    Each parameter's gradient is copied into its slice of the one buffer as soon as autograd has
+    produced it (a post-accumulate-grad hook), then released: memory holds the buffer and the
+    gradients in flight, never all of them twice (as concatenating them at the end would).
+    Every parameter is used once in the forward, so autograd hands each gradient over as it
+    is, with no accumulation of its own."""
     batch = data.micro_batch("train", step, micro, cfg.micro_batch_size, cfg.seq_len)
     x, y = (t.to(state.device) for t in batch)
     params = list(state.params.values())
-    loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
-    grads = torch.autograd.grad(loss, params)
-    return torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
+    flat = torch.empty(state.n_params() + 1, device=state.device)
+    filled = []
+
+    def take(dst):
+        def hook(p):
+            dst.copy_(p.grad)
+            p.grad = None
+            filled.append(dst)
+        return hook
+
+    offset, hooks = 0, []
+    for p in params:
+        hooks.append(p.register_post_accumulate_grad_hook(take(flat[offset:offset + p.numel()].view(p.shape))))
+        offset += p.numel()
+    try:
+        loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
+        loss.backward(inputs=params)
+    finally:
+        for h in hooks:
+            h.remove()
+    if len(filled) != len(params):
+        raise RuntimeError(f"{len(params) - len(filled)} parameters got no gradient")
+    flat[-1:].copy_(loss.detach().reshape(1))
+    return flat
 
 
 def train_step(state, data, cfg, rank=0, world=1):
@@ -139,20 +178,25 @@ def train_step(state, data, cfg, rank=0, world=1):
 
     Rank r folds its own block of micro-batches into the largest subtrees of the step's tree
     inside it; with world > 1 TreeFold's all-reduce completes the tree, so every rank (and a
-    single-device replay) ends with the same bits for any world size that divides N.
+    single-device replay) ends with the same bits for any world size that divides N. Buffers of
+    P floats are released as soon as they are used (at most two are alive at once after the
+    fold, plus one spilled to disk with cfg.offload while the next micro-batch runs).
     """
     step = state.step + 1
     n = cfg.micro_batches
     state.model.train()
-    fold = treefold.Fold(n, world, rank)
+    fold = treefold.Fold(n, world, rank, spill=cfg.offload)
     for micro in fold.leaves:
         fold.push(micro_batch_gradient(state, data, cfg, step, micro))
     total = treefold.allreduce(fold) if world > 1 else fold.result()
+    del fold                                # its frontier holds the one-rank total
     # Contract §4.4: one multiply by f32(1/N) (exact when N is a power of two, a fixed rounding otherwise).
     mean = repops.ops.scale(total, repops.f32(1.0 / n))
-    loss = mean[-1]
+    del total
+    loss_f = float(mean[-1])
     grad, grad_norm = repops.clip_grad(mean[:-1], cfg.grad_clip)
-    loss_f, norm_f = float(loss), float(grad_norm)
+    del mean
+    norm_f = float(grad_norm)
     if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
         raise StepRefused(f"step {step}: loss {loss_f} / gradient norm {norm_f} is not finite; "
                           "the step is refused and nothing of it is written (lower lr?)")
@@ -246,7 +290,7 @@ def restore(run, state, upto, log, writer):
             log(f"warning: skipping checkpoint {path}: {error}; moved to "
                 f"{rundir.reject_checkpoint(run.dir, path)}")
 
-    step, tensors = run.latest_checkpoint(upto, on_bad)
+    step, tensors = run.latest_checkpoint(upto, on_bad, mmap=state.offloaded)
     if tensors is not None:
         state.load(tensors)
     elif state.hash()[0] != run.genesis["state_hash"]:

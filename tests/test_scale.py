@@ -47,13 +47,14 @@ def run_train(cwd, corpus, *extra, world=1):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus):
-    """{name: run dir}: R = 1, R = 2 and recomputation off, all under R = 1's secret."""
+    """{name: run dir}: R = 1, R = 2, and R = 1 with recomputation off and offloading on, all
+    under R = 1's secret."""
     base = tmp_path_factory.mktemp("runs")
     out = {"r1": run_train(base / "r1", corpus)}
     share_secret(out["r1"], base / "r2" / "run")
     out["r2"] = run_train(base / "r2", corpus, world=2)
-    share_secret(out["r1"], base / "norecompute" / "run")
-    out["norecompute"] = run_train(base / "norecompute", corpus, "--recompute=0")
+    share_secret(out["r1"], base / "memory" / "run")
+    out["memory"] = run_train(base / "memory", corpus, "--recompute=0", "--offload=1")
     return out
 
 
@@ -98,17 +99,25 @@ def test_gqa_chain_identical_across_world_sizes_and_audit_matches(runs):
     assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_recomputation_does_not_change_the_bits(runs):
-    assert (runs["norecompute"] / "chain.jsonl").read_bytes() == (runs["r1"] / "chain.jsonl").read_bytes()
-    ckpts = [sorted(p.name for p in (runs[k] / "checkpoints").iterdir()) for k in ("r1", "norecompute")]
-    assert ckpts[0] == ckpts[1]
+def test_recomputation_and_offloading_do_not_change_the_bits(runs):
+    # r1 recomputes and keeps its state in memory; "memory" does neither (its moments and a
+    # waiting gradient live in temp files)
+    assert (runs["memory"] / "chain.jsonl").read_bytes() == (runs["r1"] / "chain.jsonl").read_bytes()
+    ckpts = [sorted(p.name for p in (runs[k] / "checkpoints").iterdir()) for k in ("r1", "memory")]
+    assert ckpts[0] == ckpts[1] and len(ckpts[0]) == STEPS + 1
     for name in ckpts[0]:
         assert (runs["r1"] / "checkpoints" / name).read_bytes() == \
-            (runs["norecompute"] / "checkpoints" / name).read_bytes()
+            (runs["memory"] / "checkpoints" / name).read_bytes()
 
 
-def test_guard_sees_only_repops_with_gqa_and_recompute(corpus):
-    cfg = config.parse_config([*MINI, f"--data_dir={corpus}"])
+def test_offloaded_audit_matches(runs):
+    proc = script("audit.py", "--run_dir", runs["r1"], "--step", STEPS, "--offload", "on", "--recompute", "off")
+    assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("offload", [0, 1])
+def test_guard_sees_only_repops_with_gqa_and_recompute(corpus, offload):
+    cfg = config.parse_config([*MINI, f"--data_dir={corpus}", f"--offload={offload}"])
     tokens = data.TokenData(corpus, cfg.seed)
     state = train.TrainState(config.resolve(cfg, tokens.vocab_size), tokens.vocab_size)
     assert cfg.recompute and cfg.n_kv_head < cfg.n_head
