@@ -12,6 +12,7 @@ Three pieces, all plain files a third party can check with a few lines of any la
     path = hc.checkpoint_path("runs/x/checkpoints", 100)
     hc.save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
     tensors, meta = hc.load_checkpoint(path)
+    tensors, meta = hc.load_checkpoint(path, mmap=True)   # each tensor mapped when read
     hc.verify_state(tensors, meta["state_hash"], meta["tensor_hashes"])  # raises StateMismatch
     for step, path in hc.list_checkpoints("runs/x/checkpoints"): ...
 

@@ -16,6 +16,8 @@ or that was started with another config, corpus or code. Each step record also c
 step's final gradient with the run's secret (grad_commit, receipts.py), so that auditors can
 prove they replayed the step; every `anchor_every` steps the chain head is appended to
 anchors.jsonl, for the publisher to copy out of the run. The config block is config.py.
+A state larger than memory (--preset=open1b) trains and replays with recompute and offload
+(README "Scale"): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
 """
 import dataclasses
@@ -69,7 +71,7 @@ def lr_at(cfg, step):
 def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
-    files = ["model.py", "repops.py", "treefold.py", "train.py", "data.py", "hashchain.py"]
+    files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
