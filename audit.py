@@ -6,6 +6,7 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --range 1:40                      # every step from 1 to 40
     python audit.py --all                             # the whole chain
     python audit.py --step 17 --trace a.jsonl         # also a per-operator trace (optrace.py)
+    python audit.py --step 1 --recompute on --offload on  # less memory, same bits (default: the trainer's)
 
     python audit.py --step 17 --receipt r.json --auditor alice   # proof of the replay
     python audit.py --check-receipts receipts/        # publisher (the secret): accept or reject
@@ -59,7 +60,7 @@ import optrace
 import receipts
 import repops
 import rundir
-from config import Config, UsageError, validate
+from config import Config, UsageError, resolve, validate
 from data import DataError, DataMismatch, TokenData
 from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step
 
@@ -127,17 +128,22 @@ def trace_step(state, data, cfg, path, record):
 
 
 class Audit:
-    def __init__(self, run_dir, data_dir=None, device="cpu"):
+    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None):
         self.run = rundir.Run(run_dir)          # reads only: repair=False
         self.device = device
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
+        # recompute and offload are bookkeeping: the trainer's choice (config.json) unless the
+        # auditor makes another for this machine
+        memory = {k: self.run.recorded(k, bool, False) if v is None else v
+                  for k, v in (("recompute", recompute), ("offload", offload))}
         # dead_tensor_steps=0: an alarm for the trainer (deadcheck.py), not part of what is checked
-        self.cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0)
+        self.cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0, **memory)
         validate(self.cfg)                       # the genesis config, and this machine's device
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
+        self.cfg = resolve(self.cfg, self.data.vocab_size)
         try:
             self.data.verify()
         except DataMismatch as e:               # the genesis comparison and the replay say more
@@ -175,7 +181,7 @@ class Audit:
             return None
         self.checked.add(step)
         try:
-            tensors = self.run.verified_checkpoint(step, path)
+            tensors = self.run.verified_checkpoint(step, path, mmap=self.cfg.offload)
         except hashchain.StateMismatch as e:
             self.find(step, f"checkpoint {path} does not match the chain: {e.message}")
             return None
@@ -273,7 +279,8 @@ def chain_steps(run, steps, flag="--steps"):
 # ----------------------------------------------------------------------------- replay
 def replay_command(args):
     t0 = time.perf_counter()
-    audit = Audit(args.run_dir, args.data_dir, args.device)
+    audit = Audit(args.run_dir, args.data_dir, args.device,
+                  **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")})
     if args.step is not None:
         first = last = args.step
         if args.step < 1:
@@ -443,7 +450,7 @@ def anchors_command(args):
 
 
 # Which mode each option belongs to; any other use is refused with one line.
-OPTION_MODES = {"trace": ("step",), "receipt": ("step",), "auditor": ("step",),
+OPTION_MODES = {"recompute": ("step", "range", "all"), "offload": ("step", "range", "all"), "trace": ("step",), "receipt": ("step",), "auditor": ("step",),
                 "salts": ("check_receipts", "coverage"), "out": ("reveal_salts",),
                 "auditors": ("plan",), "seed": ("plan",), "absent": ("plan",),
                 "redundancy": ("plan", "coverage"), "steps": ("plan", "coverage")}
@@ -467,6 +474,10 @@ def parse_args(argv):
     ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
     ap.add_argument("--data_dir", "--data", help="corpus directory (default: the run's config.json data_dir)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="replay on cpu (default) or cuda: same bits")
+    ap.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations "
+                    "in backward (same bits, less memory; default: what the trainer used)")
+    ap.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting "
+                    "gradient in temp files under TMPDIR (same bits; default: what the trainer used)")
     ap.add_argument("--trace", metavar="FILE", help="with --step: write a per-operator trace of "
                     "the step to FILE (compare two with python optrace.py A B)")
     ap.add_argument("--receipt", metavar="FILE", help="with --step: write the step's receipt to FILE")

@@ -3,11 +3,15 @@
     from config import Config, parse_config, validate
     cfg = parse_config(["--max_steps=50", "--run_dir", "runs/x"])   # UsageError on bad input
     validate(cfg)                       # every field's type and range, before anything is created
+    cfg = resolve(cfg, corpus_vocab)    # n_kv_head and vocab_size defaults made explicit
     decisive_config(cfg)                # the fields the genesis record holds
+
+    parse_config(["--preset=open1b", "--seq_len=1024"])   # a preset, then any override
 
 Every field can be overridden as --key=value or --key value (dashes or underscores). Unknown
 keys, wrong types and out-of-range values are refused with one line (UsageError); nothing is
-created before the whole config is valid. Bookkeeping fields (where files live, how often to
+created before the whole config is valid. --preset=NAME (PRESETS) sets a group of keys first,
+wherever it stands on the line; every other key overrides it. Bookkeeping fields (where files live, how often to
 checkpoint, threads, device) do not decide any step's bits, so they stay out of the genesis
 record and may differ when resuming or auditing.
 """
@@ -24,9 +28,11 @@ class Config:
     run_dir: str = "runs/default"      # chain.jsonl, checkpoints/, secret, anchors.jsonl, ... (rundir.py)
     data_dir: str = "data/shakespeare"  # a corpus prepared by data.py
     seed: int = 1337                    # init, data order and dropout all derive from it
-    # model (vocab_size comes from the corpus)
+    # model
+    vocab_size: int = 0                 # 0: the corpus tokenizer's; larger pads (rows no data indexes)
     n_layer: int = 4
     n_head: int = 4
+    n_kv_head: int = 0                  # 0: n_head; fewer: grouped-query attention (divides n_head)
     d_model: int = 128
     d_hidden: int = 384
     seq_len: int = 128
@@ -61,14 +67,36 @@ class Config:
     anchor_every: int = 100             # append the chain head to anchors.jsonl every N steps (0: never)
     hash_async: str = "auto"            # hash step N while step N+1 computes: on, off, auto (= on for cuda)
     dead_tensor_steps: int = 100        # stop when a parameter's gradient is all zero this many steps running (0: off)
+    # Recompute each block's activations in backward instead of holding them (memory ~ one block's
+    # attention scores, not n_layer of them). Bookkeeping: recomputation runs the same kernels on
+    # the same inputs (dropout masks are Philox functions of their indices), so the bits are the
+    # same either way, and an auditor chooses it for their own machine.
+    recompute: bool = False
+    # Keep the Adam moments in a temp file (under TMPDIR) mapped one tensor at a time, and a
+    # waiting micro-batch gradient in another (offload.py): memory ~ parameters + two gradients
+    # instead of parameters + moments + several gradients. Bookkeeping for the same reason.
+    offload: bool = False
 
 
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
                "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "hash_async",
+               "recompute", "offload",
                # an alarm: it decides whether the run goes on, never a step's bits (deadcheck.py)
                "dead_tensor_steps"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
+# Named shapes (--preset=NAME). open1b: the OPEN-1B reference run's model (1.61B parameters) with
+# 2 micro-batches of 1 x 4096 tokens per step, what one replay on a 24 GiB machine does.
+# open1b-mini: the same structure (GQA 4:1, head size 128, SwiGLU hidden 2.75 x width) small
+# enough for a few steps on 2 cores in seconds (the CI test, tests/test_scale.py).
+PRESETS = {
+    "open1b": dict(n_layer=24, d_model=2048, n_head=16, n_kv_head=4, d_hidden=5632,
+                   vocab_size=128256, seq_len=4096, micro_batches=2, micro_batch_size=1,
+                   recompute=True, offload=True, checkpoint_every=1, eval_every=0, sample_tokens=0),
+    "open1b-mini": dict(n_layer=2, d_model=512, n_head=4, n_kv_head=1, d_hidden=1408,
+                        seq_len=64, micro_batches=2, micro_batch_size=1, recompute=True),
+}
+
 SEED_LIMIT = 1 << 64                    # Philox keys are 64-bit
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
@@ -89,8 +117,10 @@ def _parse_value(key, kind, text):
 
 
 def parse_config(argv, base=None):
-    """Config from --key=value / --key value overrides; unknown keys and bad types refused."""
+    """Config from --key=value / --key value overrides; unknown keys and bad types refused.
+    A --preset's keys are applied first, so the other keys override it in any order."""
     cfg = base or Config()
+    pairs = []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -102,11 +132,16 @@ def parse_config(argv, base=None):
                 raise UsageError(f"--{key} needs a value")
             value, i = argv[i + 1], i + 1
         key = key.replace("-", "_")
-        if key not in FIELDS:
-            raise UsageError(f"unknown config key --{key} (known: {', '.join(FIELDS)})")
-        cfg = dataclasses.replace(cfg, **{key: _parse_value(key, FIELDS[key], value)})
+        if key == "preset":
+            if value not in PRESETS:
+                raise UsageError(f"unknown preset {value!r} (known: {', '.join(PRESETS)})")
+            cfg = dataclasses.replace(cfg, **PRESETS[value])
+        elif key not in FIELDS:
+            raise UsageError(f"unknown config key --{key} (known: preset, {', '.join(FIELDS)})")
+        else:
+            pairs.append((key, _parse_value(key, FIELDS[key], value)))
         i += 1
-    return cfg
+    return dataclasses.replace(cfg, **dict(pairs))
 
 
 def from_record(fields, where):
@@ -136,6 +171,8 @@ def validate(cfg, world=1):
         if not ok:
             raise UsageError(f"--{key}={getattr(cfg, key)!r} is out of range: {rule}")
 
+    for key in ("vocab_size", "n_kv_head"):
+        need(getattr(cfg, key) >= 0, key, "must be >= 0 (0: the default)")
     for key in ("n_layer", "n_head", "d_model", "d_hidden", "seq_len", "micro_batches",
                 "micro_batch_size", "max_steps", "checkpoint_every", "eval_batches", "dist_timeout"):
         need(getattr(cfg, key) >= 1, key, "must be >= 1")
@@ -154,6 +191,8 @@ def validate(cfg, world=1):
     need(cfg.lr * cfg.weight_decay < 1, "weight_decay", "lr * weight_decay must be < 1")
     need(cfg.d_model % cfg.n_head == 0 and (cfg.d_model // cfg.n_head) % 2 == 0, "d_model",
          f"must split into n_head={cfg.n_head} heads of even size")
+    need(cfg.n_kv_head == 0 or cfg.n_head % cfg.n_kv_head == 0, "n_kv_head",
+         f"must divide n_head={cfg.n_head} (each key/value head serves a group of query heads)")
     need(cfg.run_dir != "", "run_dir", "must not be empty")
     need(cfg.data_dir != "", "data_dir", "must not be empty")
     need(cfg.device in ("cpu", "cuda"), "device", "must be cpu or cuda")
@@ -163,10 +202,25 @@ def validate(cfg, world=1):
         need(cfg.device == "cpu", "device", "--quant=int8 has CPU kernels only so far; use --device=cpu")
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
             need(getattr(cfg, key) <= 133144, key, "must be <= 133144 with --quant=int8 (K * 127^2 < 2^31)")
+    need(not (cfg.offload and cfg.device != "cpu"), "offload", "offloads the state of a cpu run only")
+    need(not (cfg.offload and cfg.hash_async == "on"), "hash_async",
+         "an overlapped hash copies the whole state to memory, which --offload is there to avoid")
     if cfg.device == "cuda":
         need(torch.cuda.is_available(), "device", "this machine has no CUDA GPU that torch can use")
         need(torch.cuda.device_count() >= world, "device",
              f"{world} ranks need {world} GPUs, this machine has {torch.cuda.device_count()}")
+
+
+def resolve(cfg, corpus_vocab):
+    """cfg with its defaults made explicit (what the genesis record holds): n_kv_head 0 becomes
+    n_head, vocab_size 0 the corpus tokenizer's. A vocab smaller than the corpus's is refused:
+    its tokens would index rows the model does not have."""
+    cfg = dataclasses.replace(cfg, n_kv_head=cfg.n_kv_head or cfg.n_head,
+                              vocab_size=cfg.vocab_size or corpus_vocab)
+    if cfg.vocab_size < corpus_vocab:
+        raise UsageError(f"--vocab_size={cfg.vocab_size} is out of range: the corpus's tokenizer has "
+                         f"{corpus_vocab} tokens; the model's vocab must be at least that (larger pads)")
+    return cfg
 
 
 def decisive_config(cfg):

@@ -12,6 +12,7 @@ Three pieces, all plain files a third party can check with a few lines of any la
     path = hc.checkpoint_path("runs/x/checkpoints", 100)
     hc.save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
     tensors, meta = hc.load_checkpoint(path)
+    tensors, meta = hc.load_checkpoint(path, mmap=True)   # each tensor mapped when read
     hc.verify_state(tensors, meta["state_hash"], meta["tensor_hashes"])  # raises StateMismatch
     for step, path in hc.list_checkpoints("runs/x/checkpoints"): ...
 
@@ -39,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+import offload
 
 GENESIS_PREV = "0" * 64
 
@@ -310,12 +313,11 @@ def save_checkpoint(path, tensors, meta):
     if "__metadata__" in tensors:
         raise CheckpointError(f"checkpoint {path}: '__metadata__' cannot be a tensor name")
     header = {"__metadata__": {"repops": json.dumps(meta, sort_keys=True)}}
-    arrays, offset = [], 0
+    offset = 0
     for name in sorted(tensors):
         _, st_dtype, shape, data = _canonical(name, tensors[name])
         header[name] = {"dtype": st_dtype, "shape": shape,
                         "data_offsets": [offset, offset + data.nbytes]}
-        arrays.append(data)
         offset += data.nbytes
     hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hbytes += b" " * (-len(hbytes) % 8)  # safetensors allows space padding; keeps data aligned
@@ -325,8 +327,8 @@ def save_checkpoint(path, tensors, meta):
         with open(tmp, "wb") as f:
             f.write(len(hbytes).to_bytes(8, "little"))
             f.write(hbytes)
-            for data in arrays:
-                f.write(memoryview(data))
+            for name in sorted(tensors):   # fetched again: one tensor held at a time (offload.py)
+                f.write(memoryview(_canonical(name, tensors[name])[3]))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -340,8 +342,10 @@ def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def load_checkpoint(path):
-    """(tensors, meta) from a checkpoint, strictly validated; never executes code."""
+def load_checkpoint(path, mmap=False):
+    """(tensors, meta) from a checkpoint, strictly validated; never executes code. With mmap,
+    tensors is a Mapping that maps each tensor from the file when it is read (copy-on-write;
+    nothing is read before): memory for one tensor at a time, for states larger than memory."""
     path = Path(path)
 
     def bad(what):
@@ -401,6 +405,9 @@ def load_checkpoint(path):
         if size > expected:
             raise bad(f"has trailing data: expected {expected} bytes, found {size}")
 
+        if mmap:
+            where = {name: (8 + n + begin, e) for begin, _, name, e in entries}
+            return offload.LazyTensors(sorted(where), lambda name: _mapped(path, *where[name])), meta
         # Read each tensor straight into its own freshly allocated (aligned) buffer: one copy,
         # no second in-memory image of the file.
         tensors = {}
@@ -415,6 +422,16 @@ def load_checkpoint(path):
                 got += k
             tensors[name] = torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
     return {name: tensors[name] for name in sorted(tensors)}, meta
+
+
+def _mapped(path, offset, entry):
+    """One checkpoint tensor mapped copy-on-write from the file (load_checkpoint(mmap=True))."""
+    dtype = _BY_ST_DTYPE[entry["dtype"]]
+    if math.prod(entry["shape"]) == 0:
+        arr = np.empty(entry["shape"], dtype=dtype)
+    else:
+        arr = np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=tuple(entry["shape"]))
+    return torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
 
 
 def list_checkpoints(ckpt_dir):

@@ -1,7 +1,8 @@
 """A Llama-style language model built only from RepOps (every float operation is reproducible).
 
-Pre-norm RMSNorm, rotary position embeddings, causal multi-head attention, SwiGLU MLP, no
-biases, untied input/output embeddings. Initialization is canonical: Philox normals keyed by
+Pre-norm RMSNorm, rotary position embeddings, causal grouped-query attention (n_kv_head
+key/value heads, each shared by n_head / n_kv_head query heads; n_kv_head = n_head is plain
+multi-head attention), SwiGLU MLP, no biases, untied input/output embeddings. Initialization is canonical: Philox normals keyed by
 (seed, a hash of the parameter name), so every machine starts from the same bits.
 
     from model import ModelConfig, Llama
@@ -10,14 +11,23 @@ biases, untied input/output embeddings. Initialization is canonical: Philox norm
     logits = model.logits(idx)                      # [B, T, vocab]
     ids = model.generate([10, 20], n_tokens=50, seed=7)   # the same tokens on every machine
 
-Parameters: tok_emb [vocab, d], layers.{i}.{attn_norm [d], wqkv [3d, d], wo [d, d], mlp_norm [d],
+Parameters: tok_emb [vocab, d], layers.{i}.{attn_norm [d], wqkv [(H + 2 Hkv) Dh, d] (rows: H query
+heads, Hkv key heads, Hkv value heads; [3d, d] when Hkv = H), wo [d, d], mlp_norm [d],
 w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d] (with quant="int8" also each
 block linear's step sizes layers.{i}.<linear>_sx [1] and _sw [out], quant.py); `named_tensors()` lists them
 by dotted name in sorted order, the canonical order of the flat gradient and the state hash.
 
 The residual stream enters each block through repops.rmsnorm_fork, so a tensor feeds two
 consumers without autograd ever adding gradients itself (contract §8 rmsnorm_fork); QKV and
-gate/up projections are fused matrices for the same reason.
+gate/up projections are fused matrices for the same reason. A shared key/value head is never
+copied per query head: the G query heads of a group are stacked as G*T rows of one matmul
+against their key head, so the gradient of the key (and value) head sums the group's
+contributions inside the matmul's canonical k-ordered sum (query head g, then position t;
+contract §8 attention), never in autograd's accumulation.
+
+With recompute, each block runs under activation checkpointing: backward re-runs the block's
+forward (the same kernels on the same inputs, the same Philox dropout masks), so the bits are
+unchanged and only one block's attention scores [B*H, T, T] are alive at a time.
 """
 import hashlib
 import math
@@ -25,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 import quant
 import repops
@@ -35,6 +46,7 @@ class ModelConfig:
     vocab_size: int = 256      # byte-level tokenizer by default
     n_layer: int = 4
     n_head: int = 4
+    n_kv_head: int = 0         # 0: n_head (multi-head attention); must divide n_head
     d_model: int = 128
     d_hidden: int = 384        # SwiGLU hidden width
     seq_len: int = 128         # context length (RoPE tables are built for it)
@@ -44,6 +56,7 @@ class ModelConfig:
     init_std: float = 0.02
     quant: str = "none"        # "int8": block linears are W8A8 with LSQ step sizes (quant.py)
     lsq_repin: bool = True     # int8: re-pin the weight step sizes after every step (else learn them)
+    recompute: bool = False    # activation checkpointing per block (same bits, less memory)
 
 
 def param_stream_id(name):
@@ -51,24 +64,40 @@ def param_stream_id(name):
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
 
 
+def param_shapes(cfg):
+    """{dotted name: shape} of every parameter, without allocating any (e.g. to count them)."""
+    d, h, v = cfg.d_model, cfg.d_hidden, cfg.vocab_size
+    qkv = (cfg.n_head + 2 * (cfg.n_kv_head or cfg.n_head)) * (d // cfg.n_head)
+    shapes = {"tok_emb": (v, d), "norm": (d,), "lm_head": (v, d)}
+    for i in range(cfg.n_layer):
+        shapes.update({f"layers.{i}.attn_norm": (d,), f"layers.{i}.wqkv": (qkv, d),
+                       f"layers.{i}.wo": (d, d), f"layers.{i}.mlp_norm": (d,),
+                       f"layers.{i}.w_gate_up": (2 * h, d), f"layers.{i}.w_down": (d, h)})
+    return shapes
+
+
 class Llama(nn.Module):
     def __init__(self, cfg: ModelConfig, seed: int):
         super().__init__()
         if cfg.d_model % cfg.n_head or (cfg.d_model // cfg.n_head) % 2:
             raise ValueError("d_model must split into n_head heads of even size")
+        if cfg.n_head % (cfg.n_kv_head or cfg.n_head):
+            raise ValueError("n_kv_head must divide n_head")
         self.cfg = cfg
         self.seed = seed
-        d, h, v = cfg.d_model, cfg.d_hidden, cfg.vocab_size
-        self.tok_emb = nn.Parameter(self._init("tok_emb", (v, d)))
+        self.n_kv_head = cfg.n_kv_head or cfg.n_head
+        d = cfg.d_model
+        shapes = param_shapes(cfg)
+        self.tok_emb = nn.Parameter(self._init("tok_emb", shapes["tok_emb"]))
         self.layers = nn.ModuleList()
         for i in range(cfg.n_layer):
             block = nn.Module()
-            for name, shape in (("attn_norm", (d,)), ("wqkv", (3 * d, d)), ("wo", (d, d)),
-                                ("mlp_norm", (d,)), ("w_gate_up", (2 * h, d)), ("w_down", (d, h))):
-                block.register_parameter(name, nn.Parameter(self._init(f"layers.{i}.{name}", shape)))
+            for name in ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down"):
+                full = f"layers.{i}.{name}"
+                block.register_parameter(name, nn.Parameter(self._init(full, shapes[full])))
             self.layers.append(block)
-        self.norm = nn.Parameter(self._init("norm", (d,)))
-        self.lm_head = nn.Parameter(self._init("lm_head", (v, d)))
+        self.norm = nn.Parameter(self._init("norm", shapes["norm"]))
+        self.lm_head = nn.Parameter(self._init("lm_head", shapes["lm_head"]))
         cos, sin = repops.rope_tables(cfg.seq_len, d // cfg.n_head, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -99,16 +128,20 @@ class Llama(nn.Module):
 
     def _attention(self, layer, h, B, T):
         cfg = self.cfg
-        H, Dh = cfg.n_head, cfg.d_model // cfg.n_head
-        qkv = self._linear(layer, "wqkv", h).view(B, T, 3, H, Dh)
-        q, k, v = qkv.unbind(2)                                   # each [B, T, H, Dh]
+        H, Hkv, Dh = cfg.n_head, self.n_kv_head, cfg.d_model // cfg.n_head
+        G = H // Hkv                                              # query heads per key/value head
+        qkv = self._linear(layer, "wqkv", h).view(B, T, H + 2 * Hkv, Dh)
+        # One split (its backward is one cat): autograd never adds the three gradients.
+        q, k, v = qkv.split([H, Hkv, Hkv], dim=2)                 # [B, T, H | Hkv | Hkv, Dh]
         q = repops.rope(q.contiguous(), self.rope_cos, self.rope_sin)
         k = repops.rope(k.contiguous(), self.rope_cos, self.rope_sin)
-        # [B, T, H, Dh] -> [B*H, T, Dh] (data movement only)
-        q, k, v = (t.permute(0, 2, 1, 3).reshape(B * H, T, Dh) for t in (q, k, v))
-        s = repops.matmul(q, k.transpose(1, 2))                   # [B*H, T, T]
-        p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))
-        o = repops.matmul(p, v)                                   # [B*H, T, Dh]
+        # Query head h = j*G + g belongs to key/value head j; the group's G heads become G*T rows
+        # of one matmul against key head j (data movement only): q [B*Hkv, G*T, Dh], k, v [B*Hkv, T, Dh].
+        q = q.permute(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)
+        k, v = (t.permute(0, 2, 1, 3).reshape(B * Hkv, T, Dh) for t in (k, v))
+        s = repops.matmul(q, k.transpose(1, 2)).view(B * H, T, T)
+        p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))          # [B*H, T, T]
+        o = repops.matmul(p.view(B * Hkv, G * T, T), v)           # [B*Hkv, G*T, Dh]
         o = o.view(B, H, T, Dh).permute(0, 2, 1, 3).reshape(B, T, H * Dh)
         return self._linear(layer, "wo", o)
 
@@ -126,13 +159,23 @@ class Llama(nn.Module):
             raise ValueError(f"sequence length {T} exceeds the model's seq_len {cfg.seq_len}")
         x = repops.embedding(self.tok_emb, idx)              # [B, T, d]
         for i, layer in enumerate(self.layers):
-            x, h = repops.rmsnorm_fork(x, layer.attn_norm, cfg.norm_eps)
-            x = repops.add(x, self._branch_dropout(self._attention(layer, h, B, T), rng, 2 * i))
-            x, h = repops.rmsnorm_fork(x, layer.mlp_norm, cfg.norm_eps)
-            m = repops.swiglu(self._linear(layer, "w_gate_up", h).view(B * T, -1))
-            m = self._linear(layer, "w_down", m).view(B, T, -1)
-            x = repops.add(x, self._branch_dropout(m, rng, 2 * i + 1))
+            if cfg.recompute and torch.is_grad_enabled():
+                # Non-reentrant checkpointing re-runs _block in backward; no torch RNG is used.
+                x = torch.utils.checkpoint.checkpoint(self._block, i, layer, x, rng,
+                                                      use_reentrant=False, preserve_rng_state=False)
+            else:
+                x = self._block(i, layer, x, rng)
         return repops.rmsnorm(x, self.norm, cfg.norm_eps)
+
+    def _block(self, i, layer, x, rng):
+        """Transformer block i on the residual stream x [B, T, d]."""
+        B, T, _ = x.shape
+        x, h = repops.rmsnorm_fork(x, layer.attn_norm, self.cfg.norm_eps)
+        x = repops.add(x, self._branch_dropout(self._attention(layer, h, B, T), rng, 2 * i))
+        x, h = repops.rmsnorm_fork(x, layer.mlp_norm, self.cfg.norm_eps)
+        m = repops.swiglu(self._linear(layer, "w_gate_up", h).view(B * T, -1))
+        m = self._linear(layer, "w_down", m).view(B, T, -1)
+        return repops.add(x, self._branch_dropout(m, rng, 2 * i + 1))
 
     def logits(self, idx):
         B, T = idx.shape

@@ -124,15 +124,16 @@ class Run:
         """[(step, path)] of the checkpoint files, sorted by step."""
         return hashchain.list_checkpoints(checkpoint_dir(self.dir))
 
-    def verified_checkpoint(self, step, path):
+    def verified_checkpoint(self, step, path, mmap=False):
         """The tensors of the checkpoint of `step`, after verifying the chain up to that step,
         the tensors against the record's Merkle leaves and the metadata against the record.
-        HashChainError (StateMismatch for a file that does not match) otherwise."""
+        HashChainError (StateMismatch for a file that does not match) otherwise. mmap: see
+        hashchain.load_checkpoint."""
         self.chain.verify(upto=step)
         if step >= len(self.chain):
             raise hashchain.StateMismatch(f"checkpoint {path}: step {step} has no record in the chain")
         record = self.chain.records[step]
-        tensors, meta = hashchain.load_checkpoint(path)
+        tensors, meta = hashchain.load_checkpoint(path, mmap)
         hashchain.verify_state(tensors, record.get("state_hash"), record.get("tensor_hashes"))
         expected = {"step": step, "state_hash": record["state_hash"],
                     "tensor_hashes": record["tensor_hashes"]}
@@ -142,7 +143,7 @@ class Run:
                                           "from the chain record")
         return tensors
 
-    def latest_checkpoint(self, upto, on_bad):
+    def latest_checkpoint(self, upto, on_bad, mmap=False):
         """(step, tensors) of the latest checkpoint at or before `upto` that verifies, or
         (0, None) if none does (the caller re-creates the genesis state). Each checkpoint that
         is malformed (CheckpointError) or does not match its record (StateMismatch) is passed to
@@ -151,7 +152,7 @@ class Run:
             if step > upto:
                 continue
             try:
-                return step, self.verified_checkpoint(step, path)
+                return step, self.verified_checkpoint(step, path, mmap)
             except (hashchain.StateMismatch, hashchain.CheckpointError) as e:
                 on_bad(step, path, e)
         return 0, None
@@ -175,13 +176,18 @@ class Run:
         decisive = {k: v for k, v in recorded.items() if k not in config.BOOKKEEPING}
         return config.differences(decisive, self.genesis.get("config", {}))
 
-    def recorded_data_dir(self):
-        """The corpus the run was trained on, as config.json names it (where the data lives is
-        bookkeeping, not part of what is audited); the default when config.json has none."""
+    def recorded(self, key, kind, default):
+        """A bookkeeping value as config.json records it (where the data lives, whether the
+        trainer recomputed activations): not part of what is audited; `default` when
+        config.json is missing, unreadable or has no such value of type `kind`."""
         path = self.dir / "config.json"
         try:
             with hashchain.open_regular(path, "config") as f:
-                value = hashchain.strict_json(f.read(MAX_CONFIG_JSON).decode("utf-8")).get("data_dir")
+                value = hashchain.strict_json(f.read(MAX_CONFIG_JSON).decode("utf-8")).get(key)
         except (hashchain.HashChainError, UnicodeDecodeError, ValueError, AttributeError):
             value = None
-        return value if isinstance(value, str) and value else config.Config.data_dir
+        return value if isinstance(value, kind) and value != "" else default
+
+    def recorded_data_dir(self):
+        """The corpus the run was trained on, as config.json names it."""
+        return self.recorded("data_dir", str, config.Config.data_dir)

@@ -18,6 +18,8 @@ or that was started with another config, corpus or code. Each step record also c
 step's final gradient with the run's secret (grad_commit, receipts.py), so that auditors can
 prove they replayed the step; every `anchor_every` steps the chain head is appended to
 anchors.jsonl, for the publisher to copy out of the run. The config block is config.py.
+A state larger than memory (--preset=open1b) trains and replays with recompute and offload
+(README "Scale"): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
 """
 import dataclasses
@@ -35,13 +37,14 @@ import torch.distributed as dist
 
 import deadcheck
 import hashchain
+import offload
 import quant
 import receipts
 import repops
 import rundir
 import snapshot
 import treefold
-from config import UsageError, decisive_config, differences, parse_config, validate
+from config import UsageError, decisive_config, differences, parse_config, resolve, validate
 from data import DataError, TokenData, batch_digest, get_tokenizer
 from model import Llama, ModelConfig
 
@@ -55,8 +58,9 @@ class ReproducibilityError(Exception):
 
 
 def model_config(cfg, vocab_size):
+    """The model of cfg; vocab_size is the corpus's, used when cfg.vocab_size is 0 (unresolved)."""
     names = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"}
-    return ModelConfig(vocab_size=vocab_size, **{k: getattr(cfg, k) for k in names})
+    return ModelConfig(vocab_size=cfg.vocab_size or vocab_size, **{k: getattr(cfg, k) for k in names})
 
 
 def lr_at(cfg, step):
@@ -71,7 +75,8 @@ def lr_at(cfg, step):
 def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
-    files = ["model.py", "repops.py", "treefold.py", "train.py", "data.py", "hashchain.py", "quant.py"]
+    files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
+             "quant.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -83,7 +88,9 @@ def code_digest():
 # ----------------------------------------------------------------------------- state
 class TrainState:
     """Everything that decides the future: parameters (quantizer step sizes included), Adam
-    moments of the trained ones (a re-pinned step size has none), the step counter."""
+    moments of the trained ones (a re-pinned step size has none), the step counter. With
+    cfg.offload the moments live in temp files (offload.MomentStore), mapped one tensor at a
+    time by whoever uses them (AdamW, the state hash, the checkpoint writer)."""
 
     def __init__(self, cfg, vocab_size, device="cpu"):
         self.device = torch.device(device)
@@ -91,8 +98,13 @@ class TrainState:
         self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed).to(self.device)
         self.params = self.model.named_tensors()           # canonical (sorted) order
         trained = [n for n, p in self.params.items() if p.requires_grad]   # the flat gradient's order
-        self.m = {n: torch.zeros_like(self.params[n]) for n in trained}
-        self.v = {n: torch.zeros_like(self.params[n]) for n in trained}
+        self.offloaded = cfg.offload
+        if cfg.offload:
+            shapes = {n: self.params[n].shape for n in trained}
+            self.m, self.v = offload.MomentStore(shapes), offload.MomentStore(shapes)
+        else:
+            self.m = {n: torch.zeros_like(self.params[n]) for n in trained}
+            self.v = {n: torch.zeros_like(self.params[n]) for n in trained}
         self.step = 0
         self.dead = deadcheck.DeadTensors(trained, cfg.dead_tensor_steps)
         self.copy_done = None    # CUDA event: an asynchronous host copy of the state (snapshot.py)
@@ -104,13 +116,17 @@ class TrainState:
             self.copy_done = None
 
     def tensors(self):
-        out = {"step": torch.tensor([self.step], dtype=torch.int64)}
-        for n, p in self.params.items():
-            out["params." + n] = p.detach()
-            if n in self.m:
-                out["adam_m." + n] = self.m[n]
-                out["adam_v." + n] = self.v[n]
-        return out
+        """{name: tensor} of the whole state; each value is fetched when it is read (an
+        offloaded moment is mapped then), so reading them one by one holds one at a time."""
+        kinds = {"params": self.params, "adam_m": self.m, "adam_v": self.v}
+
+        def get(name):
+            if name == "step":
+                return torch.tensor([self.step], dtype=torch.int64)
+            kind, _, n = name.partition(".")
+            return kinds[kind][n].detach()
+        names = [f"{k}.{n}" for k in kinds for n in self.params if k == "params" or n in self.m]
+        return offload.LazyTensors(["step"] + names, get)
 
     def load(self, tensors):
         """Copy a verified checkpoint's tensors in; StateMismatch if they are not the state of
@@ -140,13 +156,40 @@ class TrainState:
 
 # ----------------------------------------------------------------------------- the step
 def micro_batch_gradient(state, data, cfg, step, micro):
-    """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss."""
+    """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss.
+
+    Each parameter's gradient is copied into its slice of the one buffer as soon as autograd has
+    produced it (a post-accumulate-grad hook), then released: memory holds the buffer and the
+    gradients in flight, never all of them twice (as concatenating them at the end would).
+    Every parameter is used once in the forward, so autograd hands each gradient over as it
+    is, with no accumulation of its own."""
     # host tensors: repops checks their range on the host, once, and moves them to the device
     x, y = data.micro_batch("train", step, micro, cfg.micro_batch_size, cfg.seq_len)
     params = [state.params[n] for n in state.m]      # the trained parameters
-    loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
-    grads = torch.autograd.grad(loss, params)
-    return torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
+    flat = torch.empty(sum(p.numel() for p in params) + 1, device=state.device)
+    filled = []
+
+    def take(dst):
+        def hook(p):
+            dst.copy_(p.grad)
+            p.grad = None
+            filled.append(dst)
+        return hook
+
+    offset, hooks = 0, []
+    for p in params:
+        hooks.append(p.register_post_accumulate_grad_hook(take(flat[offset:offset + p.numel()].view(p.shape))))
+        offset += p.numel()
+    try:
+        loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
+        loss.backward(inputs=params)
+    finally:
+        for h in hooks:
+            h.remove()
+    if len(filled) != len(params):
+        raise RuntimeError(f"{len(params) - len(filled)} parameters got no gradient")
+    flat[-1:].copy_(loss.detach().reshape(1))
+    return flat
 
 
 def train_step(state, data, cfg, rank=0, world=1):
@@ -154,21 +197,26 @@ def train_step(state, data, cfg, rank=0, world=1):
 
     Rank r folds its own block of micro-batches into the largest subtrees of the step's tree
     inside it; with world > 1 TreeFold's all-reduce completes the tree, so every rank (and a
-    single-device replay) ends with the same bits for any world size that divides N.
+    single-device replay) ends with the same bits for any world size that divides N. Buffers of
+    P floats are released as soon as they are used (at most two are alive at once after the
+    fold, plus one spilled to disk with cfg.offload while the next micro-batch runs).
     """
     step = state.step + 1
     n = cfg.micro_batches
     state.model.train()
-    fold = treefold.Fold(n, world, rank)
+    fold = treefold.Fold(n, world, rank, spill=cfg.offload)
     for micro in fold.leaves:
         fold.push(micro_batch_gradient(state, data, cfg, step, micro))
     total = treefold.allreduce(fold) if world > 1 else fold.result()
+    del fold                                # its frontier holds the one-rank total
     # Contract §4.4: one multiply by f32(1/N) (exact when N is a power of two, a fixed rounding otherwise).
     mean = repops.ops.scale(total, repops.f32(1.0 / n))
+    del total
     loss = mean[-1]
     grad, grad_norm = repops.clip_grad(mean[:-1], cfg.grad_clip)
     # The step's one host sync: loss and norm read together.
     loss_f, norm_f = torch.cat([loss.reshape(1), grad_norm.reshape(1)]).tolist()
+    del mean, loss
     if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
         raise StepRefused(f"step {step}: loss {loss_f} / gradient norm {norm_f} is not finite; "
                           "the step is refused and nothing of it is written (lower lr?)")
@@ -260,7 +308,7 @@ def restore(run, state, upto, log, writer):
             log(f"warning: skipping checkpoint {path}: {error}; moved to "
                 f"{rundir.reject_checkpoint(run.dir, path)}")
 
-    step, tensors = run.latest_checkpoint(upto, on_bad)
+    step, tensors = run.latest_checkpoint(upto, on_bad, mmap=state.offloaded)
     if tensors is not None:
         state.load(tensors)
     elif state.hash()[0] != run.genesis["state_hash"]:
@@ -377,6 +425,7 @@ def run(cfg, rank, world):
     writer = rank == 0
     # Data, kernels and model first: a bad corpus or a failed build creates no run directory.
     data = TokenData(cfg.data_dir, cfg.seed)
+    cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     lock = prepare_run_dir(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)

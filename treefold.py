@@ -19,17 +19,25 @@ bits depend on N only, never on the ranks:
 
     simulate_ranks(leaf, n, world)          # one device plays all ranks (tests), O(log n) memory
 
+    fold = Fold(n, spill=True)              # waiting left children go to temp files (offload.py)
+
 Fold is a binary-carry stack that knows the tree: a finished node that is a left child waits
 on the stack, a right child is added to the left sibling on top of it, and a node that is one
 of the largest subtrees inside the fold's leaves (its frontier) is handed on. Over all n leaves
 this is the plain binary-carry stack with the leftover stack folded right to left at the end.
 A rank's block need not be a subtree (n = 12 on R = 4 gives blocks of 3): the frontier of
 [3, 6) is [3, 4) and [4, 6), and the all-reduce completes the tree above them exactly.
+
+With spill, a left child waiting on the stack is written to a temp file and the sum with its
+right sibling is formed in place in the right sibling's buffer, chunk by chunk (pushed tensors
+then belong to the fold): a fold over flat gradients that do not fit in memory twice holds one
+gradient in memory at a time. Each element gets the same add, so the bits are the same.
 """
 import math
 
 import torch.distributed as dist
 
+import offload
 import repops
 
 
@@ -96,13 +104,14 @@ class Fold:
     Each finished frontier node goes to `emit(lo, size, tensor)`; by default it is appended to
     `self.frontier` (one tensor per node of `self.targets`)."""
 
-    def __init__(self, n, world=1, rank=0, emit=None):
+    def __init__(self, n, world=1, rank=0, emit=None, spill=False):
         check_topology(n, world)
         self.n = n
         self.leaves = block(n, world, rank)
         self.targets = frontier(n, self.leaves)   # [(lo, size)]: what this fold hands on
         self.frontier = []
         self.emit = emit
+        self.spill = spill
         self.done = 0              # targets emitted so far
         self.next = self.leaves.start
         self.stack = []            # left children waiting for their right sibling, in index order
@@ -120,9 +129,10 @@ class Fold:
             # Strictly inside a frontier node, so the parent lies inside this fold's leaves.
             plo, psize, right = parent(self.n, lo, size)
             if not right:
-                self.stack.append(tensor)
+                self.stack.append(offload.SpilledTensor(tensor) if self.spill else tensor)
                 return
-            tensor = repops.ops.add(self.stack.pop(), tensor)   # left subtree first: index order
+            left = self.stack.pop()                              # left subtree first: index order
+            tensor = left.add_into(tensor) if self.spill else repops.ops.add(left, tensor)
             lo, size = plo, psize
         self.done += 1
         if self.emit:

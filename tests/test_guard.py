@@ -28,12 +28,14 @@ ALLOWED = {
     "aten::permute": "a view reordering the attention heads' dimensions",
     "aten::select.int": "a view of one element (the loss at the end of the folded vector)",
     "aten::slice.Tensor": "a view of a range (input/target windows, each parameter's gradient)",
-    "aten::unbind.int": "views of q, k and v inside the fused QKV projection",
+    "aten::split_with_sizes": "views of q, k and v inside the fused QKV projection",
     "aten::detach": "an alias without autograd history",
     "aten::clone": "contiguous() and reshape of strided views: copy bytes to a dense layout",
-    "aten::cat": "lays the flat micro-batch gradients and the loss into one buffer, and the loss "
-                 "and gradient norm side by side for the step's one host read (copies)",
-    "aten::stack": "unbind's backward: lays the q, k, v gradients side by side (copies)",
+    "aten::cat": "split's backward: lays the q, k, v gradients side by side; and the loss and "
+                 "gradient norm side by side for the step's one host read (copies)",
+    "aten::copy_": "each parameter's gradient, and the loss, into its slice of the flat buffer",
+    "aten::empty.memory_format": "allocates the flat gradient buffer (no values are computed)",
+    "aten::new_empty_strided": "autograd allocates .grad in its parameter's layout, then copies",
     "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
     "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
 }

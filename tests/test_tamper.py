@@ -24,8 +24,10 @@ from tiny import (STEPS, assert_one_line_error, audit as audit_cli, chain_record
 STEP = 11             # a step record to tamper with: replayed from the checkpoint at step 10
 
 
-def tampered(value):
+def tampered(value, key=None):
     """A different value of the same JSON type that still makes a valid config."""
+    if key == "n_kv_head":                       # must still divide n_head
+        return value // 2 if value > 1 else 2
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
@@ -96,7 +98,7 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
                 target = forged[step]
                 for key in path[:-1]:
                     target = target[key]
-                target[path[-1]] = "not hex" if malformed else tampered(target[path[-1]])
+                target[path[-1]] = "not hex" if malformed else tampered(target[path[-1]], path[-1])
                 write_chain(workdir, reseal(forged))
                 a = replayed(workdir, audited)
                 findings = sorted(a.findings, key=lambda f: f[0])
