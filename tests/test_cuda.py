@@ -98,7 +98,10 @@ def test_every_op_family_has_a_cuda_source():
     names = {p.stem for p in CU_SOURCES}
     want = {"matmul", "norm", "rope", "attention", "mlp", "loss", "embedding", "elementwise", "optim", "random"}
     assert want <= names, f"missing kernels/cuda/*.cu: {sorted(want - names)}"
-    cpu = {p.stem for p in CPU_DIR.glob("*.cpp")} - {"binding", "selftest"}
+    # int8 (contract §10) is CPU-only so far: config.validate refuses --quant=int8 --device=cuda
+    # with one line (README "Known limits"); any other CPU family needs its CUDA twin.
+    cpu_only = {"int8"}
+    cpu = {p.stem for p in CPU_DIR.glob("*.cpp")} - {"binding", "selftest"} - cpu_only
     assert cpu <= names, f"CPU kernels without a CUDA twin: {sorted(cpu - names)}"
 
 
