@@ -12,7 +12,10 @@ Prints the GPU, then:
   torch fp32 (TF32 off) and under bf16 autocast, attention by scaled_dot_product_attention;
 - the state hash: its time on its own, and what it adds to a step when it overlaps the next
   one (train.py's --hash_async, snapshot.py);
-- the audit of one step on the GPU against a training step.
+- the audit of one step on the GPU against a training step;
+- --quant=int8 (contract §10): the int8 GEMM (mma.sync s8, exact int32 sums, plus the
+  dequantizing epilogue) against RepOps' fp32 matmul, torch._int_mm and torch fp32 at the
+  model's forward shapes and large squares, and the int8 training step against the fp32 one.
 Times are medians of CUDA-event timings (host timers where the work is the host's). Needs a
 prepared corpus (python data.py; carry data/ to a machine without network).
 """
@@ -86,6 +89,36 @@ def bench_matmul(products, repeats):
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
+def bench_int8(cfg, data, products, repeats):
+    print(f"\n{'int8: x [M, K] @ W.T':26s} {'int8':>8s} {'RepOps':>8s} {'ratio':>6s} {'_int_mm':>8s} {'fp32':>8s}"
+          "   T op/s (a multiply-add = 2 ops); int8 = int8_linear (GEMM + dequantizing epilogue); "
+          "ratio = int8 / RepOps fp32 matmul speed")
+    for label, (M, K, N) in products:
+        x, w = torch.randn(M, K, device=DEVICE), torch.randn(N, K, device=DEVICE) * 0.02
+        sx, sw = torch.empty(1, device=DEVICE), torch.empty(N, device=DEVICE)
+        repops.ops.lsq_init_(x, sx)
+        repops.ops.lsq_init_(w, sw)
+        qx, qw = repops.ops.int8_quantize(x, sx), repops.ops.int8_quantize(w, sw)
+        ops_n = 2 * M * K * N
+        t_i8 = gpu_time(lambda: repops.ops.int8_linear(qx, qw, sx, sw, False), repeats)
+        t_rep = gpu_time(lambda: repops.ops.matmul(x, w.t()), repeats)
+        t_fp = gpu_time(lambda: x @ w.t(), repeats)
+        try:                      # torch's int8 GEMM (cuBLASLt), where its shape rules allow
+            t_mm = f"{ops_n / gpu_time(lambda: torch._int_mm(qx, qw.t()), repeats) / 1e12:8.2f}"
+        except RuntimeError:
+            t_mm = f"{'n/a':>8s}"
+        print(f"{label:26s} {ops_n / t_i8 / 1e12:8.2f} {ops_n / t_rep / 1e12:8.2f} {t_rep / t_i8:6.2f} {t_mm} "
+              f"{ops_n / t_fp / 1e12:8.2f}")
+    tokens = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
+    times = {}
+    for quant in ("none", "int8"):
+        qcfg = dataclasses.replace(cfg, quant=quant)
+        state = train.TrainState(qcfg, data.vocab_size, DEVICE)
+        times[quant] = gpu_time(lambda: train.train_step(state, data, qcfg), repeats, warmup=1)
+    print(f"training step, {tokens} tokens: fp32 {times['none'] * 1e3:.1f} ms, --quant=int8 "
+          f"{times['int8'] * 1e3:.1f} ms; int8 / fp32 step time: {times['int8'] / times['none']:.2f}x")
+
+
 def model_products(cfg, vocab, name):
     rows = cfg.micro_batch_size * cfg.seq_len
     return [(f"{name} {w} fwd", (rows, in_f, out_f)) for w, (out_f, in_f) in model_shapes(cfg, vocab).items()]
@@ -156,6 +189,8 @@ def main(args, data):
     mid = dataclasses.replace(default, **SHAPES_27M)
     bench_matmul(model_products(default, data.vocab_size, "default") + model_products(mid, data.vocab_size, "27.5M")
                  + [(f"{M} x {K} x {N}", (M, K, N)) for M, K, N in LARGE_PRODUCTS], args.repeats)
+    bench_int8(mid, data, model_products(mid, data.vocab_size, "27.5M")[:4]
+               + [(f"{n} x {n} x {n}", (n, n, n)) for n in (4096, 8192)], args.repeats)
     workdir = tempfile.mkdtemp(prefix="repops-bench-cuda-")
     try:
         bench_step(default, data, args.repeats, "default", workdir)

@@ -199,7 +199,6 @@ def validate(cfg, world=1):
     need(cfg.hash_async in ("on", "off", "auto"), "hash_async", "must be on, off or auto")
     need(cfg.quant in ("none", "int8"), "quant", "must be none or int8")
     if cfg.quant == "int8":
-        need(cfg.device == "cpu", "device", "--quant=int8 has CPU kernels only so far; use --device=cpu")
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
             need(getattr(cfg, key) <= 133144, key, "must be <= 133144 with --quant=int8 (K * 127^2 < 2^31)")
     need(not (cfg.offload and cfg.device != "cpu"), "offload", "offloads the state of a cpu run only")

@@ -51,7 +51,7 @@ class _Int8Linear(torch.autograd.Function):
         qx = repops.ops.int8_quantize(x2, sx)          # [M, K] int8, one step size
         qw = repops.ops.int8_quantize(w, sw)           # [N, K] int8, one per row
         ctx.save_for_backward(x2, w, sx, sw, qx, qw)
-        return repops.ops.int8_linear(qx, qw, sx, sw)  # [M, N]
+        return repops.ops.int8_linear(qx, qw, sx, sw, False)  # [M, N]; on the grid by construction
 
     @staticmethod
     def backward(ctx, g):

@@ -96,12 +96,10 @@ def ptx_dir(tmp_path_factory):
 
 def test_every_op_family_has_a_cuda_source():
     names = {p.stem for p in CU_SOURCES}
-    want = {"matmul", "norm", "rope", "attention", "mlp", "loss", "embedding", "elementwise", "optim", "random"}
+    want = {"matmul", "norm", "rope", "attention", "mlp", "loss", "embedding", "elementwise", "optim", "random",
+            "int8"}
     assert want <= names, f"missing kernels/cuda/*.cu: {sorted(want - names)}"
-    # int8 (contract §10) is CPU-only so far: config.validate refuses --quant=int8 --device=cuda
-    # with one line (README "Known limits"); any other CPU family needs its CUDA twin.
-    cpu_only = {"int8"}
-    cpu = {p.stem for p in CPU_DIR.glob("*.cpp")} - {"binding", "selftest"} - cpu_only
+    cpu = {p.stem for p in CPU_DIR.glob("*.cpp")} - {"binding", "selftest"}
     assert cpu <= names, f"CPU kernels without a CUDA twin: {sorted(cpu - names)}"
 
 
@@ -622,13 +620,13 @@ def test_kernels_launch_on_the_current_stream(ops):
 @needs_gpu
 def test_selftest_golden_digests_on_cuda(ops, cpu_digests, tmp_path):
     mine = ST.torch_digests(DEV)
-    bad = [f"{n}: cpu {cpu_digests[n][:16]}.. cuda {mine[n][:16]}.." for n in ST.names_for(DEV) if mine[n] != cpu_digests[n]]
+    bad = [f"{n}: cpu {cpu_digests[n][:16]}.. cuda {mine[n][:16]}.." for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
     assert not bad, "CUDA digests differ from the CPU's:\n" + "\n".join(bad)
     if shutil.which("g++"):  # and from the standalone self-test program itself
         exe = tmp_path / "selftest"
         _run(["g++", "-O2"] + ST.BASE_FLAGS + ST.CONTRACT + ST.SOURCES + ["-o", str(exe)], timeout=600)
         program = dict(line.split() for line in _run([str(exe)], timeout=120).stdout.splitlines())
-        assert {n: program[n] for n in ST.names_for(DEV)} == mine
+        assert {n: program[n] for n in ST.EXPECTED_NAMES} == mine
 
 
 RUN_FLAGS = [*TINY, "--max_steps=6", "--checkpoint_every=3", "--eval_every=0", "--sample_tokens=0"]

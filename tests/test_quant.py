@@ -189,9 +189,3 @@ def test_dead_tensor_stops_train_py_with_exit_1(corpus, tmp_path):
 def test_config_refuses(flags, key):
     with pytest.raises(config.UsageError, match=f"--{key}="):
         config.validate(config.parse_config(flags))
-
-
-def test_int8_on_cuda_is_a_clear_error(corpus, tmp_path):
-    proc = script("train.py", *train_args(tmp_path / "run", corpus, *INT8, "--device=cuda"))
-    assert_one_line_error(proc, "train.py")
-    assert "--device" in proc.stderr

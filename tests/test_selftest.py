@@ -64,7 +64,6 @@ is the finite adversarial table with big value b, SPEC the table for the canonic
 
 seed = 0x5EED2024, seed64 = (mix(seed ^ 0x01234567) << 32) | mix(seed). Multiple outputs are
 hashed concatenated in the order listed; int8 and int32 outputs as sign-extended int32 words.
-The int8 lines (CPU_ONLY) have no CUDA kernels yet, so tests/test_cuda.py leaves them out.
 """
 
 import hashlib
@@ -364,12 +363,6 @@ EXPECTED_NAMES = [
     "dropout", "csum_rows", "csum_rows_long", "adamw", "clip_grad", "exp", "log", "recip", "rsqrt",
     "sqrt", "sin", "cos", "philox", "uniform", "normal", "canary", "int8_matmul", "int8_linear",
     "int8_quantize", "int8_dequantize", "lsq_init", "lsq_backward"]
-CPU_ONLY = EXPECTED_NAMES[-6:]   # the int8 kernels (contract §10) exist on the CPU only
-
-
-def names_for(device):
-    """The digest lines a device computes (torch_digests(device) returns exactly these)."""
-    return [n for n in EXPECTED_NAMES if device == "cpu" or n not in CPU_ONLY]
 
 
 def torch_digests(device="cpu"):
@@ -481,8 +474,7 @@ def torch_digests(device="cpu"):
     d["uniform"] = _digest(no_tensor_op("uniform")(seed64, 4, 6, 3, 1001))
     d["normal"] = _digest(no_tensor_op("normal")(seed64, 8, 9, 1, 1003))
     d["canary"] = _digest(no_tensor_op("canary")())
-    if device == "cpu":
-        d.update(int8_digests())
+    d.update(int8_digests(device))
     return d
 
 
@@ -490,27 +482,31 @@ def _int_digest(t):
     return hashlib.sha256(np.asarray(t, dtype=np.int64).astype("<i4").tobytes()).hexdigest()
 
 
-def int8_digests():
-    """The int8 lines (contract §10) through torch.ops.repops on the CPU."""
+def int8_digests(device="cpu"):
+    """The int8 lines (contract §10) through torch.ops.repops on `device`."""
     import repops
     ops = torch.ops.repops
+
+    def T(a):  # noqa: N802 - short: it wraps every input below
+        return to_tensor(a).to(device)
+
     ints = lambda s, shape: (index(s, int(np.prod(shape)), 255) - 127).astype(np.int8).reshape(shape)  # noqa: E731
     A, B = ints(120, (37, 1031)), ints(121, (45, 1031))
     flat = A.reshape(-1)
     flat[::7] = np.where(np.arange(flat[::7].size) % 2, -127, 127)
     sw = np.abs(gen(122, (45,), -8, 4))
-    d = {"int8_matmul": _int_digest(ops.int8_matmul(to_tensor(A), to_tensor(B)))}
-    d["int8_linear"] = _digest(ops.int8_linear(to_tensor(A), to_tensor(B), to_tensor(_f32hex("0x1.2p-7")), to_tensor(sw)))
-    x, s = to_tensor(gen(123, (37, 129), -8, 12, 16, _fin(2.0**20))), to_tensor(np.abs(gen(124, (37,), -6, 4)))
+    d = {"int8_matmul": _int_digest(ops.int8_matmul(T(A), T(B)).cpu())}
+    d["int8_linear"] = _digest(ops.int8_linear(T(A), T(B), T(_f32hex("0x1.2p-7")), T(sw)))
+    x, s = T(gen(123, (37, 129), -8, 12, 16, _fin(2.0**20))), T(np.abs(gen(124, (37,), -6, 4)))
     q = ops.int8_quantize(x, s)
-    d["int8_quantize"] = _int_digest(q)
+    d["int8_quantize"] = _int_digest(q.cpu())
     d["int8_dequantize"] = _digest(ops.int8_dequantize(q, s))
-    s1 = torch.empty(37)
+    s1 = torch.empty(37, device=device)
     ops.lsq_init_(x, s1)
     d["lsq_init"] = _digest(s1)
     g = float.fromhex("0x1.0002p-7")
     assert g == repops.f32(1.0 / (129 * 127) ** 0.5)
-    d["lsq_backward"] = _digest(*ops.lsq_backward(x, s, to_tensor(gen(125, (37, 129), -3, 8, 16, _fin(2.0**10))), g))
+    d["lsq_backward"] = _digest(*ops.lsq_backward(x, s, T(gen(125, (37, 129), -3, 8, 16, _fin(2.0**10))), g))
     return d
 
 

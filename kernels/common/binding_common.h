@@ -200,6 +200,65 @@ inline Tensor adamw_args(at::DeviceType dev, const Tensor& p, const Tensor& g_, 
   return g;
 }
 
+// ------------------------------------------------------------------ the quantized path (§10)
+constexpr int64_t kMaxInt8K = 133144;  // the largest K with K * 127^2 < 2^31 (exact int32 sums)
+
+// x viewed as [R, C] with a step size per row (R = s.numel(); a per-tensor one is R = 1).
+inline std::tuple<Tensor, Tensor, int64_t, int64_t> int8_rows_args(at::DeviceType dev, const Tensor& x_,
+                                                                   const Tensor& s_, const char* op) {
+  Tensor x = contig(dev, x_, "x"), s = contig(dev, s_, "s");
+  same_device(x, s, op);
+  const int64_t R = s.numel();
+  TORCH_CHECK(s.dim() == 1 && R >= 1 && x.numel() % R == 0 && (R == 1 || (x.dim() == 2 && x.size(0) == R)),
+              "repops.", op, ": s must be [1] (one step size) or [R] for x [R, C]");
+  return {x, s, R, x.numel() / R};
+}
+inline std::tuple<Tensor, Tensor, int64_t> int8_dequantize_args(at::DeviceType dev, const Tensor& q_,
+                                                                const Tensor& s_) {
+  TORCH_CHECK(q_.device().type() == dev && q_.scalar_type() == at::kChar, "repops.int8_dequantize: q must be an int8 ",
+              c10::DeviceTypeName(dev), " tensor");
+  Tensor q = q_.contiguous(), s = contig(dev, s_, "s");
+  same_device(q, s, "int8_dequantize");
+  const int64_t R = s.numel();
+  TORCH_CHECK(s.dim() == 1 && R >= 1 && (R == 1 || (q.dim() == 2 && q.size(0) == R)),
+              "repops.int8_dequantize: s must be [1] or [R] for q [R, C]");
+  return {q, s, R};
+}
+// a [M, K], b [N, K]: 2-D int8, K small enough for exact int32 sums. Whether they hold -128 (off
+// the grid: 128^2 K could overflow int32) is check_on_grid's question, asked where the data is.
+inline std::tuple<Tensor, Tensor> int8_gemm_args(at::DeviceType dev, const Tensor& a_, const Tensor& b_,
+                                                 const char* op) {
+  for (const Tensor* t : {&a_, &b_})
+    TORCH_CHECK(t->device().type() == dev && t->scalar_type() == at::kChar && t->dim() == 2, "repops.", op,
+                ": operands must be 2-D int8 ", c10::DeviceTypeName(dev), " tensors");
+  same_device(a_, b_, op);
+  TORCH_CHECK(a_.size(1) == b_.size(1), "repops.", op, ": a [M, K] and b [N, K] differ in K: ", a_.sizes(), ", ",
+              b_.sizes());
+  TORCH_CHECK(a_.size(1) <= kMaxInt8K, "repops.", op, ": K = ", a_.size(1), " is too large for exact int32 sums "
+              "(K * 127^2 must be < 2^31, so K <= ", kMaxInt8K, ")");
+  return {a_.contiguous(), b_.contiguous()};
+}
+// t, a contiguous host int8 tensor, lies on the grid [-127, 127]; the message names the first -128.
+inline void check_on_grid(const Tensor& t, const char* op) {
+  const int8_t* p = t.data_ptr<int8_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    TORCH_CHECK(p[i] != -128, "repops.", op, ": operands must lie in [-127, 127]; found -128 at ", i);
+}
+inline std::tuple<Tensor, Tensor> int8_scales_args(at::DeviceType dev, const Tensor& b, const Tensor& sx_,
+                                                   const Tensor& sw_) {
+  Tensor sx = contig(dev, sx_, "sx"), sw = contig(dev, sw_, "sw");
+  same_device(b, sx, "int8_linear");
+  same_device(b, sw, "int8_linear");
+  TORCH_CHECK(sx.numel() == 1 && sw.dim() == 1 && sw.size(0) == b.size(0), "repops.int8_linear: sx [1], sw [N]");
+  return {sx, sw};
+}
+inline Tensor lsq_gxh_args(at::DeviceType dev, const Tensor& x, const Tensor& gxh_) {
+  Tensor gxh = contig(dev, gxh_, "gxh");
+  same_device(x, gxh, "lsq_backward");
+  TORCH_CHECK(gxh.sizes() == x.sizes(), "repops.lsq_backward: gxh must have x's shape");
+  return gxh;
+}
+
 // ------------------------------------------------------------------ host scalars and streams
 // Dropout (contract §6): keep threshold round((1-p) 2^32) clamped to 2^32 - 1 and scale
 // f32(1/(1-p)), both from float64 on the host (§1); the stream (seed, c1, c2) as the kernels take it.
@@ -257,7 +316,13 @@ inline PhiloxStream philox_args(const char* op, int64_t seed, int64_t c1, int64_
   m.impl("rsqrt", unary<RpFn::Rsqrt>);                        \
   m.impl("sqrt", unary<RpFn::Sqrt>);                          \
   m.impl("sin", unary<RpFn::Sin>);                            \
-  m.impl("cos", unary<RpFn::Cos>)
+  m.impl("cos", unary<RpFn::Cos>);                            \
+  m.impl("int8_quantize", int8_quantize);                     \
+  m.impl("int8_dequantize", int8_dequantize);                 \
+  m.impl("int8_matmul", int8_matmul);                         \
+  m.impl("int8_linear", int8_linear);                         \
+  m.impl("lsq_init_", lsq_init_);                             \
+  m.impl("lsq_backward", lsq_backward)
 
 // The ops without tensor inputs: nothing to dispatch on, so each backend defines its own op,
 // named with a suffix (none for the CPU, _cuda for CUDA), from one schema; the implementations

@@ -202,65 +202,41 @@ Tensor normal(int64_t seed, int64_t c1, int64_t c2, int64_t purpose, int64_t n) 
   return out;
 }
 
-// ---- the quantized path (contract §10; CPU only: --quant=int8 refuses --device=cuda)
-constexpr int64_t kMaxInt8K = 133144;  // the largest K with K * 127^2 < 2^31 (exact int32 sums)
-
-// A step size per row of x viewed as [R, C] (R = s.numel(); a per-tensor one is R = 1).
-std::tuple<Tensor, Tensor, int64_t, int64_t> rows_args(const Tensor& x_, const Tensor& s_, const char* op) {
-  Tensor x = rpb::contig(kDev, x_, "x"), s = rpb::contig(kDev, s_, "s");
-  const int64_t R = s.numel();
-  TORCH_CHECK(s.dim() == 1 && R >= 1 && x.numel() % R == 0 && (R == 1 || (x.dim() == 2 && x.size(0) == R)),
-              "repops.", op, ": s must be [1] (one step size) or [R] for x [R, C]");
-  return {x, s, R, x.numel() / R};
-}
-
+// ---- the quantized path (contract §10; argument checks in binding_common.h)
 Tensor int8_quantize(const Tensor& x_, const Tensor& s_) {
-  auto [x, s, R, C] = rows_args(x_, s_, "int8_quantize");
+  auto [x, s, R, C] = rpb::int8_rows_args(kDev, x_, s_, "int8_quantize");
   Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
   rp_quantize(x.data_ptr<float>(), s.data_ptr<float>(), q.data_ptr<int8_t>(), R, C);
   return q;
 }
 
 Tensor int8_dequantize(const Tensor& q_, const Tensor& s_) {
-  TORCH_CHECK(q_.device().type() == kDev && q_.scalar_type() == at::kChar, "repops.int8_dequantize: q must be int8");
-  Tensor q = q_.contiguous(), s = rpb::contig(kDev, s_, "s");
-  const int64_t R = s.numel();
-  TORCH_CHECK(s.dim() == 1 && R >= 1 && (R == 1 || (q.dim() == 2 && q.size(0) == R)),
-              "repops.int8_dequantize: s must be [1] or [R] for q [R, C]");
+  auto [q, s, R] = rpb::int8_dequantize_args(kDev, q_, s_);
   Tensor y = at::empty(q.sizes(), s.options());
   rp_dequantize(q.data_ptr<int8_t>(), s.data_ptr<float>(), y.data_ptr<float>(), R, q.numel() / R);
   return y;
 }
 
-// a [M, K], b [N, K]: int8 on the symmetric grid, K small enough for exact int32 sums.
-std::tuple<Tensor, Tensor> gemm_args(const Tensor& a_, const Tensor& b_, const char* op) {
-  for (const Tensor* t : {&a_, &b_})
-    TORCH_CHECK(t->device().type() == kDev && t->scalar_type() == at::kChar && t->dim() == 2, "repops.", op,
-                ": operands must be 2-D int8 CPU tensors");
-  TORCH_CHECK(a_.size(1) == b_.size(1), "repops.", op, ": a [M, K] and b [N, K] differ in K: ", a_.sizes(), ", ",
-              b_.sizes());
-  TORCH_CHECK(a_.size(1) <= kMaxInt8K, "repops.", op, ": K = ", a_.size(1), " is too large for exact int32 sums "
-              "(K * 127^2 must be < 2^31, so K <= ", kMaxInt8K, ")");
-  Tensor a = a_.contiguous(), b = b_.contiguous();
-  for (const Tensor* t : {&a, &b}) {  // -128 is off the grid: 128^2 * K could overflow int32
-    const int8_t* p = t->data_ptr<int8_t>();
-    for (int64_t i = 0; i < t->numel(); ++i)
-      TORCH_CHECK(p[i] != -128, "repops.", op, ": operands must lie in [-127, 127]; found -128 at ", i);
+// check=False: the caller vouches that the operands lie on the grid (int8_quantize's outputs do).
+std::tuple<Tensor, Tensor> gemm_operands(const Tensor& a_, const Tensor& b_, bool check, const char* op) {
+  auto [a, b] = rpb::int8_gemm_args(kDev, a_, b_, op);
+  if (check) {
+    rpb::check_on_grid(a, op);
+    rpb::check_on_grid(b, op);
   }
   return {a, b};
 }
 
-Tensor int8_matmul(const Tensor& a_, const Tensor& b_) {
-  auto [a, b] = gemm_args(a_, b_, "int8_matmul");
+Tensor int8_matmul(const Tensor& a_, const Tensor& b_, bool check) {
+  auto [a, b] = gemm_operands(a_, b_, check, "int8_matmul");
   Tensor c = at::empty({a.size(0), b.size(0)}, a.options().dtype(at::kInt));
   rp_int8_matmul(a.data_ptr<int8_t>(), b.data_ptr<int8_t>(), c.data_ptr<int32_t>(), a.size(0), b.size(0), a.size(1));
   return c;
 }
 
-Tensor int8_linear(const Tensor& a_, const Tensor& b_, const Tensor& sx_, const Tensor& sw_) {
-  auto [a, b] = gemm_args(a_, b_, "int8_linear");
-  Tensor sx = rpb::contig(kDev, sx_, "sx"), sw = rpb::contig(kDev, sw_, "sw");
-  TORCH_CHECK(sx.numel() == 1 && sw.dim() == 1 && sw.size(0) == b.size(0), "repops.int8_linear: sx [1], sw [N]");
+Tensor int8_linear(const Tensor& a_, const Tensor& b_, const Tensor& sx_, const Tensor& sw_, bool check) {
+  auto [a, b] = gemm_operands(a_, b_, check, "int8_linear");
+  auto [sx, sw] = rpb::int8_scales_args(kDev, b, sx_, sw_);
   Tensor y = at::empty({a.size(0), b.size(0)}, sx.options());
   rp_int8_linear(a.data_ptr<int8_t>(), b.data_ptr<int8_t>(), sx.item<float>(), sw.data_ptr<float>(),
                  y.data_ptr<float>(), a.size(0), b.size(0), a.size(1));
@@ -269,15 +245,14 @@ Tensor int8_linear(const Tensor& a_, const Tensor& b_, const Tensor& sx_, const 
 
 void lsq_init_(const Tensor& x_, const Tensor& s) {
   TORCH_CHECK(s.is_contiguous(), "repops.lsq_init_: s must be contiguous");
-  auto [x, s2, R, C] = rows_args(x_, s, "lsq_init_");
+  auto [x, s2, R, C] = rpb::int8_rows_args(kDev, x_, s, "lsq_init_");
   TORCH_CHECK(C >= 1, "repops.lsq_init_: no elements to take the mean of");
   rp_lsq_init(x.data_ptr<float>(), s.data_ptr<float>(), R, C, (float)(1.0 / (double)C));
 }
 
 std::tuple<Tensor, Tensor> lsq_backward(const Tensor& x_, const Tensor& s_, const Tensor& gxh_, double g) {
-  auto [x, s, R, C] = rows_args(x_, s_, "lsq_backward");
-  Tensor gxh = rpb::contig(kDev, gxh_, "gxh");
-  TORCH_CHECK(gxh.sizes() == x.sizes(), "repops.lsq_backward: gxh must have x's shape");
+  auto [x, s, R, C] = rpb::int8_rows_args(kDev, x_, s_, "lsq_backward");
+  Tensor gxh = rpb::lsq_gxh_args(kDev, x, gxh_);
   Tensor gx = at::empty_like(x), gs = at::empty_like(s);
   rp_lsq_backward(x.data_ptr<float>(), s.data_ptr<float>(), gxh.data_ptr<float>(), (float)g, gx.data_ptr<float>(),
                   gs.data_ptr<float>(), R, C);
@@ -320,8 +295,10 @@ TORCH_LIBRARY(repops, m) {
     m.def((std::string(fn) + "(Tensor x) -> Tensor").c_str());
   m.def("int8_quantize(Tensor x, Tensor s) -> Tensor");
   m.def("int8_dequantize(Tensor q, Tensor s) -> Tensor");
-  m.def("int8_matmul(Tensor a, Tensor b) -> Tensor");
-  m.def("int8_linear(Tensor a, Tensor b, Tensor sx, Tensor sw) -> Tensor");
+  // check=False: the caller vouches that a and b lie on [-127, 127] (int8_quantize's outputs do),
+  // so CUDA need not sync to scan them.
+  m.def("int8_matmul(Tensor a, Tensor b, bool check=True) -> Tensor");
+  m.def("int8_linear(Tensor a, Tensor b, Tensor sx, Tensor sw, bool check=True) -> Tensor");
   m.def("lsq_init_(Tensor x, Tensor(a!) s) -> ()");
   m.def("lsq_backward(Tensor x, Tensor s, Tensor gxh, float g) -> (Tensor, Tensor)");
   RPB_DEF_TENSORLESS_OPS(m, );
@@ -337,12 +314,6 @@ void check_index(const Tensor& idx_, int64_t hi, c10::string_view what) {
 TORCH_LIBRARY_IMPL(repops, CPU, m) {
   RPB_IMPL_TENSOR_OPS(m);
   m.impl("check_index", check_index);
-  m.impl("int8_quantize", int8_quantize);
-  m.impl("int8_dequantize", int8_dequantize);
-  m.impl("int8_matmul", int8_matmul);
-  m.impl("int8_linear", int8_linear);
-  m.impl("lsq_init_", lsq_init_);
-  m.impl("lsq_backward", lsq_backward);
 }
 
 // Ops with no tensor inputs cannot be dispatched by device: they are CPU-only backend-select.

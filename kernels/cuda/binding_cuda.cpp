@@ -224,6 +224,79 @@ std::tuple<Tensor, Tensor> clip_grad(const Tensor& g_, double max_norm) {
   return {out, norm};
 }
 
+// ---- the quantized path (contract §10; argument checks in binding_common.h)
+Tensor int8_quantize(const Tensor& x_, const Tensor& s_) {
+  auto [x, s, R, C] = rpb::int8_rows_args(kDev, x_, s_, "int8_quantize");
+  c10::cuda::CUDAGuard guard(x.device());
+  Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  check(rpc_int8_quantize(x.data_ptr<float>(), s.data_ptr<float>(), q.data_ptr<int8_t>(), R, C, stream()),
+        "int8_quantize");
+  return q;
+}
+
+Tensor int8_dequantize(const Tensor& q_, const Tensor& s_) {
+  auto [q, s, R] = rpb::int8_dequantize_args(kDev, q_, s_);
+  c10::cuda::CUDAGuard guard(q.device());
+  Tensor y = at::empty(q.sizes(), s.options());
+  check(rpc_int8_dequantize(q.data_ptr<int8_t>(), s.data_ptr<float>(), y.data_ptr<float>(), R, q.numel() / R,
+                            stream()), "int8_dequantize");
+  return y;
+}
+
+// The grid test on the device (a host sync, so quant.py passes check=False for the operands
+// int8_quantize made); on failure the operand is copied to the host to name the first -128.
+std::tuple<Tensor, Tensor> gemm_operands(const Tensor& a_, const Tensor& b_, bool check_grid, const char* op) {
+  auto [a, b] = rpb::int8_gemm_args(kDev, a_, b_, op);
+  if (check_grid) {
+    for (const Tensor* t : {&a, &b}) {
+      Tensor bad = at::empty({1}, t->options().dtype(at::kInt));
+      int host_bad = 0;
+      check(rpc_int8_find_offgrid(t->data_ptr<int8_t>(), t->numel(), bad.data_ptr<int>(), &host_bad, stream()), op);
+      if (host_bad != 0) rpb::check_on_grid(t->cpu(), op);
+    }
+  }
+  return {a, b};
+}
+
+Tensor int8_matmul(const Tensor& a_, const Tensor& b_, bool check_grid) {
+  auto [a, b] = gemm_operands(a_, b_, check_grid, "int8_matmul");
+  c10::cuda::CUDAGuard guard(a.device());
+  Tensor c = at::empty({a.size(0), b.size(0)}, a.options().dtype(at::kInt));
+  check(rpc_int8_gemm(a.data_ptr<int8_t>(), b.data_ptr<int8_t>(), a.size(0), b.size(0), a.size(1), nullptr, nullptr,
+                      c.data_ptr<int32_t>(), nullptr, stream()), "int8_matmul");
+  return c;
+}
+
+// sx stays on the device (reading it on the host would sync): the kernel forms sx * sw[j].
+Tensor int8_linear(const Tensor& a_, const Tensor& b_, const Tensor& sx_, const Tensor& sw_, bool check_grid) {
+  auto [a, b] = gemm_operands(a_, b_, check_grid, "int8_linear");
+  auto [sx, sw] = rpb::int8_scales_args(kDev, b, sx_, sw_);
+  c10::cuda::CUDAGuard guard(a.device());
+  Tensor y = at::empty({a.size(0), b.size(0)}, sx.options());
+  check(rpc_int8_gemm(a.data_ptr<int8_t>(), b.data_ptr<int8_t>(), a.size(0), b.size(0), a.size(1),
+                      sx.data_ptr<float>(), sw.data_ptr<float>(), nullptr, y.data_ptr<float>(), stream()),
+        "int8_linear");
+  return y;
+}
+
+void lsq_init_(const Tensor& x_, const Tensor& s) {
+  TORCH_CHECK(s.is_contiguous(), "repops.lsq_init_: s must be contiguous");
+  auto [x, s2, R, C] = rpb::int8_rows_args(kDev, x_, s, "lsq_init_");
+  TORCH_CHECK(C >= 1, "repops.lsq_init_: no elements to take the mean of");
+  c10::cuda::CUDAGuard guard(x.device());
+  check(rpc_lsq_init(x.data_ptr<float>(), s.data_ptr<float>(), R, C, inv(C), stream()), "lsq_init_");
+}
+
+std::tuple<Tensor, Tensor> lsq_backward(const Tensor& x_, const Tensor& s_, const Tensor& gxh_, double g) {
+  auto [x, s, R, C] = rpb::int8_rows_args(kDev, x_, s_, "lsq_backward");
+  Tensor gxh = rpb::lsq_gxh_args(kDev, x, gxh_);
+  c10::cuda::CUDAGuard guard(x.device());
+  Tensor gx = at::empty_like(x), gs = at::empty_like(s);
+  check(rpc_lsq_backward(x.data_ptr<float>(), s.data_ptr<float>(), gxh.data_ptr<float>(), (float)g,
+                         gx.data_ptr<float>(), gs.data_ptr<float>(), R, C, stream()), "lsq_backward");
+  return {gx, gs};
+}
+
 // ------------------------------------------------------------ ops without tensor inputs
 at::TensorOptions on_cuda(at::ScalarType t) {
   return at::TensorOptions().dtype(t).device(at::kCUDA, c10::cuda::current_device());

@@ -78,3 +78,16 @@ cudaError_t rpc_uniform(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpos
                         cudaStream_t st);
 cudaError_t rpc_normal(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, float* out, int64_t n,
                        cudaStream_t st);
+
+// int8.cu (§10). q [R, C] int8; s [R] (or [1] with R = 1); A [M, K], B [N, K] int8 on the grid
+// [-127, 127] with K * 127^2 < 2^31 (the binding checks both). rpc_int8_gemm writes C32 [M, N]
+// (sx == nullptr) or Y [M, N] = float(C32) * (sx[0] * sw[j]) (sx [1], sw [N] device floats).
+// rpc_int8_find_offgrid: *host_bad = 1 if p holds -128; like rpc_check_index, it waits.
+cudaError_t rpc_int8_quantize(const float* x, const float* s, int8_t* q, int64_t R, int64_t C, cudaStream_t st);
+cudaError_t rpc_int8_dequantize(const int8_t* q, const float* s, float* y, int64_t R, int64_t C, cudaStream_t st);
+cudaError_t rpc_int8_find_offgrid(const int8_t* p, int64_t n, int* bad, int* host_bad, cudaStream_t st);
+cudaError_t rpc_int8_gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const float* sx,
+                          const float* sw, int32_t* C32, float* Y, cudaStream_t st);
+cudaError_t rpc_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c, cudaStream_t st);
+cudaError_t rpc_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
+                             int64_t R, int64_t C, cudaStream_t st);
