@@ -222,7 +222,7 @@ class Audit:
                 self.find(step, str(e))
                 return
             record = step_record(state.step, *state.hash(), self.data, self.cfg, fields)
-            self.replayed[step] = record["state_hash"], fields["grad_root"]
+            self.replayed[step] = record["state_hash"], fields["grad_root"].result()
             diff = compare(record, self.run.chain.records[step])
             if diff:
                 self.find(step, diff)

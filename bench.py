@@ -253,6 +253,7 @@ def main():
     ap.add_argument("--data_dir", default=config.Config.data_dir)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--large", action="store_true", help="cuda: also the 1.23B-parameter step")
+    ap.add_argument("--profile", action="store_true", help="cuda: also profile one step of the 27.5M model")
     ap.add_argument("--int8_only", action="store_true", help="only the int8 section")
     args = ap.parse_args()
     if args.threads:

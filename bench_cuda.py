@@ -2,6 +2,7 @@
 
     python bench.py --device cuda                # ~3 minutes on an H200
     python bench.py --device cuda --large        # also the 1.23B-parameter step and its hash
+    python bench.py --device cuda --profile      # also torch.profiler tables of one 27.5M step
 
 Prints the GPU, then:
 - matmul TFLOP/s at the default model's shapes, the 27.5M model's and large products: RepOps
@@ -119,6 +120,21 @@ def bench_int8(cfg, data, products, repeats):
           f"{times['int8'] * 1e3:.1f} ms; int8 / fp32 step time: {times['int8'] / times['none']:.2f}x")
 
 
+def profile_step(cfg, data, name):
+    """torch.profiler tables of one training step (after a warm-up step): where GPU and host time go."""
+    state = train.TrainState(cfg, data.vocab_size, DEVICE)
+    train.train_step(state, data, cfg)
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        train.train_step(state, data, cfg)
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(f"\nprofile of one step, {name}: by GPU time, then by host (self CPU) time")
+    print(table.table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=40))
+    print(table.table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=40))
+
+
 def model_products(cfg, vocab, name):
     rows = cfg.micro_batch_size * cfg.seq_len
     return [(f"{name} {w} fwd", (rows, in_f, out_f)) for w, (out_f, in_f) in model_shapes(cfg, vocab).items()]
@@ -191,6 +207,9 @@ def main(args, data):
                  + [(f"{M} x {K} x {N}", (M, K, N)) for M, K, N in LARGE_PRODUCTS], args.repeats)
     bench_int8(mid, data, model_products(mid, data.vocab_size, "27.5M")[:4]
                + [(f"{n} x {n} x {n}", (n, n, n)) for n in (4096, 8192)], args.repeats)
+    if args.profile:
+        profile_step(mid, data, "27.5M fp32")
+        profile_step(dataclasses.replace(mid, quant="int8"), data, "27.5M --quant=int8")
     workdir = tempfile.mkdtemp(prefix="repops-bench-cuda-")
     try:
         bench_step(default, data, args.repeats, "default", workdir)

@@ -16,6 +16,12 @@ step, not once per use.
 
 Memory: overlap keeps one host copy of the state (pinned for CUDA tensors), reused every step;
 the trainer collects job N before it submits job N+1.
+
+LeafLater does the same for one tensor's leaf hash, the step's gradient (its grad_root, which
+the record commits to): train_step hands the gradient over and goes on; the digest is ready by
+the time the record is written.
+
+    leaf = LeafLater(overlap=True).submit("grad", grad)   # a Future of hashchain.tensor_leaf
 """
 from collections import namedtuple
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -89,3 +95,46 @@ class StateHasher:
         if copied is not None:
             copied.synchronize()
         return hash_state(step, self.buffers)
+
+
+class LeafLater:
+    """hashchain.tensor_leaf(name, t) as a Future. With overlap, a CUDA tensor is copied to a
+    pinned host buffer on a side stream after the work enqueued so far (the compute stream goes
+    on) and hashed by a host thread; otherwise the digest is computed before submit returns.
+    Two buffers alternate, because step N's digest is collected after step N+1 has submitted
+    its own; a buffer is reused only once its previous digest is done."""
+
+    def __init__(self, overlap):
+        self.overlap = overlap
+        self.slots = [[None, None], [None, None]]   # [pinned buffer, its pending Future]
+        self.turn = 0
+        self.stream = None
+        self.worker = ThreadPoolExecutor(max_workers=1) if overlap else None
+
+    def submit(self, name, t):
+        if not (self.overlap and t.is_cuda):
+            job = Future()
+            job.set_result(hashchain.tensor_leaf(name, t))
+            return job
+        slot = self.slots[self.turn]
+        self.turn ^= 1
+        if slot[1] is not None:
+            slot[1].result()                      # the buffer's previous digest has read it
+        if slot[0] is None or slot[0].shape != t.shape or slot[0].dtype != t.dtype:
+            slot[0] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(t.device))
+        self.stream = self.stream or torch.cuda.Stream(t.device)
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(ready)
+            slot[0].copy_(t, non_blocking=True)
+        t.record_stream(self.stream)              # t's memory is not reused before the copy reads it
+        copied = torch.cuda.Event()
+        copied.record(self.stream)
+        slot[1] = self.worker.submit(self._leaf, name, slot[0], copied)
+        return slot[1]
+
+    @staticmethod
+    def _leaf(name, host, copied):
+        copied.synchronize()
+        return hashchain.tensor_leaf(name, host)

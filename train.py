@@ -108,6 +108,7 @@ class TrainState:
         self.step = 0
         self.dead = deadcheck.DeadTensors(trained, cfg.dead_tensor_steps)
         self.copy_done = None    # CUDA event: an asynchronous host copy of the state (snapshot.py)
+        self.grad_leaf = snapshot.LeafLater(overlap=hash_overlaps(cfg))   # the steps' grad_root
 
     def wait_for_snapshot(self):
         """Make the update wait until a pending asynchronous copy of the state has read it."""
@@ -214,21 +215,23 @@ def train_step(state, data, cfg, rank=0, world=1):
     del total
     loss = mean[-1]
     grad, grad_norm = repops.clip_grad(mean[:-1], cfg.grad_clip)
-    # The step's one host sync: loss and norm read together.
-    loss_f, norm_f = torch.cat([loss.reshape(1), grad_norm.reshape(1)]).tolist()
-    del mean, loss
+    offset, grads = 0, {}
+    for name in state.m:                    # each trained parameter's slice of the flat gradient
+        p = state.params[name]
+        grads[name] = grad[offset:offset + p.numel()].view(p.shape)
+        offset += p.numel()
+    read = [loss.reshape(1), grad_norm.reshape(1)]
+    nonzero = state.dead.nonzero_flags(grads)
+    # The step's one host sync: loss, norm and the dead-tensor check's flags read together.
+    loss_f, norm_f, *nonzero = torch.cat(read if nonzero is None else read + [nonzero]).tolist()
+    del mean, loss, read
     if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
         raise StepRefused(f"step {step}: loss {loss_f} / gradient norm {norm_f} is not finite; "
                           "the step is refused and nothing of it is written (lower lr?)")
     lr = lr_at(cfg, step)
     state.wait_for_snapshot()
-    offset, grads = 0, {}
     with torch.no_grad():
-        for name in state.m:
-            p = state.params[name]
-            g = grads[name] = grad[offset:offset + p.numel()].view(p.shape)
-            offset += p.numel()
-        state.dead.observe(step, grads)
+        state.dead.observe(step, nonzero)
         for name, g in grads.items():
             p = state.params[name]
             repops.adamw_(p.data, g, state.m[name], state.v[name], lr=lr, beta1=cfg.beta1,
@@ -238,23 +241,24 @@ def train_step(state, data, cfg, rank=0, world=1):
             quant.repin(state.model)     # after the update, before the state hash (quant.py)
     state.step = step
     # grad_root: the digest of the final gradient, which only a replay can compute; the
-    # trainer commits to it (step_record), an auditor's receipt reveals it (receipts.py).
+    # trainer commits to it (step_record), an auditor's receipt reveals it (receipts.py). A
+    # Future: on a GPU with hash_async it is hashed from a host copy while the next step runs.
     return {"loss": loss_f, "loss_bits": hashchain.f32_bits(loss_f), "grad_norm": norm_f,
             "grad_norm_bits": hashchain.f32_bits(norm_f), "lr": repops.f32(lr),
-            "lr_bits": hashchain.f32_bits(lr), "grad_root": hashchain.tensor_leaf("grad", grad)}
+            "lr_bits": hashchain.f32_bits(lr), "grad_root": state.grad_leaf.submit("grad", grad)}
 
 
 def step_record(step, root, leaves, data, cfg, fields, secret=None):
     """The chain record of `step` (everything but prev/record_hash), whose state hashed to
-    (root, leaves) and whose train_step returned `fields`. fields["grad_root"] is never
-    published: with the run's secret (the trainer) the record holds its commitment grad_commit;
-    without it (a replay) the record has no grad_commit, which only the secret's holder can
-    compute."""
+    (root, leaves) and whose train_step returned `fields`. fields["grad_root"] (a Future of
+    the gradient's leaf hash) is never published: with the run's secret (the trainer) the
+    record holds its commitment grad_commit; without it (a replay) the record has no
+    grad_commit, which only the secret's holder can compute."""
     windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len)
                for m in range(cfg.micro_batches)]
     record = {"kind": "step", "step": step, "state_hash": root, "tensor_hashes": leaves,
               "batch_digest": batch_digest(windows), **fields}
-    grad_root = record.pop("grad_root")
+    grad_root = record.pop("grad_root").result()
     if secret is not None:
         record["grad_commit"] = receipts.commit(receipts.salt(secret, step), grad_root)
     return record

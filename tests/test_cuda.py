@@ -545,7 +545,7 @@ def test_host_indices_give_the_device_indices_bits():
         loss = repops.cross_entropy(z, ids, 1e-4)
         emb = repops.embedding(w, ids)
         g_w, g_z = torch.autograd.grad((loss, emb), (w, z), (torch.ones((), device=DEV), torch.ones_like(emb)))
-        results.append([t.cpu().numpy().tobytes() for t in (loss, emb, g_w, g_z)])
+        results.append([t.detach().cpu().numpy().tobytes() for t in (loss, emb, g_w, g_z)])
     assert results[0] == results[1]
 
 

@@ -38,6 +38,11 @@ ALLOWED = {
     "aten::new_empty_strided": "autograd allocates .grad in its parameter's layout, then copies",
     "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
     "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
+    "aten::ne.Scalar": "the dead-tensor check: is each gradient element != 0 (a comparison)",
+    "aten::any": "the dead-tensor check: does a parameter's gradient have a nonzero element",
+    "aten::stack": "the dead-tensor check's P flags side by side (copies)",
+    "aten::_to_copy": "the dead-tensor check's flags, bool -> float32 0.0/1.0 (exact), for the one "
+                      "host read",
 }
 
 

@@ -165,13 +165,16 @@ def test_dead_tensor_check_off_and_counting_only_consecutive_steps(corpus):
         train.train_step(state, tokens, cfg)
     dead = deadcheck.DeadTensors(["a"], 2)
     for g in (0.0, 1.0, 0.0, -0.0):                                 # -0.0 is zero too
+        flags = dead.nonzero_flags({"a": torch.full((3,), g)})
+        assert flags.dtype == torch.float32 and flags.tolist() == [float(g != 0.0)]
         try:
-            dead.observe(1, {"a": torch.full((3,), g)})
+            dead.observe(1, flags.tolist())
         except deadcheck.DeadTensorError:
             assert g == -0.0
             break
     else:
         pytest.fail("two consecutive all-zero gradients did not stop the run")
+    assert dead.nonzero_flags({"a": torch.tensor([0.0, float("nan")])}).tolist() == [1.0]   # NaN is not zero
 
 
 def test_dead_tensor_stops_train_py_with_exit_1(corpus, tmp_path):

@@ -280,11 +280,22 @@ __device__ __forceinline__ float warp_tree_max(float p) {
 }
 
 // csum of term(i), i in [0, n), by the calling warp (all 32 lanes call it with the same n):
-// lane l adds the terms i = l, l + 32, l + 64, ... in increasing i, then the tree.
+// lane l adds the terms i = l, l + 32, l + 64, ... in increasing i, then the tree. The terms of
+// 8 consecutive rounds are computed first and then added in order, so their loads are in flight
+// together instead of one memory round trip per add; the adds and their order are unchanged.
 template <class Term>
 __device__ __forceinline__ float warp_csum(int64_t n, int lane, const Term& term) {
+  constexpr int kUnroll = 8;
   float p = 0.0f;
-  for (int64_t i = lane; i < n; i += kLanes) p = fadd(p, term(i));
+  int64_t i = lane;
+  for (; i + (kUnroll - 1) * kLanes < n; i += kUnroll * kLanes) {
+    float t[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) t[u] = term(i + u * kLanes);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) p = fadd(p, t[u]);
+  }
+  for (; i < n; i += kLanes) p = fadd(p, term(i));
   return warp_tree_sum(p);
 }
 template <class Term>
