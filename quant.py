@@ -12,7 +12,8 @@ The token embedding and lm_head stay fp32. The backward is the straight-through 
 fp32 RepOps (gradients reach x and w where x / s lies strictly inside (-Qp, Qp)) plus the LSQ
 gradient of each step size (Esser et al. 2019), scaled by g = f32(1 / sqrt(N * Qp)), N the
 number of elements that share the step size (K for a weight row, the micro-batch's x.numel()
-for an activation), computed on the host in float64 (contract §1).
+for an activation), computed on the host in float64 (contract §1). An activation's gradient
+sums row by row, then over the rows (activation_lsq_backward), so the sum runs in parallel.
 
 Step sizes are parameters named `<linear>_sx` [1] and `<linear>_sw` [out] next to their weight
 (e.g. layers.0.wqkv_sw), so they are in the state hash, the checkpoints and the audit like any
@@ -60,9 +61,20 @@ class _Int8Linear(torch.autograd.Function):
         wh = repops.ops.int8_dequantize(qw, sw)
         gxh = repops.ops.matmul(g, wh)                 # [M, N] @ [N, K]
         gwh = repops.ops.matmul(g.t(), xh)             # [N, M] @ [M, K]
-        gx, gsx = repops.ops.lsq_backward(x2, sx, gxh, grad_scale(x2.numel()))
+        gx, gsx = activation_lsq_backward(x2, sx, gxh, grad_scale(x2.numel()))
         gw, gsw = repops.ops.lsq_backward(w, sw, gwh, grad_scale(w.shape[1]))
         return gx, gw, gsx, (gsw if ctx.needs_input_grad[3] else None)
+
+
+def activation_lsq_backward(x2, sx, gxh, g):
+    """lsq_backward for the one step size of x2 [M, K]: gx as the kernel's, and
+    g_sx = csum_r(csum_k(gxh * term)[r]) * g -- each row's canonical sum, then the canonical sum
+    of the M row sums, then one multiply by g (contract §10). Rows are independent, so the
+    kernels run them in parallel (one warp per row on CUDA) instead of one sequential chain of
+    M * K / 32 adds per lane. s_x is repeated per row (data movement) and g = 1.0 is exact."""
+    per_row_s = sx.expand(x2.shape[0]).contiguous()                  # [M] copies of s_x
+    gx, row_sums = repops.ops.lsq_backward(x2, per_row_s, gxh, 1.0)  # row_sums [M]
+    return gx, repops.ops.scale(repops.ops.csum(row_sums), g).reshape(1)
 
 
 def linear(x, w, sx, sw, calibrate=False):

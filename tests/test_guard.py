@@ -38,6 +38,8 @@ ALLOWED = {
     "aten::new_empty_strided": "autograd allocates .grad in its parameter's layout, then copies",
     "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
     "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
+    "aten::expand": "int8: an activation's step size s_x viewed once per row (its LSQ gradient "
+                    "sums row by row, quant.activation_lsq_backward)",
     "aten::ne.Scalar": "the dead-tensor check: is each gradient element != 0 (a comparison)",
     "aten::any": "the dead-tensor check: does a parameter's gradient have a nonzero element",
     "aten::stack": "the dead-tensor check's P flags side by side (copies)",
