@@ -3,6 +3,7 @@
     python bench.py --device cuda                # ~3 minutes on an H200
     python bench.py --device cuda --large        # also the 1.23B-parameter step and its hash
     python bench.py --device cuda --profile      # also torch.profiler tables of one 27.5M step
+    python bench.py --device cuda --int8_only    # just the int8 section
 
 Prints the GPU, then:
 - matmul TFLOP/s at the default model's shapes, the 27.5M model's and large products: RepOps
@@ -203,10 +204,14 @@ def main(args, data):
     repops.load()
     default = dataclasses.replace(config.Config(data_dir=args.data_dir), device=DEVICE)
     mid = dataclasses.replace(default, **SHAPES_27M)
-    bench_matmul(model_products(default, data.vocab_size, "default") + model_products(mid, data.vocab_size, "27.5M")
-                 + [(f"{M} x {K} x {N}", (M, K, N)) for M, K, N in LARGE_PRODUCTS], args.repeats)
+    if not args.int8_only:
+        bench_matmul(model_products(default, data.vocab_size, "default")
+                     + model_products(mid, data.vocab_size, "27.5M")
+                     + [(f"{M} x {K} x {N}", (M, K, N)) for M, K, N in LARGE_PRODUCTS], args.repeats)
     bench_int8(mid, data, model_products(mid, data.vocab_size, "27.5M")[:4]
                + [(f"{n} x {n} x {n}", (n, n, n)) for n in (4096, 8192)], args.repeats)
+    if args.int8_only:
+        return
     if args.profile:
         profile_step(mid, data, "27.5M fp32")
         profile_step(dataclasses.replace(mid, quant="int8"), data, "27.5M --quant=int8")
