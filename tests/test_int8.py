@@ -152,3 +152,24 @@ def test_lsq_backward(rows):
     want = (gxh * term).sum(1) * g
     np.testing.assert_allclose(gs.numpy(), want, rtol=1e-4, atol=1e-4)
     assert np.array_equal(gx.numpy() != 0, inside & (gxh != 0))
+
+
+def test_activation_step_size_gradient_sums_row_by_row():
+    """quant.activation_lsq_backward (contract §10, per-tensor step size over x [M, K]): gx is
+    the kernel's with one step size, g_sx = csum over rows of each row's csum, times g, against
+    the NumPy reference; and it is not the flat sum's bits in general (the order is decisive)."""
+    import quant
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((67, 129)) * 0.6).astype(np.float32)
+    x[3, :3] = [np.inf, 0.0, -127 * 0.01]
+    gxh = rng.standard_normal((67, 129)).astype(np.float32)
+    s = np.float32([0.01])
+    g = repops.f32(1.0 / math.sqrt(x.size * 127))
+    gx, gs = quant.activation_lsq_backward(T(x), T(s), T(gxh), g)
+    rgx, _ = ref.lsq_backward(x.reshape(-1), s, gxh.reshape(-1), g)
+    _, rows = ref.lsq_backward(x, np.full(67, s[0], np.float32), gxh, 1.0)
+    want = ref.mul(ref.csum(rows), ref.f32(g)).reshape(1)
+    assert gs.shape == (1,) and same_bits(gs.numpy(), want)
+    assert same_bits(gx.numpy().reshape(-1), rgx)
+    _, flat = ref.lsq_backward(x.reshape(-1), s, gxh.reshape(-1), g)
+    assert not same_bits(gs.numpy(), flat)
