@@ -35,179 +35,276 @@ inline int32_t quant(float v) {
 }
 
 // ---------------------------------------------------------------- GEMM packing
-// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights), sign-extended
-// to int16 once per call, K rounded up to even (Kp). A stays row-major, [Mp][Kp] (the micro-
-// kernel broadcasts A[i, k..k+1] from each row); B is packed into panels of R rows:
-//   PAIR layout (x86 vpmaddwd): panel[k/2][R][2]  (two consecutive k of one row side by side)
-//   FLAT layout (NEON, scalar): panel[k][R]
-// In both, k values [k0, k0 + kc) of a panel start at offset k0 * R. Rows past the matrix and
-// k past K are zero (zeros add nothing: exact).
-template <int64_t R, bool PAIR>
-void pack_panel(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, int16_t* out) {
+// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights). Each is packed
+// once per call into panels, A of MR rows and B of NR rows, in groups of G consecutive k:
+//   panel[k / G][row][G]   (G values of one row side by side: one 32-bit word for G = 4 bytes
+//                           or G = 2 int16, which the micro-kernel broadcasts (A) or loads (B))
+// K is rounded up to a multiple of G (Kp); rows past the matrix and k past K are zero (zeros
+// add nothing: exact). The k values [k0, k0 + kc) of a panel start at offset k0 * rows.
+//
+// The paths, chosen at build time (-march; every one gives the same int32 results):
+//   AVX-512 VNNI  A as uint8 a + 128, B int8, G = 4: vpdpbusd (u8 x s8, four products summed
+//                 into each int32 lane, wrapping, never saturating), with the exact correction
+//                 below;
+//   AVX-512BW     int16, G = 2: vpmaddwd (pairs of int16 products into int32, never saturating);
+//   AVX2          int16, G = 2: vpmaddwd on 256-bit vectors;
+//   AArch64 NEON  int16, G = 1: smlal;  elsewhere plain C, int16, G = 1.
+// vpmaddubsw and vpdpbusds (both saturating) are never used.
+//
+// The VNNI correction. vpdpbusd multiplies an unsigned byte by a signed one, so A enters as
+// a' = a + 128 in [1, 255] and sum_k a'[i,k] b[j,k] = C[i,j] + 128 * colsum[j], colsum[j] =
+// sum_k b[j,k]. Each accumulator therefore starts at bias[j] = -128 * colsum[j] instead of 0,
+// and ends at exactly C[i,j]. The partial sums on the way can leave int32 for large K (|bias|
+// and |sum a' b| reach 2 * 127^2 * K > 2^31 at K near 133144): vpdpbusd adds with two's-
+// complement wraparound, i.e. modulo 2^32 (bias is computed modulo 2^32 too), and the true
+// result C[i,j] lies in int32 (|C| <= 127^2 K < 2^31, checked by the binding), so the final
+// value modulo 2^32 is C[i,j] itself: exact. tests/test_int8.py checks this at the largest K
+// with every operand +-127.
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define RP_I8_VNNI 1
+typedef uint8_t TA;
+typedef int8_t TB;
+constexpr int64_t G = 4, MR = 8, NR = 32;  // 16 zmm accumulators of 16 int32 lanes
+constexpr const char* kI8Path = "int8 GEMM: AVX-512 VNNI vpdpbusd (u8 x s8), tile 8x32";
+#elif defined(__AVX512BW__)
+typedef int16_t TA;
+typedef int16_t TB;
+constexpr int64_t G = 2, MR = 8, NR = 32;
+constexpr const char* kI8Path = "int8 GEMM: AVX-512BW vpmaddwd (int16), tile 8x32";
+#elif defined(__AVX2__)
+typedef int16_t TA;
+typedef int16_t TB;
+constexpr int64_t G = 2, MR = 4, NR = 16;  // 8 ymm accumulators of 8 int32 lanes
+constexpr const char* kI8Path = "int8 GEMM: AVX2 vpmaddwd (int16), tile 4x16";
+#elif defined(__aarch64__)
+typedef int16_t TA;
+typedef int16_t TB;
+constexpr int64_t G = 1, MR = 4, NR = 16;  // 16 int32x4 accumulators
+constexpr const char* kI8Path = "int8 GEMM: NEON smlal (int16), tile 4x16";
+#else
+typedef int16_t TA;
+typedef int16_t TB;
+constexpr int64_t G = 1, MR = 4, NR = 16;
+constexpr const char* kI8Path = "int8 GEMM: scalar (int16), tile 4x16";
+#endif
+
+// A's packed value of an int8: a + 128 as a byte for vpdpbusd, else a itself (int16).
+inline TA a_val(int8_t a) {
+#if defined(RP_I8_VNNI)
+  return (uint8_t)((uint8_t)a ^ 0x80u);  // two's complement: (uint8)a ^ 0x80 = a + 128
+#else
+  return (TA)a;
+#endif
+}
+
+// One panel: rows [0, rows) of src ([*, K], row stride K) into out [Kp / G][R][G]; A (a_val)
+// or B (plain). colsum (B only, may be null): colsum[r] = sum_k src[r, k].
+template <int64_t R, bool IS_A, class T>
+void pack_panel(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, T* out, int64_t* colsum) {
+  const int64_t kfull = K / G * G;
   for (int64_t r = 0; r < R; ++r) {
-    const int8_t* s = src + r * K;
-    const bool live = r < rows;
-    if (PAIR) {
-      for (int64_t k2 = 0; k2 < Kp / 2; ++k2) {
-        const int64_t k = 2 * k2;
-        out[(k2 * R + r) * 2] = (live && k < K) ? (int16_t)s[k] : (int16_t)0;
-        out[(k2 * R + r) * 2 + 1] = (live && k + 1 < K) ? (int16_t)s[k + 1] : (int16_t)0;
-      }
-    } else {
-      for (int64_t k = 0; k < Kp; ++k) out[k * R + r] = (live && k < K) ? (int16_t)s[k] : (int16_t)0;
+    T* o = out + r * G;
+    if (r >= rows) {
+      for (int64_t g = 0; g < Kp / G; ++g)
+        for (int64_t u = 0; u < G; ++u) o[g * R * G + u] = 0;
+      if (colsum) colsum[r] = 0;
+      continue;
     }
+    const int8_t* s = src + r * K;
+    int64_t sum = 0;
+    for (int64_t k = 0; k < kfull; k += G) {
+      for (int64_t u = 0; u < G; ++u) {
+        o[(k / G) * R * G + u] = IS_A ? (T)a_val(s[k + u]) : (T)s[k + u];
+        sum += s[k + u];
+      }
+    }
+    if (kfull < Kp) {
+      for (int64_t u = 0; u < G; ++u) {
+        const int64_t k = kfull + u;
+        o[(kfull / G) * R * G + u] = k < K ? (IS_A ? (T)a_val(s[k]) : (T)s[k]) : (T)0;
+        if (k < K) sum += s[k];
+      }
+    }
+    if (colsum) colsum[r] = sum;
   }
 }
 
-// A [rows, K] int8 -> [ceil(rows / R) R, Kp] int16, row-major, zero-padded; in parallel.
-template <int64_t R>
-std::vector<int16_t> widen(const int8_t* src, int64_t rows, int64_t K, int64_t Kp) {
-  std::vector<int16_t> out((rows + R - 1) / R * R * Kp);   // padding rows stay zero
-  rp::parallel_for(rows, 64, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      int16_t* o = out.data() + r * Kp;
-      for (int64_t k = 0; k < K; ++k) o[k] = src[r * K + k];
-      for (int64_t k = K; k < Kp; ++k) o[k] = 0;
-    }
-  });
-  return out;
-}
+// A 32-bit word (a group of G values) from memory, for a broadcast.
+inline int32_t word(const void* p) { int32_t w; std::memcpy(&w, p, 4); return w; }
 
-// A[i, k], A[i, k + 1] of a row-major int16 matrix as one 32-bit word (the vpmaddwd pair).
-inline int32_t pair(const int16_t* p) { int32_t w; std::memcpy(&w, p, 4); return w; }
-
-// All panels of a [rows, K] matrix, in parallel: panel p holds rows [p R, p R + R).
-template <int64_t R, bool PAIR>
-std::vector<int16_t> pack(const int8_t* src, int64_t rows, int64_t K, int64_t Kp) {
-  const int64_t panels = (rows + R - 1) / R;
-  std::vector<int16_t> out(panels * R * Kp);
-  rp::parallel_for(panels, 1, [&](int64_t b, int64_t e) {
-    for (int64_t p = b; p < e; ++p)
-      pack_panel<R, PAIR>(src + p * R * K, rows - p * R, K, Kp, out.data() + p * R * Kp);
-  });
-  return out;
-}
-
-#if defined(__AVX512BW__)
-constexpr bool kPair = true;
-constexpr int64_t MR = 8, NR = 32;  // 16 zmm accumulators of 16 int32 lanes
-// acc[MR][NR] (+)= A panel x B panel over kc (even) k values; C tile row stride ldc.
-inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
-                  bool first) {
+// ---------------------------------------------------------------- micro-kernels
+// out[i][j] = init[i][j] + sum over kg groups of A panel row i x B panel row j, for a tile of
+// MR x NR; init has row stride ldi (0: one row for all, the bias), out row stride ldo.
+#if defined(RP_I8_VNNI)
+inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+                  int64_t ldo) {
   // Named accumulators (not an array): GCC then keeps them in registers without copies.
-#define RP_ACC(i) __m512i c##i##0 = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc), \
-                          c##i##1 = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc + 16);
+#define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
   RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
 #undef RP_ACC
-  for (int64_t k = 0; k < kc; k += 2) {
-    const int64_t k2 = k / 2;
-    const __m512i b0 = _mm512_loadu_si512(Bp + k2 * NR * 2), b1 = _mm512_loadu_si512(Bp + k2 * NR * 2 + 32);
-#if defined(__AVX512VNNI__)
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(pair(A + i * lda + k)); \
-                    c##i##0 = _mm512_dpwssd_epi32(c##i##0, ai, b0); c##i##1 = _mm512_dpwssd_epi32(c##i##1, ai, b1); }
-#else
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(pair(A + i * lda + k)); \
-                    c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(ai, b0)); \
-                    c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(ai, b1)); }
-#endif
+  for (int64_t g = 0; g < kg; ++g) {
+    const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + 64);
+    const TA* a = Ap + g * MR * G;
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * G)); \
+                    c##i##0 = _mm512_dpbusd_epi32(c##i##0, ai, b0); c##i##1 = _mm512_dpbusd_epi32(c##i##1, ai, b1); }
     RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
 #undef RP_MAC
   }
-#define RP_STORE(i) _mm512_storeu_si512(C + i * ldc, c##i##0); _mm512_storeu_si512(C + i * ldc + 16, c##i##1);
+#define RP_STORE(i) _mm512_storeu_si512(out + i * ldo, c##i##0); _mm512_storeu_si512(out + i * ldo + 16, c##i##1);
+  RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+#undef RP_STORE
+}
+#elif defined(__AVX512BW__)
+inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+                  int64_t ldo) {
+#define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
+  RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
+#undef RP_ACC
+  for (int64_t g = 0; g < kg; ++g) {
+    const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + 32);
+    const TA* a = Ap + g * MR * G;
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * G)); \
+                    c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(ai, b0)); \
+                    c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(ai, b1)); }
+    RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
+#undef RP_MAC
+  }
+#define RP_STORE(i) _mm512_storeu_si512(out + i * ldo, c##i##0); _mm512_storeu_si512(out + i * ldo + 16, c##i##1);
   RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
 #undef RP_STORE
 }
 #elif defined(__AVX2__)
-constexpr bool kPair = true;
-constexpr int64_t MR = 4, NR = 16;  // 8 ymm accumulators of 8 int32 lanes
-inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
-                  bool first) {
+inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+                  int64_t ldo) {
   __m256i acc[MR][2];
   for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h)
-      acc[i][h] = first ? _mm256_setzero_si256()
-                        : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C + i * ldc + 8 * h));
-  for (int64_t k2 = 0; k2 < kc / 2; ++k2) {
-    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + k2 * NR * 2));
-    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + k2 * NR * 2 + 16));
+    for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + i * ldi + 8 * h));
+  for (int64_t g = 0; g < kg; ++g) {
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + g * NR * G));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + g * NR * G + 16));
+    const TA* a = Ap + g * MR * G;
     for (int i = 0; i < MR; ++i) {
-      const __m256i ai = _mm256_set1_epi32(pair(A + i * lda + 2 * k2));
+      const __m256i ai = _mm256_set1_epi32(word(a + i * G));
       acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(ai, b0));
       acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(ai, b1));
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_si256(reinterpret_cast<__m256i*>(C + i * ldc + 8 * h), acc[i][h]);
+    for (int h = 0; h < 2; ++h) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * ldo + 8 * h), acc[i][h]);
 }
 #elif defined(__aarch64__)
 }  // namespace
 #include <arm_neon.h>
 namespace {
-constexpr bool kPair = false;
-constexpr int64_t MR = 4, NR = 16;  // 16 int32x4 accumulators
-inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
-                  bool first) {
+inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+                  int64_t ldo) {
   int32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i)
-    for (int q = 0; q < 4; ++q) acc[i][q] = first ? vdupq_n_s32(0) : vld1q_s32(C + i * ldc + 4 * q);
-  for (int64_t k = 0; k < kc; ++k) {
+    for (int q = 0; q < 4; ++q) acc[i][q] = vld1q_s32(init + i * ldi + 4 * q);
+  for (int64_t k = 0; k < kg; ++k) {
     int16x4_t b[4];
     for (int q = 0; q < 4; ++q) b[q] = vld1_s16(Bp + k * NR + 4 * q);
     for (int i = 0; i < MR; ++i)
-      for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], A[i * lda + k]);  // smlal
+      for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], Ap[k * MR + i]);  // smlal
   }
   for (int i = 0; i < MR; ++i)
-    for (int q = 0; q < 4; ++q) vst1q_s32(C + i * ldc + 4 * q, acc[i][q]);
+    for (int q = 0; q < 4; ++q) vst1q_s32(out + i * ldo + 4 * q, acc[i][q]);
 }
 #else
-constexpr bool kPair = false;
-constexpr int64_t MR = 4, NR = 16;  // portable scalar path
-inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
-                  bool first) {
+inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+                  int64_t ldo) {
   int32_t acc[MR][NR];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = first ? 0 : C[i * ldc + j];
-  for (int64_t k = 0; k < kc; ++k)
+    for (int j = 0; j < NR; ++j) acc[i][j] = init[i * ldi + j];
+  for (int64_t k = 0; k < kg; ++k)
     for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)A[i * lda + k] * (int32_t)Bp[k * NR + j];
+      for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)Ap[k * MR + i] * (int32_t)Bp[k * NR + j];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) C[i * ldc + j] = acc[i][j];
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] = acc[i][j];
 }
 #endif
 
-constexpr int64_t KC = 512, MC = 16 * MR, NC = 8 * NR;  // cache blocks (KC even)
+// Cache blocks: a B panel's k-slice (NR x KC values) stays in L1 (16 KB), MC rows of A in L2.
+constexpr int64_t KC = 16384 / (NR * (int64_t)sizeof(TB)) / G * G, MC = 16 * MR, NC = 8 * NR;
+static_assert(KC % G == 0 && KC > 0, "KC must be a whole number of k groups");
 
-// The GEMM over output blocks; `finish(i0, mc, j0, nc, tile, ldt)` receives each finished int32
-// block [mc, nc] (row stride ldt) inside the thread that computed it.
+// Per-thread packing buffers, kept between calls: no allocation (and no page faults) per call at
+// the model's small shapes. Only the calling thread owns them; workers write disjoint panels.
+struct Packed {
+  std::vector<TA> a;
+  std::vector<TB> b;
+  std::vector<int32_t> bias;
+  std::vector<int64_t> colsum;
+};
+
+Packed& packed() {
+  static thread_local Packed pk;
+  return pk;
+}
+
+// The GEMM over output blocks; `finish(i0, mr, j0, nr, tile, ldt)` receives each finished int32
+// micro-tile [mr, nr] (row stride ldt) inside the thread that computed it, while it is in L1.
 template <class Finish>
 void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish) {
-  const int64_t Kp = (K + 1) / 2 * 2;
-  const std::vector<int16_t> aw = widen<MR>(A, M, K, Kp), bp = pack<NR, kPair>(B, N, K, Kp);
+  if (M == 0 || N == 0) return;
+  const int64_t Kp = (K + G - 1) / G * G;
+  const int64_t mpanels = (M + MR - 1) / MR, npanels = (N + NR - 1) / NR;
+  Packed& pk = packed();
+  pk.a.resize(mpanels * MR * Kp);
+  pk.b.resize(npanels * NR * Kp);
+  pk.bias.resize(npanels * NR);
+  pk.colsum.resize(npanels * NR);
+  TA* ap = pk.a.data();
+  TB* bp = pk.b.data();
+  int32_t* bias = pk.bias.data();
+  int64_t* colsum = pk.colsum.data();
+  rp::parallel_for(mpanels, 4, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p)
+      pack_panel<MR, true>(A + p * MR * K, M - p * MR, K, Kp, ap + p * MR * Kp, (int64_t*)nullptr);
+  });
+  rp::parallel_for(npanels, 4, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      pack_panel<NR, false>(B + p * NR * K, N - p * NR, K, Kp, bp + p * NR * Kp, colsum + p * NR);
+      for (int64_t j = p * NR; j < p * NR + NR; ++j)
+#if defined(RP_I8_VNNI)
+        // -128 * colsum modulo 2^32 (unsigned: wraparound is defined), see the correction above
+        bias[j] = (int32_t)(uint32_t)(0u - 128u * (uint32_t)(uint64_t)colsum[j]);
+#else
+        bias[j] = 0;
+#endif
+    }
+  });
   const int64_t mblocks = (M + MC - 1) / MC, nblocks = (N + NC - 1) / NC;
   rp::parallel_for(mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<int32_t> tile(MC * NC);  // the block's accumulators, full tiles (padding included)
+    std::vector<int32_t> tile;  // the block's partial sums, only when K takes several k-blocks
+    if (Kp > KC) tile.resize(MC * NC);
+    alignas(64) int32_t ct[MR * NR];  // a finished micro-tile
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t i0 = (t / nblocks) * MC, mc = std::min(MC, M - i0);
       const int64_t j0 = (t % nblocks) * NC, nc = std::min(NC, N - j0);
-      const int64_t mcp = (mc + MR - 1) / MR * MR, ncp = (nc + NR - 1) / NR * NR;
-      if (Kp == 0) std::fill(tile.begin(), tile.end(), 0);
-      for (int64_t k0 = 0; k0 < Kp; k0 += KC) {
+      for (int64_t k0 = 0; k0 < Kp || k0 == 0; k0 += KC) {
         const int64_t kc = std::min(KC, Kp - k0);
-        for (int64_t jp = 0; jp < ncp; jp += NR)
-          for (int64_t ip = 0; ip < mcp; ip += MR)
-            micro(kc, &aw[(i0 + ip) * Kp + k0], Kp, &bp[(j0 + jp) * Kp + k0 * NR], &tile[ip * NC + jp], NC,
-                  k0 == 0);
+        const bool first = k0 == 0, last = k0 + kc >= Kp;
+        for (int64_t jp = 0; jp < nc; jp += NR)
+          for (int64_t ip = 0; ip < mc; ip += MR) {
+            const int32_t* init = first ? bias + j0 + jp : tile.data() + ip * NC + jp;
+            int32_t* out = last ? ct : tile.data() + ip * NC + jp;
+            micro(kc / G, ap + (i0 + ip) * Kp + k0 * MR, bp + (j0 + jp) * Kp + k0 * NR, init, first ? 0 : NC,
+                  out, last ? NR : NC);
+            if (last) finish(i0 + ip, std::min(MR, mc - ip), j0 + jp, std::min(NR, nc - jp), ct, NR);
+          }
       }
-      finish(i0, mc, j0, nc, tile.data(), NC);
     }
   });
 }
 
 }  // namespace
 
+const char* rp_int8_path() { return kI8Path; }
+
 void rp_int8_matmul(const int8_t* A, const int8_t* B, int32_t* C, int64_t M, int64_t N, int64_t K) {
-  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mc, int64_t j0, int64_t nc, const int32_t* t, int64_t ldt) {
-    for (int64_t i = 0; i < mc; ++i) std::memcpy(C + (i0 + i) * N + j0, t + i * ldt, nc * sizeof(int32_t));
+  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+    for (int64_t i = 0; i < mr; ++i) std::memcpy(C + (i0 + i) * N + j0, t + i * ldt, nr * sizeof(int32_t));
   });
 }
 
@@ -218,9 +315,13 @@ void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw,
     rp::FpModeGuard guard;  // scalar work on the calling thread: FTZ/DAZ here too
     for (int64_t j = 0; j < N; ++j) sc[j] = sx * sw[j];  // one rounding per column
   }
-  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mc, int64_t j0, int64_t nc, const int32_t* t, int64_t ldt) {
-    for (int64_t i = 0; i < mc; ++i)
-      for (int64_t j = 0; j < nc; ++j) Y[(i0 + i) * N + j0 + j] = (float)t[i * ldt + j] * sc[j0 + j];
+  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+    const float* s = sc.data() + j0;
+    for (int64_t i = 0; i < mr; ++i) {
+      float* y = Y + (i0 + i) * N + j0;
+      const int32_t* ti = t + i * ldt;
+      for (int64_t j = 0; j < nr; ++j) y[j] = (float)ti[j] * s[j];
+    }
   });
 }
 
