@@ -35,12 +35,14 @@ inline int32_t quant(float v) {
 }
 
 // ---------------------------------------------------------------- GEMM packing
-// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights). Each is packed
-// once per call into panels, A of MR rows and B of NR rows, in groups of G consecutive k:
-//   panel[k / G][row][G]   (G values of one row side by side: one 32-bit word for G = 4 bytes
-//                           or G = 2 int16, which the micro-kernel broadcasts (A) or loads (B))
-// K is rounded up to a multiple of G (Kp); rows past the matrix and k past K are zero (zeros
-// add nothing: exact). The k values [k0, k0 + kc) of a panel start at offset k0 * rows.
+// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights), packed once per
+// call, K rounded up to a multiple of G (Kp):
+//   A row-major, [ceil(M / MR) MR][lda] (lda >= Kp; the micro-kernel broadcasts one 32-bit word,
+//     G consecutive k of one row, from each of MR rows); a plain row copy, which vectorizes;
+//   B in panels of NR rows, panel[k / G][NR][G] (G values of one row side by side), so that one
+//     k group of a panel is NR * G contiguous values, loaded as whole vectors.
+// Rows past the matrix and k past K are zero (zeros add nothing: exact). The k values
+// [k0, k0 + kc) of a B panel start at offset k0 * NR.
 //
 // The paths, chosen at build time (-march; every one gives the same int32 results):
 //   AVX-512 VNNI  A as uint8 a + 128, B int8, G = 4: vpdpbusd (u8 x s8, four products summed
@@ -97,35 +99,47 @@ inline TA a_val(int8_t a) {
 #endif
 }
 
-// One panel: rows [0, rows) of src ([*, K], row stride K) into out [Kp / G][R][G]; A (a_val)
-// or B (plain). colsum (B only, may be null): colsum[r] = sum_k src[r, k].
-template <int64_t R, bool IS_A, class T>
-void pack_panel(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, T* out, int64_t* colsum) {
-  const int64_t kfull = K / G * G;
-  for (int64_t r = 0; r < R; ++r) {
-    T* o = out + r * G;
-    if (r >= rows) {
-      for (int64_t g = 0; g < Kp / G; ++g)
-        for (int64_t u = 0; u < G; ++u) o[g * R * G + u] = 0;
-      if (colsum) colsum[r] = 0;
-      continue;
-    }
+// A's row stride: Kp rounded up to a cache line, plus one line when that is a multiple of 2 KB
+// (MR rows a multiple of 2 KB apart would share L1 sets).
+inline int64_t a_stride(int64_t Kp) {
+  const int64_t per_line = 64 / (int64_t)sizeof(TA);
+  int64_t lda = (Kp + per_line - 1) / per_line * per_line;
+  if ((lda * (int64_t)sizeof(TA)) % 2048 == 0) lda += per_line;
+  return lda;
+}
+
+// Rows [r0, r1) of A (row r at src + r K; rows >= M are zero) into out [*, lda].
+void pack_a(const int8_t* src, int64_t M, int64_t K, int64_t lda, int64_t r0, int64_t r1, TA* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    TA* o = out + r * lda;
+    const int64_t n = r < M ? K : 0;
     const int8_t* s = src + r * K;
+    for (int64_t k = 0; k < n; ++k) o[k] = a_val(s[k]);
+    for (int64_t k = n; k < lda; ++k) o[k] = 0;
+  }
+}
+
+// One B panel: rows [0, rows) of src ([*, K], row stride K) into out [Kp / G][NR][G]; rows past
+// `rows` are zero. colsum[r] = sum_k src[r, k] (exact in int64).
+void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, int64_t* colsum) {
+  const int64_t kfull = K / G * G;
+  const int64_t live = std::min(rows, NR);
+  for (int64_t g = 0; g < kfull / G; ++g)       // full groups of the live rows: sequential writes
+    for (int64_t r = 0; r < live; ++r)
+      for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = (TB)src[r * K + g * G + u];
+  if (kfull < Kp)                               // the last, partial group
+    for (int64_t r = 0; r < live; ++r)
+      for (int64_t u = 0; u < G; ++u)
+        out[((kfull / G) * NR + r) * G + u] = kfull + u < K ? (TB)src[r * K + kfull + u] : (TB)0;
+  if (live < NR)                                // rows past the matrix
+    for (int64_t g = 0; g < Kp / G; ++g)
+      for (int64_t r = live; r < NR; ++r)
+        for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = 0;
+  for (int64_t r = 0; r < NR; ++r) {
     int64_t sum = 0;
-    for (int64_t k = 0; k < kfull; k += G) {
-      for (int64_t u = 0; u < G; ++u) {
-        o[(k / G) * R * G + u] = IS_A ? (T)a_val(s[k + u]) : (T)s[k + u];
-        sum += s[k + u];
-      }
-    }
-    if (kfull < Kp) {
-      for (int64_t u = 0; u < G; ++u) {
-        const int64_t k = kfull + u;
-        o[(kfull / G) * R * G + u] = k < K ? (IS_A ? (T)a_val(s[k]) : (T)s[k]) : (T)0;
-        if (k < K) sum += s[k];
-      }
-    }
-    if (colsum) colsum[r] = sum;
+    if (r < live)
+      for (int64_t k = 0; k < K; ++k) sum += src[r * K + k];
+    colsum[r] = sum;
   }
 }
 
@@ -133,10 +147,10 @@ void pack_panel(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, T* out, 
 inline int32_t word(const void* p) { int32_t w; std::memcpy(&w, p, 4); return w; }
 
 // ---------------------------------------------------------------- micro-kernels
-// out[i][j] = init[i][j] + sum over kg groups of A panel row i x B panel row j, for a tile of
-// MR x NR; init has row stride ldi (0: one row for all, the bias), out row stride ldo.
+// out[i][j] = init[i][j] + sum over kg groups of A row i (row stride lda) x B panel row j, for a
+// tile of MR x NR; init has row stride ldi (0: one row for all, the bias), out row stride ldo.
 #if defined(RP_I8_VNNI)
-inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
                   int64_t ldo) {
   // Named accumulators (not an array): GCC then keeps them in registers without copies.
 #define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
@@ -144,8 +158,8 @@ inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, i
 #undef RP_ACC
   for (int64_t g = 0; g < kg; ++g) {
     const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + 64);
-    const TA* a = Ap + g * MR * G;
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * G)); \
+    const TA* a = Ap + g * G;
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * lda)); \
                     c##i##0 = _mm512_dpbusd_epi32(c##i##0, ai, b0); c##i##1 = _mm512_dpbusd_epi32(c##i##1, ai, b1); }
     RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
 #undef RP_MAC
@@ -155,15 +169,15 @@ inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, i
 #undef RP_STORE
 }
 #elif defined(__AVX512BW__)
-inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
                   int64_t ldo) {
 #define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
   RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
 #undef RP_ACC
   for (int64_t g = 0; g < kg; ++g) {
     const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + 32);
-    const TA* a = Ap + g * MR * G;
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * G)); \
+    const TA* a = Ap + g * G;
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * lda)); \
                     c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(ai, b0)); \
                     c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(ai, b1)); }
     RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
@@ -174,7 +188,7 @@ inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, i
 #undef RP_STORE
 }
 #elif defined(__AVX2__)
-inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
                   int64_t ldo) {
   __m256i acc[MR][2];
   for (int i = 0; i < MR; ++i)
@@ -182,9 +196,9 @@ inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, i
   for (int64_t g = 0; g < kg; ++g) {
     const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + g * NR * G));
     const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + g * NR * G + 16));
-    const TA* a = Ap + g * MR * G;
+    const TA* a = Ap + g * G;
     for (int i = 0; i < MR; ++i) {
-      const __m256i ai = _mm256_set1_epi32(word(a + i * G));
+      const __m256i ai = _mm256_set1_epi32(word(a + i * lda));
       acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(ai, b0));
       acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(ai, b1));
     }
@@ -196,7 +210,7 @@ inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, i
 }  // namespace
 #include <arm_neon.h>
 namespace {
-inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
                   int64_t ldo) {
   int32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i)
@@ -205,20 +219,20 @@ inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, i
     int16x4_t b[4];
     for (int q = 0; q < 4; ++q) b[q] = vld1_s16(Bp + k * NR + 4 * q);
     for (int i = 0; i < MR; ++i)
-      for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], Ap[k * MR + i]);  // smlal
+      for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], Ap[i * lda + k]);  // smlal
   }
   for (int i = 0; i < MR; ++i)
     for (int q = 0; q < 4; ++q) vst1q_s32(out + i * ldo + 4 * q, acc[i][q]);
 }
 #else
-inline void micro(int64_t kg, const TA* Ap, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
                   int64_t ldo) {
   int32_t acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = init[i * ldi + j];
   for (int64_t k = 0; k < kg; ++k)
     for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)Ap[k * MR + i] * (int32_t)Bp[k * NR + j];
+      for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)Ap[i * lda + k] * (int32_t)Bp[k * NR + j];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) out[i * ldo + j] = acc[i][j];
 }
@@ -244,13 +258,15 @@ Packed& packed() {
 
 // The GEMM over output blocks; `finish(i0, mr, j0, nr, tile, ldt)` receives each finished int32
 // micro-tile [mr, nr] (row stride ldt) inside the thread that computed it, while it is in L1.
+// direct (int32 output [M, N], or null): full micro-tiles are stored there, without finish.
 template <class Finish>
-void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish) {
+void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish,
+          int32_t* direct = nullptr) {
   if (M == 0 || N == 0) return;
   const int64_t Kp = (K + G - 1) / G * G;
-  const int64_t mpanels = (M + MR - 1) / MR, npanels = (N + NR - 1) / NR;
+  const int64_t mpanels = (M + MR - 1) / MR, npanels = (N + NR - 1) / NR, lda = a_stride(Kp);
   Packed& pk = packed();
-  pk.a.resize(mpanels * MR * Kp);
+  pk.a.resize(mpanels * MR * lda);
   pk.b.resize(npanels * NR * Kp);
   pk.bias.resize(npanels * NR);
   pk.colsum.resize(npanels * NR);
@@ -258,13 +274,10 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
   TB* bp = pk.b.data();
   int32_t* bias = pk.bias.data();
   int64_t* colsum = pk.colsum.data();
-  rp::parallel_for(mpanels, 4, [&](int64_t b, int64_t e) {
-    for (int64_t p = b; p < e; ++p)
-      pack_panel<MR, true>(A + p * MR * K, M - p * MR, K, Kp, ap + p * MR * Kp, (int64_t*)nullptr);
-  });
+  rp::parallel_for(mpanels * MR, 64, [&](int64_t b, int64_t e) { pack_a(A, M, K, lda, b, e, ap); });
   rp::parallel_for(npanels, 4, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
-      pack_panel<NR, false>(B + p * NR * K, N - p * NR, K, Kp, bp + p * NR * Kp, colsum + p * NR);
+      pack_b(B + p * NR * K, N - p * NR, K, Kp, bp + p * NR * Kp, colsum + p * NR);
       for (int64_t j = p * NR; j < p * NR + NR; ++j)
 #if defined(RP_I8_VNNI)
         // -128 * colsum modulo 2^32 (unsigned: wraparound is defined), see the correction above
@@ -287,11 +300,13 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
         const bool first = k0 == 0, last = k0 + kc >= Kp;
         for (int64_t jp = 0; jp < nc; jp += NR)
           for (int64_t ip = 0; ip < mc; ip += MR) {
+            const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
+            const bool to_direct = last && direct && mr == MR && nr == NR;
             const int32_t* init = first ? bias + j0 + jp : tile.data() + ip * NC + jp;
-            int32_t* out = last ? ct : tile.data() + ip * NC + jp;
-            micro(kc / G, ap + (i0 + ip) * Kp + k0 * MR, bp + (j0 + jp) * Kp + k0 * NR, init, first ? 0 : NC,
-                  out, last ? NR : NC);
-            if (last) finish(i0 + ip, std::min(MR, mc - ip), j0 + jp, std::min(NR, nc - jp), ct, NR);
+            int32_t* out = to_direct ? direct + (i0 + ip) * N + j0 + jp : last ? ct : tile.data() + ip * NC + jp;
+            micro(kc / G, ap + (i0 + ip) * lda + k0, lda, bp + (j0 + jp) * Kp + k0 * NR, init, first ? 0 : NC,
+                  out, to_direct ? N : last ? NR : NC);
+            if (last && !to_direct) finish(i0 + ip, mr, j0 + jp, nr, ct, NR);
           }
       }
     }
@@ -304,8 +319,9 @@ const char* rp_int8_path() { return kI8Path; }
 
 void rp_int8_matmul(const int8_t* A, const int8_t* B, int32_t* C, int64_t M, int64_t N, int64_t K) {
   gemm(A, B, M, N, K, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
-    for (int64_t i = 0; i < mr; ++i) std::memcpy(C + (i0 + i) * N + j0, t + i * ldt, nr * sizeof(int32_t));
-  });
+    for (int64_t i = 0; i < mr; ++i)  // the edge tiles; full ones were stored directly
+      for (int64_t j = 0; j < nr; ++j) C[(i0 + i) * N + j0 + j] = t[i * ldt + j];
+  }, C);
 }
 
 void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw, float* Y, int64_t M,
