@@ -15,6 +15,7 @@
 // saturates to int16, is never used) or smlal (AArch64 NEON), and every path gives the same
 // int32 result, which the self-test digests check across builds and under qemu-aarch64.
 #include "kernels.h"
+#include "vmath.h"
 
 #include <algorithm>
 #include <cstring>
@@ -32,6 +33,31 @@ inline int32_t quant(float v) {
   if (!(v == v)) return 0;
   const float t = v + rp::kMagic;
   return (int32_t)(rp::bits(t) - rp::bits(rp::kMagic));
+}
+
+// Q(v) on VL lanes, branch-free: the same float add and the same three selections as quant()
+// (the conditions exclude each other), so every lane has quant()'s bits.
+inline rp::vi vquant(rp::vf v) {
+  const rp::vf t = v + rp::kMagic;
+  rp::vi q = rp::ibits(t) - rp::ibits(rp::kMagic);
+  q = rp::sel(v != v, rp::vi{}, q);
+  q = rp::sel(v <= -127.0f, rp::vi{} - 127, q);
+  return rp::sel(v >= 127.0f, rp::vi{} + 127, q);
+}
+
+// The clip test of the LSQ backward, (v > -127) and (v < 127), lane by lane.
+inline rp::vi vinside(rp::vf v) { return (v > -127.0f) & (v < 127.0f); }
+
+typedef int8_t vb __attribute__((vector_size(rp::VL)));  // VL int8 lanes
+
+// f(r, i0, i1) for the parts of the flat range [b, e) of a [R, C] matrix in each row r.
+template <class F>
+inline void by_rows(int64_t b, int64_t e, int64_t C, const F& f) {
+  while (b < e) {
+    const int64_t r = b / C, end = std::min(e, (r + 1) * C);
+    f(r, b, end);
+    b = end;
+  }
 }
 
 // ---------------------------------------------------------------- GEMM packing
@@ -341,20 +367,28 @@ void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw,
   });
 }
 
+// The elementwise kernels below walk each chunk row by row (one recip per row part, no division
+// per element) with VL lanes at a time and a scalar tail; every element gets the same float
+// operations as the scalar form, so the bits do not depend on the split.
 void rp_quantize(const float* x, const float* s, int8_t* q, int64_t R, int64_t C) {
   rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
-    int64_t r = b / C;
-    float inv = rp::recip(s[r]);
-    for (int64_t i = b; i < e; ++i) {
-      if (i / C != r) { r = i / C; inv = rp::recip(s[r]); }
-      q[i] = (int8_t)quant(x[i] * inv);
-    }
+    by_rows(b, e, C, [&](int64_t r, int64_t i, int64_t end) {
+      const float inv = rp::recip(s[r]);
+      for (; i + rp::VL <= end; i += rp::VL) {
+        const vb qb = __builtin_convertvector(vquant(rp::loadn(x + i) * inv), vb);
+        std::memcpy(q + i, &qb, sizeof(qb));
+      }
+      for (; i < end; ++i) q[i] = (int8_t)quant(x[i] * inv);
+    });
   });
 }
 
 void rp_dequantize(const int8_t* q, const float* s, float* y, int64_t R, int64_t C) {
   rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) y[i] = (float)q[i] * s[i / C];
+    by_rows(b, e, C, [&](int64_t r, int64_t i0, int64_t end) {
+      const float sr = s[r];
+      for (int64_t i = i0; i < end; ++i) y[i] = (float)q[i] * sr;
+    });
   });
 }
 
@@ -372,27 +406,47 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
                      int64_t R, int64_t C) {
   // gx: the straight-through estimator, elementwise (any chunking).
   rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
-    int64_t r = b / C;
-    float inv = rp::recip(s[r]);
-    for (int64_t i = b; i < e; ++i) {
-      if (i / C != r) { r = i / C; inv = rp::recip(s[r]); }
-      const float v = x[i] * inv;
-      gx[i] = (v > -127.0f && v < 127.0f) ? gxh[i] : 0.0f;
-    }
+    by_rows(b, e, C, [&](int64_t r, int64_t i, int64_t end) {
+      const float inv = rp::recip(s[r]);
+      for (; i + rp::VL <= end; i += rp::VL)
+        rp::storen(gx + i, rp::sel(vinside(rp::loadn(x + i) * inv), rp::loadn(gxh + i), rp::vf{}));
+      for (; i < end; ++i) {
+        const float v = x[i] * inv;
+        gx[i] = (v > -127.0f && v < 127.0f) ? gxh[i] : 0.0f;
+      }
+    });
   });
   // gs[r] = csum_c(gxh * term) * g, term = Q(v) - v inside the grid, Q(v) = +-127 at the clip.
+  // The canonical sum (§4.2, rp::csum) written out on vectors: lane l of the kLanes partial sums
+  // is lane l % VL of vector l / VL; whole blocks of kLanes terms, then the tail into lanes
+  // 0, 1, ... one by one, then the fixed fold: the same additions in the same order as csum.
   rp::parallel_for(R, 1, [&](int64_t b, int64_t e) {
+    constexpr int NV = rp::kLanes / rp::VL;
     for (int64_t r = b; r < e; ++r) {
       const float inv = rp::recip(s[r]);
       const float* xr = x + r * C;
       const float* gr = gxh + r * C;
-      const float sum = rp::csum(C, [=](int64_t c) {
-        const float v = xr[c] * inv;
+      rp::vf p[NV];
+      for (int u = 0; u < NV; ++u) p[u] = rp::vf{};
+      int64_t c = 0;
+      for (; c + rp::kLanes <= C; c += rp::kLanes)
+        for (int u = 0; u < NV; ++u) {
+          const rp::vf v = rp::loadn(xr + c + u * rp::VL) * inv;
+          const rp::vf qf = rp::to_float(vquant(v));
+          const rp::vf term = rp::sel(vinside(v), qf - v, qf);
+          p[u] = p[u] + rp::loadn(gr + c + u * rp::VL) * term;
+        }
+      float ps[rp::kLanes];
+      std::memcpy(ps, p, sizeof(ps));
+      for (int l = 0; c + l < C; ++l) {
+        const float v = xr[c + l] * inv;
         const float qf = (float)quant(v);
         const float term = (v > -127.0f && v < 127.0f) ? qf - v : qf;
-        return gr[c] * term;
-      });
-      gs[r] = sum * g;
+        ps[l] = ps[l] + gr[c + l] * term;
+      }
+      for (int w = rp::kLanes / 2; w >= 1; w >>= 1)
+        for (int l = 0; l < w; ++l) ps[l] = ps[l] + ps[l + w];
+      gs[r] = ps[0] * g;
     }
   });
 }
