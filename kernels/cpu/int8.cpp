@@ -10,10 +10,11 @@
 //   rp_lsq_backward(x, s, gxh, g, gx, gs, R, C) STE gradient of x and the LSQ gradient of s
 //
 // The GEMM is exact integer arithmetic (|sum| <= K * 127^2 < 2^31, checked by the binding), so
-// its order is free: the SIMD paths sign-extend int8 to int16 and use vpmaddwd / vpdpwssd
-// (x86: pairs of products summed into int32 lanes, never saturating; vpmaddubsw, which
-// saturates to int16, is never used) or smlal (AArch64 NEON), and every path gives the same
-// int32 result, which the self-test digests check across builds and under qemu-aarch64.
+// its order is free: AVX-512 VNNI uses vpdpbusd on a + 128 (unsigned) with an exact correction,
+// the other SIMD paths sign-extend int8 to int16 and use vpmaddwd (x86: pairs of products
+// summed into int32 lanes, never saturating) or smlal (AArch64 NEON); the saturating
+// vpmaddubsw and vpdpbusds are never used. Every path gives the same int32 result, which the
+// self-test digests check across builds and under qemu-aarch64 (see "The paths" below).
 #include "kernels.h"
 #include "vmath.h"
 
@@ -82,12 +83,13 @@ inline void by_rows(int64_t b, int64_t e, int64_t C, const F& f) {
 // The VNNI correction. vpdpbusd multiplies an unsigned byte by a signed one, so A enters as
 // a' = a + 128 in [1, 255] and sum_k a'[i,k] b[j,k] = C[i,j] + 128 * colsum[j], colsum[j] =
 // sum_k b[j,k]. Each accumulator therefore starts at bias[j] = -128 * colsum[j] instead of 0,
-// and ends at exactly C[i,j]. The partial sums on the way can leave int32 for large K (|bias|
-// and |sum a' b| reach 2 * 127^2 * K > 2^31 at K near 133144): vpdpbusd adds with two's-
-// complement wraparound, i.e. modulo 2^32 (bias is computed modulo 2^32 too), and the true
-// result C[i,j] lies in int32 (|C| <= 127^2 K < 2^31, checked by the binding), so the final
-// value modulo 2^32 is C[i,j] itself: exact. tests/test_int8.py checks this at the largest K
-// with every operand +-127.
+// and ends at exactly C[i,j]. The values on the way can leave int32 at large K (|bias| <=
+// 128 * 127 * K, the running sums reach 255 * 127 * K, both > 2^31 near K = 133144; the four
+// products one lane adds per instruction, |sum| <= 4 * 255 * 127 < 2^17, are exact). vpdpbusd
+// adds with two's-complement wraparound, i.e. modulo 2^32, bias is computed modulo 2^32 too,
+// and the true result lies in int32 (|C| <= 127^2 K < 2^31, checked by the binding), so the
+// final value modulo 2^32 is C[i,j] itself: exact. tests/test_int8.py checks this at the
+// largest K with every operand +-127.
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define RP_I8_VNNI 1
 typedef uint8_t TA;
@@ -173,11 +175,13 @@ void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, int
 inline int32_t word(const void* p) { int32_t w; std::memcpy(&w, p, 4); return w; }
 
 // ---------------------------------------------------------------- micro-kernels
-// out[i][j] = init[i][j] + sum over kg groups of A row i (row stride lda) x B panel row j, for a
-// tile of MR x NR; init has row stride ldi (0: one row for all, the bias), out row stride ldo.
+// acc[i][j] = init[i][j] + sum over kg groups of A row i (row stride lda) x B panel row j, for a
+// tile of MR x NR; init has row stride ldi (0: one row for all, the bias). Stored at out (row
+// stride ldo) as int32, or, with column scales sc, as the float float(acc[i][j]) * sc[j] (the
+// int8 linear: a conversion that rounds to nearest even, then one multiply, as in finish).
 #if defined(RP_I8_VNNI)
-inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
-                  int64_t ldo) {
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
   // Named accumulators (not an array): GCC then keeps them in registers without copies.
 #define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
   RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
@@ -190,13 +194,23 @@ inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int
     RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
 #undef RP_MAC
   }
-#define RP_STORE(i) _mm512_storeu_si512(out + i * ldo, c##i##0); _mm512_storeu_si512(out + i * ldo + 16, c##i##1);
-  RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+  if (sc) {
+    float* o = static_cast<float*>(out);
+    const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
+#define RP_STORE(i) _mm512_storeu_ps(o + i * ldo, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##0), s0)); \
+                    _mm512_storeu_ps(o + i * ldo + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##1), s1));
+    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
 #undef RP_STORE
+  } else {
+    int32_t* o = static_cast<int32_t*>(out);
+#define RP_STORE(i) _mm512_storeu_si512(o + i * ldo, c##i##0); _mm512_storeu_si512(o + i * ldo + 16, c##i##1);
+    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+#undef RP_STORE
+  }
 }
 #elif defined(__AVX512BW__)
-inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
-                  int64_t ldo) {
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
 #define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
   RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
 #undef RP_ACC
@@ -209,13 +223,23 @@ inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int
     RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
 #undef RP_MAC
   }
-#define RP_STORE(i) _mm512_storeu_si512(out + i * ldo, c##i##0); _mm512_storeu_si512(out + i * ldo + 16, c##i##1);
-  RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+  if (sc) {
+    float* o = static_cast<float*>(out);
+    const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
+#define RP_STORE(i) _mm512_storeu_ps(o + i * ldo, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##0), s0)); \
+                    _mm512_storeu_ps(o + i * ldo + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##1), s1));
+    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
 #undef RP_STORE
+  } else {
+    int32_t* o = static_cast<int32_t*>(out);
+#define RP_STORE(i) _mm512_storeu_si512(o + i * ldo, c##i##0); _mm512_storeu_si512(o + i * ldo + 16, c##i##1);
+    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+#undef RP_STORE
+  }
 }
 #elif defined(__AVX2__)
-inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
-                  int64_t ldo) {
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
   __m256i acc[MR][2];
   for (int i = 0; i < MR; ++i)
     for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + i * ldi + 8 * h));
@@ -229,15 +253,23 @@ inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int
       acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(ai, b1));
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * ldo + 8 * h), acc[i][h]);
+  if (sc) {
+    float* o = static_cast<float*>(out);
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(o + i * ldo + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][h]), _mm256_loadu_ps(sc + 8 * h)));
+  } else {
+    int32_t* o = static_cast<int32_t*>(out);
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i * ldo + 8 * h), acc[i][h]);
+  }
 }
 #elif defined(__aarch64__)
 }  // namespace
 #include <arm_neon.h>
 namespace {
-inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
-                  int64_t ldo) {
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
   int32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int q = 0; q < 4; ++q) acc[i][q] = vld1q_s32(init + i * ldi + 4 * q);
@@ -247,12 +279,19 @@ inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int
     for (int i = 0; i < MR; ++i)
       for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], Ap[i * lda + k]);  // smlal
   }
-  for (int i = 0; i < MR; ++i)
-    for (int q = 0; q < 4; ++q) vst1q_s32(out + i * ldo + 4 * q, acc[i][q]);
+  if (sc) {
+    float* o = static_cast<float*>(out);
+    for (int i = 0; i < MR; ++i)
+      for (int q = 0; q < 4; ++q) vst1q_f32(o + i * ldo + 4 * q, vmulq_f32(vcvtq_f32_s32(acc[i][q]), vld1q_f32(sc + 4 * q)));
+  } else {
+    int32_t* o = static_cast<int32_t*>(out);
+    for (int i = 0; i < MR; ++i)
+      for (int q = 0; q < 4; ++q) vst1q_s32(o + i * ldo + 4 * q, acc[i][q]);
+  }
 }
 #else
-inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, int32_t* out,
-                  int64_t ldo) {
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
   int32_t acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = init[i * ldi + j];
@@ -260,7 +299,10 @@ inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)Ap[i * lda + k] * (int32_t)Bp[k * NR + j];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) out[i * ldo + j] = acc[i][j];
+    for (int j = 0; j < NR; ++j) {
+      if (sc) static_cast<float*>(out)[i * ldo + j] = (float)acc[i][j] * sc[j];
+      else static_cast<int32_t*>(out)[i * ldo + j] = acc[i][j];
+    }
 }
 #endif
 
@@ -284,10 +326,11 @@ Packed& packed() {
 
 // The GEMM over output blocks; `finish(i0, mr, j0, nr, tile, ldt)` receives each finished int32
 // micro-tile [mr, nr] (row stride ldt) inside the thread that computed it, while it is in L1.
-// direct (int32 output [M, N], or null): full micro-tiles are stored there, without finish.
+// direct (the output [M, N], or null): full micro-tiles are stored there by the micro-kernel,
+// without finish: int32, or float(acc) * dsc[j] when dsc (column scales) is given.
 template <class Finish>
 void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish,
-          int32_t* direct = nullptr) {
+          void* direct = nullptr, const float* dsc = nullptr) {
   if (M == 0 || N == 0) return;
   const int64_t Kp = (K + G - 1) / G * G;
   const int64_t mpanels = (M + MR - 1) / MR, npanels = (N + NR - 1) / NR, lda = a_stride(Kp);
@@ -329,9 +372,11 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
             const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
             const bool to_direct = last && direct && mr == MR && nr == NR;
             const int32_t* init = first ? bias + j0 + jp : tile.data() + ip * NC + jp;
-            int32_t* out = to_direct ? direct + (i0 + ip) * N + j0 + jp : last ? ct : tile.data() + ip * NC + jp;
+            const int64_t at = (i0 + ip) * N + j0 + jp;  // the tile's offset in the output
+            void* out = !to_direct ? (void*)(last ? ct : tile.data() + ip * NC + jp)
+                        : dsc ? (void*)(static_cast<float*>(direct) + at) : (void*)(static_cast<int32_t*>(direct) + at);
             micro(kc / G, ap + (i0 + ip) * lda + k0, lda, bp + (j0 + jp) * Kp + k0 * NR, init, first ? 0 : NC,
-                  out, to_direct ? N : last ? NR : NC);
+                  out, to_direct ? N : last ? NR : NC, to_direct && dsc ? dsc + j0 + jp : nullptr);
             if (last && !to_direct) finish(i0 + ip, mr, j0 + jp, nr, ct, NR);
           }
       }
@@ -364,7 +409,7 @@ void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw,
       const int32_t* ti = t + i * ldt;
       for (int64_t j = 0; j < nr; ++j) y[j] = (float)ti[j] * s[j];
     }
-  });
+  }, Y, sc.data());
 }
 
 // The elementwise kernels below walk each chunk row by row (one recip per row part, no division
