@@ -312,6 +312,8 @@ static_assert(KC % G == 0 && KC > 0, "KC must be a whole number of k groups");
 
 // Per-thread packing buffers, kept between calls: no allocation (and no page faults) per call at
 // the model's small shapes. Only the calling thread owns them; workers write disjoint panels.
+// Buffers above kKeepBytes are released after the call (large shapes do not pin memory).
+constexpr size_t kKeepBytes = size_t(64) << 20;
 struct Packed {
   std::vector<TA> a;
   std::vector<TB> b;
@@ -382,6 +384,7 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
       }
     }
   });
+  if (pk.a.capacity() * sizeof(TA) + pk.b.capacity() * sizeof(TB) > kKeepBytes) pk = Packed();
 }
 
 }  // namespace
