@@ -60,6 +60,32 @@ def test_int8_matmul_extremes_at_the_largest_k():
     assert got[0, 0] == K * 127 * 127 and got[1, 0] == -K * 127 * 127
 
 
+def test_int8_matmul_vnni_offset_wraps_and_stays_exact():
+    """The AVX-512 VNNI path (vpdpbusd, u8 x s8) multiplies a + 128 by b and starts every sum at
+    -128 * colsum(b). At large K both the start and the running sums leave int32 (up to about
+    2 * 127^2 * K), and two's-complement wraparound (modulo 2^32) brings the end back to the
+    exact result, which lies in int32. Every path must give these bits; the VNNI one is where
+    they are at stake. K = KMAX - 1 is not a multiple of 4 (a partial k group); M and N are off
+    the tile sizes."""
+    K, M, N = KMAX - 1, 11, 35
+    rng = np.random.default_rng(12)
+    a = np.where(rng.random((M, K)) < 0.5, 127, -127).astype(np.int8)
+    b = np.where(rng.random((N, K)) < 0.5, 127, -127).astype(np.int8)
+    a[0], b[0] = 127, 127      # a + 128 = 255: sum (a + 128) b = 255 * 127 * K > 2^32, start -128 * 127 * K < -2^31
+    a[1], b[1] = -127, -127    # a + 128 = 1: the start +128 * 127 * K > 2^31
+    a[2], b[2] = 127, -127
+    a[3] = i8(rng, K)          # random values on the whole grid
+    b[3] = i8(rng, K)
+    got = repops.ops.int8_matmul(T(a), T(b)).numpy()
+    want = a.astype(np.int64) @ b.astype(np.int64).T
+    assert got.dtype == np.int32 and np.array_equal(got.astype(np.int64), want)
+    assert want[0, 0] == K * 127 * 127 and want[1, 1] == K * 127 * 127 and want[2, 2] == -K * 127 * 127
+    # the linear (same GEMM, then dequantized) at the same operands
+    sw = np.full(N, 2.0 ** -30, np.float32)
+    y = repops.ops.int8_linear(T(a), T(b), T(np.float32([1.0])), T(sw)).numpy()
+    assert same_bits(y, ref.int8_linear(a, b, np.float32(1.0), sw))
+
+
 def test_int8_matmul_refuses_too_large_k_and_off_grid_values():
     with pytest.raises(RuntimeError, match=r"K = 133145 is too large .*K <= 133144"):
         repops.ops.int8_matmul(torch.zeros(1, KMAX + 1, dtype=torch.int8), torch.zeros(1, KMAX + 1, dtype=torch.int8))

@@ -5,9 +5,11 @@ selftest.cpp runs every CPU kernel on inputs generated from integer counters and
 hashed as 0x7FC00000, contract §7). This file
 
 1. builds it with g++ -O0, with g++ -O3 -march=native, with g++ -O3 -march=x86-64-v3 (the AVX2
-   path, where the CPU can run it) and with clang++ -O2 where installed (all with the contract's
-   -ffp-contract=off), and requires identical lines: optimisation level, SIMD width (the matmul
-   tiles follow -march) and compiler must not change a bit;
+   path, where the CPU can run it), with g++ -O3 -march=skylake-avx512 (AVX-512 without VNNI:
+   the int8 GEMM's vpmaddwd path, where the CPU can run it) and with clang++ -O2 where installed
+   (all with the contract's -ffp-contract=off), and requires identical lines: optimisation
+   level, SIMD width (the matmul tiles and the int8 GEMM's path follow -march) and compiler must
+   not change a bit;
 2. regenerates the same inputs in NumPy (a second implementation of the generator documented at
    the top of selftest.cpp), runs them through the torch extension (torch.ops.repops.*, built by
    `import repops`) and requires the same digest, kernel by kernel;
@@ -115,6 +117,10 @@ VARIANTS = {
     "gcc_O3_native": ("g++", ["-O3", "-march=native"] + CONTRACT),
     # the AVX2 path (6x16 matmul tile) even where native is AVX-512 (8x16)
     "gcc_O3_avx2": ("g++" if {"avx2", "fma"} <= _cpu_flags() else None, ["-O3", "-march=x86-64-v3"] + CONTRACT),
+    # AVX-512 without VNNI (Skylake-SP): the int8 GEMM's vpmaddwd path, where native has VNNI
+    # (vpdpbusd); on AVX-512 machines without VNNI this is the native path again
+    "gcc_O3_avx512_novnni": ("g++" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags() else None,
+                             ["-O3", "-march=skylake-avx512"] + CONTRACT),
     "clang_O2": ("clang++" if shutil.which("clang++") else None, ["-O2"] + CONTRACT),
     "gcc_O2_fma_contract": ("g++" if _has_fma() else None, ["-O2", "-march=native", "-ffp-contract=fast"] + _fma_flags()),
 }
@@ -181,6 +187,13 @@ def test_gcc_O3_avx2_matches_O0(results):
         pytest.skip("this CPU has no AVX2 + FMA (x86-64-v3), so the AVX2 build cannot run here")
     assert results["gcc_O3_avx2"][0] == results["gcc_O0"][0]
     assert results["gcc_O3_avx2"][2] == ""
+
+
+def test_gcc_O3_avx512_without_vnni_matches_O0(results):
+    if "gcc_O3_avx512_novnni" not in results:
+        pytest.skip("this CPU has no AVX-512 (F, BW, VL, DQ), so the Skylake-SP build cannot run here")
+    assert results["gcc_O3_avx512_novnni"][0] == results["gcc_O0"][0]
+    assert results["gcc_O3_avx512_novnni"][2] == ""
 
 
 def test_clang_matches_gcc(results):

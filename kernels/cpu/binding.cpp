@@ -267,7 +267,7 @@ Tensor canary() {
 }  // namespace
 
 TORCH_LIBRARY(repops, m) {
-  m.def("cpu_path() -> str", [] { return std::string(rp_cpu_path()); });  // ISA and matmul tile
+  m.def("cpu_path() -> str", [] { return std::string(rp_cpu_path()) + "; " + rp_int8_path(); });  // ISA, tiles
   m.def("matmul(Tensor a, Tensor b) -> Tensor");
   m.def("rmsnorm(Tensor x, Tensor w, float eps) -> (Tensor, Tensor)");
   m.def("rmsnorm_backward(Tensor gy, Tensor x, Tensor w, Tensor rstd) -> (Tensor, Tensor)");

@@ -10,11 +10,13 @@
 //   rp_lsq_backward(x, s, gxh, g, gx, gs, R, C) STE gradient of x and the LSQ gradient of s
 //
 // The GEMM is exact integer arithmetic (|sum| <= K * 127^2 < 2^31, checked by the binding), so
-// its order is free: the SIMD paths sign-extend int8 to int16 and use vpmaddwd / vpdpwssd
-// (x86: pairs of products summed into int32 lanes, never saturating; vpmaddubsw, which
-// saturates to int16, is never used) or smlal (AArch64 NEON), and every path gives the same
-// int32 result, which the self-test digests check across builds and under qemu-aarch64.
+// its order is free: AVX-512 VNNI uses vpdpbusd on a + 128 (unsigned) with an exact correction,
+// the other SIMD paths sign-extend int8 to int16 and use vpmaddwd (x86: pairs of products
+// summed into int32 lanes, never saturating) or smlal (AArch64 NEON); the saturating
+// vpmaddubsw and vpdpbusds are never used. Every path gives the same int32 result, which the
+// self-test digests check across builds and under qemu-aarch64 (see "The paths" below).
 #include "kernels.h"
+#include "vmath.h"
 
 #include <algorithm>
 #include <cstring>
@@ -34,181 +36,366 @@ inline int32_t quant(float v) {
   return (int32_t)(rp::bits(t) - rp::bits(rp::kMagic));
 }
 
-// ---------------------------------------------------------------- GEMM packing
-// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights), sign-extended
-// to int16 once per call, K rounded up to even (Kp). A stays row-major, [Mp][Kp] (the micro-
-// kernel broadcasts A[i, k..k+1] from each row); B is packed into panels of R rows:
-//   PAIR layout (x86 vpmaddwd): panel[k/2][R][2]  (two consecutive k of one row side by side)
-//   FLAT layout (NEON, scalar): panel[k][R]
-// In both, k values [k0, k0 + kc) of a panel start at offset k0 * R. Rows past the matrix and
-// k past K are zero (zeros add nothing: exact).
-template <int64_t R, bool PAIR>
-void pack_panel(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, int16_t* out) {
-  for (int64_t r = 0; r < R; ++r) {
-    const int8_t* s = src + r * K;
-    const bool live = r < rows;
-    if (PAIR) {
-      for (int64_t k2 = 0; k2 < Kp / 2; ++k2) {
-        const int64_t k = 2 * k2;
-        out[(k2 * R + r) * 2] = (live && k < K) ? (int16_t)s[k] : (int16_t)0;
-        out[(k2 * R + r) * 2 + 1] = (live && k + 1 < K) ? (int16_t)s[k + 1] : (int16_t)0;
-      }
-    } else {
-      for (int64_t k = 0; k < Kp; ++k) out[k * R + r] = (live && k < K) ? (int16_t)s[k] : (int16_t)0;
-    }
+// Q(v) on VL lanes, branch-free: the same float add and the same three selections as quant()
+// (the conditions exclude each other), so every lane has quant()'s bits.
+inline rp::vi vquant(rp::vf v) {
+  const rp::vf t = v + rp::kMagic;
+  rp::vi q = rp::ibits(t) - rp::ibits(rp::kMagic);
+  q = rp::sel(v != v, rp::vi{}, q);
+  q = rp::sel(v <= -127.0f, rp::vi{} - 127, q);
+  return rp::sel(v >= 127.0f, rp::vi{} + 127, q);
+}
+
+// The clip test of the LSQ backward, (v > -127) and (v < 127), lane by lane.
+inline rp::vi vinside(rp::vf v) { return (v > -127.0f) & (v < 127.0f); }
+
+typedef int8_t vb __attribute__((vector_size(rp::VL)));  // VL int8 lanes
+
+// f(r, i0, i1) for the parts of the flat range [b, e) of a [R, C] matrix in each row r.
+template <class F>
+inline void by_rows(int64_t b, int64_t e, int64_t C, const F& f) {
+  while (b < e) {
+    const int64_t r = b / C, end = std::min(e, (r + 1) * C);
+    f(r, b, end);
+    b = end;
   }
 }
 
-// A [rows, K] int8 -> [ceil(rows / R) R, Kp] int16, row-major, zero-padded; in parallel.
-template <int64_t R>
-std::vector<int16_t> widen(const int8_t* src, int64_t rows, int64_t K, int64_t Kp) {
-  std::vector<int16_t> out((rows + R - 1) / R * R * Kp);   // padding rows stay zero
-  rp::parallel_for(rows, 64, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      int16_t* o = out.data() + r * Kp;
-      for (int64_t k = 0; k < K; ++k) o[k] = src[r * K + k];
-      for (int64_t k = K; k < Kp; ++k) o[k] = 0;
-    }
-  });
-  return out;
+// ---------------------------------------------------------------- GEMM packing
+// Both operands are K-contiguous rows (A [M, K] activations, B [N, K] weights), packed once per
+// call, K rounded up to a multiple of G (Kp):
+//   A row-major, [ceil(M / MR) MR][lda] (lda >= Kp; the micro-kernel broadcasts one 32-bit word,
+//     G consecutive k of one row, from each of MR rows); a plain row copy, which vectorizes;
+//   B in panels of NR rows, panel[k / G][NR][G] (G values of one row side by side), so that one
+//     k group of a panel is NR * G contiguous values, loaded as whole vectors.
+// Rows past the matrix and k past K are zero (zeros add nothing: exact). The k values
+// [k0, k0 + kc) of a B panel start at offset k0 * NR.
+//
+// The paths, chosen at build time (-march; every one gives the same int32 results):
+//   AVX-512 VNNI  A as uint8 a + 128, B int8, G = 4: vpdpbusd (u8 x s8, four products summed
+//                 into each int32 lane, wrapping, never saturating), with the exact correction
+//                 below;
+//   AVX-512BW     int16, G = 2: vpmaddwd (pairs of int16 products into int32, never saturating);
+//   AVX2          int16, G = 2: vpmaddwd on 256-bit vectors;
+//   AArch64 NEON  int16, G = 1: smlal;  elsewhere plain C, int16, G = 1.
+// vpmaddubsw and vpdpbusds (both saturating) are never used.
+//
+// The VNNI correction. vpdpbusd multiplies an unsigned byte by a signed one, so A enters as
+// a' = a + 128 in [1, 255] and sum_k a'[i,k] b[j,k] = C[i,j] + 128 * colsum[j], colsum[j] =
+// sum_k b[j,k]. Each accumulator therefore starts at bias[j] = -128 * colsum[j] instead of 0,
+// and ends at exactly C[i,j]. The values on the way can leave int32 at large K (|bias| <=
+// 128 * 127 * K, the running sums reach 255 * 127 * K, both > 2^31 near K = 133144; the four
+// products one lane adds per instruction, |sum| <= 4 * 255 * 127 < 2^17, are exact). vpdpbusd
+// adds with two's-complement wraparound, i.e. modulo 2^32, bias is computed modulo 2^32 too,
+// and the true result lies in int32 (|C| <= 127^2 K < 2^31, checked by the binding), so the
+// final value modulo 2^32 is C[i,j] itself: exact. tests/test_int8.py checks this at the
+// largest K with every operand +-127.
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define RP_I8_VNNI 1
+typedef uint8_t TA;
+typedef int8_t TB;
+constexpr int64_t G = 4, MR = 8, NR = 32;  // 16 zmm accumulators of 16 int32 lanes
+constexpr const char* kI8Path = "int8 GEMM: AVX-512 VNNI vpdpbusd (u8 x s8), tile 8x32";
+#elif defined(__AVX512BW__)
+typedef int16_t TA;
+typedef int16_t TB;
+constexpr int64_t G = 2, MR = 8, NR = 32;
+constexpr const char* kI8Path = "int8 GEMM: AVX-512BW vpmaddwd (int16), tile 8x32";
+#elif defined(__AVX2__)
+typedef int16_t TA;
+typedef int16_t TB;
+constexpr int64_t G = 2, MR = 4, NR = 16;  // 8 ymm accumulators of 8 int32 lanes
+constexpr const char* kI8Path = "int8 GEMM: AVX2 vpmaddwd (int16), tile 4x16";
+#elif defined(__aarch64__)
+typedef int16_t TA;
+typedef int16_t TB;
+constexpr int64_t G = 1, MR = 4, NR = 16;  // 16 int32x4 accumulators
+constexpr const char* kI8Path = "int8 GEMM: NEON smlal (int16), tile 4x16";
+#else
+typedef int16_t TA;
+typedef int16_t TB;
+constexpr int64_t G = 1, MR = 4, NR = 16;
+constexpr const char* kI8Path = "int8 GEMM: scalar (int16), tile 4x16";
+#endif
+
+// A's packed value of an int8: a + 128 as a byte for vpdpbusd, else a itself (int16).
+inline TA a_val(int8_t a) {
+#if defined(RP_I8_VNNI)
+  return (uint8_t)((uint8_t)a ^ 0x80u);  // two's complement: (uint8)a ^ 0x80 = a + 128
+#else
+  return (TA)a;
+#endif
 }
 
-// A[i, k], A[i, k + 1] of a row-major int16 matrix as one 32-bit word (the vpmaddwd pair).
-inline int32_t pair(const int16_t* p) { int32_t w; std::memcpy(&w, p, 4); return w; }
-
-// All panels of a [rows, K] matrix, in parallel: panel p holds rows [p R, p R + R).
-template <int64_t R, bool PAIR>
-std::vector<int16_t> pack(const int8_t* src, int64_t rows, int64_t K, int64_t Kp) {
-  const int64_t panels = (rows + R - 1) / R;
-  std::vector<int16_t> out(panels * R * Kp);
-  rp::parallel_for(panels, 1, [&](int64_t b, int64_t e) {
-    for (int64_t p = b; p < e; ++p)
-      pack_panel<R, PAIR>(src + p * R * K, rows - p * R, K, Kp, out.data() + p * R * Kp);
-  });
-  return out;
+// A's row stride: Kp rounded up to a cache line, plus one line when that is a multiple of 2 KB
+// (MR rows a multiple of 2 KB apart would share L1 sets).
+inline int64_t a_stride(int64_t Kp) {
+  const int64_t per_line = 64 / (int64_t)sizeof(TA);
+  int64_t lda = (Kp + per_line - 1) / per_line * per_line;
+  if ((lda * (int64_t)sizeof(TA)) % 2048 == 0) lda += per_line;
+  return lda;
 }
 
-#if defined(__AVX512BW__)
-constexpr bool kPair = true;
-constexpr int64_t MR = 8, NR = 32;  // 16 zmm accumulators of 16 int32 lanes
-// acc[MR][NR] (+)= A panel x B panel over kc (even) k values; C tile row stride ldc.
-inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
-                  bool first) {
+// Rows [r0, r1) of A (row r at src + r K; rows >= M are zero) into out [*, lda].
+void pack_a(const int8_t* src, int64_t M, int64_t K, int64_t lda, int64_t r0, int64_t r1, TA* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    TA* o = out + r * lda;
+    const int64_t n = r < M ? K : 0;
+    const int8_t* s = src + r * K;
+    for (int64_t k = 0; k < n; ++k) o[k] = a_val(s[k]);
+    for (int64_t k = n; k < lda; ++k) o[k] = 0;
+  }
+}
+
+// One B panel: rows [0, rows) of src ([*, K], row stride K) into out [Kp / G][NR][G]; rows past
+// `rows` are zero. colsum[r] = sum_k src[r, k] (exact in int64).
+void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, int64_t* colsum) {
+  const int64_t kfull = K / G * G;
+  const int64_t live = std::min(rows, NR);
+  for (int64_t g = 0; g < kfull / G; ++g)       // full groups of the live rows: sequential writes
+    for (int64_t r = 0; r < live; ++r)
+      for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = (TB)src[r * K + g * G + u];
+  if (kfull < Kp)                               // the last, partial group
+    for (int64_t r = 0; r < live; ++r)
+      for (int64_t u = 0; u < G; ++u)
+        out[((kfull / G) * NR + r) * G + u] = kfull + u < K ? (TB)src[r * K + kfull + u] : (TB)0;
+  if (live < NR)                                // rows past the matrix
+    for (int64_t g = 0; g < Kp / G; ++g)
+      for (int64_t r = live; r < NR; ++r)
+        for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = 0;
+  for (int64_t r = 0; r < NR; ++r) {
+    int64_t sum = 0;
+    if (r < live)
+      for (int64_t k = 0; k < K; ++k) sum += src[r * K + k];
+    colsum[r] = sum;
+  }
+}
+
+// A 32-bit word (a group of G values) from memory, for a broadcast.
+inline int32_t word(const void* p) { int32_t w; std::memcpy(&w, p, 4); return w; }
+
+// ---------------------------------------------------------------- micro-kernels
+// acc[i][j] = init[i][j] + sum over kg groups of A row i (row stride lda) x B panel row j, for a
+// tile of MR x NR; init has row stride ldi (0: one row for all, the bias). Stored at out (row
+// stride ldo) as int32, or, with column scales sc, as the float float(acc[i][j]) * sc[j] (the
+// int8 linear: a conversion that rounds to nearest even, then one multiply, as in finish).
+#if defined(RP_I8_VNNI)
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
   // Named accumulators (not an array): GCC then keeps them in registers without copies.
-#define RP_ACC(i) __m512i c##i##0 = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc), \
-                          c##i##1 = first ? _mm512_setzero_si512() : _mm512_loadu_si512(C + i * ldc + 16);
+#define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
   RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
 #undef RP_ACC
-  for (int64_t k = 0; k < kc; k += 2) {
-    const int64_t k2 = k / 2;
-    const __m512i b0 = _mm512_loadu_si512(Bp + k2 * NR * 2), b1 = _mm512_loadu_si512(Bp + k2 * NR * 2 + 32);
-#if defined(__AVX512VNNI__)
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(pair(A + i * lda + k)); \
-                    c##i##0 = _mm512_dpwssd_epi32(c##i##0, ai, b0); c##i##1 = _mm512_dpwssd_epi32(c##i##1, ai, b1); }
-#else
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(pair(A + i * lda + k)); \
-                    c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(ai, b0)); \
-                    c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(ai, b1)); }
-#endif
+  for (int64_t g = 0; g < kg; ++g) {
+    const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + 64);
+    const TA* a = Ap + g * G;
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * lda)); \
+                    c##i##0 = _mm512_dpbusd_epi32(c##i##0, ai, b0); c##i##1 = _mm512_dpbusd_epi32(c##i##1, ai, b1); }
     RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
 #undef RP_MAC
   }
-#define RP_STORE(i) _mm512_storeu_si512(C + i * ldc, c##i##0); _mm512_storeu_si512(C + i * ldc + 16, c##i##1);
-  RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+  if (sc) {
+    float* o = static_cast<float*>(out);
+    const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
+#define RP_STORE(i) _mm512_storeu_ps(o + i * ldo, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##0), s0)); \
+                    _mm512_storeu_ps(o + i * ldo + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##1), s1));
+    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
 #undef RP_STORE
+  } else {
+    int32_t* o = static_cast<int32_t*>(out);
+#define RP_STORE(i) _mm512_storeu_si512(o + i * ldo, c##i##0); _mm512_storeu_si512(o + i * ldo + 16, c##i##1);
+    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+#undef RP_STORE
+  }
+}
+#elif defined(__AVX512BW__)
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
+#define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
+  RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
+#undef RP_ACC
+  for (int64_t g = 0; g < kg; ++g) {
+    const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + 32);
+    const TA* a = Ap + g * G;
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * lda)); \
+                    c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(ai, b0)); \
+                    c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(ai, b1)); }
+    RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
+#undef RP_MAC
+  }
+  if (sc) {
+    float* o = static_cast<float*>(out);
+    const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
+#define RP_STORE(i) _mm512_storeu_ps(o + i * ldo, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##0), s0)); \
+                    _mm512_storeu_ps(o + i * ldo + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##1), s1));
+    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+#undef RP_STORE
+  } else {
+    int32_t* o = static_cast<int32_t*>(out);
+#define RP_STORE(i) _mm512_storeu_si512(o + i * ldo, c##i##0); _mm512_storeu_si512(o + i * ldo + 16, c##i##1);
+    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
+#undef RP_STORE
+  }
 }
 #elif defined(__AVX2__)
-constexpr bool kPair = true;
-constexpr int64_t MR = 4, NR = 16;  // 8 ymm accumulators of 8 int32 lanes
-inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
-                  bool first) {
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
   __m256i acc[MR][2];
   for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h)
-      acc[i][h] = first ? _mm256_setzero_si256()
-                        : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C + i * ldc + 8 * h));
-  for (int64_t k2 = 0; k2 < kc / 2; ++k2) {
-    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + k2 * NR * 2));
-    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + k2 * NR * 2 + 16));
+    for (int h = 0; h < 2; ++h) acc[i][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + i * ldi + 8 * h));
+  for (int64_t g = 0; g < kg; ++g) {
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + g * NR * G));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Bp + g * NR * G + 16));
+    const TA* a = Ap + g * G;
     for (int i = 0; i < MR; ++i) {
-      const __m256i ai = _mm256_set1_epi32(pair(A + i * lda + 2 * k2));
+      const __m256i ai = _mm256_set1_epi32(word(a + i * lda));
       acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(ai, b0));
       acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(ai, b1));
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_si256(reinterpret_cast<__m256i*>(C + i * ldc + 8 * h), acc[i][h]);
+  if (sc) {
+    float* o = static_cast<float*>(out);
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(o + i * ldo + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][h]), _mm256_loadu_ps(sc + 8 * h)));
+  } else {
+    int32_t* o = static_cast<int32_t*>(out);
+    for (int i = 0; i < MR; ++i)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i * ldo + 8 * h), acc[i][h]);
+  }
 }
 #elif defined(__aarch64__)
 }  // namespace
 #include <arm_neon.h>
 namespace {
-constexpr bool kPair = false;
-constexpr int64_t MR = 4, NR = 16;  // 16 int32x4 accumulators
-inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
-                  bool first) {
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
   int32x4_t acc[MR][4];
   for (int i = 0; i < MR; ++i)
-    for (int q = 0; q < 4; ++q) acc[i][q] = first ? vdupq_n_s32(0) : vld1q_s32(C + i * ldc + 4 * q);
-  for (int64_t k = 0; k < kc; ++k) {
+    for (int q = 0; q < 4; ++q) acc[i][q] = vld1q_s32(init + i * ldi + 4 * q);
+  for (int64_t k = 0; k < kg; ++k) {
     int16x4_t b[4];
     for (int q = 0; q < 4; ++q) b[q] = vld1_s16(Bp + k * NR + 4 * q);
     for (int i = 0; i < MR; ++i)
-      for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], A[i * lda + k]);  // smlal
+      for (int q = 0; q < 4; ++q) acc[i][q] = vmlal_n_s16(acc[i][q], b[q], Ap[i * lda + k]);  // smlal
   }
-  for (int i = 0; i < MR; ++i)
-    for (int q = 0; q < 4; ++q) vst1q_s32(C + i * ldc + 4 * q, acc[i][q]);
+  if (sc) {
+    float* o = static_cast<float*>(out);
+    for (int i = 0; i < MR; ++i)
+      for (int q = 0; q < 4; ++q) vst1q_f32(o + i * ldo + 4 * q, vmulq_f32(vcvtq_f32_s32(acc[i][q]), vld1q_f32(sc + 4 * q)));
+  } else {
+    int32_t* o = static_cast<int32_t*>(out);
+    for (int i = 0; i < MR; ++i)
+      for (int q = 0; q < 4; ++q) vst1q_s32(o + i * ldo + 4 * q, acc[i][q]);
+  }
 }
 #else
-constexpr bool kPair = false;
-constexpr int64_t MR = 4, NR = 16;  // portable scalar path
-inline void micro(int64_t kc, const int16_t* A, int64_t lda, const int16_t* Bp, int32_t* C, int64_t ldc,
-                  bool first) {
+inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
+                  int64_t ldo, const float* sc) {
   int32_t acc[MR][NR];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = first ? 0 : C[i * ldc + j];
-  for (int64_t k = 0; k < kc; ++k)
+    for (int j = 0; j < NR; ++j) acc[i][j] = init[i * ldi + j];
+  for (int64_t k = 0; k < kg; ++k)
     for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)A[i * lda + k] * (int32_t)Bp[k * NR + j];
+      for (int j = 0; j < NR; ++j) acc[i][j] += (int32_t)Ap[i * lda + k] * (int32_t)Bp[k * NR + j];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) C[i * ldc + j] = acc[i][j];
+    for (int j = 0; j < NR; ++j) {
+      if (sc) static_cast<float*>(out)[i * ldo + j] = (float)acc[i][j] * sc[j];
+      else static_cast<int32_t*>(out)[i * ldo + j] = acc[i][j];
+    }
 }
 #endif
 
-constexpr int64_t KC = 512, MC = 16 * MR, NC = 8 * NR;  // cache blocks (KC even)
+// Cache blocks: a B panel's k-slice (NR x KC values) stays in L1 (16 KB), MC rows of A in L2.
+constexpr int64_t KC = 16384 / (NR * (int64_t)sizeof(TB)) / G * G, MC = 16 * MR, NC = 8 * NR;
+static_assert(KC % G == 0 && KC > 0, "KC must be a whole number of k groups");
 
-// The GEMM over output blocks; `finish(i0, mc, j0, nc, tile, ldt)` receives each finished int32
-// block [mc, nc] (row stride ldt) inside the thread that computed it.
+// Per-thread packing buffers, kept between calls: no allocation (and no page faults) per call at
+// the model's small shapes. Only the calling thread owns them; workers write disjoint panels.
+// Buffers above kKeepBytes are released after the call (large shapes do not pin memory).
+constexpr size_t kKeepBytes = size_t(64) << 20;
+struct Packed {
+  std::vector<TA> a;
+  std::vector<TB> b;
+  std::vector<int32_t> bias;
+  std::vector<int64_t> colsum;
+};
+
+Packed& packed() {
+  static thread_local Packed pk;
+  return pk;
+}
+
+// The GEMM over output blocks; `finish(i0, mr, j0, nr, tile, ldt)` receives each finished int32
+// micro-tile [mr, nr] (row stride ldt) inside the thread that computed it, while it is in L1.
+// direct (the output [M, N], or null): full micro-tiles are stored there by the micro-kernel,
+// without finish: int32, or float(acc) * dsc[j] when dsc (column scales) is given.
 template <class Finish>
-void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish) {
-  const int64_t Kp = (K + 1) / 2 * 2;
-  const std::vector<int16_t> aw = widen<MR>(A, M, K, Kp), bp = pack<NR, kPair>(B, N, K, Kp);
+void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish,
+          void* direct = nullptr, const float* dsc = nullptr) {
+  if (M == 0 || N == 0) return;
+  const int64_t Kp = (K + G - 1) / G * G;
+  const int64_t mpanels = (M + MR - 1) / MR, npanels = (N + NR - 1) / NR, lda = a_stride(Kp);
+  Packed& pk = packed();
+  pk.a.resize(mpanels * MR * lda);
+  pk.b.resize(npanels * NR * Kp);
+  pk.bias.resize(npanels * NR);
+  pk.colsum.resize(npanels * NR);
+  TA* ap = pk.a.data();
+  TB* bp = pk.b.data();
+  int32_t* bias = pk.bias.data();
+  int64_t* colsum = pk.colsum.data();
+  rp::parallel_for(mpanels * MR, 64, [&](int64_t b, int64_t e) { pack_a(A, M, K, lda, b, e, ap); });
+  rp::parallel_for(npanels, 4, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      pack_b(B + p * NR * K, N - p * NR, K, Kp, bp + p * NR * Kp, colsum + p * NR);
+      for (int64_t j = p * NR; j < p * NR + NR; ++j)
+#if defined(RP_I8_VNNI)
+        // -128 * colsum modulo 2^32 (unsigned: wraparound is defined), see the correction above
+        bias[j] = (int32_t)(uint32_t)(0u - 128u * (uint32_t)(uint64_t)colsum[j]);
+#else
+        bias[j] = 0;
+#endif
+    }
+  });
   const int64_t mblocks = (M + MC - 1) / MC, nblocks = (N + NC - 1) / NC;
   rp::parallel_for(mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<int32_t> tile(MC * NC);  // the block's accumulators, full tiles (padding included)
+    std::vector<int32_t> tile;  // the block's partial sums, only when K takes several k-blocks
+    if (Kp > KC) tile.resize(MC * NC);
+    alignas(64) int32_t ct[MR * NR];  // a finished micro-tile
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t i0 = (t / nblocks) * MC, mc = std::min(MC, M - i0);
       const int64_t j0 = (t % nblocks) * NC, nc = std::min(NC, N - j0);
-      const int64_t mcp = (mc + MR - 1) / MR * MR, ncp = (nc + NR - 1) / NR * NR;
-      if (Kp == 0) std::fill(tile.begin(), tile.end(), 0);
-      for (int64_t k0 = 0; k0 < Kp; k0 += KC) {
+      for (int64_t k0 = 0; k0 < Kp || k0 == 0; k0 += KC) {
         const int64_t kc = std::min(KC, Kp - k0);
-        for (int64_t jp = 0; jp < ncp; jp += NR)
-          for (int64_t ip = 0; ip < mcp; ip += MR)
-            micro(kc, &aw[(i0 + ip) * Kp + k0], Kp, &bp[(j0 + jp) * Kp + k0 * NR], &tile[ip * NC + jp], NC,
-                  k0 == 0);
+        const bool first = k0 == 0, last = k0 + kc >= Kp;
+        for (int64_t jp = 0; jp < nc; jp += NR)
+          for (int64_t ip = 0; ip < mc; ip += MR) {
+            const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
+            const bool to_direct = last && direct && mr == MR && nr == NR;
+            const int32_t* init = first ? bias + j0 + jp : tile.data() + ip * NC + jp;
+            const int64_t at = (i0 + ip) * N + j0 + jp;  // the tile's offset in the output
+            void* out = !to_direct ? (void*)(last ? ct : tile.data() + ip * NC + jp)
+                        : dsc ? (void*)(static_cast<float*>(direct) + at) : (void*)(static_cast<int32_t*>(direct) + at);
+            micro(kc / G, ap + (i0 + ip) * lda + k0, lda, bp + (j0 + jp) * Kp + k0 * NR, init, first ? 0 : NC,
+                  out, to_direct ? N : last ? NR : NC, to_direct && dsc ? dsc + j0 + jp : nullptr);
+            if (last && !to_direct) finish(i0 + ip, mr, j0 + jp, nr, ct, NR);
+          }
       }
-      finish(i0, mc, j0, nc, tile.data(), NC);
     }
   });
+  if (pk.a.capacity() * sizeof(TA) + pk.b.capacity() * sizeof(TB) > kKeepBytes) pk = Packed();
 }
 
 }  // namespace
 
+const char* rp_int8_path() { return kI8Path; }
+
 void rp_int8_matmul(const int8_t* A, const int8_t* B, int32_t* C, int64_t M, int64_t N, int64_t K) {
-  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mc, int64_t j0, int64_t nc, const int32_t* t, int64_t ldt) {
-    for (int64_t i = 0; i < mc; ++i) std::memcpy(C + (i0 + i) * N + j0, t + i * ldt, nc * sizeof(int32_t));
-  });
+  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+    for (int64_t i = 0; i < mr; ++i)  // the edge tiles; full ones were stored directly
+      for (int64_t j = 0; j < nr; ++j) C[(i0 + i) * N + j0 + j] = t[i * ldt + j];
+  }, C);
 }
 
 void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw, float* Y, int64_t M,
@@ -218,26 +405,38 @@ void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw,
     rp::FpModeGuard guard;  // scalar work on the calling thread: FTZ/DAZ here too
     for (int64_t j = 0; j < N; ++j) sc[j] = sx * sw[j];  // one rounding per column
   }
-  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mc, int64_t j0, int64_t nc, const int32_t* t, int64_t ldt) {
-    for (int64_t i = 0; i < mc; ++i)
-      for (int64_t j = 0; j < nc; ++j) Y[(i0 + i) * N + j0 + j] = (float)t[i * ldt + j] * sc[j0 + j];
-  });
+  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+    const float* s = sc.data() + j0;
+    for (int64_t i = 0; i < mr; ++i) {
+      float* y = Y + (i0 + i) * N + j0;
+      const int32_t* ti = t + i * ldt;
+      for (int64_t j = 0; j < nr; ++j) y[j] = (float)ti[j] * s[j];
+    }
+  }, Y, sc.data());
 }
 
+// The elementwise kernels below walk each chunk row by row (one recip per row part, no division
+// per element) with VL lanes at a time and a scalar tail; every element gets the same float
+// operations as the scalar form, so the bits do not depend on the split.
 void rp_quantize(const float* x, const float* s, int8_t* q, int64_t R, int64_t C) {
   rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
-    int64_t r = b / C;
-    float inv = rp::recip(s[r]);
-    for (int64_t i = b; i < e; ++i) {
-      if (i / C != r) { r = i / C; inv = rp::recip(s[r]); }
-      q[i] = (int8_t)quant(x[i] * inv);
-    }
+    by_rows(b, e, C, [&](int64_t r, int64_t i, int64_t end) {
+      const float inv = rp::recip(s[r]);
+      for (; i + rp::VL <= end; i += rp::VL) {
+        const vb qb = __builtin_convertvector(vquant(rp::loadn(x + i) * inv), vb);
+        std::memcpy(q + i, &qb, sizeof(qb));
+      }
+      for (; i < end; ++i) q[i] = (int8_t)quant(x[i] * inv);
+    });
   });
 }
 
 void rp_dequantize(const int8_t* q, const float* s, float* y, int64_t R, int64_t C) {
   rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) y[i] = (float)q[i] * s[i / C];
+    by_rows(b, e, C, [&](int64_t r, int64_t i0, int64_t end) {
+      const float sr = s[r];
+      for (int64_t i = i0; i < end; ++i) y[i] = (float)q[i] * sr;
+    });
   });
 }
 
@@ -255,27 +454,47 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
                      int64_t R, int64_t C) {
   // gx: the straight-through estimator, elementwise (any chunking).
   rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
-    int64_t r = b / C;
-    float inv = rp::recip(s[r]);
-    for (int64_t i = b; i < e; ++i) {
-      if (i / C != r) { r = i / C; inv = rp::recip(s[r]); }
-      const float v = x[i] * inv;
-      gx[i] = (v > -127.0f && v < 127.0f) ? gxh[i] : 0.0f;
-    }
+    by_rows(b, e, C, [&](int64_t r, int64_t i, int64_t end) {
+      const float inv = rp::recip(s[r]);
+      for (; i + rp::VL <= end; i += rp::VL)
+        rp::storen(gx + i, rp::sel(vinside(rp::loadn(x + i) * inv), rp::loadn(gxh + i), rp::vf{}));
+      for (; i < end; ++i) {
+        const float v = x[i] * inv;
+        gx[i] = (v > -127.0f && v < 127.0f) ? gxh[i] : 0.0f;
+      }
+    });
   });
   // gs[r] = csum_c(gxh * term) * g, term = Q(v) - v inside the grid, Q(v) = +-127 at the clip.
+  // The canonical sum (§4.2, rp::csum) written out on vectors: lane l of the kLanes partial sums
+  // is lane l % VL of vector l / VL; whole blocks of kLanes terms, then the tail into lanes
+  // 0, 1, ... one by one, then the fixed fold: the same additions in the same order as csum.
   rp::parallel_for(R, 1, [&](int64_t b, int64_t e) {
+    constexpr int NV = rp::kLanes / rp::VL;
     for (int64_t r = b; r < e; ++r) {
       const float inv = rp::recip(s[r]);
       const float* xr = x + r * C;
       const float* gr = gxh + r * C;
-      const float sum = rp::csum(C, [=](int64_t c) {
-        const float v = xr[c] * inv;
+      rp::vf p[NV];
+      for (int u = 0; u < NV; ++u) p[u] = rp::vf{};
+      int64_t c = 0;
+      for (; c + rp::kLanes <= C; c += rp::kLanes)
+        for (int u = 0; u < NV; ++u) {
+          const rp::vf v = rp::loadn(xr + c + u * rp::VL) * inv;
+          const rp::vf qf = rp::to_float(vquant(v));
+          const rp::vf term = rp::sel(vinside(v), qf - v, qf);
+          p[u] = p[u] + rp::loadn(gr + c + u * rp::VL) * term;
+        }
+      float ps[rp::kLanes];
+      std::memcpy(ps, p, sizeof(ps));
+      for (int l = 0; c + l < C; ++l) {
+        const float v = xr[c + l] * inv;
         const float qf = (float)quant(v);
         const float term = (v > -127.0f && v < 127.0f) ? qf - v : qf;
-        return gr[c] * term;
-      });
-      gs[r] = sum * g;
+        ps[l] = ps[l] + gr[c + l] * term;
+      }
+      for (int w = rp::kLanes / 2; w >= 1; w >>= 1)
+        for (int l = 0; l < w; ++l) ps[l] = ps[l] + ps[l + w];
+      gs[r] = ps[0] * g;
     }
   });
 }

@@ -14,6 +14,7 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                float* C, int64_t batch, int64_t M, int64_t N, int64_t K);
 // The instruction set this file was built for and the matmul register tile it uses (for bench.py).
 const char* rp_cpu_path();
+const char* rp_int8_path();  // int8.cpp: which int8 GEMM path this build runs
 
 // norm.cpp (§8 rmsnorm). x, y [R, D]; w [D]; rstd [R].
 void rp_rmsnorm(const float* x, const float* w, float eps, float* y, float* rstd, int64_t R, int64_t D);
