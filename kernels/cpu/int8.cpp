@@ -179,7 +179,14 @@ inline int32_t word(const void* p) { int32_t w; std::memcpy(&w, p, 4); return w;
 // tile of MR x NR; init has row stride ldi (0: one row for all, the bias). Stored at out (row
 // stride ldo) as int32, or, with column scales sc, as the float float(acc[i][j]) * sc[j] (the
 // int8 linear: a conversion that rounds to nearest even, then one multiply, as in finish).
+#if defined(RP_I8_VNNI) || defined(__AVX512BW__)
+// One group: VNNI vpdpbusd (4 unsigned x signed byte products per int32 lane), else vpmaddwd on
+// int16 pairs; both panels hold NR * G values per group, b1 the second half.
 #if defined(RP_I8_VNNI)
+#define RP_DOT(c, a, b) c = _mm512_dpbusd_epi32(c, a, b)
+#else
+#define RP_DOT(c, a, b) c = _mm512_add_epi32(c, _mm512_madd_epi16(a, b))
+#endif
 inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
                   int64_t ldo, const float* sc) {
   // Named accumulators (not an array): GCC then keeps them in registers without copies.
@@ -187,10 +194,9 @@ inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int
   RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
 #undef RP_ACC
   for (int64_t g = 0; g < kg; ++g) {
-    const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + 64);
+    const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + NR * G / 2);
     const TA* a = Ap + g * G;
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * lda)); \
-                    c##i##0 = _mm512_dpbusd_epi32(c##i##0, ai, b0); c##i##1 = _mm512_dpbusd_epi32(c##i##1, ai, b1); }
+#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * lda)); RP_DOT(c##i##0, ai, b0); RP_DOT(c##i##1, ai, b1); }
     RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
 #undef RP_MAC
   }
@@ -208,35 +214,7 @@ inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int
 #undef RP_STORE
   }
 }
-#elif defined(__AVX512BW__)
-inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
-                  int64_t ldo, const float* sc) {
-#define RP_ACC(i) __m512i c##i##0 = _mm512_loadu_si512(init + i * ldi), c##i##1 = _mm512_loadu_si512(init + i * ldi + 16);
-  RP_ACC(0) RP_ACC(1) RP_ACC(2) RP_ACC(3) RP_ACC(4) RP_ACC(5) RP_ACC(6) RP_ACC(7)
-#undef RP_ACC
-  for (int64_t g = 0; g < kg; ++g) {
-    const __m512i b0 = _mm512_loadu_si512(Bp + g * NR * G), b1 = _mm512_loadu_si512(Bp + g * NR * G + 32);
-    const TA* a = Ap + g * G;
-#define RP_MAC(i) { const __m512i ai = _mm512_set1_epi32(word(a + i * lda)); \
-                    c##i##0 = _mm512_add_epi32(c##i##0, _mm512_madd_epi16(ai, b0)); \
-                    c##i##1 = _mm512_add_epi32(c##i##1, _mm512_madd_epi16(ai, b1)); }
-    RP_MAC(0) RP_MAC(1) RP_MAC(2) RP_MAC(3) RP_MAC(4) RP_MAC(5) RP_MAC(6) RP_MAC(7)
-#undef RP_MAC
-  }
-  if (sc) {
-    float* o = static_cast<float*>(out);
-    const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
-#define RP_STORE(i) _mm512_storeu_ps(o + i * ldo, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##0), s0)); \
-                    _mm512_storeu_ps(o + i * ldo + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(c##i##1), s1));
-    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
-#undef RP_STORE
-  } else {
-    int32_t* o = static_cast<int32_t*>(out);
-#define RP_STORE(i) _mm512_storeu_si512(o + i * ldo, c##i##0); _mm512_storeu_si512(o + i * ldo + 16, c##i##1);
-    RP_STORE(0) RP_STORE(1) RP_STORE(2) RP_STORE(3) RP_STORE(4) RP_STORE(5) RP_STORE(6) RP_STORE(7)
-#undef RP_STORE
-  }
-}
+#undef RP_DOT
 #elif defined(__AVX2__)
 inline void micro(int64_t kg, const TA* Ap, int64_t lda, const TB* Bp, const int32_t* init, int64_t ldi, void* out,
                   int64_t ldo, const float* sc) {
