@@ -30,7 +30,7 @@ inline int32_t quant(float v) {
   if (v >= 127.0f) return 127;
   if (v <= -127.0f) return -127;
   if (!(v == v)) return 0;
-  const float t = v + rp::kMagic;
+  const float t = rp::add(v, rp::kMagic);
   return (int32_t)(rp::bits(t) - rp::bits(rp::kMagic));
 }
 
@@ -216,11 +216,11 @@ void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw,
   std::vector<float> sc(N);
   {
     rp::FpModeGuard guard;  // scalar work on the calling thread: FTZ/DAZ here too
-    for (int64_t j = 0; j < N; ++j) sc[j] = sx * sw[j];  // one rounding per column
+    for (int64_t j = 0; j < N; ++j) sc[j] = rp::mul(sx, sw[j]);  // one rounding per column
   }
   gemm(A, B, M, N, K, [&](int64_t i0, int64_t mc, int64_t j0, int64_t nc, const int32_t* t, int64_t ldt) {
     for (int64_t i = 0; i < mc; ++i)
-      for (int64_t j = 0; j < nc; ++j) Y[(i0 + i) * N + j0 + j] = (float)t[i * ldt + j] * sc[j0 + j];
+      for (int64_t j = 0; j < nc; ++j) Y[(i0 + i) * N + j0 + j] = rp::mul((float)t[i * ldt + j], sc[j0 + j]);
   });
 }
 
@@ -230,14 +230,14 @@ void rp_quantize(const float* x, const float* s, int8_t* q, int64_t R, int64_t C
     float inv = rp::recip(s[r]);
     for (int64_t i = b; i < e; ++i) {
       if (i / C != r) { r = i / C; inv = rp::recip(s[r]); }
-      q[i] = (int8_t)quant(x[i] * inv);
+      q[i] = (int8_t)quant(rp::mul(x[i], inv));
     }
   });
 }
 
 void rp_dequantize(const int8_t* q, const float* s, float* y, int64_t R, int64_t C) {
   rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) y[i] = (float)q[i] * s[i / C];
+    for (int64_t i = b; i < e; ++i) y[i] = rp::mul((float)q[i], s[i / C]);
   });
 }
 
@@ -245,8 +245,8 @@ void rp_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c) {
   rp::parallel_for(R, 1, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const float* xr = x + r * C;
-      const float mean = rp::csum(C, [xr](int64_t c) { return std::fabs(xr[c]); }) * inv_c;
-      s[r] = (2.0f * mean) * kInvSqrtQp;
+      const float mean = rp::mul(rp::csum(C, [xr](int64_t c) { return std::fabs(xr[c]); }), inv_c);
+      s[r] = rp::mul(rp::mul(2.0f, mean), kInvSqrtQp);
     }
   });
 }
@@ -259,7 +259,7 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
     float inv = rp::recip(s[r]);
     for (int64_t i = b; i < e; ++i) {
       if (i / C != r) { r = i / C; inv = rp::recip(s[r]); }
-      const float v = x[i] * inv;
+      const float v = rp::mul(x[i], inv);
       gx[i] = (v > -127.0f && v < 127.0f) ? gxh[i] : 0.0f;
     }
   });
@@ -270,12 +270,12 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
       const float* xr = x + r * C;
       const float* gr = gxh + r * C;
       const float sum = rp::csum(C, [=](int64_t c) {
-        const float v = xr[c] * inv;
+        const float v = rp::mul(xr[c], inv);
         const float qf = (float)quant(v);
-        const float term = (v > -127.0f && v < 127.0f) ? qf - v : qf;
-        return gr[c] * term;
+        const float term = (v > -127.0f && v < 127.0f) ? rp::sub(qf, v) : qf;
+        return rp::mul(gr[c], term);
       });
-      gs[r] = sum * g;
+      gs[r] = rp::mul(sum, g);
     }
   });
 }

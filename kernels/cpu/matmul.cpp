@@ -56,7 +56,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[i][v] = acc[i][v] + b[v] * a[i];
+      for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], rp::mul(b[v], a[i]));
   }
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) store(C + i * ldc + v * VL, acc[i][v]);
