@@ -1,10 +1,15 @@
 // contract.h -- the arithmetic contract (kernels/README.md) as inline C++ building blocks.
 //
 // Every CPU kernel includes this file and uses only what it defines for floating point:
-// the FP-mode guard (§3), the parallel loop over output elements, the canonical sum and max
-// (§4.2), the canonical functions exp/log/recip/rsqrt/sqrt/sin/cos (§5) and Philox (§6).
+// the FP-mode guard (§3), the primitive operations rp::add / rp::sub / rp::mul / rp::gt (§2,
+// §3: every float add, subtract and multiply of a kernel is written with them, so that x86's
+// flush rule holds on AArch64 and on CPUs without a flush-to-zero mode), the parallel loop over
+// output elements, the canonical sum and max (§4.2), the canonical functions
+// exp/log/recip/rsqrt/sqrt/sin/cos (§5) and Philox (§6).
 // Plain C++17, no torch headers: the standalone self-test (selftest.cpp) compiles it too.
 // Build flags that the contract needs: -ffp-contract=off, no -ffast-math (see repops.py).
+// Targets: x86-64 and AArch64 (hardware flush), anything else with FLT_EVAL_METHOD == 0
+// through the software flush (riscv64 is tested under qemu-user).
 #pragma once
 
 #include <cfloat>
