@@ -159,7 +159,7 @@ constexpr int32_t kSign = (int32_t)0x80000000u, kExpMask = 0x7F800000, kMantMask
 // rp::mul (scalar float, vf, or a vf with a float broadcast), so that the one rule of §3 holds
 // on every instruction set:
 //
-//   x86 (RP_FLUSH_HW):       the plain operator. Same instructions, same bits as before.
+//   x86 (RP_FLUSH_HW):       the plain operator: the same operations, so the same bits.
 //   AArch64 (RP_FLUSH_FIXUP): mul(a, b): r = a * b; t = a * (b * 2^24);
 //                            |t| == 2^-102 ? copysign(2^-126, r) : r
 //   soft (RP_FLUSH_SOFT):    a, b read through daz; add/sub: r = a +- b, |r| < 2^-126 -> +-0;
