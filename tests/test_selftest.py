@@ -74,6 +74,7 @@ import platform
 import shutil
 import subprocess
 import time
+from fractions import Fraction
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -123,6 +124,8 @@ VARIANTS = {
                              ["-O3", "-march=skylake-avx512"] + CONTRACT),
     "clang_O2": ("clang++" if shutil.which("clang++") else None, ["-O2"] + CONTRACT),
     "gcc_O2_fma_contract": ("g++" if _has_fma() else None, ["-O2", "-march=native", "-ffp-contract=fast"] + _fma_flags()),
+    # FTZ/DAZ off in hardware, flushing in rp::add/sub/mul (contract.h RP_FLUSH_SOFT: riscv64's path)
+    "gcc_O2_soft_flush": ("g++", ["-O2", "-march=native", "-DRP_SOFT_FLUSH"] + CONTRACT),
 }
 
 
@@ -234,36 +237,225 @@ def test_aarch64_build_matches(results, tmp_path):
     assert stderr == "" and lines == results["gcc_O0"][0]
 
 
-FTZ_WINDOW_PROGRAM = r"""
+RISCV_CXX, QEMU_RISCV = shutil.which("riscv64-linux-gnu-g++"), shutil.which("qemu-riscv64")
+RISCV_SYSROOT = "/usr/riscv64-linux-gnu"  # the cross toolchain's libraries, for qemu-riscv64 -L
+
+
+def test_riscv64_build_matches(results, tmp_path):
+    """riscv64 has no flush-to-zero mode: contract.h switches to the software flush
+    (RP_FLUSH_SOFT), and the program built for it, run under qemu-user, prints x86's digests."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the riscv64 cross-check runs from an x86-64 machine")
+    if not (RISCV_CXX and QEMU_RISCV):
+        pytest.skip("no riscv64 cross compiler or qemu-user "
+                    "(Debian packages g++-riscv64-linux-gnu and qemu-user)")
+    exe = str(tmp_path / "selftest_riscv64")
+    cmd = [RISCV_CXX, "-O2"] + CONTRACT + BASE_FLAGS + SOURCES + ["-o", exe]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"building for riscv64 failed: {' '.join(cmd)}\n{r.stderr}"
+    lines, _, stderr, _ = _run(QEMU_RISCV, "-L", RISCV_SYSROOT, exe)
+    assert stderr == "" and lines == results["gcc_O0"][0]
+
+
+def test_soft_flush_build_matches(results):
+    """-DRP_SOFT_FLUSH: FTZ/DAZ off in hardware, rp::add/sub/mul flush in software (the riscv64
+    path, natively): the same digests."""
+    assert results["gcc_O2_soft_flush"][0] == results["gcc_O0"][0]
+    assert results["gcc_O2_soft_flush"][2] == ""
+
+
+def test_soft_flush_is_needed(results, tmp_path):
+    """The digests catch a software-flush build that does not flush: with rp::mul and rp::add
+    reduced to the plain operators (and FTZ/DAZ still off) they change."""
+    src = tmp_path / "cpu"
+    shutil.copytree(CPU_DIR, src)
+    h = (src / "contract.h").read_text()
+    for old, new in (("return mul_fix(a * b, a * (b * 0x1p24f));", "return a * b;"),
+                     ("{ return flush_sum(daz(a) + daz(b)); }", "{ return a + b; }")):
+        assert old in h, f"contract.h no longer contains {old!r}: update this test"
+        h = h.replace(old, new)
+    (src / "contract.h").write_text(h)
+    exe = str(tmp_path / "no_flush")
+    srcs = [str(src / os.path.basename(f)) for f in SOURCES]
+    flags = ["-std=c++17", "-pthread", "-Wno-psabi", "-I", str(src), "-I", COMMON_DIR]
+    subprocess.run(["g++", "-O1", "-DRP_SOFT_FLUSH"] + CONTRACT + flags + srcs + ["-o", exe], check=True)
+    _, digests, _, _ = _run(exe)
+    ref = results["gcc_O0"][1]
+    changed = [n for n in ref if digests[n] != ref[n]]
+    # (the matmul lines do not notice: a subnormal term is lost when added to their sums)
+    assert {"mul", "add", "scale", "canary", "rope", "swiglu"} <= set(changed), changed
+
+
+# contract §3 at the edge of the normal range: products whose exact value is near 2^-126.
+WINDOW_PROGRAM = r"""
 #include <cstdio>
-#include <cstring>
-#include "contract.h"
-void rp_parallel_for(int64_t, int64_t, void (*)(void*, int64_t, int64_t), void*) {}
-static float from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-int main() {  // exact products 2^-126 (1 - 2^-24) and 2^-126 (1 - 2^-46), both just below FLT_MIN
-  volatile float a = from_bits(0x1FFFFFFF), b = from_bits(0x20000000);
-  volatile float c = from_bits(0x20000001), d = from_bits(0x1FFFFFFE);
+#include "kernels.h"
+void rp_parallel_for(int64_t n, int64_t, void (*fn)(void*, int64_t, int64_t), void* ctx) { fn(ctx, 0, n); }
+static const uint32_t kPairs[][2] = {PAIRS};
+int main() {
+  constexpr int n = sizeof(kPairs) / sizeof(kPairs[0]);
+  static float a[n], b[n], scalar[n], vec[n + rp::VL], kern[n], raw[n], A[n * n], B[n * 16], C[n * 16];
+  for (int i = 0; i < n; ++i) a[i] = rp::fl(kPairs[i][0]), b[i] = rp::fl(kPairs[i][1]);
+  rp_mul(a, b, kern, n);                                      // the elementwise kernel
+  for (int i = 0; i < n; ++i) {                               // C[i, j] = 0 + ... + a[i] b[i] + ... 0
+    for (int k = 0; k < n; ++k) A[i * n + k] = k == i ? a[i] : 0.0f;
+    for (int j = 0; j < 16; ++j) B[i * 16 + j] = b[i];
+  }
+  rp_matmul(A, 0, n, 1, B, 0, 16, 1, C, 1, n, 16, n);        // the matmul (SIMD micro-kernel)
   rp::FpModeGuard guard;
-  std::printf("%08x %08x\n", rp::bits(a * b), rp::bits(c * d));
+  for (int i = 0; i < n; ++i) {
+    volatile float x = a[i], y = b[i];
+    raw[i] = x * y;                                           // the plain hardware product
+    scalar[i] = rp::mul(a[i], b[i]);
+  }
+  for (int i = 0; i < n; i += rp::VL)                        // SIMD, VL lanes at a time
+    rp::storen(vec + i, rp::mul(rp::loadn(a + i, n - i), rp::loadn(b + i, n - i)), n - i);
+  // an ordinary matmul (exponents in [-8, 8): every product >= 2^-126, so AArch64 and the
+  // software flush run the plain micro-kernel, matmul.cpp plain_ok) against the contract's loop
+  constexpr int M = 37, K = 300, N = 45;
+  static float X[M * K], Y[K * N], Z[M * N];
+  uint32_t h = 12345;
+  auto next = [&h]() { h = h * 1664525u + 1013904223u; return h; };
+  for (int i = 0; i < M * K + K * N; ++i)
+    (i < M * K ? X[i] : Y[i - M * K]) = (float)((int32_t)(next() >> 8) - 0x800000) * rp::pow2((int32_t)(next() >> 28) - 31);
+  rp_matmul(X, 0, K, 1, Y, 0, N, 1, Z, 1, M, N, K);
+  int plain_bad = 0;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      float acc = 0.0f;
+      for (int k = 0; k < K; ++k) acc = rp::add(acc, rp::mul(X[i * K + k], Y[k * N + j]));
+      plain_bad += rp::bits(acc) != rp::bits(Z[i * N + j]);
+    }
+  std::printf("ordinary-matmul-mismatches %d\n", plain_bad);
+  for (int i = 0; i < n; ++i) {
+    bool same_row = true;
+    for (int j = 1; j < 16; ++j) same_row = same_row && rp::bits(C[i * 16 + j]) == rp::bits(C[i * 16]);
+    std::printf("%08x %08x %08x %08x %s %08x\n", rp::bits(scalar[i]), rp::bits(vec[i]), rp::bits(kern[i]),
+                rp::bits(C[i * 16]), same_row ? "row" : "ROW-DIFFERS", rp::bits(raw[i]));
+  }
 }
 """
 
 
-def test_aarch64_ftz_window_is_the_documented_difference(tmp_path):
-    """Contract §3: x86 decides tininess after rounding (the second product rounds up to
-    FLT_MIN and is kept), AArch64 before rounding (it flushes both). This pins the one known
-    ARM difference, so the contract's statement is checked rather than assumed."""
-    if platform.machine() != "x86_64" or not (ARM_CXX and QEMU_ARM):
-        pytest.skip("needs an x86-64 host with g++-aarch64-linux-gnu and qemu-user")
-    src = tmp_path / "ftz_window.cpp"
-    src.write_text(FTZ_WINDOW_PROGRAM)
-    outputs = {}
-    for name, cxx, extra, runner in (("x86", "g++", [], []), ("aarch64", ARM_CXX, ["-static"], [QEMU_ARM])):
+def _f32_bits(x):
+    return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+def _exact(u):
+    """The float32 with bit pattern u as an exact Fraction (a, b below are normal)."""
+    from fractions import Fraction
+    e, m = (u >> 23) & 0xFF, u & 0x7FFFFF
+    v = Fraction((m | 0x800000) if e else m, 2**23) * Fraction(2) ** ((e if e else 1) - 127)
+    return -v if u >> 31 else v
+
+
+def contract_product(ua, ub):
+    """Contract §3 for a * b (normal a, b): round the exact product to 24 significant bits with
+    an unbounded exponent (nearest, ties to even), flush to a signed zero if below 2^-126."""
+    from fractions import Fraction
+    p = _exact(ua) * _exact(ub)
+    sign = ((ua ^ ub) >> 31) << 31
+    q, e = abs(p), 0
+    while q >= 2**24:
+        q, e = q / 2, e + 1
+    while q < 2**23:
+        q, e = q * 2, e - 1
+    r = q.numerator // q.denominator  # q in [2^23, 2^24): round to an integer, ties to even
+    frac = q - r
+    if frac > Fraction(1, 2) or (frac == Fraction(1, 2) and r % 2 == 1):
+        r += 1
+    value = Fraction(r) * Fraction(2) ** e
+    if value < Fraction(1, 2**126):
+        return sign
+    return sign | _f32_bits(float(value))  # value is a float32, exactly representable in float64
+
+
+def _position(ua, ub):
+    """Where the exact |a * b| lies relative to 2^-126, as 2^126 |a b| - 1 (a Fraction)."""
+    return abs(_exact(ua) * _exact(ub)) * 2**126 - 1
+
+
+def window_pairs():
+    """(a, b) bit patterns whose exact products lie in each band around 2^-126, both signs: below
+    the double-rounding band, in it ([1 - 2^-24, 1 - 2^-25) times 2^-126: x86 flushes, IEEE
+    gradual underflow rounds up to 2^-126), in the AArch64 window ([1 - 2^-25, 1): x86 rounds up
+    to 2^-126, FPCR.FZ flushes), [1, 1 + 2^-24] (2^-126 everywhere) and above; plus the exact
+    edges 2^-126 (1 - 2^-24), (1 - 2^-25) (a tie, to even: 2^-126), 1, (1 + 2^-24)."""
+    from fractions import Fraction
+    f = lambda x: _f32_bits(x)  # noqa: E731
+    edges = [(f(1 - 2.0**-24), f(2.0**-126)),                      # 1 - 2^-24 exactly
+             (f(18631 * 2.0**-75), f(1801 * 2.0**-76)),            # (2^25 - 1) 2^-151 = 1 - 2^-25
+             (f(2.0**-63), f(2.0**-63)),                           # 1
+             (f(24929 * 2.0**-75), f(673 * 2.0**-75)),             # (2^24 + 1) 2^-150 = 1 + 2^-24
+             (0x1FFFFFFF, 0x20000000), (0x20000001, 0x1FFFFFFE)]
+    bands = [(-Fraction(1, 2**22), -Fraction(1, 2**24)), (-Fraction(1, 2**24), -Fraction(1, 2**25)),
+             (-Fraction(1, 2**25), Fraction(0)), (Fraction(0), Fraction(1, 2**24) + Fraction(1, 2**60)),
+             (Fraction(1, 2**24) + Fraction(1, 2**60), Fraction(1, 2**21))]
+    found = [[] for _ in bands]
+    rng = np.random.default_rng(13)
+    while min(len(x) for x in found) < 6:
+        ua = int(rng.integers(0x3F800000, 0x40000000)) - (int(rng.integers(40, 80)) << 23)
+        ub0 = _f32_bits(2.0**-126 / float(np.array(ua, dtype=np.uint32).view(np.float32)))
+        for ub in range(ub0 - 2, ub0 + 3):
+            pos = _position(ua, ub)
+            for k, (lo, hi) in enumerate(bands):
+                if lo <= pos < hi and len(found[k]) < 6:
+                    found[k].append((ua, ub))
+    pairs = edges + [p for band in found for p in band]
+    # both signs: negate a, b or both
+    signed = []
+    for i, (ua, ub) in enumerate(pairs):
+        signed += [(ua, ub), (ua | (1 << 31), ub), (ua, ub | (1 << 31)), (ua | (1 << 31), ub | (1 << 31))][: 2 + (i % 3)]
+    return signed
+
+
+def test_ftz_window_gives_x86_bits_everywhere(tmp_path):
+    """Contract §3 with no exception: products whose exact value lies around 2^-126 (the AArch64
+    window, both sides of its edges, the double-rounding band below it) give the contract's bits
+    through rp::mul (scalar and SIMD), the elementwise kernel and the matmul, on x86, in the
+    software-flush build, and under qemu-user for AArch64 (FPCR.FZ + fix-up) and riscv64 (no
+    hardware flush). The expected bits are computed here with exact rationals. The plain hardware
+    product is printed too: on AArch64 it must differ in the window (else the inputs miss it)."""
+    pairs = window_pairs()
+    want = [contract_product(a, b) for a, b in pairs]
+    in_window = [-Fraction(1, 2**25) <= _position(a, b) < 0 for a, b in pairs]
+    in_band = [-Fraction(1, 2**24) <= _position(a, b) < -Fraction(1, 2**25) for a, b in pairs]
+    assert sum(in_window) >= 12 and sum(in_band) >= 12
+    src = tmp_path / "window.cpp"
+    src.write_text(WINDOW_PROGRAM.replace("PAIRS", ", ".join(f"{{{a:#x}u, {b:#x}u}}" for a, b in pairs)))
+    sources = [str(src), os.path.join(CPU_DIR, "elementwise.cpp"), os.path.join(CPU_DIR, "matmul.cpp")]
+    builds = [("x86", "g++", ["-O2", "-march=native"], []), ("x86_soft", "g++", ["-O2", "-DRP_SOFT_FLUSH"], [])]
+    skipped = []
+    if platform.machine() == "x86_64" and ARM_CXX and QEMU_ARM:
+        builds.append(("aarch64", ARM_CXX, ["-O2", "-static"], [QEMU_ARM]))
+    else:
+        skipped.append("aarch64 (needs g++-aarch64-linux-gnu and qemu-user on x86-64)")
+    if platform.machine() == "x86_64" and RISCV_CXX and QEMU_RISCV:
+        builds.append(("riscv64", RISCV_CXX, ["-O2"], [QEMU_RISCV, "-L", RISCV_SYSROOT]))
+    else:
+        skipped.append("riscv64 (needs g++-riscv64-linux-gnu and qemu-user on x86-64)")
+    for name, cxx, flags, runner in builds:
         exe = str(tmp_path / name)
-        subprocess.run([cxx, "-O2"] + extra + CONTRACT + BASE_FLAGS + [str(src), "-o", exe], check=True)
-        outputs[name] = subprocess.run(runner + [exe], capture_output=True, text=True, check=True).stdout.split()
-    assert outputs["x86"] == ["00000000", "00800000"]      # the contract's rule
-    assert outputs["aarch64"] == ["00000000", "00000000"]  # the documented ARM difference
+        subprocess.run([cxx] + flags + CONTRACT + BASE_FLAGS + sources + ["-o", exe], check=True)
+        out = subprocess.run(runner + [exe], capture_output=True, text=True, check=True).stdout.splitlines()
+        assert out[0] == "ordinary-matmul-mismatches 0", f"{name}: {out[0]}"
+        out = out[1:]
+        assert len(out) == len(pairs)
+        raw_differs = []
+        for (a, b), w, line in zip(pairs, want, out):
+            scalar, vec, kern, mm, row, raw = line.split()
+            mm_want = w & 0x7FFFFFFF if w & 0x7FFFFFFF == 0 else w  # acc = +0.0 + product: +0 for -0
+            assert (int(scalar, 16), int(vec, 16), int(kern, 16)) == (w, w, w), f"{name}: {a:08x} * {b:08x}: {line}, want {w:08x}"
+            assert int(mm, 16) == mm_want and row == "row", f"{name}: matmul {a:08x} * {b:08x}: {line}, want {mm_want:08x}"
+            raw_differs.append(int(raw, 16) != w)
+            if name == "x86":
+                assert int(raw, 16) == w, f"x86 hardware {a:08x} * {b:08x} = {raw}, the contract says {w:08x}"
+        if name == "aarch64":  # FPCR.FZ alone flushes every window product, and only those
+            assert raw_differs == in_window
+        if name in ("x86_soft", "riscv64"):  # IEEE subnormals round the band up to 2^-126
+            assert all(d for d, band in zip(raw_differs, in_band) if band)
+    if skipped:
+        pytest.skip("checked " + ", ".join(b[0] for b in builds) + "; not checked: " + "; ".join(skipped))
 
 
 # ------------------------------------------------------------------------------------------------

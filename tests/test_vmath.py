@@ -8,7 +8,15 @@ registers) and for AArch64 (NEON, run under qemu-user) and requires zero mismatc
 * every float32 of a wide range per function (contiguous bit patterns, including the
   special-case boundaries: exp's thresholds, subnormals and FLT_MIN, the sin/cos domain edge);
 * every 61st bit pattern of all 2^32 (every exponent, both signs, NaNs and infinities);
-* under qemu, every 2003rd bit pattern of all 2^32 (qemu runs about 100x slower).
+* under qemu, every 2003rd bit pattern of all 2^32 (qemu runs about 100x slower), and the
+  digest of the results equals the native build's (the same bits on another instruction set).
+
+Contract §3's product rule (tininess after rounding) is checked by vmath_check's "mul" mode:
+rp::mul, scalar and vector, against the contract's product computed in double, on products
+within a few ulps of 2^-126 (the AArch64 window and the double-rounding band below it), on
+x86, under qemu for AArch64 (FPCR.FZ plus the software fix-up) and riscv64 (no hardware flush:
+the software flush), and natively in the software-flush build (-DRP_SOFT_FLUSH). The
+cross-builds skip only when the cross compiler or qemu-user is missing.
 
 REPOPS_VMATH_EXHAUSTIVE=1 checks all 2^32 inputs of every function natively instead
 (about 25 s per function on one core).
@@ -54,9 +62,23 @@ def _build(cxx, flags, out):
 
 
 def _check(runner, fn, lo, hi, stride):
+    """Runs one check; returns its output line (which ends with the digest of the results)."""
     r = subprocess.run(runner + [fn, hex(lo), hex(hi), str(stride)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{fn} [{lo:#x}, {hi:#x}) stride {stride}: vector != scalar\n{r.stdout}{r.stderr}"
     assert "mismatches 0" in r.stdout
+    return r.stdout.strip()
+
+
+def _fields(line):
+    """'checked N mismatches M ... digest D' -> {'checked': 'N', ...}"""
+    words = line.split()
+    return dict(zip(words[::2], words[1::2]))
+
+
+# rp::mul near 2^-126 (vmath_check "mul": b = the 5 floats nearest 2^-126 / a, both signs):
+# every float32 a at a stride, and every a of [2^-70, 2^-56) of both signs, whose partners b
+# are normal, so each product lies within a few ulps of 2^-126.
+MUL_RANGES = [(b(2.0**-70), b(2.0**-56)), (SIGN + b(2.0**-70), SIGN + b(2.0**-56))]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +111,85 @@ def aarch64(tmp_path_factory):
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
-def test_vector_equals_scalar_on_aarch64(aarch64, fn):
-    _check(aarch64, fn, 0, 2**32, 2003)
+def test_vector_equals_scalar_on_aarch64(aarch64, native, fn):
+    """Vector == scalar on NEON, and the results' digest equals x86's (the same bits)."""
+    line = _check(aarch64, fn, 0, 2**32, 2003)
+    assert _fields(line)["digest"] == _fields(_check(native, fn, 0, 2**32, 2003))["digest"], line
+
+
+def _check_mul(runner, stride, stride_all, window_must_differ):
+    """rp::mul (scalar and vector) equals the contract's product computed in double on MUL_RANGES
+    (every stride-th a) and on all 2^32 (every stride_all-th); products land in the AArch64
+    window and in the double-rounding band below it. window_must_differ: the plain hardware
+    product must be wrong at least there (so the check demonstrably exercises the fix-up).
+    Returns the fields of each run (their digests must equal x86's)."""
+    runs = [_fields(_check(runner, "mul", lo, hi, stride)) for lo, hi in MUL_RANGES]
+    runs.append(_fields(_check(runner, "mul", 0, 2**32, stride_all)))
+    for f in runs:
+        assert int(f["window"]) > 1000 and int(f["band"]) > 1000, f
+        if window_must_differ:
+            assert int(f["hardware-differs"]) >= int(f["window"]), f
+    return runs
+
+
+def _digests(runs):
+    return [f["digest"] for f in runs]
+
+
+def test_mul_matches_contract_natively(native):
+    """On x86 the plain hardware product is the contract's: it never differs from the reference."""
+    assert all(f["hardware-differs"] == "0" for f in _check_mul(native, 1, 61, False))
+
+
+def test_mul_window_on_aarch64(aarch64, native):
+    """Contract §3 on AArch64: products whose exact value lies in [2^-126 (1 - 2^-25), 2^-126) give
+    x86's bits (FPCR.FZ alone flushes them: hardware-differs counts them), scalar and NEON."""
+    arm = _check_mul(aarch64, 101, 2003, True)
+    assert all(f["hardware-differs"] == f["window"] for f in arm)  # the window, and only it
+    assert _digests(arm) == _digests(_check_mul(native, 101, 2003, False))
+
+
+# the software-flush build (-DRP_SOFT_FLUSH: FTZ/DAZ off in hardware, flushing in rp::add/sub/mul)
+@pytest.fixture(scope="module")
+def soft(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    return [_build("g++", ["-march=native", "-DRP_SOFT_FLUSH"], tmp_path_factory.mktemp("vmath_soft") / "vmath_check")]
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_soft_flush_build_matches_native(soft, native, fn):
+    for lo, hi in RANGES[fn][:1]:
+        assert _fields(_check(soft, fn, lo, hi, 7))["digest"] == _fields(_check(native, fn, lo, hi, 7))["digest"]
+    assert _fields(_check(soft, fn, 0, 2**32, 61))["digest"] == _fields(_check(native, fn, 0, 2**32, 61))["digest"]
+
+
+def test_soft_flush_mul(soft, native):
+    assert _digests(_check_mul(soft, 1, 61, True)) == _digests(_check_mul(native, 1, 61, False))
+
+
+RISCV_CXX, QEMU_RISCV = shutil.which("riscv64-linux-gnu-g++"), shutil.which("qemu-riscv64")
+RISCV_SYSROOT = "/usr/riscv64-linux-gnu"
+
+
+@pytest.fixture(scope="module")
+def riscv64(tmp_path_factory):
+    if platform.machine() != "x86_64":
+        pytest.skip("the riscv64 cross-check runs from an x86-64 machine")
+    if not (RISCV_CXX and QEMU_RISCV):
+        pytest.skip("no riscv64 cross compiler or qemu-user (Debian packages g++-riscv64-linux-gnu and qemu-user)")
+    return [QEMU_RISCV, "-L", RISCV_SYSROOT, _build(RISCV_CXX, [], tmp_path_factory.mktemp("vmath_rv") / "vmath_check")]
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_riscv64_matches_native(riscv64, native, fn):
+    """riscv64 has no flush-to-zero mode: the software flush gives x86's bits."""
+    line = _check(riscv64, fn, 0, 2**32, 2003)
+    assert _fields(line)["digest"] == _fields(_check(native, fn, 0, 2**32, 2003))["digest"], line
+
+
+def test_mul_window_on_riscv64(riscv64, native):
+    assert _digests(_check_mul(riscv64, 101, 2003, True)) == _digests(_check_mul(native, 101, 2003, False))
 
 
 def test_check_catches_a_difference(tmp_path):

@@ -11,12 +11,12 @@ void rp_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_
       const int64_t t = r % T, n = t + 1;
       const float* sr = s + r * T;
       float* pr = p + r * T;
-      for (int64_t j = 0; j < n; ++j) e[j] = sr[j] * scale;  // z_j
+      for (int64_t j = 0; j < n; ++j) e[j] = rp::mul(sr[j], scale);  // z_j
       const float* z = e.data();
       const float m = rp::cmax(n, [z](int64_t j) { return z[j]; });
-      rp::vmap(e.data(), e.data(), n, [m](rp::vf v) { return rp::vexp(v - m); });
+      rp::vmap(e.data(), e.data(), n, [m](rp::vf v) { return rp::vexp(rp::sub(v, m)); });
       const float inv = rp::recip(rp::csum_array(e.data(), n));
-      for (int64_t j = 0; j < n; ++j) pr[j] = e[j] * inv;
+      for (int64_t j = 0; j < n; ++j) pr[j] = rp::mul(e[j], inv);
       for (int64_t j = n; j < T; ++j) pr[j] = 0.0f;
     }
   });
@@ -29,8 +29,8 @@ void rp_causal_softmax_backward(const float* gp, const float* p, float scale, fl
       const int64_t t = r % T, n = t + 1;
       const float *pr = p + r * T, *gr = gp + r * T;
       float* out = gs + r * T;
-      const float dot = rp::csum(n, [pr, gr](int64_t j) { return pr[j] * gr[j]; });
-      for (int64_t j = 0; j < n; ++j) out[j] = ((gr[j] - dot) * pr[j]) * scale;
+      const float dot = rp::csum(n, [pr, gr](int64_t j) { return rp::mul(pr[j], gr[j]); });
+      for (int64_t j = 0; j < n; ++j) out[j] = rp::mul(rp::mul(rp::sub(gr[j], dot), pr[j]), scale);
       for (int64_t j = n; j < T; ++j) out[j] = 0.0f;
     }
   });

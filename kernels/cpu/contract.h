@@ -1,10 +1,15 @@
 // contract.h -- the arithmetic contract (kernels/README.md) as inline C++ building blocks.
 //
 // Every CPU kernel includes this file and uses only what it defines for floating point:
-// the FP-mode guard (§3), the parallel loop over output elements, the canonical sum and max
-// (§4.2), the canonical functions exp/log/recip/rsqrt/sqrt/sin/cos (§5) and Philox (§6).
+// the FP-mode guard (§3), the primitive operations rp::add / rp::sub / rp::mul / rp::gt (§2,
+// §3: every float add, subtract and multiply of a kernel is written with them, so that x86's
+// flush rule holds on AArch64 and on CPUs without a flush-to-zero mode), the parallel loop over
+// output elements, the canonical sum and max (§4.2), the canonical functions
+// exp/log/recip/rsqrt/sqrt/sin/cos (§5) and Philox (§6).
 // Plain C++17, no torch headers: the standalone self-test (selftest.cpp) compiles it too.
 // Build flags that the contract needs: -ffp-contract=off, no -ffast-math (see repops.py).
+// Targets: x86-64 and AArch64 (hardware flush), anything else with FLT_EVAL_METHOD == 0
+// through the software flush (riscv64 is tested under qemu-user).
 #pragma once
 
 #include <cfloat>
@@ -17,10 +22,42 @@
 #endif
 
 #if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
-#error "RepOps needs FLT_EVAL_METHOD == 0 (no x87 excess precision): build for x86-64 or AArch64"
+#error "RepOps needs FLT_EVAL_METHOD == 0 (no x87 excess precision, no wider evaluation)"
 #endif
 #if defined(__FAST_MATH__)
 #error "RepOps must not be built with -ffast-math (it reorders and contracts float arithmetic)"
+#endif
+
+// How §3 (flush to zero, tininess after rounding) is obtained (kernels/README.md §3):
+//   RP_FLUSH_HW    x86-64: MXCSR FTZ|DAZ does exactly the contract's flush. add/sub/mul below
+//                  are the plain operators: x86 code and bits are the contract's definition.
+//   RP_FLUSH_FIXUP AArch64: FPCR.FZ flushes inputs and results, but decides tininess BEFORE
+//                  rounding, so a product whose exact value lies in [2^-126 (1 - 2^-25), 2^-126)
+//                  comes out 0 where x86 gives 2^-126. rp::mul repairs that window in software;
+//                  sums need nothing (a sum that small is exact, so both rules agree).
+//   RP_FLUSH_SOFT  everything else (riscv64 has no flush-to-zero mode), or any target built with
+//                  -DRP_SOFT_FLUSH (the test build of this path on x86): IEEE subnormals stay on
+//                  in hardware, and rp::add/sub/mul read subnormal inputs as zero and flush tiny
+//                  results in software; comparisons of values that may be raw subnormal inputs
+//                  go through rp::gt.
+#if defined(RP_SOFT_FLUSH) || !(defined(__x86_64__) || defined(_M_X64) || defined(__aarch64__))
+#define RP_FLUSH_SOFT 1
+#elif defined(__aarch64__)
+#define RP_FLUSH_FIXUP 1
+#else
+#define RP_FLUSH_HW 1
+#endif
+#if !defined(RP_FLUSH_SOFT)
+#define RP_FLUSH_SOFT 0
+#endif
+#if !defined(RP_FLUSH_FIXUP)
+#define RP_FLUSH_FIXUP 0
+#endif
+#if !defined(RP_FLUSH_HW)
+#define RP_FLUSH_HW 0
+#endif
+#if RP_FLUSH_SOFT && !(defined(__x86_64__) || defined(_M_X64) || defined(__aarch64__))
+#include <cfenv>
 #endif
 
 namespace rp {
@@ -32,21 +69,26 @@ struct FpModeGuard {
 #if defined(__x86_64__) || defined(_M_X64)
   unsigned saved;
   FpModeGuard() : saved(_mm_getcsr()) {
-    // bits 15 (FTZ) and 6 (DAZ) on, rounding control (bits 13-14) = 00 (nearest).
-    _mm_setcsr((saved | 0x8040u) & ~0x6000u);
+    // bits 15 (FTZ) and 6 (DAZ) on (off in the software-flush build), rounding control
+    // (bits 13-14) = 00 (nearest).
+    _mm_setcsr(RP_FLUSH_SOFT ? (saved & ~0x8040u & ~0x6000u) : ((saved | 0x8040u) & ~0x6000u));
   }
   ~FpModeGuard() { _mm_setcsr(saved); }
 #elif defined(__aarch64__)
   uint64_t saved;
   FpModeGuard() {
     __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved));
-    // FPCR.FZ (bit 24) on; RMode (bits 22-23) = 00 (nearest).
-    uint64_t mode = (saved | (1ull << 24)) & ~(3ull << 22);
+    // FPCR.FZ (bit 24) on (off in the software-flush build); RMode (bits 22-23) = 00 (nearest).
+    // FPCR.AH (FEAT_AFP) is left alone: rp::mul's fix-up is the one tested path.
+    uint64_t mode = (RP_FLUSH_SOFT ? (saved & ~(1ull << 24)) : (saved | (1ull << 24))) & ~(3ull << 22);
     __asm__ __volatile__("msr fpcr, %0" : : "r"(mode));
   }
   ~FpModeGuard() { __asm__ __volatile__("msr fpcr, %0" : : "r"(saved)); }
 #else
-#error "RepOps CPU kernels support x86-64 and AArch64 (FTZ/DAZ control is per architecture)"
+  // No flush-to-zero mode (riscv64, ...): only the rounding mode is set; rp::add/sub/mul flush.
+  int saved;
+  FpModeGuard() : saved(std::fegetround()) { std::fesetround(FE_TONEAREST); }
+  ~FpModeGuard() { std::fesetround(saved); }
 #endif
   FpModeGuard(const FpModeGuard&) = delete;
   FpModeGuard& operator=(const FpModeGuard&) = delete;
@@ -88,49 +130,6 @@ constexpr float kInf = INFINITY;
 inline float qnan() { return fl(0x7FC00000u); }
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds |y| < 2^22 to an integer
 
-// ---------------------------------------------------------------- §4.2 canonical sum / max
-constexpr int kLanes = 32;
-
-// Adds term(i) for i in [0, n) into 32 lane-strided partial sums, then folds the fixed tree.
-template <class Term>
-inline float csum(int64_t n, const Term& term) {
-  float p[kLanes];
-  for (int l = 0; l < kLanes; ++l) p[l] = 0.0f;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) p[l] = p[l] + term(i + l);
-  for (int l = 0; i + l < n; ++l) p[l] = p[l] + term(i + l);
-  for (int w = kLanes / 2; w >= 1; w >>= 1)
-    for (int l = 0; l < w; ++l) p[l] = p[l] + p[l + w];
-  return p[0];
-}
-
-inline float csum_array(const float* x, int64_t n) {
-  return csum(n, [x](int64_t i) { return x[i]; });
-}
-
-template <class Term>
-inline float cmax(int64_t n, const Term& term) {
-  float p[kLanes];
-  for (int l = 0; l < kLanes; ++l) p[l] = -kInf;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) { float t = term(i + l); p[l] = (t > p[l]) ? t : p[l]; }
-  for (int l = 0; i + l < n; ++l) { float t = term(i + l); p[l] = (t > p[l]) ? t : p[l]; }
-  for (int w = kLanes / 2; w >= 1; w >>= 1)
-    for (int l = 0; l < w; ++l) p[l] = (p[l + w] > p[l]) ? p[l + w] : p[l];
-  return p[0];
-}
-
-// ---------------------------------------------------------------- §5 canonical functions
-// Each line is one rounded float operation, in the order the contract lists.
-//
-// The arithmetic of every function is written once, as a template (the *_core functions)
-// over T = float or T = vf (VL lanes, vmath.h): only the handling of special inputs differs.
-// The scalar forms below return early for them (the contract's text); the SIMD forms in
-// vmath.h compute the core on every lane and select, so both give the same bits
-// (tests/test_vmath.py checks this over every float32 in wide ranges).
-
 // SIMD vectors of VL floats (GCC/Clang vector extensions): 8 on x86 (one AVX register; with
 // AVX-512 too, where a bigger register file buys more registers rather than wider ones), 4 on
 // AArch64 (one NEON register: GCC keeps wider generic vectors in memory there). Other targets
@@ -155,6 +154,108 @@ template <class C, class T> inline T sel(C c, T a, T b) { return c ? a : b; }
 
 constexpr int32_t kSign = (int32_t)0x80000000u, kExpMask = 0x7F800000, kMantMask = 0x007FFFFF;
 
+// ---------------------------------------------------------------- §2/§3 primitive operations
+// Every float add, subtract and multiply in the CPU kernels is written rp::add / rp::sub /
+// rp::mul (scalar float, vf, or a vf with a float broadcast), so that the one rule of §3 holds
+// on every instruction set:
+//
+//   x86 (RP_FLUSH_HW):       the plain operator: the same operations, so the same bits.
+//   AArch64 (RP_FLUSH_FIXUP): mul(a, b): r = a * b; t = a * (b * 2^24);
+//                            |t| == 2^-102 ? copysign(2^-126, r) : r
+//   soft (RP_FLUSH_SOFT):    a, b read through daz; add/sub: r = a +- b, |r| < 2^-126 -> +-0;
+//                            mul: r = a * b; t = a * (b * 2^24);
+//                            |t| <  2^-102 ? copysign(0, r) : |t| == 2^-102 ? copysign(2^-126, r) : r
+//
+// Why (kernels/README.md §3): b * 2^24 is exact for a normal b, so t is the exact product times
+// 2^24 rounded to 24 bits, and 2^-102 is a normal float: |t| == 2^-102 exactly when the product
+// rounded to 24 bits with unbounded exponent is 2^-126 (x86 keeps it, AArch64's FZ flushes it
+// when the exact value is below 2^-126), |t| < 2^-102 exactly when it is below 2^-126 (x86
+// flushes; IEEE gradual underflow would give a subnormal, or round [2^-126 (1 - 2^-24),
+// 2^-126 (1 - 2^-25)) up to 2^-126 a second time). When b * 2^24 overflows (|b| >= 2^104) the
+// product is far from 2^-126 (or a NaN / zero), t is inf or NaN and r is kept. Sums of normal
+// floats below 2^-126 are exact (multiples of 2^-149), so for them the two tininess rules agree.
+constexpr int32_t kAbsMin = 0x00800000;      // bits of 2^-126 (FLT_MIN)
+constexpr int32_t kAbsMin24 = 0x0C800000;    // bits of 2^-102 = 2^-126 * 2^24
+
+// DAZ on the bit level, lane by lane: a subnormal reads as a zero of the same sign.
+inline vf daz(vf x) { return sel((ibits(x) & kExpMask) != 0, x, ifl(ibits(x) & kSign)); }
+
+#if RP_FLUSH_HW
+template <class A, class B> inline auto add(A a, B b) { return a + b; }
+template <class A, class B> inline auto sub(A a, B b) { return a - b; }
+template <class A, class B> inline auto mul(A a, B b) { return a * b; }
+template <class A, class B> inline auto gt(A a, B b) { return a > b; }  // DAZ in hardware
+#else
+// The correction of a product r = a * b (a, b already flushed) from t = a * (b * 2^24).
+template <class R, class T> inline R mul_fix(R r, T t) {
+  const auto m = ibits(t) & ~kSign, s = ibits(r) & kSign;  // |t| as bits (NaN: above inf's)
+#if RP_FLUSH_SOFT
+  r = sel(m < kAbsMin24, ifl(s), r);                        // below 2^-126 after rounding
+#endif
+  return sel(m == kAbsMin24, ifl(s | kAbsMin), r);          // rounds to 2^-126: keep FLT_MIN
+}
+template <class A, class B> inline auto mul(A a, B b) {
+#if RP_FLUSH_SOFT
+  a = daz(a);
+  b = daz(b);
+#endif
+  return mul_fix(a * b, a * (b * 0x1p24f));
+}
+#if RP_FLUSH_SOFT
+template <class R> inline R flush_sum(R r) { return sel((ibits(r) & ~kSign) < kAbsMin, ifl(ibits(r) & kSign), r); }
+template <class A, class B> inline auto add(A a, B b) { return flush_sum(daz(a) + daz(b)); }
+template <class A, class B> inline auto sub(A a, B b) { return flush_sum(daz(a) - daz(b)); }
+template <class A, class B> inline auto gt(A a, B b) { return daz(a) > daz(b); }
+#else
+template <class A, class B> inline auto add(A a, B b) { return a + b; }  // exact near 2^-126
+template <class A, class B> inline auto sub(A a, B b) { return a - b; }
+template <class A, class B> inline auto gt(A a, B b) { return a > b; }   // FZ reads inputs as 0
+#endif
+#endif
+
+// ---------------------------------------------------------------- §4.2 canonical sum / max
+constexpr int kLanes = 32;
+
+// Adds term(i) for i in [0, n) into 32 lane-strided partial sums, then folds the fixed tree.
+template <class Term>
+inline float csum(int64_t n, const Term& term) {
+  float p[kLanes];
+  for (int l = 0; l < kLanes; ++l) p[l] = 0.0f;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) p[l] = add(p[l], term(i + l));
+  for (int l = 0; i + l < n; ++l) p[l] = add(p[l], term(i + l));
+  for (int w = kLanes / 2; w >= 1; w >>= 1)
+    for (int l = 0; l < w; ++l) p[l] = add(p[l], p[l + w]);
+  return p[0];
+}
+
+inline float csum_array(const float* x, int64_t n) {
+  return csum(n, [x](int64_t i) { return x[i]; });
+}
+
+template <class Term>
+inline float cmax(int64_t n, const Term& term) {
+  float p[kLanes];
+  for (int l = 0; l < kLanes; ++l) p[l] = -kInf;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) { float t = term(i + l); p[l] = gt(t, p[l]) ? t : p[l]; }
+  for (int l = 0; i + l < n; ++l) { float t = term(i + l); p[l] = gt(t, p[l]) ? t : p[l]; }
+  for (int w = kLanes / 2; w >= 1; w >>= 1)
+    for (int l = 0; l < w; ++l) p[l] = gt(p[l + w], p[l]) ? p[l + w] : p[l];
+  return p[0];
+}
+
+// ---------------------------------------------------------------- §5 canonical functions
+// Each line is one rounded float operation, in the order the contract lists.
+//
+// The arithmetic of every function is written once, as a template (the *_core functions)
+// over T = float or T = vf (VL lanes, vmath.h): only the handling of special inputs differs.
+// The scalar forms below return early for them (the contract's text); the SIMD forms in
+// vmath.h compute the core on every lane and select, so both give the same bits
+// (tests/test_vmath.py checks this over every float32 in wide ranges).
+
 // 2^n for -126 <= n <= 127 (exact), lane by lane.
 template <class I> inline auto ipow2(I n) { return ifl((n + 127) << 23); }
 // |x| = m * 2^e with m in [1, 2) for a normal x (the exponent field minus 127, and the mantissa).
@@ -163,22 +264,22 @@ template <class T> inline T mantissa_of(T x) { return ifl((ibits(x) & kMantMask)
 
 // §5.1 for x already DAZ-read and inside [-87.34, 88.72].
 template <class T> inline T exp_core(T x) {
-  T t = x * 1.44269502f;
-  t = t + kMagic;
+  T t = mul(x, 1.44269502f);
+  t = add(t, kMagic);
   auto n = ibits(t) - ibits(kMagic);
-  T nf = t - kMagic;
-  T r = x - nf * 0.693359375f;
-  r = r - nf * -2.12194440e-4f;
-  T z = r * r;
+  T nf = sub(t, kMagic);
+  T r = sub(x, mul(nf, 0.693359375f));
+  r = sub(r, mul(nf, -2.12194440e-4f));
+  T z = mul(r, r);
   T p = T{} + 1.9875691500e-4f;  // the constant (folded at build time; exact)
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  T y = (p * z + r) + 1.0f;
+  p = add(mul(p, r), 1.3981999507e-3f);
+  p = add(mul(p, r), 8.3334519073e-3f);
+  p = add(mul(p, r), 4.1665795894e-2f);
+  p = add(mul(p, r), 1.6666665459e-1f);
+  p = add(mul(p, r), 5.0000001201e-1f);
+  T y = add(add(mul(p, z), r), 1.0f);
   auto n1 = n >> 1, n2 = n - n1;
-  return (y * ipow2(n1)) * ipow2(n2);
+  return mul(mul(y, ipow2(n1)), ipow2(n2));
 }
 
 // §5.2 for a positive normal x (after DAZ).
@@ -186,25 +287,25 @@ template <class T> inline T log_core(T x) {
   auto e = exponent_of(x);
   T m = mantissa_of(x);
   const auto big = m > 1.41421356f;
-  m = sel(big, m * 0.5f, m);
+  m = sel(big, mul(m, 0.5f), m);
   e = sel(big, e + 1, e);
-  T f = m - 1.0f;
+  T f = sub(m, 1.0f);
   T ef = to_float(e);
-  T z = f * f;
+  T z = mul(f, f);
   T p = T{} + 7.0376836292e-2f;  // the constant (folded at build time; exact)
-  p = p * f + -1.1514610310e-1f;
-  p = p * f + 1.1676998740e-1f;
-  p = p * f + -1.2420140846e-1f;
-  p = p * f + 1.4249322787e-1f;
-  p = p * f + -1.6668057665e-1f;
-  p = p * f + 2.0000714765e-1f;
-  p = p * f + -2.4999993993e-1f;
-  p = p * f + 3.3333331174e-1f;
-  T y = (f * z) * p;
-  y = y + ef * -2.12194440e-4f;
-  y = y - 0.5f * z;
-  y = f + y;
-  return y + ef * 0.693359375f;
+  p = add(mul(p, f), -1.1514610310e-1f);
+  p = add(mul(p, f), 1.1676998740e-1f);
+  p = add(mul(p, f), -1.2420140846e-1f);
+  p = add(mul(p, f), 1.4249322787e-1f);
+  p = add(mul(p, f), -1.6668057665e-1f);
+  p = add(mul(p, f), 2.0000714765e-1f);
+  p = add(mul(p, f), -2.4999993993e-1f);
+  p = add(mul(p, f), 3.3333331174e-1f);
+  T y = mul(mul(f, z), p);
+  y = add(y, mul(ef, -2.12194440e-4f));
+  y = sub(y, mul(0.5f, z));
+  y = add(f, y);
+  return add(y, mul(ef, 0.693359375f));
 }
 
 // §5.3 for a nonzero finite x (after DAZ); the sign is copied onto the result.
@@ -212,13 +313,13 @@ template <class T> inline T recip_core(T x) {
   const auto s = ibits(x) & kSign;
   const auto k = exponent_of(x);
   const T m = mantissa_of(x);
-  T y = 1.41176474f - 0.470588237f * m;  // 24/17 - 8/17 m
+  T y = sub(1.41176474f, mul(0.470588237f, m));  // 24/17 - 8/17 m
   for (int it = 0; it < 3; ++it) {
-    T e = 1.0f - m * y;
-    y = y + y * e;
+    T e = sub(1.0f, mul(m, y));
+    y = add(y, mul(y, e));
   }
   const auto nk = -k, k1 = nk >> 1, k2 = nk - k1;
-  const T r = (y * ipow2(k1)) * ipow2(k2);
+  const T r = mul(mul(y, ipow2(k1)), ipow2(k2));
   return ifl(ibits(r) | s);
 }
 
@@ -229,27 +330,27 @@ template <class T> inline T rsqrt_core(T x) {
   const T m = ifl((ibits(x) & kMantMask) | (0x3F800000 + ((k & 1) << 23)));
   const auto j = k >> 1;
   T y = ifl(0x5F375A86 - (ibits(m) >> 1));  // bits(m) is positive: the shift is logical
-  const T h = 0.5f * m;
-  for (int it = 0; it < 3; ++it) y = y * (1.5f - (h * y) * y);
-  return y * ipow2(-j);
+  const T h = mul(0.5f, m);
+  for (int it = 0; it < 3; ++it) y = mul(y, sub(1.5f, mul(mul(h, y), y)));
+  return mul(y, ipow2(-j));
 }
 
 // §5.5 for |x| <= 65536 (after DAZ): the shared range reduction, both polynomials, and the
 // quadrant (j + shift) & 3 picking one of sinr, cosr, -sinr, -cosr.
 template <class T> inline T sincos_core(T x, int32_t shift) {
-  T t = x * 0.636619747f;
-  t = t + kMagic;
+  T t = mul(x, 0.636619747f);
+  t = add(t, kMagic);
   auto j = ibits(t) - ibits(kMagic);
-  T jf = t - kMagic;
-  T r = x - jf * 1.5703125f;
-  r = r - jf * 4.84466552734375e-4f;
-  r = r - jf * -6.407499313354492e-7f;
-  r = r - jf * 9.920936294705e-10f;
-  T z = r * r;
-  T s = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z + -1.6666654611e-1f) * z;
-  T sinr = (s * r) + r;
-  T c = ((2.443315711809948e-5f * z + -1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z;
-  T cosr = ((c * z) - 0.5f * z) + 1.0f;
+  T jf = sub(t, kMagic);
+  T r = sub(x, mul(jf, 1.5703125f));
+  r = sub(r, mul(jf, 4.84466552734375e-4f));
+  r = sub(r, mul(jf, -6.407499313354492e-7f));
+  r = sub(r, mul(jf, 9.920936294705e-10f));
+  T z = mul(r, r);
+  T s = mul(add(mul(add(mul(-1.9515295891e-4f, z), 8.3321608736e-3f), z), -1.6666654611e-1f), z);
+  T sinr = add(mul(s, r), r);
+  T c = mul(add(mul(add(mul(2.443315711809948e-5f, z), -1.388731625493765e-3f), z), 4.166664568298827e-2f), z);
+  T cosr = add(sub(mul(c, z), mul(0.5f, z)), 1.0f);
   const auto q = (j + shift) & 3;
   const T v = sel((q & 1) != 0, cosr, sinr);
   return sel((q & 2) != 0, -v, v);
@@ -294,7 +395,7 @@ inline float sqrt(float x) {  // §5.4
   x = daz(x);
   if (x == 0.0f) return x;
   if (x == kInf) return kInf;
-  return x * rsqrt(x);
+  return mul(x, rsqrt(x));
 }
 
 inline float sincos_q(float x, int32_t shift) {  // §5.5
@@ -305,7 +406,7 @@ inline float sincos_q(float x, int32_t shift) {  // §5.5
 inline float sin(float x) { return sincos_q(x, 0); }
 inline float cos(float x) { return sincos_q(x, 1); }  // cos(x) = sin(x + pi/2): quadrant + 1
 
-inline float sigmoid(float x) { return recip(1.0f + exp(-x)); }  // §5.6
+inline float sigmoid(float x) { return recip(add(1.0f, exp(-x))); }  // §5.6
 
 // ---------------------------------------------------------------- §6 Philox4x32-10
 struct Philox4 { uint32_t w[4]; };
@@ -327,16 +428,16 @@ inline Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
   return Philox4{{c0, c1, c2, c3}};
 }
 
-inline float uniform_from_word(uint32_t w) { return (float)(w >> 8) * 5.9604644775390625e-8f; }
+inline float uniform_from_word(uint32_t w) { return mul((float)(w >> 8), 5.9604644775390625e-8f); }
 
 // Box-Muller on two words: (z0, z1) = rad * (cos th, sin th).
 inline void normal_pair(uint32_t w0, uint32_t w1, float* z0, float* z1) {
-  float u1 = (float)((w0 >> 8) + 1u) * 5.9604644775390625e-8f;  // (0, 1]
-  float u2 = (float)(w1 >> 8) * 5.9604644775390625e-8f;         // [0, 1)
-  float rad = sqrt(-2.0f * log(u1));
-  float th = u2 * 6.28318548f;
-  *z0 = rad * cos(th);
-  *z1 = rad * sin(th);
+  float u1 = mul((float)((w0 >> 8) + 1u), 5.9604644775390625e-8f);  // (0, 1]
+  float u2 = mul((float)(w1 >> 8), 5.9604644775390625e-8f);         // [0, 1)
+  float rad = sqrt(mul(-2.0f, log(u1)));
+  float th = mul(u2, 6.28318548f);
+  *z0 = mul(rad, cos(th));
+  *z1 = mul(rad, sin(th));
 }
 
 }  // namespace rp

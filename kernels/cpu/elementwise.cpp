@@ -28,9 +28,9 @@ void rp_unary(RpFn fn, const float* x, float* y, int64_t n) {
   }
 }
 
-void rp_add(const float* a, const float* b, float* y, int64_t n) { map(n, [=](int64_t i) { y[i] = a[i] + b[i]; }); }
-void rp_mul(const float* a, const float* b, float* y, int64_t n) { map(n, [=](int64_t i) { y[i] = a[i] * b[i]; }); }
-void rp_scale(const float* a, float s, float* y, int64_t n) { map(n, [=](int64_t i) { y[i] = a[i] * s; }); }
+void rp_add(const float* a, const float* b, float* y, int64_t n) { map(n, [=](int64_t i) { y[i] = rp::add(a[i], b[i]); }); }
+void rp_mul(const float* a, const float* b, float* y, int64_t n) { map(n, [=](int64_t i) { y[i] = rp::mul(a[i], b[i]); }); }
+void rp_scale(const float* a, float s, float* y, int64_t n) { map(n, [=](int64_t i) { y[i] = rp::mul(a[i], s); }); }
 
 void rp_csum_rows(const float* x, float* y, int64_t rows, int64_t n) {
   rp::parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
@@ -47,7 +47,7 @@ void rp_dropout(const float* x, float* y, int64_t n, uint32_t threshold, float s
       const rp::Philox4 r = rp::philox4x32_10((uint32_t)b, c1, c2, kPurposeDropout, k0, k1);
       for (int64_t q = 0; q < 4 && 4 * b + q < n; ++q) {
         const int64_t i = 4 * b + q;
-        y[i] = x[i] * (r.w[q] < threshold ? scale : 0.0f);
+        y[i] = rp::mul(x[i], r.w[q] < threshold ? scale : 0.0f);
       }
     }
   });
@@ -57,7 +57,7 @@ namespace {
 // Kept out of line and fed through volatile so the compiler cannot fold them at build time:
 // they must run with the flags and FP mode the kernels run with.
 __attribute__((noinline)) float contract_probe(float a, float b, float c) { return a * b + c; }
-__attribute__((noinline)) float ftz_probe(float a, float b) { return a * b; }
+__attribute__((noinline)) float ftz_probe(float a, float b) { return rp::mul(a, b); }
 }  // namespace
 
 void rp_canary(float* out) {

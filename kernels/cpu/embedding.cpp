@@ -23,7 +23,7 @@ void rp_embedding_backward(const float* g, const int64_t* idx, float* gw, int64_
       for (int64_t i = 0; i < N; ++i) {
         float* row = gw + idx[i] * D;
         const float* gi = g + i * D;
-        for (int64_t j = j0; j < j1; ++j) row[j] = row[j] + gi[j];
+        for (int64_t j = j0; j < j1; ++j) row[j] = rp::add(row[j], gi[j]);
       }
     }
   });

@@ -32,14 +32,14 @@ inline int32_t quant(float v) {
   if (v >= 127.0f) return 127;
   if (v <= -127.0f) return -127;
   if (!(v == v)) return 0;
-  const float t = v + rp::kMagic;
+  const float t = rp::add(v, rp::kMagic);
   return (int32_t)(rp::bits(t) - rp::bits(rp::kMagic));
 }
 
 // Q(v) on VL lanes, branch-free: the same float add and the same three selections as quant()
 // (the conditions exclude each other), so every lane has quant()'s bits.
 inline rp::vi vquant(rp::vf v) {
-  const rp::vf t = v + rp::kMagic;
+  const rp::vf t = rp::add(v, rp::kMagic);
   rp::vi q = rp::ibits(t) - rp::ibits(rp::kMagic);
   q = rp::sel(v != v, rp::vi{}, q);
   q = rp::sel(v <= -127.0f, rp::vi{} - 127, q);
@@ -178,7 +178,10 @@ inline int32_t word(const void* p) { int32_t w; std::memcpy(&w, p, 4); return w;
 // acc[i][j] = init[i][j] + sum over kg groups of A row i (row stride lda) x B panel row j, for a
 // tile of MR x NR; init has row stride ldi (0: one row for all, the bias). Stored at out (row
 // stride ldo) as int32, or, with column scales sc, as the float float(acc[i][j]) * sc[j] (the
-// int8 linear: a conversion that rounds to nearest even, then one multiply, as in finish).
+// int8 linear: a conversion that rounds to nearest even, then one multiply, as in finish). That
+// multiply is the plain instruction on every ISA: sc[j] is a flushed normal (rp::mul) and
+// float(acc) an integer, so the product is 0 or at least |sc[j]| >= 2^-126 and the §3 rule
+// (tininess near 2^-126) never applies to it.
 #if defined(RP_I8_VNNI) || defined(__AVX512BW__)
 // One group: VNNI vpdpbusd (4 unsigned x signed byte products per int32 lane), else vpmaddwd on
 // int16 pairs; both panels hold NR * G values per group, b1 the second half.
@@ -381,14 +384,14 @@ void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw,
   std::vector<float> sc(N);
   {
     rp::FpModeGuard guard;  // scalar work on the calling thread: FTZ/DAZ here too
-    for (int64_t j = 0; j < N; ++j) sc[j] = sx * sw[j];  // one rounding per column
+    for (int64_t j = 0; j < N; ++j) sc[j] = rp::mul(sx, sw[j]);  // one rounding per column
   }
   gemm(A, B, M, N, K, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
     const float* s = sc.data() + j0;
     for (int64_t i = 0; i < mr; ++i) {
       float* y = Y + (i0 + i) * N + j0;
       const int32_t* ti = t + i * ldt;
-      for (int64_t j = 0; j < nr; ++j) y[j] = (float)ti[j] * s[j];
+      for (int64_t j = 0; j < nr; ++j) y[j] = rp::mul((float)ti[j], s[j]);
     }
   }, Y, sc.data());
 }
@@ -401,10 +404,10 @@ void rp_quantize(const float* x, const float* s, int8_t* q, int64_t R, int64_t C
     by_rows(b, e, C, [&](int64_t r, int64_t i, int64_t end) {
       const float inv = rp::recip(s[r]);
       for (; i + rp::VL <= end; i += rp::VL) {
-        const vb qb = __builtin_convertvector(vquant(rp::loadn(x + i) * inv), vb);
+        const vb qb = __builtin_convertvector(vquant(rp::mul(rp::loadn(x + i), inv)), vb);
         std::memcpy(q + i, &qb, sizeof(qb));
       }
-      for (; i < end; ++i) q[i] = (int8_t)quant(x[i] * inv);
+      for (; i < end; ++i) q[i] = (int8_t)quant(rp::mul(x[i], inv));
     });
   });
 }
@@ -413,7 +416,7 @@ void rp_dequantize(const int8_t* q, const float* s, float* y, int64_t R, int64_t
   rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
     by_rows(b, e, C, [&](int64_t r, int64_t i0, int64_t end) {
       const float sr = s[r];
-      for (int64_t i = i0; i < end; ++i) y[i] = (float)q[i] * sr;
+      for (int64_t i = i0; i < end; ++i) y[i] = rp::mul((float)q[i], sr);
     });
   });
 }
@@ -422,8 +425,8 @@ void rp_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c) {
   rp::parallel_for(R, 1, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const float* xr = x + r * C;
-      const float mean = rp::csum(C, [xr](int64_t c) { return std::fabs(xr[c]); }) * inv_c;
-      s[r] = (2.0f * mean) * kInvSqrtQp;
+      const float mean = rp::mul(rp::csum(C, [xr](int64_t c) { return std::fabs(xr[c]); }), inv_c);
+      s[r] = rp::mul(rp::mul(2.0f, mean), kInvSqrtQp);
     }
   });
 }
@@ -435,9 +438,9 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
     by_rows(b, e, C, [&](int64_t r, int64_t i, int64_t end) {
       const float inv = rp::recip(s[r]);
       for (; i + rp::VL <= end; i += rp::VL)
-        rp::storen(gx + i, rp::sel(vinside(rp::loadn(x + i) * inv), rp::loadn(gxh + i), rp::vf{}));
+        rp::storen(gx + i, rp::sel(vinside(rp::mul(rp::loadn(x + i), inv)), rp::loadn(gxh + i), rp::vf{}));
       for (; i < end; ++i) {
-        const float v = x[i] * inv;
+        const float v = rp::mul(x[i], inv);
         gx[i] = (v > -127.0f && v < 127.0f) ? gxh[i] : 0.0f;
       }
     });
@@ -457,22 +460,22 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
       int64_t c = 0;
       for (; c + rp::kLanes <= C; c += rp::kLanes)
         for (int u = 0; u < NV; ++u) {
-          const rp::vf v = rp::loadn(xr + c + u * rp::VL) * inv;
+          const rp::vf v = rp::mul(rp::loadn(xr + c + u * rp::VL), inv);
           const rp::vf qf = rp::to_float(vquant(v));
-          const rp::vf term = rp::sel(vinside(v), qf - v, qf);
-          p[u] = p[u] + rp::loadn(gr + c + u * rp::VL) * term;
+          const rp::vf term = rp::sel(vinside(v), rp::sub(qf, v), qf);
+          p[u] = rp::add(p[u], rp::mul(rp::loadn(gr + c + u * rp::VL), term));
         }
       float ps[rp::kLanes];
       std::memcpy(ps, p, sizeof(ps));
       for (int l = 0; c + l < C; ++l) {
-        const float v = xr[c + l] * inv;
+        const float v = rp::mul(xr[c + l], inv);
         const float qf = (float)quant(v);
-        const float term = (v > -127.0f && v < 127.0f) ? qf - v : qf;
-        ps[l] = ps[l] + gr[c + l] * term;
+        const float term = (v > -127.0f && v < 127.0f) ? rp::sub(qf, v) : qf;
+        ps[l] = rp::add(ps[l], rp::mul(gr[c + l], term));
       }
       for (int w = rp::kLanes / 2; w >= 1; w >>= 1)
-        for (int l = 0; l < w; ++l) ps[l] = ps[l] + ps[l + w];
-      gs[r] = ps[0] * g;
+        for (int l = 0; l < w; ++l) ps[l] = rp::add(ps[l], ps[l + w]);
+      gs[r] = rp::mul(ps[0], g);
     }
   });
 }

@@ -54,7 +54,8 @@ void rp_csum_rows(const float* x, float* y, int64_t rows, int64_t n);
 void rp_dropout(const float* x, float* y, int64_t n, uint32_t threshold, float scale,
                 uint64_t seed, uint32_t c1, uint32_t c2);
 // canary: out[0] = a*b + c as compiled here (0 unless contracted), out[1] = a subnormal
-// product computed inside a parallel chunk (0 unless FTZ is missing in that thread).
+// product (rp::mul) computed inside a parallel chunk (0 unless FTZ is missing in that thread;
+// in the software-flush build rp::mul itself must flush it).
 void rp_canary(float* out);
 
 // optim.cpp (§8 adamw, clip_grad).

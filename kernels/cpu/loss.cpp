@@ -12,16 +12,16 @@ void rp_cross_entropy(const float* z, const int64_t* targets, float zloss, float
     for (int64_t r = r0; r < r1; ++r) {
       const float* zr = z + r * V;
       const float m = rp::cmax(V, [zr](int64_t j) { return zr[j]; });
-      rp::vmap(zr, e.data(), V, [m](rp::vf v) { return rp::vexp(v - m); });
+      rp::vmap(zr, e.data(), V, [m](rp::vf v) { return rp::vexp(rp::sub(v, m)); });
       const float s = rp::csum_array(e.data(), V);
-      const float l = m + rp::log(s);
+      const float l = rp::add(m, rp::log(s));
       lse[r] = l;
-      row_loss[r] = (l - zr[targets[r]]) + (zloss * l) * l;
+      row_loss[r] = rp::add(rp::sub(l, zr[targets[r]]), rp::mul(rp::mul(zloss, l), l));
     }
   });
   rp::FpModeGuard guard;  // this sum runs in the calling thread
   const float inv_r = (float)(1.0 / (double)R);
-  *loss = rp::csum_array(row_loss.data(), R) * inv_r;
+  *loss = rp::mul(rp::csum_array(row_loss.data(), R), inv_r);
 }
 
 void rp_cross_entropy_backward(float g, const float* z, const int64_t* targets, const float* lse,
@@ -29,15 +29,15 @@ void rp_cross_entropy_backward(float g, const float* z, const int64_t* targets, 
   const float inv_r = (float)(1.0 / (double)R);
   const float two_z = (float)(2.0 * (double)zloss);  // host scalar 2*zloss (exact doubling)
   rp::parallel_for(R, 4, [&](int64_t r0, int64_t r1) {
-    const float gs = g * inv_r;
+    const float gs = rp::mul(g, inv_r);
     for (int64_t r = r0; r < r1; ++r) {
       const float *zr = z + r * V;
       float* gr = gz + r * V;
-      const float k = 1.0f + two_z * lse[r], l = lse[r];
-      rp::vmap(zr, gr, V, [=](rp::vf v) { return (rp::vexp(v - l) * k) * gs; });
+      const float k = rp::add(1.0f, rp::mul(two_z, lse[r])), l = lse[r];
+      rp::vmap(zr, gr, V, [=](rp::vf v) { return rp::mul(rp::mul(rp::vexp(rp::sub(v, l)), k), gs); });
       // the target column subtracts 1 before the last multiply: redo it (scalar, same bits)
       const int64_t tgt = targets[r];
-      gr[tgt] = ((rp::exp(zr[tgt] - l) * k) - 1.0f) * gs;
+      gr[tgt] = rp::mul(rp::sub(rp::mul(rp::exp(rp::sub(zr[tgt], l)), k), 1.0f), gs);
     }
   });
 }

@@ -43,7 +43,10 @@ inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof(vf)); }
 
 // acc[MR][NR] (+)= Ap[k][MR] x Bp[k][NR] over k in [0, kc); C tile has row stride ldc.
 // `vector * scalar` broadcasts the scalar without arithmetic; -ffp-contract=off keeps the
-// multiply and the add separate instructions.
+// multiply and the add separate instructions. Products go through rp::mul (contract §3: the
+// plain product on x86, the fix-up on AArch64, the software flush elsewhere) unless Plain,
+// which the caller picks only where no product can come near 2^-126 (see plain_ok).
+template <bool Plain = false>
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
                          float* C, int64_t ldc, bool first) {
   vf acc[MR][NV];
@@ -56,11 +59,40 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[i][v] = acc[i][v] + b[v] * a[i];
+      for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i] : rp::mul(b[v], a[i]));
   }
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) store(C + i * ldc + v * VL, acc[i][v]);
 }
+
+#if RP_FLUSH_HW
+constexpr bool kCheckExponents = false;  // x86: rp::mul is the plain product already
+#else
+// Where rp::mul costs more than a multiply (AArch64's fix-up, the software flush), a k-block
+// whose operands cannot produce a product near 2^-126 runs the plain micro-kernel. For normal
+// a = ma 2^ea, b = mb 2^eb (ma, mb in [1, 2)) the exact product is at least 2^(ea + eb), so if
+// ea + eb >= -126 for every pair, every product is a normal number >= 2^-126 (or inf / NaN):
+// no flush, no window, nothing to fix, and the plain product has the same bits. Zeros give
+// zero products either way; a subnormal operand forces the fixed-up kernel (DAZ). Both kernels
+// give the same bits, so the choice (per A block and B panel) never shows in the result.
+constexpr bool kCheckExponents = true;
+#endif
+constexpr int32_t kSubnormalExp = -1000;  // min_exponent of a block holding a subnormal
+
+// The smallest biased exponent field among the nonzero floats of p[0, n) (kSubnormalExp if
+// one is subnormal; 255 if all are zero).
+inline int32_t min_exponent(const float* p, int64_t n) {
+  int32_t m = 255;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = rp::bits(p[i]) & 0x7FFFFFFFu;
+    const int32_t f = (int32_t)(u >> 23);
+    const int32_t e = u == 0 ? 255 : f == 0 ? kSubnormalExp : f;
+    m = e < m ? e : m;
+  }
+  return m;
+}
+// (ea + 127) + (eb + 127) >= -126 + 254: every product of the two blocks is >= 2^-126.
+inline bool plain_ok(int32_t min_a, int32_t min_b) { return min_a + min_b >= 128; }
 
 // Pack rows [0, rows) x k [0, kc) of a strided matrix (element (r, k) at p[r*rs + k*ks]) into
 // panels [ceil(rows/R)][kc][R], zero-padding the last panel's missing rows.
@@ -113,11 +145,15 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
   // Allocated per call, not zeroed (every element read is written first): its size follows B.
   const std::unique_ptr<float[]> bbuf(new float[bbatches * K * Npad]);
   float* bp = bbuf.get();
+  // min_exponent of each packed B panel block [bb][k-block][n-block] (kCheckExponents only)
+  std::vector<int32_t> bmin(kCheckExponents ? bbatches * kblocks * nblocks : 0);
   rp::parallel_for(bbatches * kblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t bb = t / (kblocks * nblocks), k0 = (t / nblocks) % kblocks * KC, j0 = t % nblocks * nc_blk;
       const int64_t kc = std::min(KC, K - k0), nc = std::min(nc_blk, N - j0);
-      pack<NR>(B + bb * sbb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, bp + bb * K * Npad + k0 * Npad + j0 * kc);
+      float* panel = bp + bb * K * Npad + k0 * Npad + j0 * kc;
+      pack<NR>(B + bb * sbb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, panel);
+      if (kCheckExponents) bmin[t] = min_exponent(panel, (nc + NR - 1) / NR * NR * kc);
     }
   });
 
@@ -137,17 +173,24 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
         pack<MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack);   // A rows
         const float* bpanels = Bb + k0 * Npad + j0 * kc;
         const bool first = (k0 == 0);
+        const bool plain = kCheckExponents &&
+            plain_ok(min_exponent(apack, (mc + MR - 1) / MR * MR * kc),
+                     bmin[((sbb == 0 ? 0 : b) * kblocks + k0 / KC) * nblocks + nb]);
+        const auto micro = [plain](int64_t kc_, const float* ap, const float* bpn, float* c, int64_t ldc, bool f) {
+          if (plain) micro_kernel<true>(kc_, ap, bpn, c, ldc, f);
+          else micro_kernel<false>(kc_, ap, bpn, c, ldc, f);
+        };
         for (int64_t jp = 0; jp < nc; jp += NR) {
           for (int64_t ip = 0; ip < mc; ip += MR) {
             float* ct = Cb + (i0 + ip) * N + (j0 + jp);
             const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
             if (mr == MR && nr == NR) {
-              micro_kernel(kc, &apack[ip * kc], &bpanels[jp * kc], ct, N, first);
+              micro(kc, &apack[ip * kc], &bpanels[jp * kc], ct, N, first);
             } else {  // edge tile: run on a full scratch tile, copy the valid part
               for (int64_t i = 0; i < MR; ++i)
                 for (int64_t j = 0; j < NR; ++j)
                   edge[i * NR + j] = (!first && i < mr && j < nr) ? ct[i * N + j] : 0.0f;
-              micro_kernel(kc, &apack[ip * kc], &bpanels[jp * kc], edge, NR, first);
+              micro(kc, &apack[ip * kc], &bpanels[jp * kc], edge, NR, first);
               for (int64_t i = 0; i < mr; ++i)
                 for (int64_t j = 0; j < nr; ++j) ct[i * N + j] = edge[i * NR + j];
             }

@@ -9,7 +9,7 @@ void rp_swiglu(const float* u, float* out, int64_t R, int64_t H) {
       for (int64_t j = 0; j < H; j += rp::VL) {
         const int64_t n = H - j;
         const rp::vf aj = rp::loadn(a + j, n), sg = rp::vsigmoid(aj);
-        rp::storen(out + r * H + j, (aj * sg) * rp::loadn(b + j, n), n);
+        rp::storen(out + r * H + j, rp::mul(rp::mul(aj, sg), rp::loadn(b + j, n)), n);
       }
     }
   });
@@ -24,9 +24,9 @@ void rp_swiglu_backward(const float* g, const float* u, float* gu, int64_t R, in
         const int64_t n = H - j;
         const rp::vf aj = rp::loadn(a + j, n), bj = rp::loadn(b + j, n), gj = rp::loadn(gr + j, n);
         const rp::vf sg = rp::vsigmoid(aj);
-        const rp::vf sa = aj * sg;
-        rp::storen(gb + j, gj * sa, n);
-        rp::storen(ga + j, (gj * bj) * (sg * (1.0f + (aj * (1.0f - sg)))), n);
+        const rp::vf sa = rp::mul(aj, sg);
+        rp::storen(gb + j, rp::mul(gj, sa), n);
+        rp::storen(ga + j, rp::mul(rp::mul(gj, bj), rp::mul(sg, rp::add(1.0f, rp::mul(aj, rp::sub(1.0f, sg))))), n);
       }
     }
   });

@@ -10,10 +10,10 @@ void rp_rmsnorm(const float* x, const float* w, float eps, float* y, float* rstd
   rp::parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * D;
-      float ss = rp::csum(D, [xr](int64_t j) { return xr[j] * xr[j]; });
-      float rs = rp::rsqrt(ss * inv_d + eps);
+      float ss = rp::csum(D, [xr](int64_t j) { return rp::mul(xr[j], xr[j]); });
+      float rs = rp::rsqrt(rp::add(rp::mul(ss, inv_d), eps));
       rstd[r] = rs;
-      for (int64_t j = 0; j < D; ++j) y[r * D + j] = (xr[j] * rs) * w[j];
+      for (int64_t j = 0; j < D; ++j) y[r * D + j] = rp::mul(rp::mul(xr[j], rs), w[j]);
     }
   });
 }
@@ -25,10 +25,10 @@ void rp_rmsnorm_backward(const float* gy, const float* x, const float* w, const 
     for (int64_t r = r0; r < r1; ++r) {
       const float *gr = gy + r * D, *xr = x + r * D;
       const float rs = rstd[r];
-      float dot = rp::csum(D, [gr, xr, w](int64_t j) { return (gr[j] * w[j]) * xr[j]; });
-      float c = ((dot * inv_d) * rs) * rs;
-      c = c * rs;
-      for (int64_t j = 0; j < D; ++j) gx[r * D + j] = ((gr[j] * w[j]) * rs) - (xr[j] * c);
+      float dot = rp::csum(D, [gr, xr, w](int64_t j) { return rp::mul(rp::mul(gr[j], w[j]), xr[j]); });
+      float c = rp::mul(rp::mul(rp::mul(dot, inv_d), rs), rs);
+      c = rp::mul(c, rs);
+      for (int64_t j = 0; j < D; ++j) gx[r * D + j] = rp::sub(rp::mul(rp::mul(gr[j], w[j]), rs), rp::mul(xr[j], c));
     }
   });
   // gw[j] = csum over rows r of gy[r,j] * (x[r,j] * rstd[r]): 32 lane-strided partial rows,
@@ -43,11 +43,11 @@ void rp_rmsnorm_backward(const float* gy, const float* x, const float* w, const 
         float* pl = &p[(r % rp::kLanes) * kCols];
         const float *gr = gy + r * D + j0, *xr = x + r * D + j0;
         const float rs = rstd[r];
-        for (int64_t j = 0; j < nj; ++j) pl[j] = pl[j] + gr[j] * (xr[j] * rs);
+        for (int64_t j = 0; j < nj; ++j) pl[j] = rp::add(pl[j], rp::mul(gr[j], rp::mul(xr[j], rs)));
       }
       for (int64_t w2 = rp::kLanes / 2; w2 >= 1; w2 >>= 1)
         for (int64_t l = 0; l < w2; ++l)
-          for (int64_t j = 0; j < nj; ++j) p[l * kCols + j] = p[l * kCols + j] + p[(l + w2) * kCols + j];
+          for (int64_t j = 0; j < nj; ++j) p[l * kCols + j] = rp::add(p[l * kCols + j], p[(l + w2) * kCols + j]);
       for (int64_t j = 0; j < nj; ++j) gw[j0 + j] = p[j];
     }
   });

@@ -11,12 +11,12 @@ void rp_rope_tables(int64_t T, int64_t Dh, float theta, float* cos_t, float* sin
   {
     rp::FpModeGuard guard;  // computed in the calling thread
     const float lt = rp::log(theta);
-    for (int64_t i = 0; i < half; ++i) f[i] = rp::exp((float)(-2 * i) * (lt * inv_dh));
+    for (int64_t i = 0; i < half; ++i) f[i] = rp::exp(rp::mul((float)(-2 * i), rp::mul(lt, inv_dh)));
   }
   rp::parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t i = 0; i < half; i += rp::VL) {
-        const rp::vf a = (float)t * rp::loadn(&f[i], half - i);
+        const rp::vf a = rp::mul((float)t, rp::loadn(&f[i], half - i));
         rp::storen(cos_t + t * half + i, rp::vcos(a), half - i);
         rp::storen(sin_t + t * half + i, rp::vsin(a), half - i);
       }
@@ -34,11 +34,11 @@ void rp_rope(const float* x, const float* cos_t, const float* sin_t, float* y, i
       for (int64_t i = 0; i < half; ++i) {
         const float x0 = xr[2 * i], x1 = xr[2 * i + 1];
         if (!backward) {
-          yr[2 * i] = (x0 * c[i]) - (x1 * s[i]);
-          yr[2 * i + 1] = (x0 * s[i]) + (x1 * c[i]);
+          yr[2 * i] = rp::sub(rp::mul(x0, c[i]), rp::mul(x1, s[i]));
+          yr[2 * i + 1] = rp::add(rp::mul(x0, s[i]), rp::mul(x1, c[i]));
         } else {
-          yr[2 * i] = (x0 * c[i]) + (x1 * s[i]);
-          yr[2 * i + 1] = (x1 * c[i]) - (x0 * s[i]);
+          yr[2 * i] = rp::add(rp::mul(x0, c[i]), rp::mul(x1, s[i]));
+          yr[2 * i + 1] = rp::sub(rp::mul(x1, c[i]), rp::mul(x0, s[i]));
         }
       }
     }

@@ -13,6 +13,12 @@
 //   g++ -O2 -std=c++17 -ffp-contract=off -pthread -I kernels/cpu $(ls kernels/cpu/*.cpp | grep -v binding.cpp) -o selftest
 //   ./selftest
 //
+// The same digests from the other paths of contract §3 (tests/test_selftest.py runs them all):
+//
+//   g++ ... -DRP_SOFT_FLUSH ...                           FTZ/DAZ off, the flush in software
+//   aarch64-linux-gnu-g++ -static ...; qemu-aarch64 ./selftest         FPCR.FZ + product fix-up
+//   riscv64-linux-gnu-g++ ...; qemu-riscv64 -L /usr/riscv64-linux-gnu ./selftest   no hardware flush
+//
 // The contract's flags are required: -ffp-contract=off, never -ffast-math (contract §2). FTZ/DAZ
 // is set per chunk inside rp::parallel_for (§3); the few float operations this file does outside
 // the kernels (input generation) run inside an rp::FpModeGuard and are exact anyway. The kernels

@@ -31,7 +31,7 @@ inline void storen(float* p, vf v, int64_t n = VL) {
 }
 
 // DAZ on the bit level (contract.h daz), lane by lane.
-inline vf vdaz(vf x) { return sel((ibits(x) & kExpMask) != 0, x, ifl(ibits(x) & kSign)); }
+inline vf vdaz(vf x) { return daz(x); }
 inline vf vabs(vf x) { return ifl(ibits(x) & ~kSign); }
 
 inline vf vexp(vf x) {  // §5.1
@@ -71,7 +71,7 @@ inline vf vrsqrt(vf x) {  // §5.4
 
 inline vf vsqrt(vf x) {  // §5.4
   x = vdaz(x);
-  vf y = x * vrsqrt(x);
+  vf y = mul(x, vrsqrt(x));
   y = sel(x == kInf, splat(kInf), y);
   return sel(x == 0.0f, x, y);
 }
@@ -84,7 +84,7 @@ inline vf vsincos_q(vf x, int32_t shift) {  // §5.5
 inline vf vsin(vf x) { return vsincos_q(x, 0); }
 inline vf vcos(vf x) { return vsincos_q(x, 1); }
 
-inline vf vsigmoid(vf x) { return vrecip(1.0f + vexp(-x)); }  // §5.6
+inline vf vsigmoid(vf x) { return vrecip(add(1.0f, vexp(-x))); }  // §5.6
 
 // y[i] = f(x[i]) for i in [0, n), VL lanes at a time; the tail runs as a partial vector.
 template <class F>
