@@ -219,41 +219,29 @@ def test_digests_catch_contraction(results):
 
 
 ARM_CXX, QEMU_ARM = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
-
-
-def test_aarch64_build_matches(results, tmp_path):
-    """The program built for AArch64 (NEON, FPCR.FZ, another code generator) and run under
-    qemu-user prints the same digests: the contract holds across instruction sets."""
-    if platform.machine() != "x86_64":
-        pytest.skip("the AArch64 cross-check runs from an x86-64 machine")
-    if not (ARM_CXX and QEMU_ARM):
-        pytest.skip("no AArch64 cross compiler or qemu-user "
-                    "(Debian packages g++-aarch64-linux-gnu and qemu-user)")
-    exe = str(tmp_path / "selftest_aarch64")
-    cmd = [ARM_CXX, "-O3", "-static"] + CONTRACT + BASE_FLAGS + SOURCES + ["-o", exe]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, f"building for AArch64 failed: {' '.join(cmd)}\n{r.stderr}"
-    lines, _, stderr, _ = _run(QEMU_ARM, exe)
-    assert stderr == "" and lines == results["gcc_O0"][0]
-
-
 RISCV_CXX, QEMU_RISCV = shutil.which("riscv64-linux-gnu-g++"), shutil.which("qemu-riscv64")
 RISCV_SYSROOT = "/usr/riscv64-linux-gnu"  # the cross toolchain's libraries, for qemu-riscv64 -L
+# name -> (cross compiler, its flags, qemu-user command, Debian packages): AArch64 (NEON,
+# FPCR.FZ plus the product fix-up) and riscv64 (no flush-to-zero mode: contract.h switches to
+# the software flush, RP_FLUSH_SOFT), each another code generator.
+CROSS = {"aarch64": (ARM_CXX, ["-O3", "-static"], [QEMU_ARM], "g++-aarch64-linux-gnu and qemu-user"),
+         "riscv64": (RISCV_CXX, ["-O2"], [QEMU_RISCV, "-L", RISCV_SYSROOT], "g++-riscv64-linux-gnu and qemu-user")}
 
 
-def test_riscv64_build_matches(results, tmp_path):
-    """riscv64 has no flush-to-zero mode: contract.h switches to the software flush
-    (RP_FLUSH_SOFT), and the program built for it, run under qemu-user, prints x86's digests."""
+@pytest.mark.parametrize("isa", CROSS)
+def test_cross_build_matches(results, tmp_path, isa):
+    """The program built for another instruction set and run under qemu-user prints the same
+    digests: the contract holds across instruction sets."""
+    cxx, flags, runner, packages = CROSS[isa]
     if platform.machine() != "x86_64":
-        pytest.skip("the riscv64 cross-check runs from an x86-64 machine")
-    if not (RISCV_CXX and QEMU_RISCV):
-        pytest.skip("no riscv64 cross compiler or qemu-user "
-                    "(Debian packages g++-riscv64-linux-gnu and qemu-user)")
-    exe = str(tmp_path / "selftest_riscv64")
-    cmd = [RISCV_CXX, "-O2"] + CONTRACT + BASE_FLAGS + SOURCES + ["-o", exe]
+        pytest.skip(f"the {isa} cross-check runs from an x86-64 machine")
+    if not (cxx and runner[0]):
+        pytest.skip(f"no {isa} cross compiler or qemu-user (Debian packages {packages})")
+    exe = str(tmp_path / f"selftest_{isa}")
+    cmd = [cxx] + flags + CONTRACT + BASE_FLAGS + SOURCES + ["-o", exe]
     r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, f"building for riscv64 failed: {' '.join(cmd)}\n{r.stderr}"
-    lines, _, stderr, _ = _run(QEMU_RISCV, "-L", RISCV_SYSROOT, exe)
+    assert r.returncode == 0, f"building for {isa} failed: {' '.join(cmd)}\n{r.stderr}"
+    lines, _, stderr, _ = _run(*runner, exe)
     assert stderr == "" and lines == results["gcc_O0"][0]
 
 
