@@ -30,7 +30,7 @@ class DeadTensors:
         where some element is not +-0.0 (NaN counts as nonzero); None when the check is off."""
         if not self.limit:
             return None
-        return torch.stack([g.ne(0).any() for g in grads.values()]).to(torch.float32)
+        return torch.stack([g.any() for g in grads.values()]).to(torch.float32)   # no bool copy of g
 
     def observe(self, step, nonzero):
         """nonzero: nonzero_flags(...) as host values, in names order."""

@@ -52,7 +52,7 @@ def test_int8_gemm_and_linear_bits(ops, M, N, K):
     rng = np.random.default_rng(K)
     sx = np.float32([0.0371])
     sw = (rng.random(N) * 0.01 + 1e-4).astype(np.float32)
-    sw[::5] = np.float32(2.0**-100)                      # products with sx near the flush threshold
+    sw[::5] = np.float32(2.0**-100)                      # tiny column scales (sx * sw near 2^-105)
     same_all(ops, "int8_linear", a, b, sx, sw)
     unchecked = ops.int8_linear(C(a), C(b), C(sx), C(sw), False)
     same(ops.int8_linear(TI.T(a), TI.T(b), TI.T(sx), TI.T(sw)), unchecked, "int8_linear check=False")

@@ -40,8 +40,8 @@ ALLOWED = {
     "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
     "aten::expand": "int8: an activation's step size s_x viewed once per row (its LSQ gradient "
                     "sums row by row, quant.activation_lsq_backward)",
-    "aten::ne.Scalar": "the dead-tensor check: is each gradient element != 0 (a comparison)",
-    "aten::any": "the dead-tensor check: does a parameter's gradient have a nonzero element",
+    "aten::any": "the dead-tensor check: does a parameter's gradient have an element that is not "
+                 "+-0.0 (comparisons with zero, no arithmetic)",
     "aten::stack": "the dead-tensor check's P flags side by side (copies)",
     "aten::_to_copy": "the dead-tensor check's flags, bool -> float32 0.0/1.0 (exact), for the one "
                       "host read",
