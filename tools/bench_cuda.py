@@ -1,9 +1,9 @@
-"""RepOps on a CUDA GPU against stock PyTorch on the same GPU, in one run: `bench.py --device cuda`.
+"""RepOps on a CUDA GPU against stock PyTorch on the same GPU, in one run: `python -m tools.bench --device cuda`.
 
-    python bench.py --device cuda                # ~3 minutes on an H200
-    python bench.py --device cuda --large        # also the 1.23B-parameter step and its hash
-    python bench.py --device cuda --profile      # also torch.profiler tables of one 27.5M step
-    python bench.py --device cuda --int8_only    # just the int8 section
+    python -m tools.bench --device cuda                # ~3 minutes on an H200
+    python -m tools.bench --device cuda --large        # also the 1.23B-parameter step and its hash
+    python -m tools.bench --device cuda --profile      # also torch.profiler tables of one 27.5M step
+    python -m tools.bench --device cuda --int8_only    # just the int8 section
 
 Prints the GPU, then:
 - matmul TFLOP/s at the default model's shapes, the 27.5M model's and large products: RepOps
@@ -35,7 +35,7 @@ import config
 import repops
 import snapshot
 import train
-from bench import TorchLlama, model_shapes, torch_step
+from tools.torch_llama import TorchLlama, model_shapes, torch_step
 
 SHAPES_27M = dict(n_layer=8, d_model=512, n_head=8, d_hidden=1536, seq_len=512, micro_batch_size=8,
                   micro_batches=4)

@@ -1,6 +1,6 @@
 """Print the LSQ drift table of int8 runs: how far the weight step sizes are from the re-pin rule.
 
-    python lsq_drift.py runs/drift0 runs/drift1          # any number of run directories
+    python -m tools.lsq_drift runs/drift0 runs/drift1          # any number of run directories
 
 For every checkpoint of each run (train with --checkpoint_every=25 for a row per 25 steps) it
 prints the step, mean over every row of every block linear of s_w * sqrt(Qp) / (2 mean|w_row|)
