@@ -96,6 +96,27 @@ def strict_json(text):
         raise ValueError("JSON nested too deeply") from None
 
 
+def read_bytes(path, what, limit, error=None):
+    """The bytes of `path`, a regular file of at most `limit` bytes (else `error`, by default
+    HashChainError): the one way a file we accept is read whole (a FIFO or a device is refused
+    without blocking; a huge file is refused before it fills memory)."""
+    error = error or HashChainError
+    with open_regular(path, what, error) as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise error(f"{what} {path} is larger than {limit} bytes")
+    return raw
+
+
+def read_json(path, what, limit, error=None):
+    """strict_json of a regular UTF-8 file of at most `limit` bytes; `error` (one line) otherwise."""
+    error = error or HashChainError
+    try:
+        return strict_json(read_bytes(path, what, limit, error).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise error(f"{what} {path} is not valid JSON ({e})") from None
+
+
 class ChainError(HashChainError):
     """The chain file is malformed or broken; `line` is the 1-based line number."""
 

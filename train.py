@@ -429,6 +429,7 @@ def run(cfg, rank, world):
     writer = rank == 0
     # Data, kernels and model first: a bad corpus or a failed build creates no run directory.
     data = TokenData(cfg.data_dir, cfg.seed)
+    data.check_leaves()                 # leaves against chunk roots; each chunk as it is read
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     lock = prepare_run_dir(cfg.run_dir) if writer else None
