@@ -27,9 +27,10 @@ The audit vouches only for what it checked, and checks everything it vouches for
    the record's Merkle leaves, metadata against the record;
 4. every replayed step's record against the published one, field for field: the state hash
    (naming the first differing tensor), batch digest, loss, gradient norm, learning rate, and
-   any field the published record has that a replay does not produce, or lacks. grad_commit,
-   the commitment to the step's gradient that only the run's secret opens, must be there and
-   well-formed; --check-receipts is what opens it.
+   any field the published record has that a replay does not produce, or lacks. step_commit,
+   the commitment to the step's gradient and post-step state that only the run's secret opens
+   (and the genesis record's secret_commit), must be there and well-formed; --check-receipts is
+   what opens it.
 
 Replays use train.train_step (the one step function) on one device with no topology emulation.
 Each problem prints as "MISMATCH at step S: ..." in step order, then what the audit cost.
@@ -66,9 +67,10 @@ from train import StepRefused, TrainState, code_digest, genesis_record, step_rec
 
 # Fields compared first: a changed batch explains a changed state, and the state names a tensor.
 FIRST_FIELDS = ("kind", "step", "batch_digest", "state_hash")
-# The one step-record field a replay cannot recompute: it commits to the step's gradient with the
-# run's secret. Here it must be present and well-formed; --check-receipts opens it (receipts.py).
-COMMITMENT = "grad_commit"
+# The one field of each kind of record that a replay cannot recompute: it commits with the run's
+# secret (to the secret; to the step's gradient and result). Here it must be present and
+# well-formed; --check-receipts opens the step's (receipts.py).
+COMMITMENTS = {"genesis": "secret_commit", "step": "step_commit"}
 
 
 def _canon(value):
@@ -80,18 +82,19 @@ def compare(replayed, published):
 
     Every field is compared as exact JSON (floats included); a field the published record has
     and a replay does not produce, or lacks, is a difference. Names the field (and the tensor
-    or key inside it). A step record's grad_commit, which a replay without the run's secret
-    cannot produce, must be there as 64 hex digits; only a receipt check tells whether it is the
-    commitment to this step's gradient."""
+    or key inside it). A record's commitment (COMMITMENTS), which a replay without the run's
+    secret cannot produce, must be there as 64 hex digits; only a receipt check tells whether a
+    step_commit commits to this step's gradient and result."""
     mine = json.loads(json.dumps(replayed))
     theirs = {k: v for k, v in published.items() if k not in ("prev", "record_hash")}
-    expected = set(mine) | ({COMMITMENT} if mine.get("kind") == "step" else set())
+    commitment = COMMITMENTS.get(mine.get("kind"))
+    expected = set(mine) | ({commitment} if commitment else set())
     keys = [k for k in FIRST_FIELDS if k in expected or k in theirs]
     keys += sorted((expected | set(theirs)) - set(FIRST_FIELDS))
     for key in keys:
         if key not in theirs:
             return f"field {key} is missing from the published record"
-        if key == COMMITMENT and key not in mine and key in expected:
+        if key == commitment and key not in mine:
             if not receipts.is_hex64(theirs[key]):
                 return f"field {key} is not a commitment (64 hex digits): published {_canon(theirs[key])[:70]}"
             continue
@@ -135,6 +138,7 @@ class Audit:
         self.findings = []                       # (step, message), every problem found
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
+        self.result = None                       # (step, result_root) of the last step replayed
         # recompute and offload are bookkeeping: the trainer's choice (config.json) unless the
         # auditor makes another for this machine
         memory = {k: self.run.recorded(k, bool, False) if v is None else v
@@ -222,6 +226,8 @@ class Audit:
                 self.find(step, f"the step reads data that is not the corpus's: {e}")
                 return
             self.replayed[step] = record["state_hash"], fields["grad_root"].result()
+            if step == last:                    # the receipt's proof of the whole step
+                self.result = step, hashchain.keyed_state_root(self.replayed[step][1], state.tensors())
             diff = compare(record, self.run.chain.records[step])
             if diff:
                 self.find(step, diff)
@@ -234,12 +240,15 @@ class Audit:
 
     def receipt(self, step, auditor, cost):
         """The receipt of replayed step `step` (receipts.py), or None if the replay stopped
-        before it. Its grad_root is what proves the replay: no published field gives it."""
-        if step not in self.replayed:
+        before it. Its grad_root and result_root are what prove the replay of the whole step:
+        no published field gives them."""
+        if self.result is None or self.result[0] != step:
             return None
         state_hash, grad_root = self.replayed[step]
         return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(self.run.genesis),
-                "step": step, "state_hash": state_hash, "grad_root": grad_root, "auditor": auditor,
+                "step": step, "record_hash": self.run.chain.records[step]["record_hash"],
+                "state_hash": state_hash, "grad_root": grad_root, "result_root": self.result[1],
+                "auditor": auditor,
                 "machine": optrace.machine(), "cost": cost, "code_digest": code_digest(),
                 "data_manifest": self.data.digest, "verdict": "MISMATCH" if self.findings else "MATCH",
                 "findings": [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]}

@@ -155,10 +155,12 @@ def _canonical(name, t):
     return dname, st_dtype, list(t.shape), arr.reshape(-1).view(np.uint8)
 
 
-def tensor_leaf(name, t):
-    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes."""
+def tensor_leaf(name, t, key=None):
+    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes. With `key` (32
+    bytes) the keyed leaf: the same bytes under another prefix that holds the key, which no one
+    can compute without both the key and the tensor (keyed_state_root)."""
     dname, _, shape, data = _canonical(name, t)
-    h = hashlib.sha256(b"repops-tensor-v1\0")
+    h = hashlib.sha256(b"repops-tensor-v1\0" if key is None else b"repops-keyed-tensor-v1\0" + key)
     h.update(name.encode("utf-8") + b"\0" + dname.encode() + b"\0"
              + json.dumps(shape, separators=(",", ":")).encode() + b"\0")
     h.update(data)
@@ -270,6 +272,14 @@ def state_hash(tensors):
     parallel threads; the result does not depend on it."""
     leaves = map_tensors(tensor_leaf, tensors)
     return merkle_root(list(leaves.values())), leaves
+
+
+def keyed_state_root(key_hex, tensors):
+    """The Merkle root (hex, merkle_root's tree, names sorted) of the keyed leaves of a state
+    under key_hex (64 hex digits): a digest of the state's bytes salted with the key. A step's
+    result_root is the one of its post-step state keyed by its grad_root (receipts.py)."""
+    key = bytes.fromhex(key_hex)
+    return merkle_root(list(map_tensors(lambda n, t: tensor_leaf(n, t, key), tensors).values()))
 
 
 def verify_state(tensors, expected_root, expected_leaves=None):
