@@ -344,8 +344,8 @@ def summarize(results, directory):
 def check_receipts_command(args):
     _, results = receipt_results(args)
     for r in results:
-        about = [f"step {r.receipt['step']} by {r.receipt['auditor']}"] if r.receipt else []
-        print(f"{r.status:9s} {r.path}: " + ": ".join(about + [r.reason] * bool(r.reason)))
+        about = [f"step {r.receipt['step']} by {receipts.shown(r.receipt['auditor'])}"] if r.receipt else []
+        print(f"{r.status:9s} {receipts.shown(r.path)}: " + ": ".join(about + [receipts.shown(r.reason)] * bool(r.reason)))
     return 1 if summarize(results, args.check_receipts)["rejected"] else 0
 
 
@@ -457,6 +457,8 @@ def anchors_command(args):
     return 0
 
 
+# The options that name a file the audit writes: each must lie outside the run (rundir.check_outside).
+OUTPUT_OPTIONS = ("trace", "receipt", "out")
 # Which mode each option belongs to; any other use is refused with one line.
 OPTION_MODES = {"recompute": ("step", "range", "all"), "offload": ("step", "range", "all"), "trace": ("step",), "receipt": ("step",), "auditor": ("step",),
                 "salts": ("check_receipts", "coverage"), "out": ("reveal_salts",),
@@ -467,7 +469,7 @@ COMMANDS = {"step": replay_command, "range": replay_command, "all": replay_comma
             "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command}
 
 
-def parse_args(argv):
+def parser():
     ap = argparse.ArgumentParser(description="Replay steps and check them against the hash chain; "
                                  "receipts, coverage plans and anchors for many auditors.")
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -498,7 +500,11 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, help="with --plan: the plan's private seed (default: drawn now)")
     ap.add_argument("--absent", type=float, metavar="F", help="with --plan: the fraction of auditors absent "
                     "or dishonest (default 0.25)")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return parser().parse_args(argv)
 
 
 def main(argv):
@@ -508,11 +514,14 @@ def main(argv):
         for option, modes in OPTION_MODES.items():
             if getattr(args, option) is not None and mode not in modes:
                 raise UsageError(f"--{option} goes with " + " or ".join("--" + m.replace("_", "-") for m in modes))
-        if bool(args.receipt) != bool(args.auditor):
+        if (args.receipt is None) != (args.auditor is None):
             raise UsageError("--receipt FILE and --auditor NAME go together")
-        for path, option in ((args.receipt, "--receipt"), (args.out, "--out")):
-            if path:
-                rundir.check_outside(args.run_dir, path, option)
+        if args.auditor is not None and receipts.auditor_problem(args.auditor):
+            raise UsageError(f"--auditor {receipts.shown(args.auditor)}: "
+                             f"{receipts.auditor_problem(args.auditor)}")
+        for option in OUTPUT_OPTIONS:
+            if getattr(args, option):
+                rundir.check_outside(args.run_dir, getattr(args, option), "--" + option)
         args.redundancy = 2 if args.redundancy is None else args.redundancy
         args.absent = 0.25 if args.absent is None else args.absent
         if args.redundancy < 1:
