@@ -640,7 +640,7 @@ def corpus(tmp_path_factory):
 
 def _train(work, corpus, *extra, launcher=None):
     (work / "run").mkdir(parents=True, exist_ok=True)
-    (work / "run" / "secret").write_bytes(SECRET)   # the chain bytes depend on it (grad_commit)
+    (work / "run" / "secret").write_bytes(SECRET)   # the chain bytes depend on it (step_commit)
     cmd = (launcher or [sys.executable]) + [str(ROOT / "train.py"), "--run_dir=run", f"--data_dir={corpus}", *RUN_FLAGS, *extra]
     r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
