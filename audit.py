@@ -55,6 +55,7 @@ import statistics
 import sys
 import time
 
+import checkpoint
 import hashchain
 import optrace
 import receipts
@@ -188,7 +189,7 @@ class Audit:
         except hashchain.ChainError as e:       # the chain breaks before this checkpoint
             self.find(e.line - 1, e.message)
             return None
-        except hashchain.CheckpointError as e:
+        except checkpoint.CheckpointError as e:
             raise UsageError(str(e)) from None
         self.bytes_read += os.path.getsize(path)
         return tensors

@@ -28,6 +28,7 @@ import os
 import socket
 from pathlib import Path
 
+import checkpoint
 import config
 import hashchain
 from config import UsageError
@@ -122,18 +123,18 @@ class Run:
 
     def checkpoints(self):
         """[(step, path)] of the checkpoint files, sorted by step."""
-        return hashchain.list_checkpoints(checkpoint_dir(self.dir))
+        return checkpoint.list_checkpoints(checkpoint_dir(self.dir))
 
     def verified_checkpoint(self, step, path, mmap=False):
         """The tensors of the checkpoint of `step`, after verifying the chain up to that step,
         the tensors against the record's Merkle leaves and the metadata against the record.
         HashChainError (StateMismatch for a file that does not match) otherwise. mmap: see
-        hashchain.load_checkpoint."""
+        checkpoint.load_checkpoint."""
         self.chain.verify(upto=step)
         if step >= len(self.chain):
             raise hashchain.StateMismatch(f"checkpoint {path}: step {step} has no record in the chain")
         record = self.chain.records[step]
-        tensors, meta = hashchain.load_checkpoint(path, mmap)
+        tensors, meta = checkpoint.load_checkpoint(path, mmap)
         hashchain.verify_state(tensors, record.get("state_hash"), record.get("tensor_hashes"))
         expected = {"step": step, "state_hash": record["state_hash"],
                     "tensor_hashes": record["tensor_hashes"]}
@@ -153,7 +154,7 @@ class Run:
                 continue
             try:
                 return step, self.verified_checkpoint(step, path, mmap)
-            except (hashchain.StateMismatch, hashchain.CheckpointError) as e:
+            except (hashchain.StateMismatch, checkpoint.CheckpointError) as e:
                 on_bad(step, path, e)
         return 0, None
 
