@@ -36,6 +36,11 @@ mix digest's first 8 bytes) selects: source i when T[i-1] <= word < T[i] (mix_th
 A bundle (databundle.py) is a corpus directory holding, instead of the token files, the chunks
 that some steps read, each with its Merkle proof; TokenData checks each chunk against the
 manifest's chunk root when it opens the bundle, and serves windows from them.
+
+Why over ~450 lines: this is the whole reading side, the one thing train and audit need from
+the data (TokenData over a corpus, a mix or a bundle, and the commitments it checks); the
+writing side lives apart: dataprep.py (corpora, mixes), databundle.py (bundles), prepare.py
+(the command line).
 """
 
 import hashlib

@@ -15,6 +15,7 @@
 
     lock = hold_lock("runs/default")       # the trainer, for its whole life; UsageError if held
     check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is in the run
+    first, last = chain_steps(run, "1:40")  # steps A:B of the chain (default all), refused if not in it
 
 Readers (audit.py, sample.py) never create, rename or delete anything in a run; the files they
 write (receipts, revealed salts) must lie outside it. The secret and anchors.jsonl are written
@@ -192,3 +193,26 @@ class Run:
     def recorded_data_dir(self):
         """The corpus the run was trained on, as config.json names it."""
         return self.recorded("data_dir", str, config.Config.data_dir)
+
+
+# ----------------------------------------------------------------------------- step ranges
+def parse_range(text, flag):
+    """(first, last) of a command line's A:B step range (UsageError unless 1 <= A <= B)."""
+    a, _, b = text.partition(":")
+    try:
+        first, last = int(a), int(b)
+    except ValueError:
+        raise UsageError(f"{flag} expects A:B, got {text!r}") from None
+    if not 1 <= first <= last:
+        raise UsageError(f"{flag} {text}: steps start at 1 and a range runs forward")
+    return first, last
+
+
+def chain_steps(run, steps, flag="--steps"):
+    """(first, last) of `steps` (A:B, default: every step), refused unless in the chain."""
+    run.chain.verify()
+    last_step = len(run.chain) - 1
+    first, last = parse_range(steps, flag) if steps else (1, last_step)
+    if last > last_step:
+        raise UsageError(f"{flag}: steps {first}..{last} are not in the chain (it holds steps 1..{last_step})")
+    return first, last

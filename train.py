@@ -21,6 +21,12 @@ anchors.jsonl, for the publisher to copy out of the run. The config block is con
 A state larger than memory (--preset=open1b) trains and replays with recompute and offload
 (README "Scale"): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
+
+Why over ~450 lines: this file is what a run is (the step, the records it publishes, the loop
+and resume that publish them), and its bytes are part of code_digest; the step and its records
+stay with the loop that calls them so a reader sees the whole of what a record vouches for.
+Checkpoint files (checkpoint.py), the run directory (rundir.py), hashing (hashchain.py,
+snapshot.py) and the config (config.py) already live apart.
 """
 import dataclasses
 import datetime
