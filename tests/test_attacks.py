@@ -33,6 +33,7 @@ import pytest
 import torch
 
 import audit
+import checkpoint
 import config
 import databundle
 import dataprep
@@ -223,7 +224,7 @@ def test_names_paths_and_findings_are_printed_escaped(reference, honest, tmp_pat
 # ----------------------------------------------------------------------------- 3. readers never write
 def output_cases(run, out):
     """(option given, argv) of every output path of every reading tool, aimed at the run."""
-    chain, ckpt = run / "chain.jsonl", hashchain.checkpoint_path(run / "checkpoints", 10)
+    chain, ckpt = run / "chain.jsonl", checkpoint.checkpoint_path(run / "checkpoints", 10)
     (out / "chain_link").symlink_to(chain)
     os.link(chain, out / "chain_hard")
     os.link(run / "train.log", out / "log_hard")
