@@ -6,3 +6,4 @@ here for the kernel tests.
     ref.rmsnorm(x, w, eps)        # the same function as numpy_contract.rmsnorm
 """
 from numpy_contract import *  # noqa: F401,F403  (every public name of the contract)
+from numpy_contract import _sincos  # noqa: F401  (test_kernels checks the shared sin/cos core)
