@@ -4,8 +4,9 @@
 
 replays the genesis state and steps 1..N of a run in NumPy and compares every byte it can
 derive with the run's files: the genesis record and each step record (line for line of
-chain.jsonl, grad_commit included, from the run's secret), and the checkpoint files of those
-steps. It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match,
+chain.jsonl), and the checkpoint files of those steps. grad_commit needs the run's secret
+(run_dir/secret); without it the replay takes each grad_commit from the published record and
+checks everything else, the record hashes included. It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match,
 1 otherwise, 2 on bad input. It imports nothing from the project: the standard library, NumPy
 and its own first half, numpy_contract.py (the arithmetic contract). Section numbers (§N) are
 SPEC.md's; `contract §N` is kernels/README.md's. It is slow (seconds per micro-batch of the
@@ -403,7 +404,10 @@ def replay(run_dir, data_dir, steps, code_root, say):
     cfg = json.loads(lines[0])["config"]
     corpus = Corpus(data_dir)
     corpus.seed = cfg["seed"]
-    secret = open(os.path.join(run_dir, "secret"), "rb").read()
+    secret_path = os.path.join(run_dir, "secret")
+    secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
+    if secret is None:
+        say("note: no secret in the run directory: grad_commit is taken from the published records")
     params = init_params(cfg)
     m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
     v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
@@ -419,8 +423,11 @@ def replay(run_dir, data_dir, steps, code_root, say):
                       "tokenizer": man["tokenizer"], "vocab_size": man["tokenizer"]["vocab_size"]}
         else:
             fields, grad_root = train_step(cfg, corpus, params, m, v, s)
-            salt = hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest()
-            fields["grad_commit"] = hashlib.sha256(salt + bytes.fromhex(grad_root)).hexdigest()
+            if secret is not None:                                      # §11.6
+                salt = hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest()
+                fields["grad_commit"] = hashlib.sha256(salt + bytes.fromhex(grad_root)).hexdigest()
+            elif s < len(lines) and lines[s]:
+                fields["grad_commit"] = json.loads(lines[s]).get("grad_commit")
         state = full_state(cfg, params, m, v, s)
         root, leaves = state_hash(state)
         record = sealed(dict(fields, state_hash=root, tensor_hashes=leaves), prev)

@@ -185,6 +185,13 @@ def test_parameter_table():
                 spelled.add(pattern.replace("{i}", str(i)).replace("<lin>", lin))
     assert names[:3] == ["step", "params.<p>", "adam_m.<p>"]
     assert spelled == expected
+    begins, ends, int8 = re.search(r"order begins `([^`]+)` and ends\s+`([^`]+)`.*?\(`([^`]+), \.\.\.`\)",
+                                   section, re.S).groups()
+    order = list(model.Llama(train.model_config(config.Config(), 256), seed=0).named_tensors())
+    assert order[:7] == re.split(r",\s+", begins) and order[-3:] == re.split(r",\s+", ends)
+    int8_order = sorted(expected)
+    start = int8_order.index("layers.0.wo")
+    assert int8_order[start:start + 4] == re.split(r",\s+", int8)
 
 
 def test_code_digest_file_list():
@@ -239,6 +246,16 @@ def test_numpy_replay_reproduces_the_run(which, corpus, request):
     genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])["config"]
     assert genesis["n_kv_head"] < genesis["n_head"] and genesis["dropout"] > 0
     assert genesis["micro_batches"] == 3 and genesis["quant"] == ("int8" if which == "int8_run" else "none")
+
+
+def test_numpy_replay_without_the_secret(fp32_run, corpus, tmp_path):
+    """A verifier without the secret checks everything but grad_commit, record hashes included."""
+    run = tmp_path / "run"
+    shutil.copytree(fp32_run, run)
+    (run / "secret").unlink()
+    proc = replay(run, corpus, steps=1)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("note: no secret")
 
 
 def test_numpy_replay_reports_a_tampered_run(int8_run, corpus, tmp_path):
