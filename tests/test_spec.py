@@ -42,7 +42,7 @@ SPEC = (ROOT / "SPEC.md").read_text()
 REPLAY = ROOT / "tests" / "numpy_replay.py"
 # tiny, with everything the replay must cover: dropout, GQA (1 key/value head for 2 query
 # heads) and a micro-batch count that is not a power of two
-REPLAY_RUN = ["--n_kv_head=1", "--dropout=0.1", "--micro_batches=3", "--max_steps=3",
+REPLAY_RUN = ["--n_kv_head=1", "--dropout=0.1", "--micro_batches=3", "--max_steps=3", "--warmup_steps=2",
               "--checkpoint_every=50"]
 REPLAY_STEPS = 3
 
