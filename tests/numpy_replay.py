@@ -6,11 +6,13 @@ replays the genesis state and steps 1..N of a run in NumPy and compares every by
 derive with the run's files: the genesis record and each step record (line for line of
 chain.jsonl), and the checkpoint files of those steps. grad_commit needs the run's secret
 (run_dir/secret); without it the replay takes each grad_commit from the published record and
-checks everything else, the record hashes included. It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match,
-1 otherwise, 2 on bad input. It imports nothing from the project: the standard library, NumPy
-and its own first half, numpy_contract.py (the arithmetic contract). Section numbers (§N) are
-SPEC.md's; `contract §N` is kernels/README.md's. It is slow (seconds per micro-batch of the
-tiny test model): it is the reference an auditor reads, not a trainer.
+checks everything else, the record hashes included. It prints "MATCH ..." or
+"MISMATCH at step S: ..." per item and exits 0 when all match, 1 otherwise, 2 on bad input.
+
+It imports nothing from the project: the standard library, NumPy and its own first half,
+numpy_contract.py (the arithmetic contract). Section numbers (§N) are SPEC.md's; `contract §N`
+is kernels/README.md's. Every float operation is one NumPy operation with the contract's
+flushes, so it is slow: it is the reference an auditor reads, not a trainer.
 """
 import argparse
 import hashlib
@@ -139,9 +141,14 @@ def full_state(cfg, params, m, v, step):
 
 # ------------------------------------------------------------------ §5 the data
 class Corpus:
-    def __init__(self, data_dir):
+    """A prepared corpus (§5.1), its token files checked against the manifest; not a mix."""
+
+    def __init__(self, data_dir, seed):
+        self.seed = seed
         with open(os.path.join(data_dir, "manifest.json")) as f:
             self.manifest = json.load(f)
+        if "mix" in self.manifest:
+            raise ValueError(f"{data_dir} is a mix (SPEC §5.3), which this replay does not implement")
         named = dict(self.manifest, splits={s: {k: v for k, v in r.items() if k != "chunks"}
                                             for s, r in self.manifest["splits"].items()})
         self.digest = hashlib.sha256(json.dumps(named, sort_keys=True, separators=(",", ":"))
@@ -398,12 +405,22 @@ def code_digest(root):
     return h.hexdigest()
 
 
+def genesis_fields(cfg, corpus, code_root):
+    """§12.2 without the state hash."""
+    splits = corpus.manifest["splits"]
+    return {"kind": "genesis", "step": 0, "config": cfg, "code_digest": code_digest(code_root),
+            "data_manifest": corpus.digest, "data_splits": {k: r["sha256"] for k, r in splits.items()},
+            "data_chunks": {k: r["chunks"] for k, r in splits.items()},
+            "tokenizer": corpus.manifest["tokenizer"], "vocab_size": corpus.manifest["tokenizer"]["vocab_size"]}
+
+
 def replay(run_dir, data_dir, steps, code_root, say):
     """Replay genesis and steps 1..steps of run_dir; say(line) for each verdict. True if all match."""
-    lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().split(b"\n")
+    lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().splitlines()
+    if not 0 <= steps < len(lines):
+        raise ValueError(f"the chain holds steps 0..{len(lines) - 1}, not {steps}")
     cfg = json.loads(lines[0])["config"]
-    corpus = Corpus(data_dir)
-    corpus.seed = cfg["seed"]
+    corpus = Corpus(data_dir, cfg["seed"])
     secret_path = os.path.join(run_dir, "secret")
     secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
     if secret is None:
@@ -411,33 +428,26 @@ def replay(run_dir, data_dir, steps, code_root, say):
     params = init_params(cfg)
     m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
     v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
-    man = corpus.manifest
-    ok = True
-    prev = "0" * 64
+    ok, prev = True, "0" * 64
     for s in range(steps + 1):
         if s == 0:
-            fields = {"kind": "genesis", "step": 0, "config": cfg, "code_digest": code_digest(code_root),
-                      "data_manifest": corpus.digest,
-                      "data_splits": {k: r["sha256"] for k, r in man["splits"].items()},
-                      "data_chunks": {k: r["chunks"] for k, r in man["splits"].items()},
-                      "tokenizer": man["tokenizer"], "vocab_size": man["tokenizer"]["vocab_size"]}
+            fields = genesis_fields(cfg, corpus, code_root)
         else:
             fields, grad_root = train_step(cfg, corpus, params, m, v, s)
             if secret is not None:                                      # §11.6
                 salt = hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest()
                 fields["grad_commit"] = hashlib.sha256(salt + bytes.fromhex(grad_root)).hexdigest()
-            elif s < len(lines) and lines[s]:
+            else:
                 fields["grad_commit"] = json.loads(lines[s]).get("grad_commit")
         state = full_state(cfg, params, m, v, s)
         root, leaves = state_hash(state)
         record = sealed(dict(fields, state_hash=root, tensor_hashes=leaves), prev)
         prev = record["record_hash"]
-        mine, theirs = canonical_json(record).encode(), lines[s] if s < len(lines) else b""
-        if mine == theirs:
+        if canonical_json(record).encode() == lines[s]:
             say(f"MATCH step {s}: record {record['record_hash']}")
         else:
             ok = False
-            published = json.loads(theirs) if theirs else {}
+            published = json.loads(lines[s])
             diff = sorted(k for k in set(record) | set(published) if record.get(k) != published.get(k))
             say(f"MISMATCH at step {s}: the record differs in {', '.join(diff) or 'its bytes'}")
         ckpt = os.path.join(run_dir, "checkpoints", f"step_{s:08d}.safetensors")
@@ -458,7 +468,7 @@ def main(argv):
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = ap.parse_args(argv)
     try:
-        ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, print)
+        ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, lambda line: print(line, flush=True))
     except (OSError, ValueError, KeyError) as e:
         print(f"numpy_replay.py: error: {e}", file=sys.stderr)
         return 2
