@@ -392,7 +392,8 @@ def code_digest(root):
     """§14: the build flags, then (path, SHA-256 of the file) of the files that decide the math."""
     arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
     flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp"
-    files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py", "quant.py"]
+    files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
+             "checkpoint.py", "quant.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
              "kernels/common": (".h", ".cuh")}
     for folder, ends in kinds.items():
