@@ -4,8 +4,8 @@
 
 replays the genesis state and steps 1..N of a run in NumPy and compares every byte it can
 derive with the run's files: the genesis record and each step record (line for line of
-chain.jsonl), and the checkpoint files of those steps. grad_commit needs the run's secret
-(run_dir/secret); without it the replay takes each grad_commit from the published record and
+chain.jsonl), and the checkpoint files of those steps. secret_commit and step_commit need the
+run's secret (run_dir/secret); without it the replay takes them from the published records and
 checks everything else, the record hashes included. It prints "MATCH ..." or
 "MISMATCH at step S: ..." per item and exits 0 when all match, 1 otherwise, 2 on bad input.
 
@@ -34,10 +34,12 @@ VAL_COUNTER = 0x80000000
 
 
 # ------------------------------------------------------------------ §11 hashes, §12 JSON
-def leaf(name, arr):
-    """§11.1: SHA-256 of the domain, name, dtype, shape and little-endian bytes of a tensor."""
+def leaf(name, arr, key=None):
+    """§11.1: SHA-256 of the domain, name, dtype, shape and little-endian bytes of a tensor;
+    with key (32 bytes) the keyed leaf of §11.6."""
     dtype = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64"}[arr.dtype]
-    head = b"repops-tensor-v1\0" + name.encode() + b"\0" + dtype.encode() + b"\0" + \
+    domain = b"repops-tensor-v1\0" if key is None else b"repops-keyed-tensor-v1\0" + key
+    head = domain + name.encode() + b"\0" + dtype.encode() + b"\0" + \
         ("[" + ",".join(str(d) for d in arr.shape) + "]").encode() + b"\0"
     return hashlib.sha256(head + le_bytes(arr)).hexdigest()
 
@@ -149,9 +151,7 @@ class Corpus:
             self.manifest = json.load(f)
         if "mix" in self.manifest:
             raise ValueError(f"{data_dir} is a mix (SPEC §5.3), which this replay does not implement")
-        named = dict(self.manifest, splits={s: {k: v for k, v in r.items() if k != "chunks"}
-                                            for s, r in self.manifest["splits"].items()})
-        self.digest = hashlib.sha256(json.dumps(named, sort_keys=True, separators=(",", ":"))
+        self.digest = hashlib.sha256(json.dumps(self.manifest, sort_keys=True, separators=(",", ":"))
                                      .encode()).hexdigest()                       # §5.1
         dtype = {"uint16": "<u2", "uint32": "<u4"}[self.manifest["dtype"]]
         self.tokens = {}
@@ -425,7 +425,8 @@ def replay(run_dir, data_dir, steps, code_root, say):
     secret_path = os.path.join(run_dir, "secret")
     secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
     if secret is None:
-        say("note: no secret in the run directory: grad_commit is taken from the published records")
+        say("note: no secret in the run directory: secret_commit and step_commit are taken from "
+            "the published records")
     params = init_params(cfg)
     m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
     v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
@@ -435,13 +436,18 @@ def replay(run_dir, data_dir, steps, code_root, say):
             fields = genesis_fields(cfg, corpus, code_root)
         else:
             fields, grad_root = train_step(cfg, corpus, params, m, v, s)
-            if secret is not None:                                      # §11.6
-                salt = hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest()
-                fields["grad_commit"] = hashlib.sha256(salt + bytes.fromhex(grad_root)).hexdigest()
-            else:
-                fields["grad_commit"] = json.loads(lines[s]).get("grad_commit")
         state = full_state(cfg, params, m, v, s)
         root, leaves = state_hash(state)
+        commitment = "secret_commit" if s == 0 else "step_commit"      # §11.6
+        if secret is None:
+            fields[commitment] = json.loads(lines[s]).get(commitment)
+        elif s == 0:
+            fields[commitment] = hmac.new(secret, b"repops-secret-commit-v1", hashlib.sha256).hexdigest()
+        else:
+            salt = hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest()
+            key = bytes.fromhex(grad_root)
+            result_root = merkle_root([leaf(n, state[n], key) for n in sorted(state)])
+            fields[commitment] = hashlib.sha256(salt + key + bytes.fromhex(result_root)).hexdigest()
         record = sealed(dict(fields, state_hash=root, tensor_hashes=leaves), prev)
         prev = record["record_hash"]
         if canonical_json(record).encode() == lines[s]:

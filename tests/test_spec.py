@@ -248,7 +248,7 @@ def test_numpy_replay_reproduces_the_run(which, corpus, request):
 
 
 def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path):
-    """Without the secret the replay checks everything but grad_commit (taken from the record),
+    """Without the secret the replay checks everything but the commitments (taken from the records),
     the record hashes included; a flipped byte in checkpoint 0 is a MISMATCH (exit 1)."""
     run = tmp_path / "run"
     shutil.copytree(int8_run, run)
@@ -260,5 +260,6 @@ def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path
     proc = replay(run, corpus, steps=1)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert [line.split(": record ")[0] for line in proc.stdout.splitlines()] == [
-        "note: no secret in the run directory: grad_commit is taken from the published records",
+        "note: no secret in the run directory: secret_commit and step_commit are taken from the "
+        "published records",
         "MATCH step 0", "MISMATCH at step 0: checkpoint step_00000000.safetensors differs", "MATCH step 1"]
