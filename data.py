@@ -50,6 +50,7 @@ writing side lives apart: dataprep.py (corpora, mixes), databundle.py (bundles),
 (the command line).
 """
 
+import collections
 import hashlib
 import json
 import os
@@ -71,6 +72,7 @@ MANIFEST_FORMAT = 2
 MAX_MANIFEST = 16 << 20        # a manifest is a few KB, a mix's manifest too
 MAX_BUNDLE_INDEX = 256 << 20   # bundle.json: ~2 MB of proofs for a step of a 900 GB corpus
 CHUNK_KEY = re.compile(r"0|[1-9][0-9]*")
+CACHED_CHUNKS = 4096           # checked chunks kept per split: 256 MiB at 64 KiB, > a 1B step's 1,400
 # Validation counters live in the top half of the 32-bit micro-batch counter, so no train
 # micro-batch can ever draw the same Philox block as a validation one.
 VAL_COUNTER = 0x80000000
@@ -237,8 +239,9 @@ class ChunkedTokens:
         if stop <= start:
             return np.zeros(0, self.dtype)
         first, last = start // self.chunk_tokens, (stop - 1) // self.chunk_tokens
-        joined = np.concatenate([self.chunk(k) for k in range(first, last + 1)])
-        return joined[start - first * self.chunk_tokens:stop - first * self.chunk_tokens]
+        parts = [self.chunk(k)[max(start - k * self.chunk_tokens, 0):stop - k * self.chunk_tokens]
+                 for k in range(first, last + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class TokenFile:
@@ -247,7 +250,10 @@ class TokenFile:
     The leaves file (the SHA-256 of each chunk, 32 bytes each) is read once, at the first read,
     and its Merkle root must be the manifest's chunk root; then every chunk read from the token
     file is hashed and must equal its leaf (DataMismatch otherwise). So a token served is a
-    token the manifest names, whatever happened to the file after it was prepared."""
+    token the manifest names, whatever happened to the file after it was prepared. The last
+    CACHED_CHUNKS chunks checked are kept (their checked copies, not the file's pages): a step
+    reads its windows twice (the micro-batches, then the batch digest), and a small corpus's
+    chunks again every step."""
 
     def __init__(self, path, leaves_path, split, rec, dtype):
         self.path, self.leaves_path, self.split, self.dtype = path, leaves_path, split, dtype
@@ -261,6 +267,7 @@ class TokenFile:
             raise DataError(f"split {split!r}: {path} has {size} bytes, the manifest says "
                             f"{rec['n_tokens']} tokens x {dtype.itemsize} bytes")
         self._leaves = None
+        self.cache = collections.OrderedDict()      # chunk index -> checked tokens, LRU
 
     def leaves(self):
         """The leaves file's bytes, checked against the manifest's chunk root (once)."""
@@ -278,6 +285,9 @@ class TokenFile:
         return self._leaves
 
     def chunk(self, k):
+        if k in self.cache:
+            self.cache.move_to_end(k)
+            return self.cache[k]
         leaf = self.leaves()[32 * k:32 * k + 32]
         raw = os.pread(self.file.fileno(), self.chunk_bytes, k * self.chunk_bytes)
         if len(raw) != min(self.chunk_bytes, self.size - k * self.chunk_bytes) \
@@ -285,7 +295,10 @@ class TokenFile:
             raise DataMismatch(f"split {self.split!r}: chunk {k} of {self.path} does not match its "
                                "leaf under the manifest's chunk root (the token file differs from "
                                "its manifest)")
-        return np.frombuffer(raw, self.dtype)
+        tokens = self.cache[k] = np.frombuffer(raw, self.dtype)
+        if len(self.cache) > CACHED_CHUNKS:
+            self.cache.popitem(last=False)
+        return tokens
 
 
 def open_bundle_split(data, split, rec):

@@ -18,7 +18,7 @@
   in the run's own anchors.jsonl, temp files of any name in checkpoints/, and a refusal that
   names the option given.
 
-Runs in-process on the shared tiny `reference` run (tests/conftest.py); about 60 s on 2 cores.
+Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here.
 """
 import contextlib
 import hashlib
@@ -37,6 +37,7 @@ import checkpoint
 import config
 import databundle
 import dataprep
+import prepare
 import hashchain
 import receipts
 import rundir
@@ -52,6 +53,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    """tests/conftest.py's uninterrupted tiny run (30 steps, a checkpoint every 10), trained in
+    this process: no subprocess start, no timeout on a busy machine."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    code, _, err = call(train.main, train_args(run, corpus))
+    assert code == 0, err
+    return run
 
 
 def call(main, argv):
@@ -222,6 +233,10 @@ def test_names_paths_and_findings_are_printed_escaped(reference, honest, tmp_pat
 
 
 # ----------------------------------------------------------------------------- 3. readers never write
+def data_py(argv):
+    return prepare.main(argv, prog="data.py")
+
+
 def output_cases(run, out):
     """(option given, argv) of every output path of every reading tool, aimed at the run."""
     chain, ckpt = run / "chain.jsonl", checkpoint.checkpoint_path(run / "checkpoints", 10)
@@ -240,8 +255,8 @@ def output_cases(run, out):
         ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--auditor", "a"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", run / "s.json"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", out / "chain_hard"])),
-        ("--data_dir", (dataprep.main, ["--bundle", "--step", 3, "--run_dir", run, "--data_dir", run / "b"])),
-        ("--data_dir", (dataprep.main, ["--bundle", "--step", 3, "--run_dir", run,
+        ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run, "--data_dir", run / "b"])),
+        ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run,
                                         "--data_dir", out / "run_link" / "checkpoints" / "b"])),
     ]
 
