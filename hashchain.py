@@ -346,6 +346,12 @@ def bits_f32(s):
 # A record line longer than this is not a record (a default-model record is about 3 KB; one
 # tensor hash per tensor keeps even a 1000-layer model's records far below it).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
+# A chain file longer than this is not a chain (5 million default-model records; it is read whole).
+MAX_CHAIN_BYTES = 16 << 30
+
+
+class ChainFileError(HashChainError):
+    """The chain file cannot be read as one (not a regular file, too large)."""
 
 
 class Chain:
@@ -369,11 +375,7 @@ class Chain:
         is dropped and, with repair=True, cut from the file (repair=False leaves the file alone,
         for readers such as an audit that must not write to the run). Returns self.note."""
         self.records, self.broken, self.note = [], None, None
-        if self.path.exists():
-            with open_regular(self.path, "chain") as f:
-                data = f.read()
-        else:
-            data = b""
+        data = read_bytes(self.path, "chain", MAX_CHAIN_BYTES, ChainFileError) if self.path.exists() else b""
         keep = data.rfind(b"\n") + 1
         if keep < len(data):
             self.note = (f"{self.path}: dropped a torn last line ({len(data) - keep} bytes) "

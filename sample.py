@@ -8,6 +8,7 @@ against the published records. Sampling is Gumbel-max with Philox noise, all in 
 (model.Llama.generate). It only reads the run directory. Exit code 2 on bad input.
 """
 import argparse
+import math
 import sys
 
 import hashchain
@@ -35,6 +36,9 @@ def load_model(run_dir, step):
     return state.model, get_tokenizer(tokenizer["name"])
 
 
+MAX_TOKENS = 1 << 20       # --tokens: a sample, not a corpus
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
@@ -45,8 +49,9 @@ def main(argv):
     ap.add_argument("--temperature", type=float, default=0.8)
     args = ap.parse_args(argv)
     try:
-        if args.tokens < 0 or not args.temperature > 0 or not 0 <= args.seed < 1 << 64:
-            raise UsageError("--tokens must be >= 0, --temperature > 0 and --seed in [0, 2^64)")
+        if not (0 <= args.tokens <= MAX_TOKENS and 0 < args.temperature < math.inf and 0 <= args.seed < 1 << 64):
+            raise UsageError(f"--tokens must be in 0..{MAX_TOKENS}, --temperature a finite number > 0 "
+                             "and --seed in [0, 2^64)")
         model, enc = load_model(args.run_dir, args.step)
         ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
     except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:

@@ -37,10 +37,12 @@ import checkpoint
 import config
 import databundle
 import dataprep
+import optrace
 import prepare
 import hashchain
 import receipts
 import rundir
+import sample
 import train
 from data import DataError, DataMismatch, TokenData
 from tiny import TINY, chain_records, copy_run, reseal, train_args, write_chain
@@ -398,3 +400,12 @@ def test_a_refusal_names_the_option_given(arg, named):
     cfg = config.parse_config(TINY + [arg])
     with pytest.raises(config.UsageError, match=named.replace(".", r"\.")):
         config.validate(cfg)
+
+
+def test_a_trace_fifo_and_sample_sizes(reference, tmp_path):
+    os.mkfifo(tmp_path / "trace.jsonl")
+    with no_hang():
+        result = call(optrace.main, [tmp_path / "trace.jsonl", tmp_path / "trace.jsonl"])
+    assert one_line_error(result, "optrace.py") and "not a regular file" in result[2], result
+    for argv in (["--tokens", 10**12], ["--temperature", "inf"]):
+        assert one_line_error(call(sample.main, ["--run_dir", reference, *argv]), "sample.py")
