@@ -35,7 +35,7 @@ def write_chain(run, n_steps, secret):
         rec = genesis if s == 0 else {
             "kind": "step", "step": s, "state_hash": fake_hash("state", s), "tensor_hashes": {},
             "batch_digest": fake_hash("batch", s), "loss": 99.0 if s == SPIKE else 5.0 - s / n_steps,
-            "grad_norm": 1.0 + (s % 7) / 10, "lr": 0.003 * (1 - s / (n_steps + 1)),
+            "grad_norm": 0.3 + 2.0 * (1 - s / n_steps) ** 4 + (s % 7) / 100, "lr": 0.003 * (1 - s / (n_steps + 1)),
             "grad_commit": receipts.commit(receipts.salt(secret, s), fake_hash("grad", s))}
         rec = hashchain.seal(rec, prev)
         prev = rec["record_hash"]
@@ -62,6 +62,9 @@ def big(tmp_path_factory):
     run.mkdir()
     secret = receipts.make_secret(run)
     write_chain(run, STEPS, secret)
+    (run / "checkpoints").mkdir()                # listed by name only: the report never reads them
+    for s in range(0, STEPS + 1, 10_000):
+        (run / "checkpoints" / f"step_{s:08d}.safetensors").touch()
     chain = hashchain.Chain(run / "chain.jsonl")
     chain.load(repair=False)
     rdir = base / "receipts"
@@ -114,6 +117,7 @@ def test_big_run_report(big, tmp_path):
     # the costs, and the anchors
     assert re.search(r"<td>alice</td><td>200</td><td>600</td><td>500.0</td><td>102</td><td>200.0</td>", page)
     assert "ANCHORED" in page and page.count('class="anchor"') == 2
+    assert "9 checkpoint files (steps 0,10000,20000," in page and page.count('class="ckpt"') == 9
 
 
 def test_contradicting_anchor_is_a_mismatch(big, tmp_path):
