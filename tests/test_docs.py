@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "kernels" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "SPEC.md", ROOT / "kernels" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TOUR = [ROOT / "runs" / "tour", ROOT / "data" / "tour", ROOT / "out" / "tour"]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -26,6 +26,11 @@ CODE = re.compile(r"(?<!`)`([^`\s]+)`(?!`)")
 # and is not a place a command writes or an example name.
 PATHLIKE = re.compile(r"^(?:[\w.-]+/)*[\w.-]+(?:\.(?:py|md|h|cpp|cu|cuh|png|txt|sh)|/)(?:::\w+)?$")
 NOT_REPO = ("runs/", "data/", "out/", "/", "~", "text/", "receipts/", "published/", "alice/", "r.json")
+
+
+SOURCES = {}
+for _p in [*ROOT.glob("*.py"), *(ROOT / "kernels").rglob("*"), *(ROOT / "tools").glob("*.py"), *(ROOT / "tests").glob("*.py")]:
+    SOURCES.setdefault(_p.name, []).append(_p)
 
 
 def slug(heading):
@@ -88,9 +93,8 @@ def test_named_paths_exist(doc):
         if not PATHLIKE.match(token) or token.startswith(NOT_REPO):
             continue
         file, _, name = token.partition("::")
-        # a bare file name may also be one of the files beside the document's own subject
-        # (kernels/README.md says `contract.h` for kernels/cpu/contract.h)
-        near = [ROOT / file, doc.parent / file] + ([] if "/" in file else list(doc.parent.glob(f"*/{file}")))
+        # a bare file name may name a file deeper down (`contract.h` for kernels/cpu/contract.h)
+        near = [ROOT / file, doc.parent / file] + ([] if "/" in file else SOURCES.get(file, []))
         path = next((p for p in near if p.exists()), None)
         if path is None:
             missing.append(token)
