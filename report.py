@@ -146,7 +146,7 @@ def strip(levels, anchors=()):
     """The coverage strip: rows of STRIP_ROW steps, one pixel per step, each run of equal
     level one rect whose data-steps says which steps it covers (first-last); anchored steps
     get a black tick."""
-    row_h, pad_l = 12, 44
+    row_h, pad_l = 12, 52
     n_rows = -(-len(levels) // STRIP_ROW)
     parts = [f'<svg class="strip" width="{pad_l + STRIP_ROW + 10}" height="{n_rows * row_h + 4}">']
     for r in range(n_rows):
