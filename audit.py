@@ -9,9 +9,9 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --step 1 --recompute on --offload on  # less memory, same bits (default: the trainer's)
 
     python audit.py --step 17 --receipt r.json --auditor alice   # proof of the replay
-    python audit.py --check-receipts receipts/        # publisher (the secret): accept or reject
-    python audit.py --reveal-salts 1:40 --out s.json  # publisher: let anyone check those steps
-    python audit.py --check-receipts receipts/ --salts s.json    # anyone, after a reveal
+    python audit.py --check_receipts receipts/        # publisher (the secret): accept or reject
+    python audit.py --reveal_salts 1:40 --out s.json  # publisher: let anyone check those steps
+    python audit.py --check_receipts receipts/ --salts s.json    # anyone, after a reveal
     python audit.py --plan --auditors 8 --redundancy 2 --seed 42 # who replays which steps
     python audit.py --coverage receipts/ --redundancy 2          # what accepted receipts cover
     python audit.py --anchors anchors.jsonl           # the chain against published chain heads
@@ -29,7 +29,7 @@ The audit vouches only for what it checked, and checks everything it vouches for
    (naming the first differing tensor), batch digest, loss, gradient norm, learning rate, and
    any field the published record has that a replay does not produce, or lacks. step_commit,
    the commitment to the step's gradient and post-step state that only the run's secret opens
-   (and the genesis record's secret_commit), must be there and well-formed; --check-receipts is
+   (and the genesis record's secret_commit), must be there and well-formed; --check_receipts is
    what opens it.
 
 Replays use train.train_step (the one step function) on one device with no topology emulation.
@@ -38,7 +38,7 @@ Exit code: 0 match, 1 mismatch, 2 bad input (missing run or data, step out of ra
 checkpoint or config). The audit only reads the run directory: it creates, renames and deletes
 nothing there, and the files it writes (receipts, salts) must lie outside it.
 
-The protocol (receipts.py holds its logic, receipts_cli.py its commands): --check-receipts
+The protocol (receipts.py holds its logic, receipts_cli.py its commands): --check_receipts
 exits 0 when every well-formed receipt it could check is accepted, 1 if any is rejected (a
 receipt whose step has no revealed salt is listed as unchecked and counts for neither);
 --coverage exits 0 when every step has --redundancy accepted receipts from distinct auditors, 1
@@ -69,7 +69,7 @@ from train import StepRefused, TrainState, code_digest, genesis_record, step_rec
 FIRST_FIELDS = ("kind", "step", "batch_digest", "state_hash")
 # The one field of each kind of record that a replay cannot recompute: it commits with the run's
 # secret (to the secret; to the step's gradient and result). Here it must be present and
-# well-formed; --check-receipts opens the step's (receipts.py).
+# well-formed; --check_receipts opens the step's (receipts.py).
 COMMITMENTS = {"genesis": "secret_commit", "step": "step_commit"}
 
 
@@ -316,9 +316,9 @@ def parser():
     mode.add_argument("--step", type=int, help="the step to audit")
     mode.add_argument("--range", help="A:B, every step from A to B")
     mode.add_argument("--all", action="store_true", help="every step in the chain")
-    mode.add_argument("--check-receipts", metavar="DIR", help="publisher: check every receipt (*.json) under DIR")
+    mode.add_argument("--check_receipts", "--check-receipts", metavar="DIR", help="publisher: check every receipt (*.json) under DIR")
     mode.add_argument("--coverage", metavar="DIR", help="the steps that DIR's accepted receipts cover")
-    mode.add_argument("--reveal-salts", metavar="A:B", help="publisher: the salts of steps A..B (JSON)")
+    mode.add_argument("--reveal_salts", "--reveal-salts", metavar="A:B", help="publisher: the salts of steps A..B (JSON)")
     mode.add_argument("--plan", action="store_true", help="assign every step to --redundancy of --auditors")
     mode.add_argument("--anchors", metavar="FILE", help="check the chain against anchors obtained outside the run")
     ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
@@ -333,7 +333,7 @@ def parser():
     ap.add_argument("--receipt", metavar="FILE", help="with --step: write the step's receipt to FILE")
     ap.add_argument("--auditor", metavar="NAME", help="with --receipt: who replayed the step")
     ap.add_argument("--salts", metavar="FILE", help="check receipts with revealed salts instead of the secret")
-    ap.add_argument("--out", metavar="FILE", help="with --reveal-salts: write to FILE, not stdout")
+    ap.add_argument("--out", metavar="FILE", help="with --reveal_salts: write to FILE, not stdout")
     ap.add_argument("--auditors", type=int, metavar="K", help="with --plan: how many auditors")
     ap.add_argument("--redundancy", type=int, metavar="C", help="auditors per step (default 2)")
     ap.add_argument("--steps", metavar="A:B", help="with --plan or --coverage: the steps (default all)")
@@ -353,7 +353,7 @@ def main(argv):
     try:
         for option, modes in OPTION_MODES.items():
             if getattr(args, option) is not None and mode not in modes:
-                raise UsageError(f"--{option} goes with " + " or ".join("--" + m.replace("_", "-") for m in modes))
+                raise UsageError(f"--{option} goes with " + " or ".join("--" + m for m in modes))
         if (args.receipt is None) != (args.auditor is None):
             raise UsageError("--receipt FILE and --auditor NAME go together")
         if args.auditor is not None and receipts.auditor_problem(args.auditor):
