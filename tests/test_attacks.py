@@ -10,7 +10,7 @@
   the record it audited, so a chain rewritten and resealed later rejects it; a resume under
   another secret is refused with one line; auditor names are checked and every name, path and
   finding is printed escaped (no forged "accepted" line).
-- Readers never write: every output option of audit.py and data.py --bundle, pointed into the
+- Readers never write: every output option of audit.py, report.py and data.py --bundle, pointed into the
   run or at one of its files under another name (symlink, hard link), is refused with one line
   and the run's bytes are unchanged.
 - Hostile input: token ids >= vocab, FIFOs and 100k-deep JSON as manifest, bundle index and
@@ -41,6 +41,7 @@ import optrace
 import prepare
 import hashchain
 import receipts
+import report
 import rundir
 import sample
 import train
@@ -257,6 +258,8 @@ def output_cases(run, out):
         ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--auditor", "a"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", run / "s.json"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", out / "chain_hard"])),
+        ("-o", (report.main, [run, "-o", run / "report.html"])),
+        ("-o", (report.main, [run, "-o", out / "log_hard"])),
         ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run, "--data_dir", run / "b"])),
         ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run,
                                         "--data_dir", out / "run_link" / "checkpoints" / "b"])),
@@ -273,7 +276,7 @@ def test_every_output_of_every_reader_is_refused_inside_the_run(reference, tmp_p
     before = snapshot(run)
     for option, (main, argv) in output_cases(run, out):
         result = call(main, argv)
-        prog = "audit.py" if main is audit.main else "data.py"
+        prog = {audit.main: "audit.py", report.main: "report.py"}.get(main, "data.py")
         assert one_line_error(result, prog) and option in result[2], (argv, result)
         assert snapshot(run) == before, argv
 
