@@ -138,7 +138,7 @@ class Audit:
         self.findings = []                       # (step, message), every problem found
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
-        self.result = None                       # (step, result_root) of the last step replayed
+        self.state = None                        # the replay's state (after its last replayed step)
         # recompute and offload are bookkeeping: the trainer's choice (config.json) unless the
         # auditor makes another for this machine
         memory = {k: self.run.recorded(k, bool, False) if v is None else v
@@ -209,7 +209,7 @@ class Audit:
         last_ok = self.steps(first, last)
         if last_ok < 0:
             return
-        state = self.start_state(self.check_genesis(), first - 1)
+        state = self.state = self.start_state(self.check_genesis(), first - 1)
         checkpoints = dict(self.run.checkpoints())
         while state.step < last_ok:
             step = state.step + 1
@@ -226,8 +226,6 @@ class Audit:
                 self.find(step, f"the step reads data that is not the corpus's: {e}")
                 return
             self.replayed[step] = record["state_hash"], fields["grad_root"].result()
-            if step == last:                    # the receipt's proof of the whole step
-                self.result = step, hashchain.keyed_state_root(self.replayed[step][1], state.tensors())
             diff = compare(record, self.run.chain.records[step])
             if diff:
                 self.find(step, diff)
@@ -242,12 +240,14 @@ class Audit:
         """The receipt of replayed step `step` (receipts.py), or None if the replay stopped
         before it. Its grad_root and result_root are what prove the replay of the whole step:
         no published field gives them."""
-        if self.result is None or self.result[0] != step:
+        if step not in self.replayed or self.state.step != step:
             return None
         state_hash, grad_root = self.replayed[step]
+        # result_root: the post-step state keyed by grad_root (only a receipt needs the pass)
+        result_root = hashchain.keyed_state_root(grad_root, self.state.tensors())
         return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(self.run.genesis),
                 "step": step, "record_hash": self.run.chain.records[step]["record_hash"],
-                "state_hash": state_hash, "grad_root": grad_root, "result_root": self.result[1],
+                "state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
                 "auditor": auditor,
                 "machine": optrace.machine(), "cost": cost, "code_digest": code_digest(),
                 "data_manifest": self.data.digest, "verdict": "MISMATCH" if self.findings else "MATCH",
