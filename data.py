@@ -13,7 +13,9 @@
     x, y = data.micro_batch("train", step=7, micro=3, batch_size=8, seq_len=256)
     digest = batch_digest([data.window("train", 7, m, 8, 256) for m in range(n_micro)])
     data.check_run(genesis)      # auditor: is this the data the run's genesis record names?
-    data.verify()                # auditor: recompute the token files' SHA-256s and chunk roots
+    data.check_leaves()          # trainer, before it writes: leaves files against the chunk roots
+    data.verify()                # whole files against SHA-256s and roots (reads need not: each
+                                 # chunk read is checked against its leaf)
 
 A corpus (written by dataprep.py, streaming) is a directory: train.bin and val.bin (the tokens,
 little-endian uint16, or uint32 for vocabularies over 65536), train.leaves and val.leaves (the
