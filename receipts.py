@@ -377,7 +377,8 @@ def append_anchor(run_dir, step, record_hash):
     torn tail: nothing in this bookkeeping file can stop the run (its copies, published outside
     the run, are what count). A path that is not a regular file is bad input (UsageError)."""
     path = Path(run_dir) / ANCHORS
-    text = _read_json_file(path, "anchors file", UsageError, MAX_ANCHORS) if path.exists() else ""
+    raw = hashchain.read_bytes(path, "anchors file", MAX_ANCHORS, UsageError) if path.exists() else b""
+    text = raw.decode("utf-8", "replace")     # a line that is not UTF-8 is not an anchor: dropped
     anchors = [a for a in map(_anchor, text.splitlines()) if a is not None]
     if any(a["step"] == step for a in anchors):
         return

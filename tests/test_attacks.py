@@ -377,8 +377,8 @@ def test_plan_sizes_are_range_checked(reference, argv):
 def test_the_trainers_anchors_tolerate_a_blank_or_torn_tail(reference, tmp_path):
     run = copy_run(reference, tmp_path / "run")
     text = (run / "anchors.jsonl").read_text() if (run / "anchors.jsonl").exists() else ""
-    for tail in ("\n", "\n\n", '{"step": 2', "garbage\n"):
-        (run / "anchors.jsonl").write_text(text + tail)
+    for tail in ("\n", "\n\n", '{"step": 2', "garbage\n", "\udcff\n"):
+        (run / "anchors.jsonl").write_bytes((text + tail).encode("utf-8", "surrogateescape"))
         receipts.append_anchor(run, 40, "b" * 64)
         lines = (run / "anchors.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines][-1] == 40
