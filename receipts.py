@@ -33,9 +33,9 @@ Only a replay produces grad_root and result_root: they appear nowhere in the cha
 step_commit hides them behind a salt that only the secret's holder can compute. A receipt
 (format repops-receipt-v2) opens the commitment only if the auditor computed the step's gradient
 and its post-step state bit for bit (the state's public hash does not give its keyed root), and
-it names the record hash of the step it audited, so a chain rewritten later rejects it. Auditor
-names are 1..64 printable characters; whatever a receipt holds is printed escaped. The publisher checks
-receipts with the secret; revealing the salts of a range lets anyone check those receipts
+it names the record hash of the step it audited, so a chain rewritten later rejects it.
+Auditor names are 1..64 printable characters; whatever a receipt holds is printed escaped
+(shown). The publisher checks receipts with the secret; revealing the salts of a range lets anyone check those receipts
 later. Bad input raises config.UsageError (one line); a malformed receipt is reported as such
 by check_receipts, not raised.
 """
@@ -156,8 +156,9 @@ def run_id(genesis):
 # Every field a receipt has, and its type (HEX: 64 hex digits).
 HEX = "hex64"
 RECEIPT_FIELDS = {"format": str, "run": HEX, "step": int, "record_hash": HEX, "state_hash": HEX,
-                  "grad_root": HEX, "result_root": HEX, "auditor": str, "machine": dict, "cost": dict, "code_digest": HEX,
-                  "data_manifest": HEX, "verdict": str, "findings": list}
+                  "grad_root": HEX, "result_root": HEX, "auditor": str, "machine": dict,
+                  "cost": dict, "code_digest": HEX, "data_manifest": HEX, "verdict": str,
+                  "findings": list}
 
 
 class Malformed(Exception):
