@@ -14,6 +14,7 @@
 import ast
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import data
 import dataprep
 import hashchain
 import model
+import receipts
 import repops
 import train
 from tiny import ROOT, TIMEOUT, train_args, script
@@ -64,6 +66,12 @@ def f32_bits(arr):
 
 def test_spec_names_its_version():
     assert re.match(r"# SPEC v\d+: ", SPEC)
+
+
+def test_every_example_is_checked():
+    """A new example block needs its test here (each test below reads its block by name)."""
+    checked = {"leaf-2x3", "leaf-step", "merkle-3", "tok-emb", "window-step1", "lr", "grad-commit"}
+    assert set(re.findall(r"^```example (\S+)$", SPEC, re.M)) == checked
 
 
 # ----------------------------------------------------------------------------- 1. examples
@@ -125,6 +133,28 @@ def test_first_init_values_of_tok_emb():
     assert f32_bits(tok_emb[0, :4]) == words(ex["values"])
     cfg = dict(dataclasses.asdict(config.Config()), vocab_size=256, n_kv_head=4)
     assert f32_bits(numpy_replay.init_params(cfg)["tok_emb"][0, :4]) == words(ex["values"])
+
+
+def test_learning_rate_examples():
+    ex = example("lr")
+    for suffix in ("", "_after"):
+        step = int(ex["step" + suffix])
+        lr = train.lr_at(config.Config(), step)
+        assert repr(lr) == ex["lr64" + suffix]
+        assert json.dumps(repops.f32(lr)) == ex["lr" + suffix] and hashchain.f32_bits(lr) == ex["lr_bits" + suffix]
+        cfg = dataclasses.asdict(config.Config())
+        assert repr(numpy_replay.lr_at(cfg, step)) == ex["lr64" + suffix]
+    assert int(ex["step"]) <= config.Config().warmup_steps < int(ex["step_after"])
+
+
+def test_salt_and_commitment_example():
+    ex = example("grad-commit")
+    secret, step = bytes.fromhex(ex["secret"]), int(ex["step"])
+    assert receipts.salt(secret, step).hex() == ex["salt"]
+    assert hmac.new(secret, step.to_bytes(8, "big"), hashlib.sha256).hexdigest() == ex["salt"]
+    assert ex["grad_root"] == example("leaf-2x3")["leaf"]
+    assert receipts.commit(bytes.fromhex(ex["salt"]), ex["grad_root"]) == ex["grad_commit"]
+    assert hashlib.sha256(bytes.fromhex(ex["salt"] + ex["grad_root"])).hexdigest() == ex["grad_commit"]
 
 
 @pytest.fixture(scope="module")
