@@ -27,7 +27,7 @@ import numpy as np
 import numpy_contract as C
 
 F32 = np.float32
-INIT, DROPOUT, DATA = 1, 2, 3                       # Philox purpose tags (contract §6)
+INIT, DATA = 1, 3           # Philox purpose tags (contract §6; dropout's, 2, is numpy_contract's)
 QP, CALIBRATION_STREAM, CALIBRATION_ROWS = 127, 0x15C0, 4
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
 VAL_COUNTER = 0x80000000
