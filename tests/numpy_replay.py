@@ -1,10 +1,12 @@
 """A second implementation of a run, written from SPEC.md and kernels/README.md alone.
 
     python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --steps 3 --code_root .
+    python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --start 200 --steps 201
 
 replays the genesis state and steps 1..N of a run in NumPy and compares every byte it can
 derive with the run's files: the genesis record and each step record (line for line of
-chain.jsonl), and the checkpoint files of those steps. grad_commit needs the run's secret
+chain.jsonl), and the checkpoint files of those steps; with --start S it starts from the
+checkpoint of step S (read by SPEC §13, checked against its record) instead of the genesis. grad_commit needs the run's secret
 (run_dir/secret); without it the replay takes each grad_commit from the published record and
 checks everything else, the record hashes included. It prints "MATCH ..." or
 "MISMATCH at step S: ..." per item and exits 0 when all match, 1 otherwise, 2 on bad input.
@@ -415,22 +417,56 @@ def genesis_fields(cfg, corpus, code_root):
             "tokenizer": corpus.manifest["tokenizer"], "vocab_size": corpus.manifest["tokenizer"]["vocab_size"]}
 
 
-def replay(run_dir, data_dir, steps, code_root, say):
-    """Replay genesis and steps 1..steps of run_dir; say(line) for each verdict. True if all match."""
+def read_checkpoint(path):
+    """§13: {name: array} of a checkpoint file (the header's dtypes, shapes and offsets)."""
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__")
+    dtypes = {"F32": "<f4", "I64": "<i8"}
+    return {name: np.frombuffer(raw[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]],
+                                dtypes[e["dtype"]]).reshape(e["shape"]).astype(dtypes[e["dtype"]][1:])
+            for name, e in header.items()}
+
+
+def checkpoint_path(run_dir, step):
+    return os.path.join(run_dir, "checkpoints", f"step_{step:08d}.safetensors")
+
+
+def replay(run_dir, data_dir, steps, code_root, say, start=0):
+    """Replay steps start+1..steps of run_dir from the genesis (start 0: recomputed from the
+    config and checked too) or from the checkpoint of step `start`; say(line) for each verdict.
+    True if all match."""
     lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().splitlines()
-    if not 0 <= steps < len(lines):
-        raise ValueError(f"the chain holds steps 0..{len(lines) - 1}, not {steps}")
+    if not 0 <= start <= steps < len(lines):
+        raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     cfg = json.loads(lines[0])["config"]
     corpus = Corpus(data_dir, cfg["seed"])
     secret_path = os.path.join(run_dir, "secret")
     secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
     if secret is None:
         say("note: no secret in the run directory: grad_commit is taken from the published records")
-    params = init_params(cfg)
-    m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
-    v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
-    ok, prev = True, "0" * 64
-    for s in range(steps + 1):
+    if start == 0:
+        params = init_params(cfg)
+        m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
+        v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
+        prev = "0" * 64
+    else:
+        state = read_checkpoint(checkpoint_path(run_dir, start))
+        record = json.loads(lines[start])
+        if state_hash(state) != (record["state_hash"], record["tensor_hashes"]):
+            raise ValueError(f"the checkpoint of step {start} does not hash to its record")
+        say(f"MATCH step {start}: checkpoint {os.path.basename(checkpoint_path(run_dir, start))} "
+            "hashes to its record; the replay starts from it")
+        kinds = {"params": {}, "adam_m": {}, "adam_v": {}}
+        for name, t in state.items():
+            if name != "step":
+                kind, _, p = name.partition(".")
+                kinds[kind][p] = t
+        params, m, v = kinds["params"], kinds["adam_m"], kinds["adam_v"]
+        prev = record["record_hash"]
+    ok = True
+    for s in range(start + (start > 0), steps + 1):
         if s == 0:
             fields = genesis_fields(cfg, corpus, code_root)
         else:
@@ -451,7 +487,7 @@ def replay(run_dir, data_dir, steps, code_root, say):
             published = json.loads(lines[s])
             diff = sorted(k for k in set(record) | set(published) if record.get(k) != published.get(k))
             say(f"MISMATCH at step {s}: the record differs in {', '.join(diff) or 'its bytes'}")
-        ckpt = os.path.join(run_dir, "checkpoints", f"step_{s:08d}.safetensors")
+        ckpt = checkpoint_path(run_dir, s)
         if os.path.exists(ckpt):
             if open(ckpt, "rb").read() == checkpoint_bytes(state, root, leaves, s):
                 say(f"MATCH step {s}: checkpoint {os.path.basename(ckpt)}")
@@ -465,11 +501,13 @@ def main(argv):
     ap = argparse.ArgumentParser(prog="numpy_replay.py", description=__doc__.splitlines()[0])
     ap.add_argument("--run_dir", required=True)
     ap.add_argument("--data_dir", required=True)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="the last step to replay")
+    ap.add_argument("--start", type=int, default=0, help="a checkpointed step to start from (0: the genesis)")
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = ap.parse_args(argv)
     try:
-        ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, lambda line: print(line, flush=True))
+        ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, lambda line: print(line, flush=True),
+                    args.start)
     except (OSError, ValueError, KeyError) as e:
         print(f"numpy_replay.py: error: {e}", file=sys.stderr)
         return 2

@@ -9,7 +9,8 @@
    equal the code's.
 3. The NumPy replay, which imports nothing from the project, reproduces the genesis record,
    steps 1-3 and their checkpoints byte for byte, fp32 and int8, with dropout, grouped-query
-   attention and 3 micro-batches, and reports a tampered run as a MISMATCH.
+   attention and 3 micro-batches, also from a checkpoint, and reports a tampered run as a
+   MISMATCH.
 """
 import ast
 import dataclasses
@@ -44,7 +45,7 @@ REPLAY = ROOT / "tests" / "numpy_replay.py"
 # tiny, with everything the replay must cover: dropout, GQA (1 key/value head for 2 query
 # heads) and a micro-batch count that is not a power of two
 REPLAY_RUN = ["--n_kv_head=1", "--dropout=0.1", "--micro_batches=3", "--max_steps=3", "--warmup_steps=2",
-              "--checkpoint_every=50"]
+              "--checkpoint_every=2"]                 # checkpoints 0, 2 and 3
 REPLAY_STEPS = 3
 
 
@@ -236,12 +237,12 @@ def test_replay_imports_nothing_from_the_project():
         assert imported <= allowed, (path.name, imported - allowed)
 
 
-def replay(run, corpus, steps=REPLAY_STEPS):
+def replay(run, corpus, steps=REPLAY_STEPS, *extra):
     """Run the replay as its own process, from outside the repository, with no PYTHONPATH:
     the project's modules cannot be imported there."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([sys.executable, str(REPLAY), "--run_dir", str(run), "--data_dir", str(corpus),
-                           "--steps", str(steps), "--code_root", str(ROOT)],
+                           "--steps", str(steps), "--code_root", str(ROOT), *extra],
                           cwd=run.parent, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
@@ -270,10 +271,17 @@ def test_numpy_replay_reproduces_the_run(which, corpus, request):
     lines = proc.stdout.splitlines()
     records = [line for line in lines if line.startswith("MATCH") and ": record " in line]
     checkpoints = [line for line in lines if line.startswith("MATCH") and ": checkpoint " in line]
-    assert len(records) == REPLAY_STEPS + 1 and len(checkpoints) == 2, proc.stdout
+    assert len(records) == REPLAY_STEPS + 1 and len(checkpoints) == 3, proc.stdout
     genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])["config"]
     assert genesis["n_kv_head"] < genesis["n_head"] and genesis["dropout"] > 0
     assert genesis["micro_batches"] == 3 and genesis["quant"] == ("int8" if which == "int8_run" else "none")
+
+
+def test_numpy_replay_from_a_checkpoint(fp32_run, corpus):
+    proc = replay(fp32_run, corpus, REPLAY_STEPS, "--start", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [line.split(": ")[0] for line in proc.stdout.splitlines()] == ["MATCH step 2", "MATCH step 3", "MATCH step 3"]
+    assert "the replay starts from it" in proc.stdout
 
 
 def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path):
