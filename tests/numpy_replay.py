@@ -23,6 +23,7 @@ import json
 import math
 import os
 import sys
+from fractions import Fraction
 
 import numpy as np
 
@@ -142,19 +143,31 @@ def full_state(cfg, params, m, v, step):
 
 
 # ------------------------------------------------------------------ §5 the data
+def read_manifest(data_dir):
+    """(manifest, its digest): SHA-256 of its canonical JSON without the chunk records (§5.1)."""
+    with open(os.path.join(data_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    named = dict(manifest)
+    if "splits" in manifest:
+        named["splits"] = {s: {k: v for k, v in r.items() if k != "chunks"} for s, r in manifest["splits"].items()}
+    return manifest, hashlib.sha256(canonical_json(named).encode()).hexdigest()
+
+
+def open_data(data_dir, seed):
+    """A Corpus, or a Mix when the manifest lists sources."""
+    return (Mix if "mix" in read_manifest(data_dir)[0] else Corpus)(data_dir, seed)
+
+
+def train_or_val(split, micro):
+    return micro if split == "train" else VAL_COUNTER + micro
+
+
 class Corpus:
-    """A prepared corpus (§5.1), its token files checked against the manifest; not a mix."""
+    """A prepared corpus (§5.1, §5.2), its token files checked against the manifest."""
 
     def __init__(self, data_dir, seed):
         self.seed = seed
-        with open(os.path.join(data_dir, "manifest.json")) as f:
-            self.manifest = json.load(f)
-        if "mix" in self.manifest:
-            raise ValueError(f"{data_dir} is a mix (SPEC §5.3), which this replay does not implement")
-        named = dict(self.manifest, splits={s: {k: v for k, v in r.items() if k != "chunks"}
-                                            for s, r in self.manifest["splits"].items()})
-        self.digest = hashlib.sha256(json.dumps(named, sort_keys=True, separators=(",", ":"))
-                                     .encode()).hexdigest()                       # §5.1
+        self.manifest, self.digest = read_manifest(data_dir)
         dtype = {"uint16": "<u2", "uint32": "<u4"}[self.manifest["dtype"]]
         self.tokens = {}
         for split, rec in self.manifest["splits"].items():
@@ -165,15 +178,48 @@ class Corpus:
                 raise ValueError(f"split {split}: the token file does not match its manifest")
             self.tokens[split] = np.frombuffer(raw, dtype).astype(np.int64)
 
+    def commitments(self):
+        """The genesis record's data fields (§12.2)."""
+        splits = self.manifest["splits"]
+        return {"data_manifest": self.digest, "data_splits": {k: r["sha256"] for k, r in splits.items()},
+                "data_chunks": {k: r["chunks"] for k, r in splits.items()}}
+
     def window(self, split, step, micro, B, T):
         """§5.2: int64 [B, T + 1], row j from offset (w[2j] | w[2j+1] << 32) mod (n - T)."""
-        sha = self.manifest["splits"][split]["sha256"]
-        key = seed_xor(self.seed, sha)
-        c2 = micro if split == "train" else VAL_COUNTER + micro
-        w = C.philox_words(key, step, c2, DATA, 2 * B).astype(np.uint64)
+        key = seed_xor(self.seed, self.manifest["splits"][split]["sha256"])
+        w = C.philox_words(key, step, train_or_val(split, micro), DATA, 2 * B).astype(np.uint64)
         tokens = self.tokens[split]
         offsets = (w[0::2] | (w[1::2] << np.uint64(32))) % np.uint64(len(tokens) - T)
         return np.stack([tokens[o:o + T + 1] for o in offsets.tolist()])
+
+
+class Mix:
+    """A mix of prepared corpora (§5.3): row j from the source its Philox word draws."""
+
+    def __init__(self, data_dir, seed):
+        self.seed = seed
+        self.manifest, self.digest = read_manifest(data_dir)
+        entries = self.manifest["mix"]
+        weights = [Fraction(e["weight"]) for e in entries]
+        prefix = [sum(weights[:i + 1]) for i in range(len(weights))]
+        self.thresholds = [int(p * 2**32 // prefix[-1]) for p in prefix]
+        self.sources = [Corpus(os.path.join(data_dir, e["name"]), seed) for e in entries]
+        if self.thresholds != [e["threshold"] for e in entries] or \
+                [src.digest for src in self.sources] != [e["manifest"] for e in entries]:
+            raise ValueError(f"{data_dir}: the mix's thresholds or sources are not its manifest's")
+
+    def commitments(self):
+        out = {"data_manifest": self.digest, "data_mix": self.manifest["mix"], "data_splits": {}, "data_chunks": {}}
+        for e, src in zip(self.manifest["mix"], self.sources):
+            for key in ("data_splits", "data_chunks"):
+                out[key].update({f"{e['name']}/{k}": v for k, v in src.commitments()[key].items()})
+        return out
+
+    def window(self, split, step, micro, B, T):
+        rows = [src.window(split, step, micro, B, T) for src in self.sources]
+        u = C.philox_words(seed_xor(self.seed, self.digest), step, train_or_val(split, micro), DATA, B)
+        drawn = [next(i for i, t in enumerate(self.thresholds) if w < t) for w in u.tolist()]
+        return np.stack([rows[i][j] for j, i in enumerate(drawn)])
 
 
 def seed_xor(seed, sha_hex):
@@ -410,11 +456,9 @@ def code_digest(root):
 
 def genesis_fields(cfg, corpus, code_root):
     """§12.2 without the state hash."""
-    splits = corpus.manifest["splits"]
     return {"kind": "genesis", "step": 0, "config": cfg, "code_digest": code_digest(code_root),
-            "data_manifest": corpus.digest, "data_splits": {k: r["sha256"] for k, r in splits.items()},
-            "data_chunks": {k: r["chunks"] for k, r in splits.items()},
-            "tokenizer": corpus.manifest["tokenizer"], "vocab_size": corpus.manifest["tokenizer"]["vocab_size"]}
+            **corpus.commitments(), "tokenizer": corpus.manifest["tokenizer"],
+            "vocab_size": corpus.manifest["tokenizer"]["vocab_size"]}
 
 
 def read_checkpoint(path):
@@ -441,7 +485,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0):
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     cfg = json.loads(lines[0])["config"]
-    corpus = Corpus(data_dir, cfg["seed"])
+    corpus = open_data(data_dir, cfg["seed"])
     secret_path = os.path.join(run_dir, "secret")
     secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
     if secret is None:

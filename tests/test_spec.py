@@ -9,8 +9,8 @@
    equal the code's.
 3. The NumPy replay, which imports nothing from the project, reproduces the genesis record,
    steps 1-3 and their checkpoints byte for byte, fp32 and int8, with dropout, grouped-query
-   attention and 3 micro-batches, also from a checkpoint, and reports a tampered run as a
-   MISMATCH.
+   attention and 3 micro-batches, also from a checkpoint and on a mix of two corpora, and
+   reports a tampered run as a MISMATCH.
 """
 import ast
 import dataclasses
@@ -35,7 +35,7 @@ import model
 import receipts
 import repops
 import train
-from tiny import ROOT, TIMEOUT, train_args, script
+from tiny import ROOT, TIMEOUT, make_corpus, script, train_args
 
 import numpy_contract as C
 import numpy_replay
@@ -229,7 +229,7 @@ def test_code_digest_file_list():
 
 # ----------------------------------------------------------------------------- 3. the replay
 def test_replay_imports_nothing_from_the_project():
-    allowed = {"argparse", "hashlib", "hmac", "json", "math", "os", "sys", "numpy", "numpy_contract"}
+    allowed = {"argparse", "fractions", "hashlib", "hmac", "json", "math", "os", "sys", "numpy", "numpy_contract"}
     for path in (REPLAY, ROOT / "tests" / "numpy_contract.py"):
         tree = ast.parse(path.read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -282,6 +282,24 @@ def test_numpy_replay_from_a_checkpoint(fp32_run, corpus):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line.split(": ")[0] for line in proc.stdout.splitlines()] == ["MATCH step 2", "MATCH step 3", "MATCH step 3"]
     assert "the replay starts from it" in proc.stdout
+
+
+def test_numpy_replay_of_a_mix(tmp_path):
+    """§5.3: rows drawn from two sources by the mix's own Philox words (both are drawn)."""
+    mix = tmp_path / "mix"
+    for name, seed in (("plays", 7), ("poems", 8)):
+        (tmp_path / name).mkdir()
+        shutil.copytree(make_corpus(tmp_path / name, seed=seed, lines=300), mix / name)
+    dataprep.make_mix("plays=0.75,poems=0.25", str(mix))
+    run = tmp_path / "run"
+    proc = script("train.py", *train_args(run, mix, "--max_steps=2", "--micro_batches=2"))
+    assert proc.returncode == 0, proc.stderr
+    mixed = data.TokenData(str(mix), config.Config().seed)
+    drawn = {corpus.path for s in (1, 2) for m in (0, 1) for corpus, _ in mixed.rows("train", s, m, 2, 16)}
+    assert len(drawn) == 2
+    proc = replay(run, mix, 2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [line.split(": ")[0] for line in proc.stdout.splitlines()] == ["MATCH step 0"] * 2 + ["MATCH step 1"] + ["MATCH step 2"] * 2
 
 
 def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path):
