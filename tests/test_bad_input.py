@@ -47,7 +47,7 @@ def test_train_refuses_bad_config_before_creating_anything(corpus, tmp_path, arg
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="hardware: this machine has a CUDA GPU")
 def test_train_refuses_cuda_without_a_gpu(corpus, tmp_path):
     proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY, "--device=cuda")
     assert_one_line_error(proc, "train.py")

@@ -5,7 +5,6 @@ No network: every corpus is built here from small files with --input.
 """
 
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -15,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import types
 from fractions import Fraction
 from pathlib import Path
 
@@ -61,15 +59,6 @@ def ref_philox_words(seed, c1, c2, purpose, n):
     return torch.from_numpy(words.astype(np.int64))
 
 
-# Until repops.py exists, stand in for it with the reference; once it exists the tests use the
-# real one (and test_offsets_follow_the_spec cross-checks it against the reference).
-_fake_repops = types.SimpleNamespace(philox_words=ref_philox_words, PURPOSE_DATA=3)
-
-
-@pytest.fixture(autouse=True)
-def _repops(monkeypatch):
-    if importlib.util.find_spec("repops") is None:
-        monkeypatch.setitem(sys.modules, "repops", _fake_repops)
 
 
 def ref_offsets(published_sha, seed, split, step, micro, batch_size, seq_len, n_tokens):

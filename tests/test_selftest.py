@@ -187,14 +187,14 @@ def test_gcc_O3_native_matches_O0(results):
 
 def test_gcc_O3_avx2_matches_O0(results):
     if "gcc_O3_avx2" not in results:
-        pytest.skip("this CPU has no AVX2 + FMA (x86-64-v3), so the AVX2 build cannot run here")
+        pytest.skip("hardware: this CPU has no AVX2 + FMA (x86-64-v3), so the AVX2 build cannot run here")
     assert results["gcc_O3_avx2"][0] == results["gcc_O0"][0]
     assert results["gcc_O3_avx2"][2] == ""
 
 
 def test_gcc_O3_avx512_without_vnni_matches_O0(results):
     if "gcc_O3_avx512_novnni" not in results:
-        pytest.skip("this CPU has no AVX-512 (F, BW, VL, DQ), so the Skylake-SP build cannot run here")
+        pytest.skip("hardware: this CPU has no AVX-512 (F, BW, VL, DQ), so the Skylake-SP build cannot run here")
     assert results["gcc_O3_avx512_novnni"][0] == results["gcc_O0"][0]
     assert results["gcc_O3_avx512_novnni"][2] == ""
 
@@ -209,7 +209,7 @@ def test_clang_matches_gcc(results):
 def test_digests_catch_contraction(results):
     """With a*b+c fused into FMA the matmul digests (and the canary) must change."""
     if "gcc_O2_fma_contract" not in results:
-        pytest.skip("this CPU has no FMA")
+        pytest.skip("hardware: this CPU has no FMA")
     ref = results["gcc_O0"][1]
     fused = results["gcc_O2_fma_contract"][1]
     changed = [n for n in ref if fused[n] != ref[n]]
@@ -234,7 +234,7 @@ def test_cross_build_matches(results, tmp_path, isa):
     digests: the contract holds across instruction sets."""
     cxx, flags, runner, packages = CROSS[isa]
     if platform.machine() != "x86_64":
-        pytest.skip(f"the {isa} cross-check runs from an x86-64 machine")
+        pytest.skip(f"hardware: the {isa} cross-check runs from an x86-64 machine")
     if not (cxx and runner[0]):
         pytest.skip(f"no {isa} cross compiler or qemu-user (Debian packages {packages})")
     exe = str(tmp_path / f"selftest_{isa}")
