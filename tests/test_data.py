@@ -492,6 +492,24 @@ def test_split_point_falls_anywhere(tmp_path, monkeypatch, n_bytes, val_fraction
     assert_prepared_as(out, manifest, in_memory([f], get_tokenizer("bytes"), val_fraction)[0], 64)
 
 
+def test_every_split_position_in_a_chunk(tmp_path, monkeypatch):
+    """Train ends at each of the 32 token positions of a 64-byte chunk (uint16 tokens), inside
+    the sixth chunk, past a kept hash state (every 128 bytes); val starts there."""
+    monkeypatch.setattr(dataprep, "BLOCK", 7)
+    monkeypatch.setattr(dataprep, "STATE_EVERY", 128)
+    f = tmp_path / "in.txt"
+    f.write_bytes(bytes(random.Random(32).choices(b"abc \n", k=1001)))
+    for position in range(32):
+        n_train = 5 * 32 + position
+        val_fraction = (1001 - n_train + 0.5) / 1001           # int(1001 * fraction) = 1001 - n_train
+        expected = in_memory([f], get_tokenizer("bytes"), val_fraction)[0]
+        assert len(expected["train"]) == n_train
+        manifest, out = prepare([str(f)], str(tmp_path / f"c{position}"), val_fraction=val_fraction,
+                                chunk_bytes=64)
+        assert manifest["splits"]["train"]["n_tokens"] == n_train
+        assert_prepared_as(out, manifest, expected, 64)
+
+
 def test_verify_checks_chunk_commitments(corpus):
     out, manifest = corpus
     leaves = (out / "train.leaves").read_bytes()
