@@ -310,3 +310,47 @@ def test_resume_moves_a_bad_checkpoint_aside_and_rederives_it(reference, corpus,
     assert (run / "rejected" / path.name).read_bytes() == bytes(raw)
     assert path.read_bytes() == hashchain.checkpoint_path(reference / "checkpoints", STEPS).read_bytes()
     assert "moved to" in (run / "train.log").read_text()
+
+
+def test_resume_with_other_code_is_refused(reference, corpus, tmp_path, monkeypatch, capsys):
+    """train.py resumes only with the code that started the run (its code digest, in the genesis
+    record): with any other, one line, exit 2, and the run directory as it was. In-process, with
+    code_digest() standing in for changed code (test_code_digest_covers_the_sources shows that
+    a changed source changes it); the positive control resumes the same copy with this code."""
+    run = copy_run(reference, tmp_path / "run")
+    before = snapshot(run)
+    real_digest = train.code_digest()
+    monkeypatch.setattr(train, "code_digest", lambda: "0" * 64)
+    assert train.main(train_args(run, corpus)) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: error: {run} was started by different code (code digest); resume it with that code, "
+        "or start a new --run_dir"]
+    after = snapshot(run)
+    assert {k: v for k, v in after.items() if k != "lock"} == {k: v for k, v in before.items() if k != "lock"}
+    proc = script("train.py", *train_args(run, corpus))          # the run is complete: nothing to do
+    assert proc.returncode == 0 and "resume: from step" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert chain_records(run)[0]["code_digest"] == real_digest and len(chain_records(run)) == STEPS + 1
+
+
+def test_code_digest_covers_the_sources(tmp_path):
+    """The digest a copy of the code computes is this code's; editing a Python source or a kernel
+    source (a comment is enough) changes it. (Importing train builds nothing.)"""
+    import shutil
+    for name in os.listdir(ROOT):
+        if name.endswith(".py"):
+            shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "kernels", tmp_path / "kernels")
+
+    def digest():
+        proc = subprocess.run([sys.executable, "-c", "import train; print(train.code_digest())"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    digests = [digest()]
+    assert digests[0] == train.code_digest()
+    for rel in ("model.py", "kernels/cpu/matmul.cpp"):
+        with open(tmp_path / rel, "a") as f:
+            f.write("\n// \n" if rel.endswith(".cpp") else "\n# \n")
+        digests.append(digest())
+    assert len(set(digests)) == 3, digests
