@@ -7,6 +7,7 @@ prints the step, mean over every row of every block linear of s_w * sqrt(Qp) / (
 (1.0 exactly when s_w follows the re-pin rule; plain LSQ drifts away from it), and the gradient
 norm and loss of that step from the chain. Analysis only, in float64 NumPy: not training math.
 """
+import argparse
 import json
 import math
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-import hashchain
+import checkpoint
 import quant
 
 
@@ -23,8 +24,8 @@ def rows(run):
     run = Path(run)
     records = [json.loads(line) for line in (run / "chain.jsonl").read_text().splitlines()]
     out = []
-    for step, path in hashchain.list_checkpoints(run / "checkpoints"):
-        tensors, _ = hashchain.load_checkpoint(path)
+    for step, path in checkpoint.list_checkpoints(run / "checkpoints"):
+        tensors, _ = checkpoint.load_checkpoint(path)
         ratios = []
         for name in (n for n in tensors if n.startswith("params.") and n.endswith("_sw")):
             w = tensors[name[:-3]].numpy().astype(np.float64)
@@ -37,9 +38,10 @@ def rows(run):
     return out
 
 
-def main(runs):
-    if not runs:
-        raise SystemExit(__doc__)
+def main(argv):
+    ap = argparse.ArgumentParser(prog="python -m tools.lsq_drift", description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="int8 run directories")
+    runs = ap.parse_args(argv).runs
     tables = {run: {r[0]: r[1:] for r in rows(run)} for run in runs}
     steps = sorted(set().union(*tables.values()))
     labels = [Path(r).name for r in runs]
