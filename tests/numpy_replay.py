@@ -204,6 +204,8 @@ def train_step(cfg, corpus, params, m, v, s):
     mean = C.mul(tree_sum(bufs), C.f32(1.0 / N))
     loss = mean[-1]
     grad, norm = C.clip_grad(mean[:-1], cfg["grad_clip"])
+    if not (np.isfinite(loss) and np.isfinite(norm)):
+        raise ValueError(f"step {s}: the loss or gradient norm is not finite, a step the trainer refuses (§9.2)")
     lr = lr_at(cfg, s)
     b1, b2, wd = cfg["beta1"], cfg["beta2"], cfg["weight_decay"]
     offset = 0
@@ -217,6 +219,8 @@ def train_step(cfg, corpus, params, m, v, s):
                                          C.f32(1.0 / (1.0 - powi(b1, s))), C.f32(1.0 / (1.0 - powi(b2, s))))
     if cfg["quant"] == "int8" and cfg["lsq_repin"]:
         repin(cfg, params)
+    if not all(np.isfinite(t).all() for t in (*params.values(), *m.values(), *v.values())):
+        raise ValueError(f"step {s}: the update leaves a non-finite value, a step the trainer refuses (§9.4)")
     digest = hashlib.sha256(b"".join(corpus.window("train", s, micro, B, T).astype("<i4").tobytes()
                                      for micro in range(N))).hexdigest()
     fields = {"kind": "step", "step": s, "batch_digest": digest,
