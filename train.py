@@ -414,6 +414,8 @@ def hash_overlaps(cfg):
 
 
 def device_of(cfg, world):
+    if cfg.device == "mps":
+        return torch.device("mps")
     if cfg.device != "cuda":
         return torch.device("cpu")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if world > 1 else 0)
