@@ -30,6 +30,7 @@ METAL_FILES = sorted(os.path.join(METAL_DIR, f) for f in os.listdir(METAL_DIR) i
 GROUP = 256            # threads per group of the elementwise and matmul kernels
 LANES = 32             # threads per group of the row kernels (the contract's 32 lanes, §4.2)
 MAX_GROUPS = 1 << 16   # grids stop growing here; the kernels' loops take the rest
+DEVICE_TYPE = "mps"   # where the kernels run (tests/test_metal_emulated.py runs them on the CPU shim)
 RPFN = {"exp": 0, "log": 1, "recip": 2, "rsqrt": 3, "sqrt": 4, "sin": 5, "cos": 6}   # RpFn, ids.h
 PURPOSE_DROPOUT = 2    # RpPurpose, ids.h (dropout.metal uses it as a literal)
 
@@ -76,19 +77,19 @@ def _need(cond, msg):
 
 
 def _f32(t, name, device=None):
-    _need(t.device.type == "mps", f"repops: {name} must be a MPS tensor")
+    _need(t.device.type == DEVICE_TYPE, f"repops: {name} must be a {DEVICE_TYPE} tensor")
     _need(t.dtype == torch.float32, f"repops: {name} must be float32, got {t.dtype}")
     _need(device is None or t.device == device, f"repops: {name} is on {t.device}, the other operands on {device}")
     return t.contiguous()
 
 
 def _i64(t, name, device):
-    _need(t.device == device and t.dtype == torch.int64, f"repops: {name} must be a MPS int64 tensor on {device}")
+    _need(t.device == device and t.dtype == torch.int64, f"repops: {name} must be an int64 tensor on {device}")
     return t.contiguous()
 
 
 def _i8(t, name, device=None):
-    _need(t.device.type == "mps" and t.dtype == torch.int8, f"repops: {name} must be a MPS int8 tensor")
+    _need(t.device.type == DEVICE_TYPE and t.dtype == torch.int8, f"repops: {name} must be a {DEVICE_TYPE} int8 tensor")
     _need(device is None or t.device == device, f"repops: {name} is on {t.device}, the other operands on {device}")
     return t.contiguous()
 
@@ -436,7 +437,7 @@ TENSOR_OPS = {
 
 # ------------------------------------------------------------------ ops without tensor inputs
 def _mps():
-    return torch.device("mps")
+    return torch.device(DEVICE_TYPE)
 
 
 def rope_tables_mps(T, head_dim, theta):
@@ -477,9 +478,9 @@ def _floats(kernel, name):
 
 
 def canary_mps():
-    """[fused, flush missing, hardware flush absent]: like canary_cuda, plus what the GPU's own
-    multiply does with a subnormal product (informative; the kernels do not rely on it)."""
-    out = torch.empty(3, device=_mps())
+    """[fused, flush missing], as canary_cuda: both 0.0 unless the Metal compiler contracted
+    a*b + c or the software flush let a subnormal product through."""
+    out = torch.empty(2, device=_mps())
     _launch("elementwise", "rp_canary", out, 1.0 + 2.0**-12, -(1.0 + 2.0**-11), 2.0**-100, 2.0**-30,
             threads=LANES, group=LANES)
     return out
@@ -509,7 +510,7 @@ def register():
         frag.define(schema)
         frag.impl(schema.split("(")[0], fn, "CompositeExplicitAutograd")
     _registered.extend([impl, frag])
-    fused, flush_missing, _ = torch.ops.repops.canary_mps().tolist()
+    fused, flush_missing = torch.ops.repops.canary_mps().tolist()
     if fused != 0.0 or flush_missing != 0.0:
         raise RuntimeError("RepOps Metal canary: the Metal compiler contracted a*b+c into an FMA or the software "
                            "flush let a subnormal through; the MPS kernels cannot give the contract's bits")

@@ -123,10 +123,7 @@ void rp_dropout(const float* x, float* y, int64_t n, uint32_t threshold, float s
   });
 }
 void rp_canary(float* out) {
-  float o[3];
-  one_group([&](const Pos& p) { msl::rp_canary(o, 1.0f + 0x1p-12f, -(1.0f + 0x1p-11f), 0x1p-100f, 0x1p-30f, AT); });
-  out[0] = o[0];
-  out[1] = o[1];
+  one_group([&](const Pos& p) { msl::rp_canary(out, 1.0f + 0x1p-12f, -(1.0f + 0x1p-11f), 0x1p-100f, 0x1p-30f, AT); });
 }
 
 void rp_adamw(float* p_, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float omb1,

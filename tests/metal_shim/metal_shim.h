@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 #if defined(__x86_64__)
