@@ -44,7 +44,7 @@ def metal_source(family):
     include = '#include "canonical.h"'
     if text.count(include) != 1:
         raise RuntimeError(f"kernels/metal/{family}.metal must include canonical.h exactly once")
-    return text.replace(include, header)
+    return text.replace(include, header.replace("#pragma once\n", ""))   # the pasted header is the main file
 
 
 _libs = {}
