@@ -42,9 +42,6 @@ METAL_SOURCES = sorted(METAL_DIR.glob("*.metal"))
 FLAGS = ["-std=c++20", "-O1", "-ffp-contract=off", "-fsigned-char", "-pthread", "-Wno-attributes", "-Wno-psabi"]
 CPU_INCLUDES = ["-I", str(ROOT / "kernels" / "cpu"), "-I", str(ROOT / "kernels" / "common")]
 
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (CI installs it)")
-
-
 def _run(cmd, **kw):
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
     assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}"
@@ -82,7 +79,6 @@ def metal_selftest(selftest_object, tmp_path_factory):
 # ------------------------------------------------------------------------------------------------
 # 1. the self-test through the Metal kernels
 # ------------------------------------------------------------------------------------------------
-@needs_gxx
 @pytest.mark.parametrize("hw_flush", [False, True], ids=["gradual_underflow", "ftz_daz"])
 def test_emulated_metal_selftest_gives_the_cpu_digests(metal_selftest, cpu_digests, hw_flush):
     env = dict(os.environ)
@@ -97,7 +93,6 @@ def test_emulated_metal_selftest_gives_the_cpu_digests(metal_selftest, cpu_diges
     assert not bad, "the emulated Metal kernels differ from the CPU's:\n" + "\n".join(bad)
 
 
-@needs_gxx
 def test_emulation_catches_a_missing_flush(selftest_object, cpu_digests, tmp_path):
     """Without the product flush of canonical.h the products in the flush window keep their
     hardware value: the digests of the ops that meet such products change."""
@@ -170,7 +165,6 @@ def mps_on_shim(pyshim, monkeypatch):
     return types.SimpleNamespace(**repops_mps.TENSOR_OPS, **tensorless)
 
 
-@needs_gxx
 def test_repops_mps_on_the_shim_gives_the_cpu_digests(mps_on_shim, cpu_digests):
     mine = ST.torch_digests("cpu", ops=mps_on_shim, suffix="_mps")
     bad = [f"{n}: cpu {cpu_digests[n][:16]}.. repops_mps {mine[n][:16]}.." for n in ST.EXPECTED_NAMES
@@ -178,7 +172,6 @@ def test_repops_mps_on_the_shim_gives_the_cpu_digests(mps_on_shim, cpu_digests):
     assert not bad, "repops_mps.py on the emulated kernels differs from the CPU:\n" + "\n".join(bad)
 
 
-@needs_gxx
 def test_repops_mps_argument_errors(mps_on_shim):
     ops = mps_on_shim
     with pytest.raises(RuntimeError, match="inner sizes differ"):
@@ -230,7 +223,6 @@ def test_metal_source_follows_the_contract(path):
         assert code.count('#include "canonical.h"') == 1 and code.count("#include") == 1
 
 
-@needs_gxx
 def test_every_source_compiles_alone_as_compile_shader_gets_it(pyshim, tmp_path):
     """Each family's text as repops_mps hands it to compile_shader (canonical.h inlined), through
     the shim; and every kernel it defines is one the shim can launch."""
