@@ -377,10 +377,8 @@ def _gemm_operands(a, b, check, op):
     b = _i8(b, "b", a.device)
     _need(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[1], f"repops.{op}: a [M, K], b [N, K]")
     _need(a.shape[1] <= 133144, f"repops.{op}: K = {a.shape[1]} > 133144 (K * 127^2 must stay below 2^31)")
-    if check:
-        for t in (a, b):
-            if t.numel() and bool((t == -128).any()):
-                torch.ops.repops.int8_matmul(t.cpu(), t.cpu()[:0], True)   # the CPU binding's message
+    if check and any(t.numel() and bool((t == -128).any()) for t in (a, b)):
+        torch.ops.repops.int8_matmul(a.cpu(), b.cpu(), True)   # raises with the CPU binding's message
     return a, b
 
 
