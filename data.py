@@ -24,8 +24,10 @@ SHA-256 and "chunks": {"bytes": chunk size, "root": the Merkle root of the chunk
 canonical JSON without the "chunks" records (they are derived from the token files).
 
 Micro-batch m of step s is a pure function of (seed, the split's published SHA-256, s, m): row j
-starts at a Philox offset (words 2j, 2j+1, counter (s, m), purpose DATA, key = seed XOR the
-SHA-256's first 8 bytes). No cursor, rank or world size, so any topology and resume see the same.
+reads seq_len + 1 tokens from offset (w[2j] | w[2j+1] << 32) mod (n_tokens - seq_len), w the
+Philox words of counter (s, m), purpose DATA, key = seed XOR the SHA-256's first 8 bytes read
+little-endian (SPEC.md §5.2). No cursor, rank or world size, so any topology and resume see the
+same.
 
 A mix is a directory whose manifest.json lists prepared corpora in subdirectories of the same
 names: {"format": 1, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal string),
