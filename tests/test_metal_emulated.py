@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mps_kernels
 import repops_mps
 import test_selftest as ST
 
@@ -158,8 +159,8 @@ def pyshim(tmp_path_factory):
 @pytest.fixture()
 def mps_on_shim(pyshim, monkeypatch):
     """repops_mps's ops with CPU tensors standing in for MPS ones and the shim for Metal."""
-    monkeypatch.setattr(repops_mps, "DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(repops_mps, "_libs", {})
+    monkeypatch.setattr(mps_kernels, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(mps_kernels, "_libs", {})
     monkeypatch.setattr(torch.mps, "compile_shader", lambda source: ShimLibrary(pyshim, source), raising=False)
     tensorless = {schema.split("(")[0]: fn for schema, fn in repops_mps.TENSORLESS_OPS.items()}
     return types.SimpleNamespace(**repops_mps.TENSOR_OPS, **tensorless)
@@ -230,7 +231,7 @@ def test_every_source_compiles_alone_as_compile_shader_gets_it(pyshim, tmp_path)
     _run(["g++", *FLAGS, "-x", "c++-header", tmp_path / "metal_shim.h", "-o", tmp_path / "metal_shim.h.gch"], timeout=300)
 
     def check(path):
-        source = repops_mps.metal_source(path.stem)
+        source = mps_kernels.metal_source(path.stem)
         r = subprocess.run(["g++", *FLAGS, "-Werror", "-fsyntax-only", "-include", str(tmp_path / "metal_shim.h"),
                             "-x", "c++", "-"], input=source, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{path.name}:\n{r.stderr}"
