@@ -90,7 +90,8 @@ def test_emulated_metal_selftest_gives_the_cpu_digests(metal_selftest, cpu_diges
     assert r.stderr == "", r.stderr   # no canary complaint
     mine = _digests(r.stdout)
     assert list(mine) == ST.EXPECTED_NAMES
-    bad = [f"{n}: cpu {cpu_digests[n][:16]}.. metal {mine[n][:16]}.." for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
+    bad = [f"{n}: cpu {cpu_digests[n][:16]}.. metal {mine[n][:16]}.." for n in ST.EXPECTED_NAMES
+           if mine[n] != cpu_digests[n]]
     assert not bad, "the emulated Metal kernels differ from the CPU's:\n" + "\n".join(bad)
 
 
@@ -148,7 +149,8 @@ class ShimLibrary:
 @pytest.fixture(scope="module")
 def pyshim(tmp_path_factory):
     so_path = tmp_path_factory.mktemp("metal_pyshim") / "metal_pyshim.so"
-    _run(["g++", *FLAGS, "-shared", "-fPIC", "-I", METAL_DIR, SHIM_DIR / "metal_pyshim.cpp", "-o", so_path], timeout=600)
+    _run(["g++", *FLAGS, "-shared", "-fPIC", "-I", METAL_DIR, SHIM_DIR / "metal_pyshim.cpp", "-o", so_path],
+         timeout=600)
     so = ctypes.CDLL(str(so_path))
     so.rp_signature.restype = ctypes.c_char_p
     so.rp_signature.argtypes = [ctypes.c_char_p]
@@ -228,7 +230,8 @@ def test_every_source_compiles_alone_as_compile_shader_gets_it(pyshim, tmp_path)
     """Each family's text as repops_mps hands it to compile_shader (canonical.h inlined), through
     the shim; and every kernel it defines is one the shim can launch."""
     shutil.copy(SHIM_DIR / "metal_shim.h", tmp_path)   # precompiled once: each check then takes 0.2 s
-    _run(["g++", *FLAGS, "-x", "c++-header", tmp_path / "metal_shim.h", "-o", tmp_path / "metal_shim.h.gch"], timeout=300)
+    _run(["g++", *FLAGS, "-x", "c++-header", tmp_path / "metal_shim.h", "-o", tmp_path / "metal_shim.h.gch"],
+         timeout=300)
 
     def check(path):
         source = mps_kernels.metal_source(path.stem)

@@ -9,7 +9,8 @@
 kernel void rp_philox(device long* words, constant long& k0, constant long& k1, constant long& c1, constant long& c2,
                       constant long& purpose, constant long& block_offset, constant long& n, RP_POS) {
   for (long b = tid; b < (n + 3) / 4; b += nthreads) {
-    const Philox4 r = philox4x32_10((uint)block_offset + (uint)b, (uint)c1, (uint)c2, (uint)purpose, (uint)k0, (uint)k1);
+    const Philox4 r =
+        philox4x32_10((uint)block_offset + (uint)b, (uint)c1, (uint)c2, (uint)purpose, (uint)k0, (uint)k1);
     for (long q = 0; q < 4 && 4 * b + q < n; ++q) words[4 * b + q] = (long)r.w[q];
   }
 }

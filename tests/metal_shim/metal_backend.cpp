@@ -4,8 +4,9 @@
 // digests of the Metal kernels on the self-test's inputs (tests/test_metal_emulated.py compares
 // them with the CPU's golden digests):
 //
-//   g++ -std=c++20 -O1 -ffp-contract=off -fsigned-char -pthread -Wno-attributes -Wno-psabi -I kernels/cpu \
-//       -I kernels/common -I kernels/metal kernels/cpu/selftest.cpp tests/metal_shim/metal_backend.cpp -o metal_selftest
+//   g++ -std=c++20 -O1 -ffp-contract=off -fsigned-char -pthread -Wno-attributes -Wno-psabi \
+//       -I kernels/cpu -I kernels/common -I kernels/metal \
+//       kernels/cpu/selftest.cpp tests/metal_shim/metal_backend.cpp -o metal_selftest
 //   ./metal_selftest            # METAL_SHIM_HW_FLUSH=1: the kernels' threads run with FTZ|DAZ
 //
 // Each function launches the kernels as repops_mps.py does (same kernels, same argument order,
@@ -48,7 +49,8 @@ float* mut(const float* p) { return const_cast<float*>(p); }
 
 void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B, int64_t sbb, int64_t sbk,
                int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
-  metal_shim::launch(7 * 256, 256, [&](const Pos& p) { msl::rp_matmul(A, B, C, sab, sam, sak, sbb, sbk, sbn, batch, M, N, K, AT); });
+  metal_shim::launch(7 * 256, 256,
+                     [&](const Pos& p) { msl::rp_matmul(A, B, C, sab, sam, sak, sbb, sbk, sbn, batch, M, N, K, AT); });
 }
 
 void rp_rmsnorm(const float* x, const float* w, float eps, float* y, float* rstd, int64_t R, int64_t D) {
