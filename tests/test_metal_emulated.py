@@ -9,8 +9,11 @@ arithmetic, real SIMD-group timing). On that emulation:
 
 1. the self-test (kernels/cpu/selftest.cpp), linked against the Metal kernels instead of the CPU
    ones (tests/metal_shim/metal_backend.cpp), prints the CPU backend's digest for every line,
-   with the kernel threads' FTZ/DAZ off (gradual underflow) and on (a hardware flush): the
-   software flush of canonical.h gives the contract's bits either way;
+   with the kernel threads' flush-to-zero off (gradual underflow) and on (x86 FTZ/DAZ);
+   and the products around 2^-126 (test_selftest.window_pairs) give the contract's bits through
+   rp_mul and rp_matmul with flush-to-zero off, on with tininess after rounding (x86) and on with
+   tininess before rounding (AArch64 FPCR.FZ, built for AArch64 and run under qemu-user):
+   canonical.h's software flush gives the contract's bits whichever rule the GPU has;
 2. repops_mps.py itself, with torch.mps.compile_shader replaced by the shim's kernels
    (tests/metal_shim/metal_pyshim.cpp, through ctypes), computes the self-test's digests
    through its ops on CPU tensors: its argument order, host scalars and grids are checked too;
@@ -22,11 +25,13 @@ The same kernels on a real Apple GPU: tests/test_mps.py (skipped without MPS), .
 """
 import ctypes
 import os
+import platform
 import re
 import shutil
 import subprocess
 import types
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -77,16 +82,53 @@ def metal_selftest(selftest_object, tmp_path_factory):
     return _metal_selftest(selftest_object, METAL_DIR, tmp_path_factory.mktemp("metal_exe") / "metal_selftest")
 
 
+WINDOW_BUILDS = {"x86": ("g++", [], []), "aarch64": (ST.ARM_CXX, ["-static"], [ST.QEMU_ARM])}
+
+
+@pytest.mark.parametrize("isa,hw_flush", [("x86", False), ("x86", True), ("aarch64", True)],
+                         ids=["x86_gradual_underflow", "x86_ftz_daz", "aarch64_fpcr_fz_qemu"])
+def test_products_around_2_126_give_the_contract_bits(tmp_path, isa, hw_flush):
+    """Contract §3 on the products where the flush rules differ (test_selftest.window_pairs: the
+    AArch64 window, the double-rounding band, their edges, both signs), through rp_mul and
+    rp_matmul, against exact rationals. The hardware product is printed too: under FPCR.FZ it
+    must differ exactly in the window, so the inputs do reach the rule being tested."""
+    cxx, flags, runner = WINDOW_BUILDS[isa]
+    if isa == "aarch64" and not (platform.machine() == "x86_64" and cxx and runner[0]):
+        pytest.skip("needs g++-aarch64-linux-gnu and qemu-user on an x86-64 machine")
+    exe = tmp_path / f"metal_window_{isa}"
+    _run([cxx, *flags, *FLAGS, "-I", METAL_DIR, SHIM_DIR / "metal_window.cpp", "-o", exe], timeout=600)
+    pairs = ST.window_pairs()
+    r = subprocess.run([*runner, str(exe)], input="".join(f"{a:08x} {b:08x}\n" for a, b in pairs),
+                       capture_output=True, text=True, timeout=600, env=_flush_env(hw_flush), check=True)
+    out = [[int(v, 16) for v in line.split()] for line in r.stdout.splitlines()]
+    assert len(out) == len(pairs)
+    raw_differs = []
+    for (a, b), (mul, mm, raw) in zip(pairs, out):
+        want = ST.contract_product(a, b)
+        mm_want = 0 if want & 0x7FFFFFFF == 0 else want   # acc = +0.0 + product: +0 for -0
+        assert (mul, mm) == (want, mm_want), f"{a:08x} * {b:08x}: mul {mul:08x} matmul {mm:08x}, want {want:08x}"
+        raw_differs.append(raw != want)
+    if isa == "aarch64":
+        in_window = [-Fraction(1, 2**25) <= ST._position(a, b) < 0 for a, b in pairs]
+        assert raw_differs == in_window and sum(in_window) >= 12
+
+
+
+
 # ------------------------------------------------------------------------------------------------
 # 1. the self-test through the Metal kernels
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("hw_flush", [False, True], ids=["gradual_underflow", "ftz_daz"])
-def test_emulated_metal_selftest_gives_the_cpu_digests(metal_selftest, cpu_digests, hw_flush):
+def _flush_env(hw_flush):
     env = dict(os.environ)
     env.pop("METAL_SHIM_HW_FLUSH", None)
     if hw_flush:
         env["METAL_SHIM_HW_FLUSH"] = "1"
-    r = _run([metal_selftest], timeout=300, env=env)
+    return env
+
+
+@pytest.mark.parametrize("hw_flush", [False, True], ids=["gradual_underflow", "ftz_daz"])
+def test_emulated_metal_selftest_gives_the_cpu_digests(metal_selftest, cpu_digests, hw_flush):
+    r = _run([metal_selftest], timeout=300, env=_flush_env(hw_flush))
     assert r.stderr == "", r.stderr   # no canary complaint
     mine = _digests(r.stdout)
     assert list(mine) == ST.EXPECTED_NAMES

@@ -23,7 +23,8 @@
 // correctly rounded then). That is the software-flush path of kernels/cpu/contract.h (the
 // riscv64 one), with signs taken from the operands instead of from a possibly flushed result;
 // it gives the contract's bits on hardware with gradual underflow, with FTZ deciding tininess
-// after rounding, or before it (tests/test_metal_emulated.py runs the first two on the CPU).
+// after rounding, or before it (tests/test_metal_emulated.py runs all three on the CPU: x86
+// without and with FTZ/DAZ, and AArch64 with FPCR.FZ under qemu-user).
 #pragma METAL fp contract(off)
 #pragma once
 

@@ -1,7 +1,7 @@
 // metal_shim.h -- test equipment, not a backend: lets g++ compile the Metal kernels of
 // kernels/metal/*.metal as C++ and run them on the CPU, so that their bits are checked against
 // the CPU backend in CI, where there is no Apple GPU and no Metal compiler
-// (tests/test_metal_emulated.py; metal_selftest.cpp uses it).
+// (tests/test_metal_emulated.py; metal_backend.cpp, metal_pyshim.cpp and metal_window.cpp use it).
 //
 //   g++ -std=c++20 -O1 -ffp-contract=off -pthread -Wno-attributes -include tests/metal_shim/metal_shim.h ...
 //
@@ -13,8 +13,9 @@
 // group are real threads (std::thread), which meet at every threadgroup_barrier (a
 // std::barrier), so a kernel that reads threadgroup memory before the barrier that orders it,
 // or that lets threads of one group skip a barrier (a hang), fails here as on a GPU.
-// metal_shim::hw_flush = true sets FTZ|DAZ (x86 MXCSR) in every kernel thread: the kernels must
-// give the same bits on hardware that flushes (tininess after rounding) as without.
+// metal_shim::hw_flush = true sets FTZ|DAZ (x86 MXCSR: tininess after rounding) or FPCR.FZ
+// (AArch64: tininess before rounding) in every kernel thread: the kernels must give the same
+// bits on hardware that flushes either way as on hardware that does not flush.
 //
 // What it cannot check: the Metal compiler's own floating-point behaviour (whether `#pragma
 // METAL fp contract(off)` really keeps every a*b + c unfused, whether "safe" math reorders or
@@ -73,7 +74,13 @@ inline void launch(long threads, long group, const std::function<void(const Pos&
   for (long t = 0; t < group; ++t)
     pool.emplace_back([&, t] {
 #if defined(__x86_64__)
-      if (hw_flush) _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ | DAZ
+      if (hw_flush) _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ | DAZ: tininess after rounding
+#elif defined(__aarch64__)
+      if (hw_flush) {  // FPCR.FZ: flushes inputs and results, tininess before rounding
+        uint64_t fpcr;
+        asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+        asm volatile("msr fpcr, %0" : : "r"(fpcr | (1ull << 24)));
+      }
 #endif
       group_barrier = &bar;
       for (uint g = 0; g < ngroups; ++g) {
