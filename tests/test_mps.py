@@ -13,6 +13,7 @@ are byte-identical to the CPU run's (float and --quant=int8). Left out, as CUDA-
 PTX and binding compile checks, CUDA-graph stream capture and torchrun with NCCL. Added: cross audits (a run trained on
 MPS replayed on the CPU, and one trained on the CPU replayed on MPS) and sampling on MPS.
 """
+import re
 import subprocess
 import sys
 import types
@@ -22,16 +23,17 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_mps = pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs Apple MPS (an Apple GPU)")
+NO_MPS = "hardware: needs Apple MPS (an Apple GPU)"
+needs_mps = pytest.mark.skipif(not torch.backends.mps.is_available(), reason=NO_MPS)
 
 
 def _port(name, path, replacements):
-    """Load tests/<path> again as module `name` with each (old, new) text replaced (each old must
-    occur): the same tests on another device, no second copy of them."""
+    """Load tests/<path> again as module `name` with each line matching a (regex, new line)
+    replaced (each must match once): the same tests on another device, no second copy of them."""
     src = path.read_text()
-    for old, new in replacements:
-        assert old in src, f"{path.name} no longer contains {old!r}: update tests/test_mps.py"
-        src = src.replace(old, new)
+    for pattern, new in replacements:
+        src, n = re.subn(pattern, new, src, flags=re.M)
+        assert n == 1, f"{path.name}: {pattern!r} matched {n} times: update tests/test_mps.py"
     mod = types.ModuleType(name)
     mod.__file__ = str(path)
     sys.modules[name] = mod
@@ -40,11 +42,11 @@ def _port(name, path, replacements):
 
 
 _cuda = _port("test_cuda_on_mps", ROOT / "tests" / "test_cuda.py", [
-    ('DEV = "cuda"', 'DEV = "mps"'),
-    ('needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")',
-     'needs_gpu = pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs Apple MPS (an Apple GPU)")')])
+    (r'^DEV = "cuda".*$', 'DEV = "mps"'),
+    (r"^needs_gpu = pytest\.mark\.skipif\(not torch\.cuda\.is_available\(\).*$",
+     f"needs_gpu = pytest.mark.skipif(not torch.backends.mps.is_available(), reason={NO_MPS!r})")])
 _int8 = _port("test_cuda_int8_on_mps", ROOT / "tests" / "test_cuda_int8.py", [
-    ("from test_cuda import", "from test_cuda_on_mps import")])
+    (r"^from test_cuda import (.*)$", r"from test_cuda_on_mps import \1")])
 
 CUDA_ONLY = {"test_kernels_launch_on_the_current_stream", "test_torchrun_nccl_two_ranks_equals_cpu_chain"}
 FIXTURES = {"ops", "cpu_digests", "corpus", "cpu_chain", "cpu_int8_chain"}
@@ -98,7 +100,7 @@ def test_sampling_on_mps_gives_the_cpu_text(mps_run):
 def test_mps_is_refused_with_one_line_where_absent(corpus, tmp_path):  # noqa: F811
     """Without MPS (every CI machine): --device mps is one line and exit 2, no traceback."""
     if torch.backends.mps.is_available():
-        pytest.skip("this machine has MPS: --device mps is accepted here")
+        pytest.skip("hardware: this machine has MPS, so --device mps is accepted here")
     for script, args in (("train.py", [f"--data_dir={corpus}", f"--run_dir={tmp_path / 'run'}", "--max_steps=1"]),
                          ("sample.py", [f"--run_dir={tmp_path / 'run'}"])):
         r = subprocess.run([sys.executable, str(ROOT / script), "--device=mps", *args], capture_output=True, text=True,
