@@ -14,7 +14,7 @@ arithmetic, real SIMD-group timing). On that emulation:
    rp_mul and rp_matmul with flush-to-zero off, on with tininess after rounding (x86) and on with
    tininess before rounding (AArch64 FPCR.FZ, built for AArch64 and run under qemu-user):
    canonical.h's software flush gives the contract's bits whichever rule the GPU has;
-2. repops_mps.py itself, with torch.mps.compile_shader replaced by the shim's kernels
+2. repops_mps.py (and mps_kernels.py) itself, with torch.mps.compile_shader replaced by the shim's kernels
    (tests/metal_shim/metal_pyshim.cpp, through ctypes), computes the self-test's digests
    through its ops on CPU tensors: its argument order, host scalars and grids are checked too;
 3. the check can fail: a Metal tree without the product flush gives other digests;
