@@ -62,6 +62,14 @@ CUDA_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true"
               "-Xcompiler", "-ffp-contract=off", "-gencode=arch=compute_80,code=sm_80",
               "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
 HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where torch has CUDA
+# The CUDA kernel versions the plain ops use (docs/cuda-speed.md), read once here: every version
+# gives the same bits, and the defaults stay until a GPU run of tools/matmul_versions.py has
+# verified another. REPOPS_CUDA_MATMUL: 1 (kernels/cuda/matmul.cu), 2 or 3 (matmul_tiled.cu);
+# REPOPS_CUDA_INT8: mma (int8.cu's GEMM) or cublaslt (torch._int_mm where its shape rules allow).
+CUDA_MATMUL_VERSIONS = ("1", "2", "3")
+CUDA_INT8_PATHS = ("mma", "cublaslt")
+CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "1"
+CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "mma"
 
 # Philox purpose tags (contract §6), the numbers of RpPurpose in kernels/common/ids.h.
 PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
@@ -108,6 +116,11 @@ def load():
     _check_toolchain()
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", CPU_ARCH):
         raise RepOpsBuildError(f"REPOPS_CPU_ARCH={CPU_ARCH!r} is not a -march value (e.g. x86-64-v3, armv8.2-a)")
+    if CUDA_MATMUL not in CUDA_MATMUL_VERSIONS:
+        raise RepOpsBuildError(f"REPOPS_CUDA_MATMUL={CUDA_MATMUL!r} is not a matmul kernel version "
+                               f"({', '.join(CUDA_MATMUL_VERSIONS)})")
+    if CUDA_INT8 not in CUDA_INT8_PATHS:
+        raise RepOpsBuildError(f"REPOPS_CUDA_INT8={CUDA_INT8!r} is not an int8 GEMM path ({', '.join(CUDA_INT8_PATHS)})")
     name = "repops_cuda" if HAS_CUDA else "repops_cpu"
     build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
     os.makedirs(build_dir, exist_ok=True)
@@ -135,6 +148,8 @@ def load():
     if HAS_CUDA and torch.ops.repops.canary_cuda().tolist() != [0.0, 0.0]:
         raise RepOpsBuildError("RepOps CUDA canary: the CUDA kernels were built with contraction or "
                                "without flush-to-zero; rebuild with repops.CUDA_FLAGS")
+    if HAS_CUDA:
+        torch.ops.repops.cuda_select(int(CUDA_MATMUL), CUDA_INT8_PATHS.index(CUDA_INT8))
     _loaded = True
 
 
