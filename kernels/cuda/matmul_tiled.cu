@@ -22,13 +22,20 @@
 //     its rows are 4 ty + (r % 4) + BM/2 (r / 4) (two float4s per k step).
 //   B the same way with n for m ("k-major" B is W.T of x @ W.T, "n-major" B is W of gy @ W).
 // Out-of-matrix rows, columns and k (edge tiles) are zero-filled by cp.async's src-size operand,
-// per 16-byte piece: edge tiles take the same path as interior ones. Zero-filled k have zeros on
-// both sides, so they add +0.0 * +0.0 = +0.0, which leaves acc unchanged (acc is never -0.0,
-// §4.1); rows and columns outside the matrix are never stored. The 16-byte path needs the unit
+// per 16-byte piece: edge tiles take the same path as interior ones. Rows and columns outside the
+// matrix are never stored, and zero-filled k are never added: +0.0 would turn an acc of -0.0 into
+// +0.0, and acc can be -0.0 under FTZ (a tiny negative sum flushes to -0.0; the host emulation,
+// tests/test_cuda_emulate.py, caught an earlier draft that added them). The 16-byte path needs the unit
 // stride, the other stride a multiple of 4 floats and a 16-byte aligned base; any other operand
 // (odd leading dimension, a step-2 slice) is staged with 4-byte cp.async per element, with the
 // same layout and the same compute loop.
+//
+// The file also builds as host C++ with RPC_EMULATE (tests/test_cuda_emulate.py): every CUDA
+// thread of a block becomes a host thread, __syncthreads a barrier, cp.async a copy with the
+// same zero fill, so the tiling, staging and edge handling are checked bit for bit against the
+// CPU kernel where no GPU is. Only the two branches marked RPC_EMULATE differ from the device build.
 #include <cuda_runtime.h>
+#include <cstring>
 
 #include "canonical.cuh"
 #include "kernels_cuda.h"
@@ -42,15 +49,26 @@ constexpr int BK = 16, PAD = 4;  // k per stage; row padding (floats) of the sta
 // operand's base then).
 template <int BYTES>
 __device__ __forceinline__ void cp_async(float* dst, const float* src, int src_bytes) {
+#if defined(RPC_EMULATE)  // host threads: the copy happens now, with the same zero fill
+  std::memcpy(dst, src, src_bytes);
+  std::memset(reinterpret_cast<char*>(dst) + src_bytes, 0, BYTES - src_bytes);
+#else
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   if (BYTES == 16)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+#endif
 }
+#if defined(RPC_EMULATE)
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+#else
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
 
 // One operand's tile of ROWS (m or n) x BK (k) for rows [r0, r0 + ROWS), k [k0, k0 + BK), staged
 // k-major (KMAJ: T[row][k], pitch BK + PAD) or row-major in k (T[k][row], pitch ROWS + PAD).
@@ -150,14 +168,16 @@ tiled_kernel(const float* __restrict__ A, int64_t sab, int64_t sam, int64_t sak,
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int64_t kc = K - s * BK < BK ? K - s * BK : BK;  // real k in this stage
-    for (int k4 = 0; k4 < kc; k4 += 4) {                    // k4 + j >= kc: zeros on both sides
+    const int kc = K - s * BK < BK ? (int)(K - s * BK) : BK;  // real k in this stage
+    for (int k4 = 0; k4 < kc; k4 += 4) {
       float a[8][4], bv[8][4];
       TA::frag(As[cur], ty, k4, a);
       TB::frag(Bs[cur], tx, k4, bv);
+      const int jn = kc - k4;  // real k from k4 on: the last group of the matrix may have fewer than 4
       for (int j = 0; j < 4; ++j)  // k = s BK + k4 + j, in increasing order
-        for (int r = 0; r < 8; ++r)
-          for (int c = 0; c < 8; ++c) acc[r][c] = fadd(acc[r][c], fmul(a[r][j], bv[c][j]));
+        if (j < jn)                // never a zero-filled k (see the top of the file)
+          for (int r = 0; r < 8; ++r)
+            for (int c = 0; c < 8; ++c) acc[r][c] = fadd(acc[r][c], fmul(a[r][j], bv[c][j]));
     }
     __syncthreads();  // every thread is done with this stage before it is refilled
   }
@@ -185,9 +205,17 @@ cudaError_t launch(const float* A, int64_t sab, int64_t sam, int64_t sak, const 
     for (int64_t m0 = 0; m0 < M; m0 += kRowsPerLaunch) {
       const int64_t mm = (M - m0 < kRowsPerLaunch) ? M - m0 : kRowsPerLaunch;
       const dim3 grid((unsigned)gx, (unsigned)((mm + BM - 1) / BM), (unsigned)nb);
-      tiled_kernel<BM, BN, A_KMAJ, B_KMAJ><<<grid, THREADS, 0, st>>>(
-          A + b0 * sab + m0 * sam, sab, sam, sak, B + b0 * sbb, sbb, sbk, sbn, C + b0 * M * N + m0 * N, M * N, mm,
-          N, K, a_vec, b_vec);
+      const float *Ab = A + b0 * sab + m0 * sam, *Bb = B + b0 * sbb;
+      float* Cb = C + b0 * M * N + m0 * N;
+#if defined(RPC_EMULATE)  // tests/test_cuda_emulate.py: the block's threads as host threads
+      (void)st;
+      rpc_emulate(grid, THREADS, [&] {
+        tiled_kernel<BM, BN, A_KMAJ, B_KMAJ>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N, mm, N, K, a_vec, b_vec);
+      });
+#else
+      tiled_kernel<BM, BN, A_KMAJ, B_KMAJ><<<grid, THREADS, 0, st>>>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N,
+                                                                     mm, N, K, a_vec, b_vec);
+#endif
       const cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }

@@ -1,0 +1,88 @@
+// matmul_emulate.cpp -- kernels/cuda/matmul_tiled.cu (matmul versions 2 and 3) run on the host,
+// for tests/test_cuda_emulate.py: the kernel source compiled as C++ with RPC_EMULATE, each CUDA
+// thread of a block a host thread (x86 FTZ|DAZ set, as -ftz=true on the device), __syncthreads a
+// std::barrier, __shared__ arrays static (one block runs at a time), cp.async a copy with the
+// same zero fill. Same index arithmetic, staging layouts, double buffering, edge handling and
+// k order as on the GPU; the float operations are the host's (fadd = a + b, -ffp-contract=off).
+//
+//   matmul_emulate IN OUT    IN: records of 15 int64 (version, batch, M, N, K, sab, sam, sak,
+//                            sbb, sbk, sbn, a_offset, b_offset, a_len, b_len) then a_len and
+//                            b_len float32 (the operands' storages); OUT: each C [batch, M, N].
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include <xmmintrin.h>
+
+#include <cuda_runtime.h>  // dim3, float4, cudaError_t; then the CUDA keywords as host C++:
+
+#undef __global__
+#define __global__
+#undef __device__
+#define __device__
+#undef __shared__
+#define __shared__ static
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+
+struct EmuIdx { unsigned x, y, z; };
+thread_local EmuIdx emu_thread, emu_block;
+thread_local std::barrier<>* emu_bar;
+#define threadIdx emu_thread
+#define blockIdx emu_block
+#define __syncthreads() emu_bar->arrive_and_wait()
+
+// One launch: the blocks one after another, each as `threads` host threads.
+template <class F>
+void rpc_emulate(dim3 grid, int threads, F body) {
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        std::barrier<> bar(threads);
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ | DAZ
+            emu_thread = {(unsigned)t, 0, 0};
+            emu_block = {x, y, z};
+            emu_bar = &bar;
+            body();
+          });
+        for (auto& th : pool) th.join();
+      }
+}
+
+cudaError_t cudaGetLastError() { return cudaSuccess; }  // declared by cuda_runtime_api.h
+// Version 1 (matmul.cu) is not part of the emulation.
+cudaError_t rpc_matmul(const float*, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float*,
+                       int64_t, int64_t, int64_t, int64_t, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+
+#include "matmul_tiled.cu"
+
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  FILE* in = std::fopen(argv[1], "rb");
+  FILE* out = std::fopen(argv[2], "wb");
+  if (!in || !out) return 2;
+  int64_t h[15];
+  while (std::fread(h, sizeof(int64_t), 15, in) == 15) {
+    const int64_t version = h[0], batch = h[1], M = h[2], N = h[3], K = h[4];
+    std::vector<float> a(h[13] + 1), b(h[14] + 1), c(batch * M * N, std::nanf(""));
+    if (std::fread(a.data(), 4, h[13], in) != (size_t)h[13] || std::fread(b.data(), 4, h[14], in) != (size_t)h[14])
+      return 2;
+    const cudaError_t err = rpc_matmul_v((int)version, a.data() + h[11], h[5], h[6], h[7], b.data() + h[12], h[8],
+                                         h[9], h[10], c.data(), batch, M, N, K, nullptr);
+    if (err != cudaSuccess) {
+      std::fprintf(stderr, "rpc_matmul_v: error %d\n", (int)err);
+      return 1;
+    }
+    std::fwrite(c.data(), 4, c.size(), out);
+  }
+  std::fclose(out);
+  return 0;
+}
