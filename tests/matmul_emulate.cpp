@@ -2,16 +2,19 @@
 // for tests/test_cuda_emulate.py: the kernel source compiled as C++ with RPC_EMULATE, each CUDA
 // thread of a block a host thread (x86 FTZ|DAZ set, as -ftz=true on the device), __syncthreads a
 // std::barrier, __shared__ arrays static (one block runs at a time), cp.async a copy with the
-// same zero fill. Same index arithmetic, staging layouts, double buffering, edge handling and
-// k order as on the GPU; the float operations are the host's (fadd = a + b, -ffp-contract=off).
+// zero fill, made when issued or only at the wait that covers it. Same index arithmetic, staging
+// layouts, double buffering, edge handling and k order as on the GPU; the float operations are
+// the host's (fadd = a + b, -ffp-contract=off).
 //
-//   matmul_emulate IN OUT    IN: records of 15 int64 (version, batch, M, N, K, sab, sam, sak,
-//                            sbb, sbk, sbn, a_offset, b_offset, a_len, b_len) then a_len and
-//                            b_len float32 (the operands' storages); OUT: each C [batch, M, N].
+//   matmul_emulate IN OUT    IN: records of 16 int64 (version, batch, M, N, K, sab, sam, sak,
+//                            sbb, sbk, sbn, a_offset, b_offset, a_len, b_len, deferred) then a_len
+//                            and b_len float32 (the operands' storages); OUT: each C [batch, M, N].
 #include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <deque>
 #include <thread>
 #include <vector>
 
@@ -34,6 +37,33 @@ thread_local std::barrier<>* emu_bar;
 #define threadIdx emu_thread
 #define blockIdx emu_block
 #define __syncthreads() emu_bar->arrive_and_wait()
+
+// cp.async: each thread's copies in commit groups. g_deferred = 0: every copy is made when it is
+// issued (a stage refilled while another thread still reads it shows); 1: only when a wait
+// covers its group (a stage read before its wait shows).
+int g_deferred = 0;
+struct Copy { float* dst; const float* src; int bytes, src_bytes; };
+thread_local std::deque<std::vector<Copy>> emu_groups;  // committed groups, oldest first
+thread_local std::vector<Copy> emu_open;                // issued since the last commit
+
+void emu_copy(const Copy& c) {
+  std::memcpy(c.dst, c.src, c.src_bytes);
+  std::memset(reinterpret_cast<char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+}
+void rpc_emu_cp_async(float* dst, const float* src, int bytes, int src_bytes) {
+  if (g_deferred) emu_open.push_back({dst, src, bytes, src_bytes});
+  else emu_copy({dst, src, bytes, src_bytes});
+}
+void rpc_emu_commit() {
+  emu_groups.push_back(std::move(emu_open));
+  emu_open.clear();
+}
+void rpc_emu_wait(int newest_pending) {  // cp.async.wait_group N: all but the newest N groups are done
+  while ((int)emu_groups.size() > newest_pending) {
+    for (const Copy& c : emu_groups.front()) emu_copy(c);
+    emu_groups.pop_front();
+  }
+}
 
 // One launch: the blocks one after another, each as `threads` host threads.
 template <class F>
@@ -69,9 +99,10 @@ int main(int argc, char** argv) {
   FILE* in = std::fopen(argv[1], "rb");
   FILE* out = std::fopen(argv[2], "wb");
   if (!in || !out) return 2;
-  int64_t h[15];
-  while (std::fread(h, sizeof(int64_t), 15, in) == 15) {
+  int64_t h[16];
+  while (std::fread(h, sizeof(int64_t), 16, in) == 16) {
     const int64_t version = h[0], batch = h[1], M = h[2], N = h[3], K = h[4];
+    g_deferred = (int)h[15];
     std::vector<float> a(h[13] + 1), b(h[14] + 1), c(batch * M * N, std::nanf(""));
     if (std::fread(a.data(), 4, h[13], in) != (size_t)h[13] || std::fread(b.data(), 4, h[14], in) != (size_t)h[14])
       return 2;

@@ -3,12 +3,14 @@
     python -m pytest tests/test_cuda_emulate.py -q      # no GPU; needs g++ (C++20) and the CUDA headers
 
 tests/matmul_emulate.cpp compiles the kernel source as C++ (RPC_EMULATE: each CUDA thread a host
-thread, __syncthreads a barrier, cp.async a copy with its zero fill) and runs versions 2 and 3 on
+thread, __syncthreads a barrier, cp.async a zero-filling copy: made when issued for version 2,
+so a stage refilled while another thread reads it would show; made only at the cp.async wait that
+covers it for version 3, so a stage read before its wait would show) and runs versions 2 and 3 on
 tools/matmul_versions.py's quick cases: odd sizes, K = 0 and 1, the four transposed-view layouts,
 step-2 slices and a misaligned base (the 4-byte staging path), batch broadcast, specials and
 values whose products flush. Every output must equal the CPU kernel's bit for bit: the tiling,
 the staging layouts, the double buffering, the edge tiles and the k order are those of the GPU
-build. What only a GPU can show (cp.async timing, the real FADD/FMUL units, the grid limits) is
+build. What only a GPU can show (the real FADD/FMUL units, the grid limits, speed) is
 tools/matmul_versions.py's and tests/test_cuda.py's job on a GPU.
 """
 import platform
@@ -33,12 +35,12 @@ def operand(t):
     return t.storage_offset(), t.stride(-2), t.stride(-1), t.stride(0) if t.dim() == 3 else 0, storage.numpy()
 
 
-def record(version, a, b):
+def record(version, a, b, deferred):
     a_off, sam, sak, sab, a_st = operand(a)
     b_off, sbk, sbn, sbb, b_st = operand(b)
     batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
     head = [version, batch, a.shape[-2], b.shape[-1], a.shape[-1], sab, sam, sak, sbb, sbk, sbn, a_off, b_off,
-            a_st.size, b_st.size]
+            a_st.size, b_st.size, int(deferred)]
     return np.array(head, np.int64).tobytes() + a_st.tobytes() + b_st.tobytes(), (batch, a.shape[-2], b.shape[-1])
 
 
@@ -69,9 +71,9 @@ def test_tiled_versions_emulated_give_the_cpu_bits(emulator, tmp_path):
     cases = [c for c in MV.fp32_cases(quick=True) if MV.macs(c[1], c[2]) <= 2e7]
     cases.append(("misaligned base", with_misaligned_base(rng), torch.from_numpy(rng.standard_normal((40, 65)).astype(np.float32))))
     blobs, shapes = [], []
-    for version in EMULATED:
+    for version in EMULATED:        # version 2 with copies made at once, 3 with copies made at the wait
         for _, a, b in cases:
-            blob, shape = record(version, a, b)
+            blob, shape = record(version, a, b, deferred=version == 3)
             blobs.append(blob)
             shapes.append(shape)
     (tmp_path / "in.bin").write_bytes(b"".join(blobs))

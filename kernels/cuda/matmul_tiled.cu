@@ -31,11 +31,11 @@
 // same layout and the same compute loop.
 //
 // The file also builds as host C++ with RPC_EMULATE (tests/test_cuda_emulate.py): every CUDA
-// thread of a block becomes a host thread, __syncthreads a barrier, cp.async a copy with the
-// same zero fill, so the tiling, staging and edge handling are checked bit for bit against the
-// CPU kernel where no GPU is. Only the two branches marked RPC_EMULATE differ from the device build.
+// thread of a block becomes a host thread, __syncthreads a barrier, cp.async a zero-filling copy
+// made at once or only at the wait that covers it, so the tiling, staging, pipelining and edge
+// handling are checked bit for bit against the CPU kernel where no GPU is. Only the branches
+// marked RPC_EMULATE differ from the device build.
 #include <cuda_runtime.h>
-#include <cstring>
 
 #include "canonical.cuh"
 #include "kernels_cuda.h"
@@ -49,9 +49,8 @@ constexpr int BK = 16, PAD = 4;  // k per stage; row padding (floats) of the sta
 // operand's base then).
 template <int BYTES>
 __device__ __forceinline__ void cp_async(float* dst, const float* src, int src_bytes) {
-#if defined(RPC_EMULATE)  // host threads: the copy happens now, with the same zero fill
-  std::memcpy(dst, src, src_bytes);
-  std::memset(reinterpret_cast<char*>(dst) + src_bytes, 0, BYTES - src_bytes);
+#if defined(RPC_EMULATE)  // host threads: tests/matmul_emulate.cpp queues or makes the copy
+  rpc_emu_cp_async(dst, src, BYTES, src_bytes);
 #else
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   if (BYTES == 16)
@@ -61,9 +60,9 @@ __device__ __forceinline__ void cp_async(float* dst, const float* src, int src_b
 #endif
 }
 #if defined(RPC_EMULATE)
-inline void cp_async_commit() {}
+inline void cp_async_commit() { rpc_emu_commit(); }
 template <int N>
-inline void cp_async_wait() {}
+inline void cp_async_wait() { rpc_emu_wait(N); }
 #else
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
