@@ -64,9 +64,9 @@ CUDA_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true"
 HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where torch has CUDA
 # The CUDA kernel versions the plain ops use (docs/cuda-speed.md), read once here: every version
 # gives the same bits, and the defaults stay until a GPU run of tools/matmul_versions.py has
-# verified another. REPOPS_CUDA_MATMUL: 1 (kernels/cuda/matmul.cu), 2 or 3 (matmul_tiled.cu);
+# verified another. REPOPS_CUDA_MATMUL: 1 (kernels/cuda/matmul.cu), 2, 3 or 4 (matmul_tiled.cu);
 # REPOPS_CUDA_INT8: mma (int8.cu's GEMM) or cublaslt (torch._int_mm where its shape rules allow).
-CUDA_MATMUL_VERSIONS = ("1", "2", "3")
+CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4")
 CUDA_INT8_PATHS = ("mma", "cublaslt")
 CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "1"
 CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "mma"

@@ -86,6 +86,9 @@ void rpc_emulate(dim3 grid, int threads, F body) {
 }
 
 cudaError_t cudaGetLastError() { return cudaSuccess; }  // declared by cuda_runtime_api.h
+// Version 4 asks for the GPU's SM count, then runs 2 or 3; it is not emulated itself.
+cudaError_t cudaGetDevice(int*) { return cudaErrorNotSupported; }
+cudaError_t cudaDeviceGetAttribute(int*, cudaDeviceAttr, int) { return cudaErrorNotSupported; }
 // Version 1 (matmul.cu) is not part of the emulation.
 cudaError_t rpc_matmul(const float*, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float*,
                        int64_t, int64_t, int64_t, int64_t, cudaStream_t) {

@@ -6,10 +6,11 @@
     python -m tools.matmul_versions --quick     # fewer and smaller cases (a smoke run)
     python -m tools.matmul_versions --fp32 --versions 1,3   # some versions (one crashed the process)
 
-fp32 (contract §4.1): every version of repops.ops.matmul_v (1: kernels/cuda/matmul.cu, 2 and 3:
-kernels/cuda/matmul_tiled.cu) against the CPU kernel on odd sizes, K = 0 and K = 1, transposed
-views and step-2 slices, batch broadcast, the attention products, the forward and both backward
-products of the default, 27.5M and 1.23B models, and 4096^3 and 8192^3. Where the CPU would take
+fp32 (contract §4.1): every version of repops.ops.matmul_v (1: kernels/cuda/matmul.cu, 2, 3 and
+4: kernels/cuda/matmul_tiled.cu; 4 picks 2 or 3 by size) against the CPU kernel on odd sizes,
+K = 0 and K = 1, transposed views and step-2 slices, batch broadcast, the attention products,
+the forward and both backward products of the default, 27.5M and 1.23B models, and 4096^3 and
+8192^3. Where the CPU would take
 long, the check uses a spread of rows (every tile edge included): an output row depends only on its
 row of A and on B, so the CPU's rows A[rows] @ B are the exact reference; the whole product is
 then compared between versions. Then each version is timed against cuBLAS fp32 (TF32 off).
@@ -39,7 +40,7 @@ import repops
 from tools.bench_cuda import SHAPES_1B, SHAPES_27M, gpu_time
 from tools.torch_llama import model_shapes
 
-VERSIONS = (1, 2, 3)
+VERSIONS = (1, 2, 3, 4)
 INT8_PATHS = {0: "mma", 1: "cublaslt"}
 MAX_INT8_K = 133144          # the binding's bound: K * 127^2 < 2^31
 FULL_CHECK_MACS = 2e9        # above this many multiply-adds the CPU reference takes sampled rows

@@ -46,11 +46,11 @@ float inv(int64_t n) { return (float)(1.0 / (double)n); }  // contract §1: shap
 // cuda_select from REPOPS_CUDA_MATMUL and REPOPS_CUDA_INT8. Every version gives the same bits;
 // the defaults (matmul.cu, our mma.sync int8 GEMM) stay until a GPU run of
 // tools/matmul_versions.py has verified another. The _v ops name a version explicitly.
-int64_t g_matmul_version = 1;  // 1: matmul.cu; 2, 3: matmul_tiled.cu
+int64_t g_matmul_version = 1;  // 1: matmul.cu; 2, 3, 4: matmul_tiled.cu
 int64_t g_int8_path = 0;       // 0: int8.cu's mma.sync GEMM; 1: cuBLASLt (at::_int_mm) where it fits
 
 void cuda_select(int64_t matmul_version, int64_t int8_path) {
-  TORCH_CHECK(matmul_version >= 1 && matmul_version <= 3, "repops.cuda_select: matmul version must be 1, 2 or 3, got ",
+  TORCH_CHECK(matmul_version >= 1 && matmul_version <= 4, "repops.cuda_select: matmul version must be 1 to 4, got ",
               matmul_version);
   TORCH_CHECK(int8_path == 0 || int8_path == 1, "repops.cuda_select: int8 path must be 0 (mma) or 1 (cublaslt), got ",
               int8_path);
@@ -59,7 +59,7 @@ void cuda_select(int64_t matmul_version, int64_t int8_path) {
 }
 
 Tensor matmul_v(const Tensor& a, const Tensor& b, int64_t version) {
-  TORCH_CHECK(version >= 1 && version <= 3, "repops.matmul_v: version must be 1, 2 or 3, got ", version);
+  TORCH_CHECK(version >= 1 && version <= 4, "repops.matmul_v: version must be 1 to 4, got ", version);
   const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
   c10::cuda::CUDAGuard guard(a.device());
   Tensor c = at::empty(s.out, a.options());

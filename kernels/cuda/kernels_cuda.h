@@ -15,7 +15,7 @@
 cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                        const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                        float* C, int64_t batch, int64_t M, int64_t N, int64_t K, cudaStream_t st);
-// matmul_tiled.cu: the same product by kernel version 1 (rpc_matmul), 2 or 3 (docs/cuda-speed.md);
+// matmul_tiled.cu: the same product by kernel version 1 (rpc_matmul), 2, 3 or 4 (docs/cuda-speed.md);
 // every version gives the same bits. cudaErrorInvalidValue for another version.
 cudaError_t rpc_matmul_v(int version, const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B,
                          int64_t sbb, int64_t sbk, int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N,

@@ -1,4 +1,4 @@
-// matmul_tiled.cu -- the numbered matmul versions 2 and 3 (docs/cuda-speed.md), and the launcher
+// matmul_tiled.cu -- the numbered matmul versions 2, 3 and 4 (docs/cuda-speed.md), and the launcher
 // that picks a version: rpc_matmul_v(version, ...). Version 1 is matmul.cu (64 x 64 tiles), the
 // default until a GPU run of tools/matmul_versions.py has verified another one bit for bit.
 //
@@ -11,6 +11,7 @@
 //   v3: a block of 8 x 8 threads computes a 64 x 64 tile, 8 x 8 per thread: four times as many
 //       blocks, for the model's small products (4096 x 512 x 512 is 128 tiles of 128 x 128:
 //       less than one per SM on an H200).
+//   v4: v2 where its 128 x 128 tiles number at least twice the GPU's SMs, v3 otherwise.
 //
 // k runs in steps of BK = 16 through shared memory, double buffered: while the block computes on
 // one stage, cp.async (sm_80+) copies the next k step of both operands into the other. Each
@@ -244,8 +245,15 @@ cudaError_t rpc_matmul_v(int version, const float* A, int64_t sab, int64_t sam, 
                          int64_t sbb, int64_t sbk, int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N,
                          int64_t K, cudaStream_t st) {
   if (version == 1) return rpc_matmul(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
-  if (version != 2 && version != 3) return cudaErrorInvalidValue;
+  if (version < 2 || version > 4) return cudaErrorInvalidValue;
   if (batch == 0 || M == 0 || N == 0) return cudaGetLastError();
+  if (version == 4) {  // by size: version 2 where its tiles fill every SM at least twice, else 3
+    int dev = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    version = batch * ((M + 127) / 128) * ((N + 127) / 128) >= 2 * (int64_t)sms ? 2 : 3;
+  }
   if (version == 2) return tiled<128, 128>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
   return tiled<64, 64>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
 }
