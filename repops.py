@@ -65,11 +65,14 @@ HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where t
 # The CUDA kernel versions the plain ops use (docs/cuda-speed.md), read once here: every version
 # gives the same bits, and the defaults stay until a GPU run of tools/matmul_versions.py has
 # verified another. REPOPS_CUDA_MATMUL: 1 (kernels/cuda/matmul.cu), 2, 3 or 4 (matmul_tiled.cu);
-# REPOPS_CUDA_INT8: mma (int8.cu's GEMM) or cublaslt (torch._int_mm where its shape rules allow).
+# REPOPS_CUDA_INT8: mma (int8.cu's GEMM) or cublaslt (torch._int_mm where its shape rules allow);
+# REPOPS_CUDA_CLIP: 1 (optim.cu's one-warp gradient norm) or 2 (flat_sum.cu, streamed).
 CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4")
 CUDA_INT8_PATHS = ("mma", "cublaslt")
+CUDA_CLIP_VERSIONS = ("1", "2")
 CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "1"
 CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "mma"
+CUDA_CLIP = os.environ.get("REPOPS_CUDA_CLIP", "") or "1"
 
 # Philox purpose tags (contract §6), the numbers of RpPurpose in kernels/common/ids.h.
 PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
@@ -121,6 +124,9 @@ def load():
                                f"({', '.join(CUDA_MATMUL_VERSIONS)})")
     if CUDA_INT8 not in CUDA_INT8_PATHS:
         raise RepOpsBuildError(f"REPOPS_CUDA_INT8={CUDA_INT8!r} is not an int8 GEMM path ({', '.join(CUDA_INT8_PATHS)})")
+    if CUDA_CLIP not in CUDA_CLIP_VERSIONS:
+        raise RepOpsBuildError(f"REPOPS_CUDA_CLIP={CUDA_CLIP!r} is not a clip_grad kernel version "
+                               f"({', '.join(CUDA_CLIP_VERSIONS)})")
     name = "repops_cuda" if HAS_CUDA else "repops_cpu"
     build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
     os.makedirs(build_dir, exist_ok=True)
@@ -149,7 +155,7 @@ def load():
         raise RepOpsBuildError("RepOps CUDA canary: the CUDA kernels were built with contraction or "
                                "without flush-to-zero; rebuild with repops.CUDA_FLAGS")
     if HAS_CUDA:
-        torch.ops.repops.cuda_select(int(CUDA_MATMUL), CUDA_INT8_PATHS.index(CUDA_INT8))
+        torch.ops.repops.cuda_select(int(CUDA_MATMUL), CUDA_INT8_PATHS.index(CUDA_INT8), int(CUDA_CLIP))
     _loaded = True
 
 

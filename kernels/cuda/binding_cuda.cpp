@@ -43,19 +43,23 @@ void check_range(const Tensor& idx, int64_t hi, const char* name) {
 float inv(int64_t n) { return (float)(1.0 / (double)n); }  // contract §1: shape scalars
 
 // The kernel versions the plain ops use (docs/cuda-speed.md), set once by repops.load() through
-// cuda_select from REPOPS_CUDA_MATMUL and REPOPS_CUDA_INT8. Every version gives the same bits;
-// the defaults (matmul.cu, our mma.sync int8 GEMM) stay until a GPU run of
-// tools/matmul_versions.py has verified another. The _v ops name a version explicitly.
+// cuda_select from REPOPS_CUDA_MATMUL, REPOPS_CUDA_INT8 and REPOPS_CUDA_CLIP. Every version gives
+// the same bits; the defaults (matmul.cu, our mma.sync int8 GEMM, optim.cu's one-warp norm) stay
+// until a GPU run of tools/matmul_versions.py has verified another. The _v ops name a version.
 int64_t g_matmul_version = 1;  // 1: matmul.cu; 2, 3, 4: matmul_tiled.cu
 int64_t g_int8_path = 0;       // 0: int8.cu's mma.sync GEMM; 1: cuBLASLt (at::_int_mm) where it fits
+int64_t g_clip_version = 1;    // 1: optim.cu; 2: flat_sum.cu
 
-void cuda_select(int64_t matmul_version, int64_t int8_path) {
+void cuda_select(int64_t matmul_version, int64_t int8_path, int64_t clip_version) {
   TORCH_CHECK(matmul_version >= 1 && matmul_version <= 4, "repops.cuda_select: matmul version must be 1 to 4, got ",
               matmul_version);
   TORCH_CHECK(int8_path == 0 || int8_path == 1, "repops.cuda_select: int8 path must be 0 (mma) or 1 (cublaslt), got ",
               int8_path);
+  TORCH_CHECK(clip_version == 1 || clip_version == 2, "repops.cuda_select: clip version must be 1 or 2, got ",
+              clip_version);
   g_matmul_version = matmul_version;
   g_int8_path = int8_path;
+  g_clip_version = clip_version;
 }
 
 Tensor matmul_v(const Tensor& a, const Tensor& b, int64_t version) {
@@ -233,14 +237,16 @@ void adamw_(const Tensor& p, const Tensor& g_, const Tensor& m, const Tensor& v,
                   (float)bc2, stream()), "adamw_");
 }
 
-std::tuple<Tensor, Tensor> clip_grad(const Tensor& g_, double max_norm) {
+std::tuple<Tensor, Tensor> clip_grad_v(const Tensor& g_, double max_norm, int64_t version) {
+  TORCH_CHECK(version == 1 || version == 2, "repops.clip_grad_v: version must be 1 or 2, got ", version);
   Tensor g = rpb::contig(kDev, g_, "grad");
   c10::cuda::CUDAGuard guard(g.device());
   Tensor out = at::empty_like(g), norm = at::empty({}, g.options()), coef = at::empty({1}, g.options());
-  check(rpc_clip_grad(g.data_ptr<float>(), (float)max_norm, out.data_ptr<float>(), norm.data_ptr<float>(),
-                      coef.data_ptr<float>(), g.numel(), stream()), "clip_grad");
+  check(rpc_clip_grad_v((int)version, g.data_ptr<float>(), (float)max_norm, out.data_ptr<float>(),
+                        norm.data_ptr<float>(), coef.data_ptr<float>(), g.numel(), stream()), "clip_grad");
   return {out, norm};
 }
+std::tuple<Tensor, Tensor> clip_grad(const Tensor& g, double max_norm) { return clip_grad_v(g, max_norm, g_clip_version); }
 
 // ---- the quantized path (contract §10; argument checks in binding_common.h)
 Tensor int8_quantize(const Tensor& x_, const Tensor& s_) {
@@ -393,14 +399,15 @@ Tensor canary_cuda() {
 }
 }  // namespace
 
-// CUDA only: the kernel versions (docs/cuda-speed.md). matmul_v, int8_matmul_v and int8_linear_v
-// are matmul, int8_matmul and int8_linear by a named version; cuda_select sets the plain ops' ones.
+// CUDA only: the kernel versions (docs/cuda-speed.md). matmul_v, int8_matmul_v, int8_linear_v and
+// clip_grad_v are the plain ops by a named version; cuda_select sets the plain ops' ones.
 TORCH_LIBRARY_FRAGMENT(repops, m) {
   RPB_DEF_TENSORLESS_OPS(m, _cuda);
   m.def("matmul_v(Tensor a, Tensor b, int version) -> Tensor");
   m.def("int8_matmul_v(Tensor a, Tensor b, bool check_grid, int path) -> Tensor");
   m.def("int8_linear_v(Tensor a, Tensor b, Tensor sx, Tensor sw, bool check_grid, int path) -> Tensor");
-  m.def("cuda_select(int matmul_version, int int8_path) -> ()");
+  m.def("clip_grad_v(Tensor g, float max_norm, int version) -> (Tensor, Tensor)");
+  m.def("cuda_select(int matmul_version, int int8_path, int clip_version) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(repops, CUDA, m) {
@@ -408,6 +415,7 @@ TORCH_LIBRARY_IMPL(repops, CUDA, m) {
   m.impl("matmul_v", matmul_v);
   m.impl("int8_matmul_v", int8_matmul_v);
   m.impl("int8_linear_v", int8_linear_v);
+  m.impl("clip_grad_v", clip_grad_v);
 }
 
 // No tensor inputs: nothing to dispatch on, so these run wherever they are called.

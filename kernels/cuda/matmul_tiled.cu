@@ -39,36 +39,12 @@
 #include <cuda_runtime.h>
 
 #include "canonical.cuh"
+#include "cp_async.cuh"
 #include "kernels_cuda.h"
 
 namespace rpc {
 namespace {
 constexpr int BK = 16, PAD = 4;  // k per stage; row padding (floats) of the staged tiles
-
-// cp.async with zero fill: copies src_bytes (<= BYTES) from global memory and writes zeros up to
-// BYTES in shared memory. src must be a valid address even when src_bytes is 0 (callers pass the
-// operand's base then).
-template <int BYTES>
-__device__ __forceinline__ void cp_async(float* dst, const float* src, int src_bytes) {
-#if defined(RPC_EMULATE)  // host threads: tests/matmul_emulate.cpp queues or makes the copy
-  rpc_emu_cp_async(dst, src, BYTES, src_bytes);
-#else
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  if (BYTES == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
-#endif
-}
-#if defined(RPC_EMULATE)
-inline void cp_async_commit() { rpc_emu_commit(); }
-template <int N>
-inline void cp_async_wait() { rpc_emu_wait(N); }
-#else
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-#endif
 
 // One operand's tile of ROWS (m or n) x BK (k) for rows [r0, r0 + ROWS), k [k0, k0 + BK), staged
 // k-major (KMAJ: T[row][k], pitch BK + PAD) or row-major in k (T[k][row], pitch ROWS + PAD).

@@ -1,14 +1,17 @@
-// matmul_emulate.cpp -- kernels/cuda/matmul_tiled.cu (matmul versions 2 and 3) run on the host,
-// for tests/test_cuda_emulate.py: the kernel source compiled as C++ with RPC_EMULATE, each CUDA
+// cuda_emulate.cpp -- kernels/cuda/matmul_tiled.cu (matmul versions 2 and 3) and flat_sum.cu
+// (clip_grad version 2's norm) run on the host, for tests/test_cuda_emulate.py: the kernel
+// sources compiled as C++ with RPC_EMULATE, each CUDA
 // thread of a block a host thread (x86 FTZ|DAZ set, as -ftz=true on the device), __syncthreads a
 // std::barrier, __shared__ arrays static (one block runs at a time), cp.async a copy with the
 // zero fill, made when issued or only at the wait that covers it. Same index arithmetic, staging
 // layouts, double buffering, edge handling and k order as on the GPU; the float operations are
 // the host's (fadd = a + b, -ffp-contract=off).
 //
-//   matmul_emulate IN OUT    IN: records of 16 int64 (version, batch, M, N, K, sab, sam, sak,
-//                            sbb, sbk, sbn, a_offset, b_offset, a_len, b_len, deferred) then a_len
-//                            and b_len float32 (the operands' storages); OUT: each C [batch, M, N].
+//   cuda_emulate matmul IN OUT   IN: records of 16 int64 (version, batch, M, N, K, sab, sam, sak,
+//                                sbb, sbk, sbn, a_offset, b_offset, a_len, b_len, deferred) then
+//                                a_len and b_len float32 (the storages); OUT: each C [batch, M, N]
+//   cuda_emulate clip IN OUT     IN: records of 4 int64 (n, offset, len, deferred), one float32
+//                                max_norm, then len float32; OUT: each (norm, coef) of version 2
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -94,14 +97,41 @@ cudaError_t rpc_matmul(const float*, int64_t, int64_t, int64_t, const float*, in
                        int64_t, int64_t, int64_t, int64_t, cudaStream_t) {
   return cudaErrorNotSupported;
 }
+// Nor are optim.cu's kernels: version 1 of the norm, and applying the coefficient (only the norm
+// and the coefficient are compared).
+cudaError_t rpc_clip_grad(const float*, float, float*, float*, float*, int64_t, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+cudaError_t rpc_clip_apply(const float*, const float*, float*, int64_t, cudaStream_t) { return cudaSuccess; }
 
 #include "matmul_tiled.cu"
+#include "flat_sum.cu"
+
+int clip_main(FILE* in, FILE* out) {
+  int64_t h[4];
+  float max_norm;
+  while (std::fread(h, sizeof(int64_t), 4, in) == 4 && std::fread(&max_norm, 4, 1, in) == 1) {
+    std::vector<float> g(h[2] + 4);
+    if (std::fread(g.data(), 4, h[2], in) != (size_t)h[2]) return 2;
+    g_deferred = (int)h[3];
+    float res[2] = {std::nanf(""), std::nanf("")};
+    const cudaError_t err = rpc_clip_grad_v(2, g.data() + h[1], max_norm, nullptr, &res[0], &res[1], h[0], nullptr);
+    if (err != cudaSuccess) return 1;
+    std::fwrite(res, 4, 2, out);
+  }
+  return 0;
+}
 
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
-  FILE* in = std::fopen(argv[1], "rb");
-  FILE* out = std::fopen(argv[2], "wb");
+  if (argc != 4) return 2;
+  FILE* in = std::fopen(argv[2], "rb");
+  FILE* out = std::fopen(argv[3], "wb");
   if (!in || !out) return 2;
+  if (std::strcmp(argv[1], "clip") == 0) {
+    const int rc = clip_main(in, out);
+    std::fclose(out);
+    return rc;
+  }
   int64_t h[16];
   while (std::fread(h, sizeof(int64_t), 16, in) == 16) {
     const int64_t version = h[0], batch = h[1], M = h[2], N = h[3], K = h[4];
