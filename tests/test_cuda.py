@@ -17,8 +17,8 @@ Without a GPU (they need nvcc; skipped with the reason where it is missing):
    reproduces tests/test_selftest.py's digests, so the GPU digest test below is meaningful.
 
 With a CUDA GPU (skipped otherwise, with the reason): every op on CUDA tensors gives the CPU
-op's bits on random, awkward-size and adversarial inputs, and so does every numbered matmul
-version (docs/cuda-speed.md); the self-test's golden digests; a
+op's bits on random, awkward-size and adversarial inputs, and so does every numbered matmul and
+clip_grad version (docs/cuda-speed.md); the self-test's golden digests; a
 short training run on CUDA whose chain is byte-identical to the CPU chain; torchrun with NCCL
 for R=2 when two GPUs exist.
 """
@@ -447,6 +447,14 @@ def test_matmul_versions_bits(ops, version):
     odd sizes, K = 0 and 1, transposed views, step-2 slices, batch broadcast, specials, tiny values."""
     bad = MV.verify_fp32(MV.fp32_cases(quick=True), (version,), DEV)
     assert not bad[version], f"matmul version {version} differs from the CPU on: {bad[version]}"
+
+
+@needs_gpu
+def test_clip_grad_versions_bits(ops):
+    """Both gradient-norm kernels (repops.ops.clip_grad_v) on tools/matmul_versions.py's quick
+    lengths (around 32 and 2048, specials, flushing squares, a misaligned start)."""
+    bad = MV.verify_clip(DEV, quick=True)
+    assert not any(bad.values()), f"clip_grad versions differ from the CPU on: {bad}"
 
 
 @needs_gpu

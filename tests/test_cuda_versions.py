@@ -4,7 +4,8 @@
 
 tools/matmul_versions.py decides which kernel version may become the default, so its own
 machinery is tested here where no GPU is: the bitwise check passes a product computed by the CPU
-kernel and catches one computed another way (stock torch.matmul); views keep their strides on the
+kernel and catches one computed another way (stock torch.matmul), and the same for the gradient
+norm (stock torch.linalg.vector_norm); views keep their strides on the
 way to a device; the rows checked cover every tile edge; the promote rule picks the fastest
 version that verified and never one that did not. A bad REPOPS_CUDA_MATMUL or REPOPS_CUDA_INT8 is
 one line and exit 2 from train.py, before anything is created. The versions themselves are
@@ -62,6 +63,19 @@ def test_promote_picks_the_fastest_verified_version_only(capsys):
     assert "PROMOTE: REPOPS_CUDA_MATMUL=1 (already the default)" in capsys.readouterr().out
     MV.promote({1: ["x"], 2: ["x"], 3: ["y"]}, speeds, 1, "REPOPS_CUDA_MATMUL")
     assert "PROMOTE: nothing" in capsys.readouterr().out
+
+
+def test_clip_check_passes_the_cpu_op_and_catches_another_norm(monkeypatch):
+    repops.load()
+
+    def clip_v(g, max_norm, version):     # version 1: the CPU op itself; 2: torch's own norm
+        if version == 1:
+            return repops.ops.clip_grad(g, max_norm)
+        norm = torch.linalg.vector_norm(g)
+        return g * torch.clamp(max_norm / (norm + 1e-6), max=1.0), norm
+    monkeypatch.setattr(repops.ops, "clip_grad_v", clip_v, raising=False)
+    bad = MV.verify_clip("cpu", quick=True)
+    assert bad[1] == [] and len(bad[2]) >= 5, bad
 
 
 def test_bad_kernel_version_is_one_line_and_creates_nothing(tmp_path, monkeypatch):

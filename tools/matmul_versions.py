@@ -3,6 +3,7 @@
     python -m tools.matmul_versions             # fp32 matmul versions, then the int8 GEMM paths (~1-2 min, H200)
     python -m tools.matmul_versions --fp32      # only the fp32 matmul versions
     python -m tools.matmul_versions --int8      # only the int8 proof: cuBLASLt = our mma.sync GEMM = CPU
+    python -m tools.matmul_versions --clip      # only the gradient-norm versions (clip_grad_v)
     python -m tools.matmul_versions --quick     # fewer and smaller cases (a smoke run)
     python -m tools.matmul_versions --fp32 --versions 1,3   # some versions (one crashed the process)
 
@@ -20,10 +21,15 @@ mma.sync GEMM (path=0) and the CPU kernel on +-127 at the largest K the binding 
 grids at the model's shapes, shapes cuBLASLt cannot take (path 1 falls back), and -128 with the
 grid check off where K * 128^2 < 2^31; int8_linear (the dequantizing epilogue) the same way.
 
+clip_grad (contract §4.2 over a flat vector, §8 clip_grad): versions 1 (kernels/cuda/optim.cu) and
+2 (flat_sum.cu) of repops.ops.clip_grad_v against the CPU op (the norm and the clipped gradient)
+on lengths around 32 and 2048, specials and flushing squares, misaligned starts, 27.5M and 100M
+terms; then timed at 27.5M and at the 1.23B model's 1.23e9 (the two versions compared there).
+
 The last lines (SUMMARY, PROMOTE) say which versions verified, which is fastest, and what to promote
 under the rule: only a version that verified on every case here, and the fastest of those by the
 geometric mean of its speed over the timed shapes, becomes the default (repops.py's
-REPOPS_CUDA_MATMUL / REPOPS_CUDA_INT8 defaults); no other. Exit status 1 when any version or path
+REPOPS_CUDA_MATMUL / REPOPS_CUDA_INT8 / REPOPS_CUDA_CLIP defaults); no other. Exit status 1 when any version or path
 differed from the CPU anywhere (it must stay opt-in), 0 otherwise.
 """
 import argparse
@@ -41,6 +47,7 @@ from tools.bench_cuda import SHAPES_1B, SHAPES_27M, gpu_time
 from tools.torch_llama import model_shapes
 
 VERSIONS = (1, 2, 3, 4)
+CLIP_VERSIONS = (1, 2)
 INT8_PATHS = {0: "mma", 1: "cublaslt"}
 MAX_INT8_K = 133144          # the binding's bound: K * 127^2 < 2^31
 FULL_CHECK_MACS = 2e9        # above this many multiply-adds the CPU reference takes sampled rows
@@ -275,11 +282,55 @@ def time_int8(quick):
     return speeds
 
 
+# ----------------------------------------------------------------------------- clip_grad
+def verify_clip(device, quick):
+    """{version: [labels where clip_grad_v differs from the CPU op]}; prints one line per case."""
+    rng = np.random.default_rng(12)
+    lengths = [0, 1, 31, 32, 33, 2047, 2048, 2049, 65537, 1_000_003] + ([] if quick else [27_500_000, 100_000_000])
+    bad = {v: [] for v in CLIP_VERSIONS}
+    for i, n in enumerate(lengths):
+        kind = i % 3
+        g = (torch.from_numpy(rng.standard_normal(n).astype(np.float32)) if kind == 0 else awkward(rng, (n,))
+             if kind == 1 else torch.from_numpy((rng.standard_normal(n) * 1.1e-19).astype(np.float32)))
+        want_out, want_norm = repops.ops.clip_grad(g, 1.0)
+        storage = torch.zeros(n + 1)                     # odd lengths also start one float in
+        storage[1:] = g
+        gd = on(storage[1:] if i % 2 else g, device)
+        verdict = []
+        for v in CLIP_VERSIONS:
+            out, norm = repops.ops.clip_grad_v(gd, 1.0, v)
+            ok = same_bits(norm.cpu().reshape(1), want_norm.reshape(1)) and same_bits(out.cpu(), want_out)
+            verdict.append(f"v{v} {'ok' if ok else 'MISMATCH'}")
+            if not ok:
+                bad[v].append(f"n={n}")
+        print(f"  clip_grad n = {n:<12d} {['normal', 'specials', 'flushing squares'][kind]:17s} "
+              f"{'offset 1' if i % 2 else 'aligned':9s} {', '.join(verdict)}", flush=True)
+    return bad
+
+
+def time_clip(quick):
+    """{version: [G terms/s per timed length]}; at the largest length the versions' norms are compared."""
+    print(f"\n{'clip_grad (norm + clip)':30s} " + " ".join(f"{'v' + str(v):>9s}" for v in CLIP_VERSIONS)
+          + "   ms per call")
+    speeds = {v: [] for v in CLIP_VERSIONS}
+    for label, n in (("27.5M model", 27_500_000),) + ((("1.23B model", 1_230_000_000),) if not quick else ()):
+        g = torch.randn(n, device="cuda")
+        t = {v: gpu_time(lambda: repops.ops.clip_grad_v(g, 1.0, v), 3, warmup=1) for v in CLIP_VERSIONS}
+        norms = [repops.ops.clip_grad_v(g, 1.0, v)[1].cpu() for v in CLIP_VERSIONS]
+        same = all(same_bits(x.reshape(1), norms[0].reshape(1)) for x in norms)
+        for v in CLIP_VERSIONS:
+            speeds[v].append(n / t[v] / 1e9)
+        print(f"{label + f' ({n:,})':30s} " + " ".join(f"{t[v] * 1e3:9.2f}" for v in CLIP_VERSIONS)
+              + ("" if same else "   NORMS DIFFER BETWEEN VERSIONS"), flush=True)
+        del g
+    return speeds
+
+
 def main():
     ap = argparse.ArgumentParser(description="verify and time the CUDA kernel versions")
-    what = ap.add_mutually_exclusive_group()
-    what.add_argument("--fp32", action="store_true", help="only the fp32 matmul versions")
-    what.add_argument("--int8", action="store_true", help="only the int8 GEMM paths")
+    ap.add_argument("--fp32", action="store_true", help="the fp32 matmul versions")
+    ap.add_argument("--int8", action="store_true", help="the int8 GEMM paths")
+    ap.add_argument("--clip", action="store_true", help="the gradient-norm versions")
     ap.add_argument("--quick", action="store_true", help="fewer and smaller cases")
     ap.add_argument("--versions", default=",".join(map(str, VERSIONS)),
                     help="fp32 versions to check, e.g. 1,3 (after one crashed the process)")
@@ -297,14 +348,20 @@ def main():
     props = torch.cuda.get_device_properties(0)
     print(f"GPU: {props.name}, {props.multi_processor_count} SMs | torch {torch.__version__} | CUDA {torch.version.cuda}"
           f" | {time.strftime('%Y-%m-%d %H:%M')} | defaults REPOPS_CUDA_MATMUL={repops.CUDA_MATMUL} "
-          f"REPOPS_CUDA_INT8={repops.CUDA_INT8}")
+          f"REPOPS_CUDA_INT8={repops.CUDA_INT8} REPOPS_CUDA_CLIP={repops.CUDA_CLIP}")
     failed = False
-    if not args.int8:
+    every = not (args.fp32 or args.int8 or args.clip)   # no section named: all of them
+    if every or args.fp32:
         print("\nfp32 matmul versions against the CPU kernel (bit for bit, contract §4.1)")
         bad = verify_fp32(fp32_cases(args.quick), versions, "cuda")
         promote(bad, time_fp32(versions, args.quick), int(repops.CUDA_MATMUL), "REPOPS_CUDA_MATMUL")
         failed |= any(bad.values())
-    if not args.fp32:
+    if every or args.clip:
+        print("\nclip_grad versions against the CPU op (the norm's canonical sum, contract §4.2)")
+        bad = verify_clip("cuda", args.quick)
+        promote(bad, time_clip(args.quick), int(repops.CUDA_CLIP), "REPOPS_CUDA_CLIP")
+        failed |= any(bad.values())
+    if every or args.int8:
         print("\nint8 GEMM paths against the CPU kernel (exact int32 sums, contract §10)")
         bad8 = verify_int8(int8_cases(args.quick), "cuda")
         speeds = time_int8(args.quick)
