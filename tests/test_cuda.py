@@ -1,4 +1,4 @@
-"""The CUDA backend (kernels/cuda; README "Backends"): checks that need no GPU, then GPU tests.
+"""The CUDA backend (kernels/cuda; docs/performance.md, "Backends"): checks that need no GPU, then GPU tests.
 
 Without a GPU (they need nvcc; skipped with the reason where it is missing):
 
@@ -18,7 +18,7 @@ Without a GPU (they need nvcc; skipped with the reason where it is missing):
 
 With a CUDA GPU (skipped otherwise, with the reason): every op on CUDA tensors gives the CPU
 op's bits on random, awkward-size and adversarial inputs, and so does every numbered matmul and
-clip_grad version (docs/cuda-speed.md); the self-test's golden digests; a
+clip_grad version (docs/cuda-speed.md); the self-test's digests as the CPU computes them; a
 short training run on CUDA whose chain is byte-identical to the CPU chain; torchrun with NCCL
 for R=2 when two GPUs exist.
 """
@@ -67,7 +67,7 @@ def _nvcc():
 
 NVCC = _nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not installed")
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA GPU on this machine")
 
 
 def _run(cmd, **kw):
@@ -281,11 +281,10 @@ def test_canonical_mirror_matches_contract_h(tmp_path):
 
 
 # ================================================================================================
-# 5. the self-test digests on the CPU: the golden values the GPU must reproduce
+# 5. the self-test digests, computed on the CPU at run time: the values the GPU must reproduce
 # ================================================================================================
 @pytest.fixture(scope="module")
 def cpu_digests():
-    TK._load_repops()
     return ST.torch_digests()
 
 
@@ -295,8 +294,7 @@ def cpu_digests():
 @pytest.fixture(scope="module")
 def ops():
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU on this machine")
-    TK._load_repops()
+        pytest.skip("hardware: no CUDA GPU on this machine")
     o = torch.ops.repops
     try:
         canary = o.canary_cuda()
@@ -665,10 +663,10 @@ def test_kernels_launch_on_the_current_stream(ops):
 
 
 # ================================================================================================
-# GPU: golden digests, training chain, NCCL
+# GPU: the self-test digests against the CPU's, training chain, NCCL
 # ================================================================================================
 @needs_gpu
-def test_selftest_golden_digests_on_cuda(ops, cpu_digests, tmp_path):
+def test_selftest_digests_on_cuda_match_cpu(ops, cpu_digests, tmp_path):
     mine = ST.torch_digests(DEV)
     bad = [f"{n}: cpu {cpu_digests[n][:16]}.. cuda {mine[n][:16]}.." for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
     assert not bad, "CUDA digests differ from the CPU's:\n" + "\n".join(bad)
@@ -711,7 +709,7 @@ def test_cuda_training_chain_equals_cpu_chain(ops, corpus, cpu_chain, tmp_path):
 
 
 @needs_gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs for torchrun R=2 with NCCL")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="hardware: needs two CUDA GPUs for torchrun R=2 with NCCL")
 def test_torchrun_nccl_two_ranks_equals_cpu_chain(ops, corpus, cpu_chain, tmp_path):
     if not torch.distributed.is_nccl_available():
         pytest.skip("this torch has no NCCL")
