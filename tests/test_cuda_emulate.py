@@ -49,7 +49,7 @@ def record(version, a, b, deferred):
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
     if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the emulator sets x86 MXCSR FTZ|DAZ, the flush rule of the CPU kernel it is compared with")
+        pytest.skip("hardware: the emulator sets x86 MXCSR FTZ|DAZ, the flush rule of the CPU kernel it is compared with")
     inc = _cuda_include_dir()
     if shutil.which("g++") is None or inc is None:
         pytest.skip("needs g++ and the CUDA toolkit's headers (cuda_runtime.h)")
