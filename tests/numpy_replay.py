@@ -7,8 +7,9 @@ replays the genesis state and steps 1..N of a run in NumPy and compares every by
 derive with the run's files: the genesis record and each step record (line for line of
 chain.jsonl), and the checkpoint files of those steps; with --start S it starts from the
 checkpoint of step S (read by SPEC §13, checked against its record) instead of the genesis.
-grad_commit needs the run's secret (run_dir/secret); without it the replay takes each
-grad_commit from the published record and checks everything else, the record hashes included.
+grad_commit needs the run's secret (run_dir/secret) or the step's revealed salt (--salts FILE);
+without either the replay takes that grad_commit from the published record and checks
+everything else, the record hashes included.
 It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
 otherwise, 2 on bad input.
 
@@ -204,6 +205,8 @@ def train_step(cfg, corpus, params, m, v, s):
     mean = C.mul(tree_sum(bufs), C.f32(1.0 / N))
     loss = mean[-1]
     grad, norm = C.clip_grad(mean[:-1], cfg["grad_clip"])
+    if not (np.isfinite(loss) and np.isfinite(norm)):
+        raise ValueError(f"step {s}: the loss or gradient norm is not finite, a step the trainer refuses (§9.2)")
     lr = lr_at(cfg, s)
     b1, b2, wd = cfg["beta1"], cfg["beta2"], cfg["weight_decay"]
     offset = 0
@@ -217,6 +220,8 @@ def train_step(cfg, corpus, params, m, v, s):
                                          C.f32(1.0 / (1.0 - powi(b1, s))), C.f32(1.0 / (1.0 - powi(b2, s))))
     if cfg["quant"] == "int8" and cfg["lsq_repin"]:
         repin(cfg, params)
+    if not all(np.isfinite(t).all() for t in (*params.values(), *m.values(), *v.values())):
+        raise ValueError(f"step {s}: the update leaves a non-finite value, a step the trainer refuses (§9.4)")
     digest = hashlib.sha256(b"".join(corpus.window("train", s, micro, B, T).astype("<i4").tobytes()
                                      for micro in range(N))).hexdigest()
     fields = {"kind": "step", "step": s, "batch_digest": digest,
@@ -245,9 +250,9 @@ def code_digest(root):
     arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
     flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp"
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py"]
+             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
-             "kernels/common": (".h", ".cuh")}
+             "kernels/common": (".h", ".cuh"), "kernels/metal": (".metal", ".h")}
     for folder, ends in kinds.items():
         files += [f"{folder}/{f}" for f in os.listdir(os.path.join(root, folder))
                   if f.endswith(ends) and f"{folder}/{f}" != "kernels/cpu/selftest.cpp"]
@@ -281,19 +286,29 @@ def checkpoint_path(run_dir, step):
     return os.path.join(run_dir, "checkpoints", f"step_{step:08d}.safetensors")
 
 
-def replay(run_dir, data_dir, steps, code_root, say, start=0):
+def salts_of(run_dir, salts_file):
+    """{step: salt} from the run's secret, else from a revealed salts file (§11.6), else {}."""
+    secret_path = os.path.join(run_dir, "secret")
+    if os.path.exists(secret_path):
+        secret = open(secret_path, "rb").read()
+        return lambda s: hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest()
+    revealed = {}
+    if salts_file:
+        with open(salts_file) as f:
+            revealed = {int(k): bytes.fromhex(v) for k, v in json.load(f)["salts"].items()}
+    return revealed.get
+
+
+def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     """Replay steps start+1..steps of run_dir from the genesis (start 0: recomputed from the
     config and checked too) or from the checkpoint of step `start`; say(line) for each verdict.
-    True if all match."""
+    True if all match. grad_commit from the run's secret, else a salts file, else the record."""
     lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().splitlines()
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     cfg = json.loads(lines[0])["config"]
     corpus = open_data(data_dir, cfg["seed"])
-    secret_path = os.path.join(run_dir, "secret")
-    secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
-    if secret is None:
-        say("note: no secret in the run directory: grad_commit is taken from the published records")
+    salt_of = salts_of(run_dir, salts_file)
     if start == 0:
         params = init_params(cfg)
         m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
@@ -319,10 +334,11 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0):
             fields = genesis_fields(cfg, corpus, code_root)
         else:
             fields, grad_root = train_step(cfg, corpus, params, m, v, s)
-            if secret is not None:                                      # §11.6
-                salt = hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest()
+            salt = salt_of(s)
+            if salt is not None:                                        # §11.6
                 fields["grad_commit"] = hashlib.sha256(salt + bytes.fromhex(grad_root)).hexdigest()
             else:
+                say(f"note: step {s}: no secret and no salt: grad_commit is taken from the published record")
                 fields["grad_commit"] = json.loads(lines[s]).get("grad_commit")
         state = full_state(cfg, params, m, v, s)
         root, leaves = state_hash(state)
@@ -351,11 +367,12 @@ def main(argv):
     ap.add_argument("--data_dir", required=True)
     ap.add_argument("--steps", type=int, default=3, help="the last step to replay")
     ap.add_argument("--start", type=int, default=0, help="a checkpointed step to start from (0: the genesis)")
+    ap.add_argument("--salts", help="revealed salts (repops-salts-v1) when the run's secret is absent")
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = ap.parse_args(argv)
     try:
         ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, lambda line: print(line, flush=True),
-                    args.start)
+                    args.start, args.salts)
     except (OSError, ValueError, KeyError) as e:
         print(f"numpy_replay.py: error: {e}", file=sys.stderr)
         return 2

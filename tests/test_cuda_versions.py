@@ -82,8 +82,8 @@ def test_bad_kernel_version_is_one_line_and_creates_nothing(tmp_path, monkeypatc
     corpus, run = make_corpus(tmp_path), tmp_path / "run"
     proc = script("train.py", *train_args(run, corpus), env={**os.environ, "REPOPS_CUDA_MATMUL": "7"})
     assert_one_line_error(proc, "train.py")
-    assert "REPOPS_CUDA_MATMUL='7' is not a matmul kernel version (1, 2, 3, 4)" in proc.stderr and not run.exists()
+    assert "REPOPS_CUDA_MATMUL='7' is not one of its kernel versions (1, 2, 3, 4)" in proc.stderr and not run.exists()
     monkeypatch.setattr(repops, "_loaded", False)       # the same check for the int8 path, in-process
     monkeypatch.setattr(repops, "CUDA_INT8", "fast")
-    with pytest.raises(repops.RepOpsBuildError, match="REPOPS_CUDA_INT8='fast' is not an int8 GEMM path"):
+    with pytest.raises(repops.RepOpsBuildError, match="REPOPS_CUDA_INT8='fast' is not one of its kernel versions"):
         repops.load()

@@ -305,17 +305,22 @@ def test_numpy_replay_of_a_mix(tmp_path):
 
 
 def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path):
-    """Without the secret the replay checks everything but grad_commit (taken from the record),
-    the record hashes included; a flipped byte in checkpoint 0 is a MISMATCH (exit 1)."""
+    """Without the secret: step 1's grad_commit from its revealed salt, step 2's taken from the
+    record (everything else checked, record hashes included); a flipped byte in checkpoint 0 is
+    a MISMATCH (exit 1)."""
     run = tmp_path / "run"
     shutil.copytree(int8_run, run)
+    genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])
+    salts = tmp_path / "salts.json"
+    salts.write_text(json.dumps(receipts.reveal((run / "secret").read_bytes(), receipts.run_id(genesis), 1, 1)))
     (run / "secret").unlink()
     ckpt = run / "checkpoints" / "step_00000000.safetensors"
     raw = bytearray(ckpt.read_bytes())
     raw[-1] ^= 1
     ckpt.write_bytes(bytes(raw))
-    proc = replay(run, corpus, steps=1)
+    proc = replay(run, corpus, 2, "--salts", str(salts))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert [line.split(": record ")[0] for line in proc.stdout.splitlines()] == [
-        "note: no secret in the run directory: grad_commit is taken from the published records",
-        "MATCH step 0", "MISMATCH at step 0: checkpoint step_00000000.safetensors differs", "MATCH step 1"]
+        "MATCH step 0", "MISMATCH at step 0: checkpoint step_00000000.safetensors differs", "MATCH step 1",
+        "note: step 2: no secret and no salt: grad_commit is taken from the published record", "MATCH step 2",
+        "MATCH step 2: checkpoint step_00000002.safetensors"]
