@@ -68,6 +68,16 @@ CUDA_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true"
               "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
 HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where torch has CUDA
 HAS_MPS = torch.backends.mps.is_available()   # the Metal kernels are registered only where torch has MPS
+# The CUDA kernel versions the plain ops use, read once (docs/cuda-speed.md): all give the same bits;
+# a default changes only after tools/matmul_versions.py verified the new one on a GPU. MATMUL: 1
+# (kernels/cuda/matmul.cu), 2-4 (matmul_tiled.cu); INT8: mma (int8.cu) or cublaslt (torch._int_mm
+# where it fits); CLIP: 1 (optim.cu's one-warp gradient norm) or 2 (flat_sum.cu, streamed).
+CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4")
+CUDA_INT8_PATHS = ("mma", "cublaslt")
+CUDA_CLIP_VERSIONS = ("1", "2")
+CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "1"
+CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "mma"
+CUDA_CLIP = os.environ.get("REPOPS_CUDA_CLIP", "") or "1"
 
 # Philox purpose tags (contract §6), the numbers of RpPurpose in kernels/common/ids.h.
 PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
@@ -114,6 +124,10 @@ def load():
     _check_toolchain()
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", CPU_ARCH):
         raise RepOpsBuildError(f"REPOPS_CPU_ARCH={CPU_ARCH!r} is not a -march value (e.g. x86-64-v3, armv8.2-a)")
+    for var, value, known in (("REPOPS_CUDA_MATMUL", CUDA_MATMUL, CUDA_MATMUL_VERSIONS),
+                              ("REPOPS_CUDA_INT8", CUDA_INT8, CUDA_INT8_PATHS), ("REPOPS_CUDA_CLIP", CUDA_CLIP, CUDA_CLIP_VERSIONS)):
+        if value not in known:
+            raise RepOpsBuildError(f"{var}={value!r} is not one of its kernel versions ({', '.join(known)})")
     name = "repops_cuda" if HAS_CUDA else "repops_cpu"
     build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
     os.makedirs(build_dir, exist_ok=True)
@@ -141,6 +155,8 @@ def load():
     if HAS_CUDA and torch.ops.repops.canary_cuda().tolist() != [0.0, 0.0]:
         raise RepOpsBuildError("RepOps CUDA canary: the CUDA kernels were built with contraction or "
                                "without flush-to-zero; rebuild with repops.CUDA_FLAGS")
+    if HAS_CUDA:
+        torch.ops.repops.cuda_select(int(CUDA_MATMUL), CUDA_INT8_PATHS.index(CUDA_INT8), int(CUDA_CLIP))
     if HAS_MPS:
         import repops_mps   # here, not at the top: only a machine with MPS compiles Metal
         try:
