@@ -313,7 +313,8 @@ def parse_args(argv):
     mode.add_argument("--anchors", metavar="FILE", help="check the chain against anchors obtained outside the run")
     ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
     ap.add_argument("--data_dir", "--data", help="corpus directory (default: the run's config.json data_dir)")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="replay on cpu (default) or cuda: same bits")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                    help="replay on cpu (default), cuda or mps: same bits")
     ap.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations "
                     "in backward (same bits, less memory; default: what the trainer used)")
     ap.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting "

@@ -64,7 +64,7 @@ class Config:
     eval_batches: int = 4
     sample_tokens: int = 200            # printed at the end (0: none)
     threads: int = 0                    # torch threads per process (0: torch's default)
-    device: str = "cpu"                 # "cuda": same bits on the GPU kernels (rank r uses GPU r)
+    device: str = "cpu"                 # "cuda" / "mps": same bits on the GPU kernels (rank r uses GPU r)
     dist_timeout: int = 60              # seconds before a rank gives up on a dead peer
     anchor_every: int = 100             # append the chain head to anchors.jsonl every N steps (0: never)
     hash_async: str = "auto"            # hash step N while step N+1 computes: on, off, auto (= on for cuda)
@@ -197,7 +197,7 @@ def validate(cfg, world=1):
          f"must divide n_head={cfg.n_head} (each key/value head serves a group of query heads)")
     need(cfg.run_dir != "", "run_dir", "must not be empty")
     need(cfg.data_dir != "", "data_dir", "must not be empty")
-    need(cfg.device in ("cpu", "cuda"), "device", "must be cpu or cuda")
+    need(cfg.device in ("cpu", "cuda", "mps"), "device", "must be cpu, cuda or mps")
     need(cfg.hash_async in ("on", "off", "auto"), "hash_async", "must be on, off or auto")
     need(cfg.quant in ("none", "int8"), "quant", "must be none or int8")
     if cfg.quant == "int8":
@@ -210,6 +210,9 @@ def validate(cfg, world=1):
         need(torch.cuda.is_available(), "device", "this machine has no CUDA GPU that torch can use")
         need(torch.cuda.device_count() >= world, "device",
              f"{world} ranks need {world} GPUs, this machine has {torch.cuda.device_count()}")
+    if cfg.device == "mps":
+        need(torch.backends.mps.is_available(), "device", "this machine has no Apple GPU (MPS) that torch can use")
+        need(world == 1, "device", "mps runs on one GPU (one rank)")
 
 
 def resolve(cfg, corpus_vocab):

@@ -83,7 +83,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py"]
+             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -421,6 +421,8 @@ def hash_overlaps(cfg):
 
 
 def device_of(cfg, world):
+    if cfg.device == "mps":
+        return torch.device("mps")
     if cfg.device != "cuda":
         return torch.device("cpu")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if world > 1 else 0)

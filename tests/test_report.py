@@ -120,13 +120,14 @@ def test_big_run_report(big, tmp_path):
     assert "9 checkpoint files (steps 0,10000,20000," in page and page.count('class="ckpt"') == 9
 
 
-def test_contradicting_anchor_is_a_mismatch(big, tmp_path):
+def test_contradicting_anchor_is_a_mismatch(big, tmp_path, capsys):
     run, _, _ = big
     anchors = tmp_path / "anchors.jsonl"
     anchors.write_text(json.dumps({"step": 7, "record_hash": "0" * 64, "utc": "2026-12-01T00:00:00Z"}) + "\n")
-    proc = script("report.py", run, "--anchors", anchors, "-o", tmp_path / "r.html")
-    assert proc.returncode == 1 and "MISMATCH at step 7" in proc.stdout, proc.stdout + proc.stderr
-    assert "MISMATCH at step 7" in (tmp_path / "r.html").read_text()
+    assert report.main([str(run), "--anchors", str(anchors), "-o", str(tmp_path / "r.html")]) == 1
+    assert "MISMATCH at step 7" in capsys.readouterr().out
+    page = (tmp_path / "r.html").read_text()
+    assert "MISMATCH at step 7" in page and strip_levels(page) == {}     # no receipts: no strip
 
 
 def test_refusals(big, tmp_path):
