@@ -8,6 +8,9 @@
   tests/test_attacks.py), or by the audit's format check.
 - Checkpoints: a bit flipped in the final checkpoint, in a middle one the replay does not start
   from, or the checkpoint's own metadata edited: found, exit 1.
+- A forger who changes a config key in the genesis record and in config.json alike: the
+  replay of steps 21-25 (after warmup, lr decaying) finds every decisive key there or at
+  genesis; lsq_repin, inert in an fp32 run, must replay to MATCH.
 - A deleted record, a duplicate JSON key, an injected field: a break or mismatch at that step.
 - sample.py refuses a checkpoint whose chain link is broken.
 """
@@ -218,3 +221,35 @@ def test_config_json_that_disagrees_is_reported(reference, tmp_path):
     proc = audit_cli(run, "--step", "1")
     assert proc.returncode == 1 and "config.json disagrees with the genesis record on beta2" in proc.stdout
     shutil.rmtree(run)
+
+
+AFTER_WARMUP = (21, 25)     # replayed from checkpoint 20: past warmup (20 steps), lr decaying to min_lr
+# Keys that act on no bit of this run (an fp32 run has no step sizes to re-pin): the forgery
+# changes nothing, and the replay must say MATCH, which shows the key is inert, not missed.
+INERT = {"lsq_repin": "only int8 runs have weight step sizes to re-pin"}
+
+
+def test_config_forgery_with_a_consistent_config_json(reference, records, tmp_path):
+    """A forger who changes a genesis config key, writes config.json to agree and reseals the
+    chain: the genesis check cannot see it (config.json and the record agree), so the replay of
+    a step where the key acts must (steps 21-25: after warmup, while the lr decays, so warmup_steps,
+    max_steps and min_lr act; the model's keys already change the initial state)."""
+    run = copy_run(reference, tmp_path / "run")
+    config_json = json.loads((run / "config.json").read_text())
+    missed, inert_found = [], []
+    for key, value in sorted(records[0]["config"].items()):
+        forged = json.loads(json.dumps(records))
+        forged[0]["config"][key] = tampered(value, key)
+        write_chain(run, reseal(forged))
+        (run / "config.json").write_text(json.dumps({**config_json, key: forged[0]["config"][key]}, indent=2))
+        a = audit.Audit(str(run))
+        assert not any("config.json" in m for _, m in a.findings)
+        a.replay(*AFTER_WARMUP)
+        findings = sorted(a.findings, key=lambda f: f[0])
+        if key in INERT:
+            if findings:
+                inert_found.append((key, findings[:1]))
+        elif not findings or findings[0][0] > AFTER_WARMUP[1]:
+            missed.append(key)
+    assert not missed, f"a consistent forgery of these keys passed the audit of steps {AFTER_WARMUP}: {missed}"
+    assert not inert_found, inert_found
