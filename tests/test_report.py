@@ -93,9 +93,9 @@ def strip_levels(page):
 def test_big_run_report(big, tmp_path):
     run, rdir, anchors = big
     out = tmp_path / "report.html"
-    t0 = time.perf_counter()
+    t0 = time.process_time()        # CPU seconds: a shared machine's load does not inflate them
     assert report.main([str(run), "--receipts", str(rdir), "--anchors", str(anchors), "-o", str(out)]) == 0
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     page = out.read_text()
     assert seconds < 60 and len(page) < 1_500_000, (seconds, len(page))
     chain = hashchain.Chain(run / "chain.jsonl")
