@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+import schedule
+
 
 @dataclass
 class Config:
@@ -42,11 +44,19 @@ class Config:
     init_std: float = 0.02
     quant: str = "none"                 # "int8": W8A8 block linears with LSQ step sizes (quant.py)
     lsq_repin: bool = True              # int8: re-pin weight step sizes after every step (else learned)
+    attn_window: int = 0                # > 0: sliding-window attention over the last W keys (0: full)
+    full_attn_every: int = 0            # with a window, layers i with (i+1) % this == 0 stay full; the last always
+    qk_norm: bool = False               # gain-free RMSNorm of each query and key head, before RoPE
+    emb_norm: bool = False              # RMSNorm (learned weight emb_norm [d]) after the token embedding
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
     micro_batches: int = 4
+    # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (schedule.py);
+    # --micro_batches=192@0,288@S1 sets micro_batches=192 and this to "288@S1"
+    micro_batch_phases: str = ""
     micro_batch_size: int = 8
-    # optimizer: AdamW, linear warmup then linear decay to min_lr at max_steps
+    # optimizer: AdamW, linear warmup then decay to min_lr at max_steps (schedule.py)
     max_steps: int = 300
+    lr_schedule: str = "linear"         # the decay: linear, or cosine (the contract's canonical cos)
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup_steps: int = 20
@@ -136,6 +146,12 @@ def parse_config(argv, base=None):
             if value not in PRESETS:
                 raise UsageError(f"unknown preset {value!r} (known: {', '.join(PRESETS)})")
             cfg = dataclasses.replace(cfg, **PRESETS[value])
+        elif key == "micro_batches" and "@" in value:      # phases: 192@0,288@S1,...
+            first, _, rest = value.partition(",")
+            n, _, start = first.partition("@")
+            if start != "0" or not rest:
+                raise UsageError(f"--micro_batches={value}: phases are N0@0,N1@S1,... (the first from step 1)")
+            pairs += [("micro_batches", _parse_value(key, int, n)), ("micro_batch_phases", rest)]
         elif key not in FIELDS:
             raise UsageError(f"unknown config key --{key} (known: preset, {', '.join(FIELDS)})")
         else:
@@ -176,7 +192,7 @@ def validate(cfg, world=1):
     for key in ("n_layer", "n_head", "d_model", "d_hidden", "seq_len", "micro_batches",
                 "micro_batch_size", "max_steps", "checkpoint_every", "eval_batches", "dist_timeout"):
         need(getattr(cfg, key) >= 1, key, "must be >= 1")
-    for key in ("warmup_steps", "eval_every", "sample_tokens", "threads", "anchor_every", "dead_tensor_steps"):
+    for key in ("attn_window", "full_attn_every", "warmup_steps", "eval_every", "sample_tokens", "threads", "anchor_every", "dead_tensor_steps"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
     for key in FIELDS:
         if FIELDS[key] is float:
@@ -198,6 +214,11 @@ def validate(cfg, world=1):
     need(cfg.device in ("cpu", "cuda"), "device", "must be cpu or cuda")
     need(cfg.hash_async in ("on", "off", "auto"), "hash_async", "must be on, off or auto")
     need(cfg.quant in ("none", "int8"), "quant", "must be none or int8")
+    need(cfg.lr_schedule in ("linear", "cosine"), "lr_schedule", "must be linear or cosine")
+    try:
+        schedule.parse_phases(cfg.micro_batch_phases)
+    except schedule.ScheduleError as e:
+        raise UsageError(f"--micro_batch_phases={cfg.micro_batch_phases!r} is out of range: {e}") from None
     if cfg.quant == "int8":
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
             need(getattr(cfg, key) <= 133144, key, "must be <= 133144 with --quant=int8 (K * 127^2 < 2^31)")
