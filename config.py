@@ -95,16 +95,27 @@ BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_ba
                # an alarm: it decides whether the run goes on, never a step's bits (deadcheck.py)
                "dead_tensor_steps"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
-# Named shapes (--preset=NAME). open1b: the OPEN-1B reference run's model (1.61B parameters) with
-# 2 micro-batches of 1 x 4096 tokens per step, what one replay on a 24 GiB machine does.
-# open1b-mini: the same structure (GQA 4:1, head size 128, SwiGLU hidden 2.75 x width) small
-# enough for a few steps on 2 cores in seconds (the CI test, tests/test_scale.py).
+# Named recipes (--preset=NAME). open1b: the OPEN-1B reference run (gensyn-ai/open-transformers,
+# configs/train/1b_repop_v2.yaml; docs/open1b-recipe.md lists what still differs): its model
+# (1.61B parameters; sliding window 512 with every 5th and the last layer full, gain-free QK-norm,
+# embedding norm, RoPE theta 5e5), z-loss 1e-4, AdamW lr 4.5e-4 with 667 warmup steps and cosine
+# decay to 10%, clip 1.0, and its token phases: 192 / 288 / 576 micro-batches of 4 x 4096 tokens
+# from 0 / 4B / 360B tokens to 400B. Here a micro-batch is 1 x 4096 tokens (what a 24 GiB replay
+# holds, with recompute and offload), so the phases are 4x as many: 768 / 1152 / 2304 from steps
+# 1 / 1273 / 76719 (the first step to start at or past 4B and 360B tokens), 80957 steps in all;
+# 48 ranks divide every phase. open1b-mini: the same structure (GQA 4:1, head size 128, SwiGLU
+# hidden 2.75 x width, every recipe option, a phase boundary after step 1) small enough for a
+# few steps on 2 cores in seconds (the CI test, tests/test_scale.py).
+_RECIPE = dict(attn_window=512, full_attn_every=5, qk_norm=True, emb_norm=True, rope_theta=5e5, zloss=1e-4,
+               lr=4.5e-4, min_lr=4.5e-5, warmup_steps=667, lr_schedule="cosine", grad_clip=1.0)
 PRESETS = {
-    "open1b": dict(n_layer=24, d_model=2048, n_head=16, n_kv_head=4, d_hidden=5632,
-                   vocab_size=128256, seq_len=4096, micro_batches=2, micro_batch_size=1,
+    "open1b": dict(_RECIPE, n_layer=24, d_model=2048, n_head=16, n_kv_head=4, d_hidden=5632,
+                   vocab_size=128256, seq_len=4096, micro_batches=768, micro_batch_size=1,
+                   micro_batch_phases="1152@1272,2304@76718", max_steps=80957, seed=42,
                    recompute=True, offload=True, checkpoint_every=1, eval_every=0, sample_tokens=0),
-    "open1b-mini": dict(n_layer=2, d_model=512, n_head=4, n_kv_head=1, d_hidden=1408,
-                        seq_len=64, micro_batches=2, micro_batch_size=1, recompute=True),
+    "open1b-mini": dict(_RECIPE, n_layer=2, d_model=512, n_head=4, n_kv_head=1, d_hidden=1408,
+                        seq_len=64, attn_window=16, micro_batches=2, micro_batch_phases="4@1",
+                        micro_batch_size=1, recompute=True),
 }
 
 SEED_LIMIT = 1 << 64                    # Philox keys are 64-bit

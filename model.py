@@ -82,6 +82,13 @@ def param_shapes(cfg):
     return shapes
 
 
+def windowed(cfg, i):
+    """Does layer i (0-based) attend over a sliding window? Not with attn_window 0, never the
+    last layer, and not the layers with (i + 1) % full_attn_every == 0 (every 5th: 4, 9, ...)."""
+    every = cfg.full_attn_every
+    return cfg.attn_window > 0 and i != cfg.n_layer - 1 and not (every and (i + 1) % every == 0)
+
+
 class Llama(nn.Module):
     def __init__(self, cfg: ModelConfig, seed: int):
         super().__init__()
@@ -136,13 +143,6 @@ class Llama(nn.Module):
             return repops.linear(x, w)
         return quant.linear(x, w, getattr(layer, name + "_sx"), getattr(layer, name + "_sw"), self.calibrating)
 
-    def windowed(self, i):
-        """Does layer i attend over a sliding window? Not with attn_window 0, never the last
-        layer, and not the layers i with (i + 1) % full_attn_every == 0."""
-        cfg = self.cfg
-        every = cfg.full_attn_every
-        return cfg.attn_window > 0 and i != cfg.n_layer - 1 and not (every and (i + 1) % every == 0)
-
     def _attention(self, i, layer, h, B, T):
         cfg = self.cfg
         H, Hkv, Dh = cfg.n_head, self.n_kv_head, cfg.d_model // cfg.n_head
@@ -160,7 +160,7 @@ class Llama(nn.Module):
         # of one matmul against key head j (data movement only): q [B*Hkv, G*T, Dh], k, v [B*Hkv, T, Dh].
         q = q.permute(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)
         k, v = (t.permute(0, 2, 1, 3).reshape(B * Hkv, T, Dh) for t in (k, v))
-        if self.windowed(i):                                      # bands [B*Hkv, G*T, W]: O(T*W)
+        if windowed(cfg, i):                                      # bands [B*Hkv, G*T, W]: O(T*W)
             o = repops.window_attention(q, k, v, cfg.attn_window, 1.0 / math.sqrt(Dh))
         else:
             s = repops.matmul(q, k.transpose(1, 2)).view(B * H, T, T)

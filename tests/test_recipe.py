@@ -28,7 +28,8 @@ import pytest
 
 import reference as R
 import receipts
-from config import parse_config, validate, UsageError
+from config import UsageError, parse_config, validate
+from model import windowed
 from schedule import lr_at, micro_batches_at, phase_counts
 from tiny import TINY, assert_one_line_error, make_corpus, script, share_secret
 
@@ -184,3 +185,22 @@ def test_schedule_keys_refused_out_of_range():
     for bad in (["--lr_schedule=exp"], ["--attn_window=-1"], ["--full_attn_every=-2"]):
         with pytest.raises(UsageError):
             validate(parse_config(bad))
+
+
+def test_open1b_preset_is_the_reference_recipe():
+    cfg = parse_config(["--preset=open1b"])
+    validate(cfg)
+    assert (cfg.attn_window, cfg.full_attn_every, cfg.qk_norm, cfg.emb_norm, cfg.rope_theta, cfg.zloss) == \
+        (512, 5, True, True, 5e5, 1e-4)
+    assert (cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.lr_schedule, cfg.grad_clip) == \
+        (4.5e-4, 4.5e-5, 667, "cosine", 1.0)
+    assert [i for i in range(cfg.n_layer) if not windowed(cfg, i)] == [4, 9, 14, 19, 23]
+    # the reference's token phases: 3.1M / 4.7M / 9.4M tokens per step from 0 / 4B / 360B to 400B
+    per_mb = cfg.micro_batch_size * cfg.seq_len
+    tokens = [micro_batches_at(cfg, s) * per_mb for s in (1, 1272, 1273, 76718, 76719, cfg.max_steps)]
+    assert tokens == [3145728, 3145728, 4718592, 4718592, 9437184, 9437184]
+    assert 1271 * 3145728 < 4e9 <= 1272 * 3145728
+    assert all(n % 48 == 0 for n in phase_counts(cfg))        # the reference's 48 ranks
+    consumed = 1272 * 3145728 + (76718 - 1272) * 4718592
+    assert consumed - 4718592 < 360e9 <= consumed
+    assert consumed + (cfg.max_steps - 76718 - 1) * 9437184 < 400e9 <= consumed + (cfg.max_steps - 76718) * 9437184

@@ -21,7 +21,7 @@ import torch
 import reference as R
 import repops
 import test_kernels as TK
-from model import Llama, ModelConfig
+from model import Llama, ModelConfig, windowed
 
 assert_bits, T, N = TK.assert_bits, TK.T, TK.N
 ops = torch.ops.repops
@@ -139,10 +139,10 @@ def _model(**kw):
 
 
 def test_which_layers_are_windowed():
-    m = _model(attn_window=4, full_attn_every=2)
-    assert [m.windowed(i) for i in range(5)] == [True, False, True, False, False]   # 2nd, 4th, last full
-    assert [_model(attn_window=4).windowed(i) for i in range(5)] == [True] * 4 + [False]
-    assert not any(_model().windowed(i) for i in range(5))
+    cfg = _model(attn_window=4, full_attn_every=2).cfg
+    assert [windowed(cfg, i) for i in range(5)] == [True, False, True, False, False]   # 2nd, 4th, last full
+    assert [windowed(_model(attn_window=4).cfg, i) for i in range(5)] == [True] * 4 + [False]
+    assert not any(windowed(_model().cfg, i) for i in range(5))
 
 
 def test_options_change_the_model_and_defaults_do_not():
