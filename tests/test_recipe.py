@@ -17,6 +17,7 @@ and N = 8 from step 4 on):
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -128,7 +129,8 @@ def test_sigkill_after_the_boundary_then_resume(runs, corpus, tmp_path):
     done = subprocess.run([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(), capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "resume: from step 4" in done.stdout, done.stdout
+    # from checkpoint 2 (steps 3, 4 re-derived across the boundary) or 4 (if it was written)
+    assert re.search(r"resume: from step [24] ", done.stdout), done.stdout
     assert chain.read_bytes() == (runs[1] / "chain.jsonl").read_bytes()
 
 
