@@ -175,3 +175,21 @@ def test_qk_norm_is_gain_free_rmsnorm():
     out.backward(T(gy))
     assert_bits(out.detach(), y, "repops.rmsnorm with unit gain")
     assert_bits(xt.grad, R.rmsnorm_backward(gy, x, ones, rstd)[0], "gain-free backward")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine (CPU = CUDA bits)")
+@pytest.mark.parametrize("batch,G,Tn,D,W", [(2, 1, 9, 8, 4), (1, 3, 37, 6, 8), (1, 2, 70, 16, 64)])
+def test_window_kernels_cpu_equals_cuda(batch, G, Tn, D, W):
+    rng = np.random.default_rng(Tn)
+    a = TK.adversarial(rng, (batch, G * Tn, D), frac=0.1, nonfinite=False)
+    b = TK.adversarial(rng, (batch, Tn, D), frac=0.1, nonfinite=False)
+    p = rng.standard_normal((batch, G * Tn, W)).astype(np.float32)
+    cases = [("band_scores", (a, b, W)), ("band_mix", (p, b)), ("band_mix_t", (p, a, Tn)),
+             ("window_softmax", (p.reshape(-1, Tn, W), 0.3)),
+             ("window_softmax_backward", (p.reshape(-1, Tn, W), N(ops.window_softmax(T(p.reshape(-1, Tn, W)), 0.3)),
+                                          0.3))]
+    for name, args in cases:
+        cpu = getattr(ops, name)(*[T(x) if isinstance(x, np.ndarray) else x for x in args])
+        gpu = getattr(ops, name)(*[T(x).cuda() if isinstance(x, np.ndarray) else x for x in args])
+        assert gpu.is_cuda
+        assert_bits(gpu, N(cpu), f"{name} CUDA vs CPU")
