@@ -11,7 +11,7 @@ multi-head attention), SwiGLU MLP, no biases, untied input/output embeddings. In
     logits = model.logits(idx)                      # [B, T, vocab]
     ids = model.generate([10, 20], n_tokens=50, seed=7)   # the same tokens on every machine
 
-Parameters: tok_emb [vocab, d], layers.{i}.{attn_norm [d], wqkv [(H + 2 Hkv) Dh, d] (rows: H query
+Parameters: tok_emb [vocab, d], (with emb_norm) emb_norm [d], layers.{i}.{attn_norm [d], wqkv [(H + 2 Hkv) Dh, d] (rows: H query
 heads, Hkv key heads, Hkv value heads; [3d, d] when Hkv = H), wo [d, d], mlp_norm [d],
 w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d] (with quant="int8" also each
 block linear's step sizes layers.{i}.<linear>_sx [1] and _sw [out], quant.py); `named_tensors()` lists them
@@ -24,6 +24,11 @@ copied per query head: the G query heads of a group are stacked as G*T rows of o
 against their key head, so the gradient of the key (and value) head sums the group's
 contributions inside the matmul's canonical k-ordered sum (query head g, then position t;
 contract §8 attention), never in autograd's accumulation.
+
+Recipe options (all off by default; docs/open1b-recipe.md): attn_window W > 0 makes a layer
+attend over its last W keys in O(T*W) (repops.window_attention; every full_attn_every-th layer
+and the last stay full, `windowed`); qk_norm is a gain-free RMSNorm of each q and k head before
+RoPE; emb_norm an RMSNorm (weight emb_norm [d]) of the embeddings before the first block.
 
 With recompute, each block runs under activation checkpointing: backward re-runs the block's
 forward (the same kernels on the same inputs, the same Philox dropout masks), so the bits are
