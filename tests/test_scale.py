@@ -156,7 +156,7 @@ def test_gqa_gradient_matches_float64_reference(n_kv_head):
     gen = torch.Generator().manual_seed(n_kv_head)
     h = torch.randn(2, 16, 64, generator=gen).requires_grad_()
     g_out = torch.randn(2, 16, 64, generator=gen)
-    out = model._attention(layer, h, 2, 16)
+    out = model._attention(0, layer, h, 2, 16)
     grads = torch.autograd.grad(out, [h, layer.wqkv, layer.wo], g_out)
     h64 = h.detach().double().requires_grad_()
     ref = reference_attention(model, layer, h64)
