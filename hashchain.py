@@ -1,13 +1,13 @@
 """Canonical hashing of the training state, and the hash chain.
 
 Two pieces, both plain files a third party can check with a few lines of any language
-(checkpoint files, which hold the state, are checkpoint.py):
+(checkpoint files, which hold the state, are checkpoint.py; SPEC.md §11-§13 specifies every byte):
 
     import hashchain as hc
 
     # 1. State hash: one SHA-256 leaf per tensor, combined in a Merkle tree (name-sorted),
-    #    so a single tensor can be checked alone.
-    root, leaves = hc.state_hash({"wte": model_wte, "step": torch.tensor(7)})
+    #    so a single tensor can be checked alone. The state's step is int64 of shape [1].
+    root, leaves = hc.state_hash({"params.tok_emb": tok_emb, "step": torch.tensor([7], dtype=torch.int64)})
     hc.verify_state(tensors, root, leaves)   # raises StateMismatch naming the first bad tensor
 
     # 2. The chain: chain.jsonl, line 0 the genesis record (step 0), line k the record of step k.
@@ -135,7 +135,7 @@ def canonical_tensor(name, t):
 
 
 def tensor_leaf(name, t):
-    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes."""
+    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes (SPEC.md §11.1)."""
     dname, _, shape, data = canonical_tensor(name, t)
     h = hashlib.sha256(b"repops-tensor-v1\0")
     h.update(name.encode("utf-8") + b"\0" + dname.encode() + b"\0"
