@@ -101,7 +101,10 @@ def corpus(tmp_path_factory):
 
 
 # name -> the flags of one guarded step (int8: the quantized linears, their LSQ backward, re-pin)
-STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"]}
+# recipe: the OPEN-1B options (window, QK-norm, embedding norm, the cosine schedule's canonical cos)
+STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"],
+         "recipe": ["--attn_window=4", "--qk_norm=true", "--emb_norm=true", "--lr_schedule=cosine",
+                    "--warmup_steps=0"]}
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +130,9 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
               "repops::clip_grad", "repops::adamw_"}
     needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(),
                "int8": {"repops::int8_quantize", "repops::int8_linear", "repops::lsq_backward",
-                        "repops::int8_dequantize", "repops::lsq_init_"}}[name]
+                        "repops::int8_dequantize", "repops::lsq_init_"},
+               "recipe": {"repops::band_scores", "repops::band_mix", "repops::band_mix_t",
+                          "repops::window_softmax", "repops::window_softmax_backward", "repops::cos"}}[name]
     assert needed <= set(counts), report(counts)
     assert not violations(counts), (f"floating-point work outside RepOps: {violations(counts)}\n"
                                     + report(counts))
