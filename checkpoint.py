@@ -29,7 +29,7 @@ import torch
 
 import offload
 from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, fsync_dir, is_int,
-                       open_regular, strict_json)
+                       open_regular, strict_json, write_all)
 
 
 class CheckpointError(HashChainError):
@@ -60,7 +60,9 @@ def remove_temp_files(directory):
 
 
 def save_checkpoint(path, tensors, meta):
-    """Write tensors + metadata atomically: a crash leaves either no file or a complete one."""
+    """Write tensors + metadata atomically: a crash leaves either no file or a complete one
+    (the bytes go to a temp file, through hashchain.write_all: REPOPS_SLOW_WRITE slows them for
+    the SIGKILL test; then fsync and rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if "__metadata__" in tensors:
@@ -78,10 +80,9 @@ def save_checkpoint(path, tensors, meta):
     tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
     try:
         with open(tmp, "wb") as f:
-            f.write(len(hbytes).to_bytes(8, "little"))
-            f.write(hbytes)
+            write_all(f, len(hbytes).to_bytes(8, "little") + hbytes)
             for name in sorted(tensors):   # fetched again: one tensor held at a time (offload.py)
-                f.write(memoryview(canonical_tensor(name, tensors[name])[3]))
+                write_all(f, memoryview(canonical_tensor(name, tensors[name])[3]))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

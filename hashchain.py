@@ -27,6 +27,7 @@ import json
 import os
 import re
 import stat
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -70,6 +71,31 @@ def fsync_dir(directory):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# write_all's test-only timing hook (tests/test_end_to_end.py's SIGKILL test sets it).
+SLOW_WRITE_ENV = "REPOPS_SLOW_WRITE"
+SLOW_WRITE_PIECES = 8
+
+
+def write_all(f, data):
+    """f.write(data): how the chain append, the checkpoint writer and the anchors file write.
+    With the environment variable REPOPS_SLOW_WRITE=<seconds> (set only by the SIGKILL test
+    for its trainer), data goes out in SLOW_WRITE_PIECES flushed pieces with a sleep of that
+    many seconds between them, so a kill can land mid-write and the test can see it (a chain
+    line without its newline, a part-written checkpoint temp file). Only the timing changes:
+    the same bytes, in the same order, reach the file. Unset (always, outside the test), it is
+    exactly f.write(data)."""
+    delay = os.environ.get(SLOW_WRITE_ENV)
+    if not delay:
+        f.write(data)
+        return
+    bounds = [len(data) * i // SLOW_WRITE_PIECES for i in range(SLOW_WRITE_PIECES + 1)]
+    for i, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+        if i:
+            time.sleep(float(delay))
+        f.write(data[begin:end])
+        f.flush()
 
 
 def _no_duplicates(pairs):
@@ -421,7 +447,8 @@ class Chain:
 
     def append(self, record):
         """Seal `record` (whose "step" must be len(self)) against the head and append it
-        durably. Returns the sealed record."""
+        durably (one line through write_all; REPOPS_SLOW_WRITE slows it for the SIGKILL test).
+        Returns the sealed record."""
         if not self._tail_ok:
             self.load()
         if self.broken:
@@ -434,7 +461,7 @@ class Chain:
         sealed = seal(json.loads(_canonical_json(record)), self.head)
         line = (_canonical_json(sealed) + "\n").encode("utf-8")
         with open(self.path, "ab") as f:
-            f.write(line)
+            write_all(f, line)
             f.flush()
             os.fsync(f.fileno())
         self.records.append(sealed)

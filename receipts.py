@@ -394,7 +394,7 @@ def append_anchor(run_dir, step, record_hash):
     lines.append(json.dumps(anchor, sort_keys=True, separators=(",", ":")) + "\n")
     tmp = path.with_name(f".{ANCHORS}.tmp")
     with open(tmp, "w") as f:
-        f.write("".join(lines))
+        hashchain.write_all(f, "".join(lines))   # REPOPS_SLOW_WRITE: slowed for the SIGKILL test
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

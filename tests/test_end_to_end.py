@@ -72,92 +72,159 @@ def test_audit_matches(reference, args):
 
 
 # ----------------------------------------------------------------------------- SIGKILL and resume
+# The killed trainers write through hashchain.write_all slowed down (8 pieces, this many seconds
+# apart): a chain line takes ~20 ms and a checkpoint tensor ~20 ms, so kills land mid-write.
+SLOW_WRITE = "0.003"
+_TMP_NAME = re.compile(r"\.step_(\d+)\.safetensors\.tmp-")
+
+
 def _state(pid):
-    """The one-letter process state from /proc (T: stopped)."""
+    """The one-letter process state from /proc (T: stopped, Z: exited, not yet reaped)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _freeze(proc):
+    """SIGSTOP the trainer and wait until it is stopped: what its files hold now is what a
+    SIGKILL leaves. False if it exited meanwhile."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    while (state := _state(proc.pid)) not in "TtZ":
+        time.sleep(0.0001)
+    return state != "Z"
+
+
+class KillWatch:
+    """What a trainer started into `run` is in the middle of writing, told apart from what
+    earlier killed trainers left (a torn tail, temp files) until this one repairs it."""
+
+    def __init__(self, run, full_sizes):
+        self.chain, self.ckpt_dir, self.full_sizes = run / "chain.jsonl", run / "checkpoints", full_sizes
+        self.chain_size0 = self.chain.stat().st_size if self.chain.exists() else 0
+        self.old_temps = set(os.listdir(self.ckpt_dir)) if self.ckpt_dir.is_dir() else set()
+
+    def lines(self):
+        """Complete lines in the chain (0 before it exists)."""
+        return self.chain.read_bytes().count(b"\n") if self.chain.exists() else 0
+
+    def torn_chain(self):
+        """The chain's size if it ends in a line this trainer is writing (no newline yet; the
+        file has grown past what the last kill left, so it is not that kill's torn tail)."""
+        try:
+            with open(self.chain, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(size - 1, 0))
+                last = f.read(1)
+        except FileNotFoundError:
+            return None
+        return size if last not in (b"", b"\n") and size > self.chain_size0 else None
+
+    def torn_checkpoint(self, min_step=0):
+        """(temp path, step, size) of a checkpoint this trainer is writing, holding fewer bytes
+        than the finished file (the kill lands before the data is complete, not in the fsync or
+        rename), or None."""
+        for name in (os.listdir(self.ckpt_dir) if self.ckpt_dir.is_dir() else []):
+            m = _TMP_NAME.match(name)
+            if m and name not in self.old_temps and int(m.group(1)) >= min_step:
+                try:
+                    size = (self.ckpt_dir / name).stat().st_size
+                except FileNotFoundError:        # renamed meanwhile (only when not frozen)
+                    continue
+                if size < self.full_sizes[int(m.group(1))]:
+                    return self.ckpt_dir / name, int(m.group(1)), size
+        return None
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="hardware: needs Linux /proc (not on a Mac)")
 @pytest.mark.parametrize("hash_async", ["off", "on"])
 def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, reference, tmp_path, hash_async):
+    """Four trainers SIGKILLed at moments drawn from a fresh seed (REPOPS_KILL_SEED=N replays
+    the plan), each resumed, then a last run to the end: the chain and checkpoint bytes equal
+    the uninterrupted run's. Each kill is taken with the trainer frozen (SIGSTOP) and what it
+    was writing is recorded then; one kill waits for a chain line half written, one for a
+    checkpoint temp file half written, two land wherever their moment falls."""
+    seed = int(os.environ.get("REPOPS_KILL_SEED") or random.SystemRandom().randrange(2 ** 32))
+    rng = random.Random(seed)
     run = share_secret(reference, tmp_path / "run")     # the reference's chain bytes need its secret
-    ckpt_dir, chain = run / "checkpoints", run / "chain.jsonl"
-    rng = random.Random(20260601)
+    full_sizes = {step: path.stat().st_size
+                  for step, path in checkpoint.list_checkpoints(reference / "checkpoints")}
+    env = {**os.environ, hashchain.SLOW_WRITE_ENV: SLOW_WRITE}
+    landed = []                    # per kill: (kind, what the frozen trainer was writing)
 
-    def steps_in_chain():
-        return chain.read_bytes().count(b"\n") - 1 if chain.exists() else -1
+    def where(watch):
+        found = []
+        if (size := watch.torn_chain()) is not None:
+            found.append(f"chain line {watch.lines()} at byte {size}")
+        if ckpt := watch.torn_checkpoint():
+            found.append(f"checkpoint {ckpt[1]} at byte {ckpt[2]} of {full_sizes[ckpt[1]]}")
+        return found
 
-    def checkpoint_being_written():
-        """(temp path, step) of a checkpoint write in progress for a step >= 10, or None."""
-        for name in (os.listdir(ckpt_dir) if ckpt_dir.is_dir() else []):
-            m = re.match(r"\.step_(\d+)\.safetensors\.tmp-", name)
-            if m and int(m.group(1)) >= CKPT_EVERY:
-                return ckpt_dir / name, int(m.group(1))
-        return None
+    def why():
+        return f"kill seed {seed} (replay the plan: REPOPS_KILL_SEED={seed}); kills: {landed}"
 
-    # Kill 1 lands somewhere in the first moments of the run (genesis record, checkpoint 0,
-    # the first steps); 2 and 4 in the middle of a step; 3 inside a checkpoint write.
-    early_delay = rng.uniform(0.0, 0.05)
-    # (step_b leaves the trainer several steps: with --hash_async a record appears a step late)
-    step_a, step_b = rng.randint(3, CKPT_EVERY - 1), rng.randint(2 * CKPT_EVERY + 2, STEPS - 5)
-    kills = [("early", early_delay), ("step", step_a), ("checkpoint", None), ("step", step_b)]
+    # "moment": after the chain holds `gate` lines, wait a random time, freeze, kill. "chain" and
+    # "checkpoint": past the gate, the first write of that kind seen in progress, a random time
+    # into it; frozen, killed only if still mid-write (else let go, and wait for the next one).
+    kills = [("moment", 0, 0.3), ("chain", None, 0.012), ("checkpoint", None, 0.06), ("moment", None, 0.05)]
     torn_checkpoint = None
-    for kind, arg in kills:
+    for kind, gate, window in kills:
+        watch = KillWatch(run, full_sizes)
+        if gate is None:
+            top = STEPS - 4 if kind == "moment" else watch.lines() + 6
+            gate = rng.randint(watch.lines() + 1, max(watch.lines() + 1, top))
         proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
                                  *train_args(run, corpus, f"--hash_async={hash_async}")],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        fired, t0 = False, time.monotonic()
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        fired, t0 = None, time.monotonic()
         try:
-            while not fired and proc.poll() is None and time.monotonic() - t0 < TIMEOUT:
-                if kind == "early" and chain.exists():
-                    time.sleep(arg)
-                    fired = True
-                elif kind == "step" and steps_in_chain() >= arg:
-                    time.sleep(rng.uniform(0.0, 0.02))     # somewhere in the following step
-                    fired = True
-                elif kind == "checkpoint" and (found := checkpoint_being_written()):
-                    # Freeze the writer, and kill it only if the temporary file is still there:
-                    # then the kill certainly lands between the file's creation and its rename.
-                    os.kill(proc.pid, signal.SIGSTOP)
-                    while _state(proc.pid) not in "TtZ":      # Z: it exited meanwhile
-                        pass
-                    if found[0].exists():
-                        torn_checkpoint, fired = found, True
+            while fired is None and proc.poll() is None and time.monotonic() - t0 < TIMEOUT:
+                if watch.chain.exists() and watch.lines() >= gate and (
+                        kind == "moment" or (kind == "chain" and watch.torn_chain() is not None)
+                        or (kind == "checkpoint" and watch.torn_checkpoint(CKPT_EVERY))):
+                    time.sleep(rng.uniform(0.0, window))
+                    if not _freeze(proc):
+                        break
+                    found = where(watch)
+                    if kind == "checkpoint":
+                        torn_checkpoint = watch.torn_checkpoint(CKPT_EVERY)
+                    if (kind == "moment" or (kind == "chain" and watch.torn_chain() is not None)
+                            or (kind == "checkpoint" and torn_checkpoint)):
+                        fired = found
                     else:
                         os.kill(proc.pid, signal.SIGCONT)
                 else:
-                    time.sleep(0.0002)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+                    time.sleep(0.0005)
+            if fired is not None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=TIMEOUT)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
         stderr = proc.stderr.read().decode()
         proc.stderr.close()
-        assert fired and proc.returncode == -signal.SIGKILL, \
-            f"the {kind} kill did not land (rc {proc.returncode}): {stderr}"
+        landed.append((kind, fired))
+        assert fired is not None and proc.returncode == -signal.SIGKILL, \
+            f"the {kind} kill did not land (rc {proc.returncode}); {why()}: {stderr}"
         if kind == "checkpoint":
-            # A torn file under the checkpoint's real name (as a non-atomic writer would leave
-            # it): the restart must reject it, not load it.
-            path, step = torn_checkpoint
-            checkpoint.checkpoint_path(ckpt_dir, step).write_bytes(path.read_bytes()[:path.stat().st_size // 2])
-        if kind == "step" and arg == step_a:
-            # A chain line torn mid-write: the restart must drop it, not read it.
-            with open(chain, "ab") as f:
-                f.write(b'{"batch_digest":"ab55')
+            # The killed trainer's part-written bytes under the checkpoint's real name, as a
+            # non-atomic writer would leave them: the restart must reject the file, not load it.
+            # (The temp file itself stays, for the restart to remove.)
+            path, step, _ = torn_checkpoint
+            checkpoint.checkpoint_path(run / "checkpoints", step).write_bytes(path.read_bytes())
 
+    # Proof that kills landed mid-write, from the frozen trainers' files.
+    assert any(f.startswith("chain") for _, found in landed for f in found), why()
+    assert any(f.startswith("checkpoint") for _, found in landed for f in found), why()
     train(run, corpus, f"--hash_async={hash_async}")   # the last restart runs to the end
     log = (run / "train.log").read_text()
-    assert "skipping checkpoint" in log and "dropped a torn last line" in log, log
+    assert "skipping checkpoint" in log and "dropped a torn last line" in log, f"{why()}\n{log}"
     # The torn checkpoint was moved aside as evidence, not overwritten by the re-derived one.
-    assert (run / "rejected" / checkpoint.checkpoint_path("", torn_checkpoint[1]).name).exists()
+    assert (run / "rejected" / checkpoint.checkpoint_path("", torn_checkpoint[1]).name).exists(), why()
     assert_same_chain(run, reference)
     files = checkpoint_files(run)    # no temporary file left behind either
-    assert files == checkpoint_files(reference)
+    assert files == checkpoint_files(reference), why()
     records = chain_records(run)
-    for step, path in checkpoint.list_checkpoints(ckpt_dir):
+    for step, path in checkpoint.list_checkpoints(run / "checkpoints"):
         tensors, meta = checkpoint.load_checkpoint(path)
         assert meta["step"] == step
         hashchain.verify_state(tensors, records[step]["state_hash"], records[step]["tensor_hashes"])

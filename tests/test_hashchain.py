@@ -7,6 +7,7 @@ import struct
 import pytest
 import torch
 
+import checkpoint
 import hashchain as hc
 
 
@@ -191,6 +192,31 @@ def test_torn_last_line_repaired(tmp_path):
     c.append({"step": 4})
     assert hc.Chain(path).load() is None
     c.verify()
+
+
+def test_slow_write_hook_changes_timing_not_bytes(tmp_path, monkeypatch):
+    # REPOPS_SLOW_WRITE (the SIGKILL test's hook): the same chain and checkpoint bytes, sent in
+    # SLOW_WRITE_PIECES flushed pieces; a piece is on disk while the writer sleeps.
+    make_chain(tmp_path / "plain.jsonl")
+    checkpoint.save_checkpoint(tmp_path / "plain.safetensors", sample_state(), {"step": 3})
+    monkeypatch.setenv(hc.SLOW_WRITE_ENV, "0.0001")
+    seen = []
+    monkeypatch.setattr(hc.time, "sleep", lambda s: seen.append(s))
+    make_chain(tmp_path / "slow.jsonl")
+    assert len(seen) == 10 * (hc.SLOW_WRITE_PIECES - 1)          # 10 records, 7 sleeps each
+    checkpoint.save_checkpoint(tmp_path / "slow.safetensors", sample_state(), {"step": 3})
+    assert (tmp_path / "slow.jsonl").read_bytes() == (tmp_path / "plain.jsonl").read_bytes()
+    assert (tmp_path / "slow.safetensors").read_bytes() == (tmp_path / "plain.safetensors").read_bytes()
+
+    path = tmp_path / "pieces.txt"
+    with open(path, "w") as f:                       # text, as the anchors file is written
+        def peek(_):
+            seen.append(path.read_text())            # what a reader sees during the sleep
+        monkeypatch.setattr(hc.time, "sleep", peek)
+        seen.clear()
+        hc.write_all(f, "abcdefghijklmnop\n")
+    assert seen == ["abcdefghijklmnop"[:2 * i] for i in range(1, 8)]
+    assert path.read_text() == "abcdefghijklmnop\n"
 
 
 def _broken_at(path):
