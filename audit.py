@@ -168,12 +168,34 @@ class Audit:
 
     def check_genesis(self):
         state = TrainState(self.cfg, self.data.vocab_size, self.device)
-        diff = compare(genesis_record(state, self.data, self.cfg), self.run.genesis)
+        init = self.run.genesis.get("init")
+        if init is not None:
+            self.imported_state(state)
+        diff = compare(genesis_record(state, self.data, self.cfg, init), self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
         for key in self.run.config_json_differences():
             self.find(0, f"config.json disagrees with the genesis record on {key}")
         return state
+
+    def imported_state(self, state):
+        """Load an imported run's initial state (train.py --init_from): checkpoint 0, which the
+        genesis record's tensor hashes vouch for; its moments must be zero and its step 0. (The
+        source folder is not needed; whoever has it re-imports it to check its file SHA-256s.)"""
+        path = dict(self.run.checkpoints()).get(0)
+        tensors = self.checkpoint(0, path) if path else None
+        if tensors is None:
+            self.find(0, "the run was imported (genesis init) and its initial state, checkpoint 0, "
+                         "is missing or does not match the genesis record")
+            return
+        try:
+            state.load(tensors)
+        except hashchain.StateMismatch as e:
+            self.find(0, f"checkpoint 0: {e.message}")
+            return
+        moving = [n for n, t in state.tensors().items() if n.startswith("adam_") and t.any()]
+        if moving or state.step != 0:
+            self.find(0, f"checkpoint 0 is not an initial state: {(moving or ['step'])[0]} is not zero")
 
     def checkpoint(self, step, path):
         """Verify one checkpoint file against its record (once); a finding if it does not match."""

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 import deadcheck
 import hashchain
+import hfllama
 import offload
 import quant
 import receipts
@@ -44,7 +45,7 @@ import repops
 import rundir
 import snapshot
 import treefold
-from config import UsageError, decisive_config, differences, parse_config, resolve, validate
+from config import UsageError, decisive_config, differences, given_keys, parse_config, resolve, validate
 from data import DataError, TokenData, batch_digest, get_tokenizer
 from model import Llama, ModelConfig
 
@@ -264,12 +265,14 @@ def step_record(step, root, leaves, data, cfg, fields, secret=None):
     return record
 
 
-def genesis_record(state, data, cfg):
+def genesis_record(state, data, cfg, init=None):
+    """The chain's line 0. init: an imported initial state's source (hfllama.load_into), whose
+    tensors are then the record's tensor hashes (and checkpoint 0)."""
     root, leaves = state.hash()
     return {"kind": "genesis", "step": 0, "config": decisive_config(cfg),
             "code_digest": code_digest(), **data.commitments(),
             "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
-            "state_hash": root, "tensor_hashes": leaves}
+            **({"init": init} if init else {}), "state_hash": root, "tensor_hashes": leaves}
 
 
 @torch.no_grad()
@@ -289,8 +292,9 @@ def save_checkpoint(run_dir, tensors, record):
                                         "tensor_hashes": record["tensor_hashes"]})
 
 
-def check_identity(cfg, data, genesis):
-    """A resumed run must be the run its chain started: same decisive config, data and code."""
+def check_identity(cfg, data, genesis, init):
+    """A resumed run must be the run its chain started: same decisive config, data, code and
+    imported source (init)."""
     diff = differences(decisive_config(cfg), genesis.get("config", {}))
     if diff:
         raise UsageError(f"{cfg.run_dir} was started with a different config ({', '.join(diff)}); "
@@ -301,6 +305,10 @@ def check_identity(cfg, data, genesis):
     if genesis.get("code_digest") != code_digest():
         raise UsageError(f"{cfg.run_dir} was started by different code (code digest); resume it with "
                          "that code, or start a new --run_dir")
+    if genesis.get("init") != init:
+        raise UsageError(f"{cfg.run_dir} was initialized from " + ("other weights (--init_from: the "
+                         "source files' SHA-256s differ)" if genesis.get("init") else "its config")
+                         + "; resume with the same --init_from")
 
 
 def restore(run, state, upto, log, writer):
@@ -321,7 +329,7 @@ def restore(run, state, upto, log, writer):
     return step
 
 
-def open_run(cfg, data, state, rank, world, log):
+def open_run(cfg, data, state, rank, world, log, init=None):
     """The run's verified chain, the step to resume from and the run's secret. Rank 0 (the
     writer, which holds the run's lock) starts a new run (secret, config.json, genesis record,
     checkpoint 0) or repairs a torn chain tail and restores; the other ranks then restore the
@@ -340,10 +348,10 @@ def open_run(cfg, data, state, rank, world, log):
         secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
         with open(run.dir / "config.json", "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
-        run.chain.append(genesis_record(state, data, cfg))
+        run.chain.append(genesis_record(state, data, cfg, init))
         start = 0
     else:
-        check_identity(cfg, data, run.genesis)
+        check_identity(cfg, data, run.genesis, init)
         secret = receipts.read_secret(run.dir, "the chain's commitments (grad_commit) cannot be "
                                       "continued without it; restore it, or start a new --run_dir")
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
@@ -431,9 +439,10 @@ def run(cfg, rank, world):
     data = TokenData(cfg.data_dir, cfg.seed)
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
+    init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
     lock = prepare_run_dir(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    chain, start, secret = open_run(cfg, data, state, rank, world, log)
+    chain, start, secret = open_run(cfg, data, state, rank, world, log, init)
     tokens_per_step = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
         f"{world} rank(s) x {cfg.micro_batches // world} micro-batches | "
@@ -483,7 +492,8 @@ def run(cfg, rank, world):
         if evaluate_now:
             log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")  # every rank evaluates
     if writer and cfg.sample_tokens:
-        enc = get_tokenizer(data.manifest["tokenizer"]["name"])
+        tok = data.manifest["tokenizer"]
+        enc = get_tokenizer(tok["name"], data.path, tok.get("files"))
         ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
         log("sample:\n" + enc.decode(ids))
     if lock:
@@ -496,6 +506,8 @@ def main(argv):
     rank = int(os.environ.get("RANK", "0"))
     try:
         cfg = parse_config(argv)
+        if cfg.init_from:       # the imported model's config decides its keys (hfllama.py)
+            cfg = hfllama.configure(cfg, given_keys(argv))
         validate(cfg, world)
         treefold.check_topology(cfg.micro_batches, world)   # before any work
         if world > 1:
