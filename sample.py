@@ -32,7 +32,7 @@ def load_model(run_dir, step):
     tokenizer = run.genesis.get("tokenizer")
     if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("name"), str):
         raise UsageError(f"{run.chain.path}: the genesis record names no tokenizer")
-    return state.model, get_tokenizer(tokenizer["name"])
+    return state.model, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
 
 
 def main(argv):

@@ -1,0 +1,235 @@
+"""Hugging Face import, export and tokenizers, end to end, with no network.
+
+A tiny random LlamaForCausalLM (grouped-query attention) and a byte-level BPE trained here with
+`tokenizers` on the test corpus's text are saved as a model folder; the corpus is prepared with
+that tokenizer (streaming = whole-text encoding); train.py fine-tunes it a few steps with
+--init_from; audit.py replays every step (MATCH); export.py writes a folder that transformers
+loads, whose logits equal ours within float32 tolerance and whose greedy tokens equal ours; and
+importing the export gives back the exported parameters bit for bit.
+"""
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"      # before transformers is imported: never the network
+
+import dataprep  # noqa: E402
+import hfllama  # noqa: E402
+import hftok  # noqa: E402
+import sample  # noqa: E402
+import train  # noqa: E402
+from config import Config, UsageError  # noqa: E402
+from data import TokenData, get_tokenizer  # noqa: E402
+from tiny import WORDS, assert_one_line_error, audit, chain_records, script  # noqa: E402
+
+transformers = pytest.importorskip("transformers")   # pinned in requirements.txt: CI has it
+tokenizers = pytest.importorskip("tokenizers")
+
+STEPS = 4
+HF = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+          num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=32)
+RUN = ["--seq_len=16", "--micro_batch_size=2", "--micro_batches=2", f"--max_steps={STEPS}",
+       "--checkpoint_every=2", "--eval_every=0", "--sample_tokens=0", "--warmup_steps=2"]
+
+
+def corpus_text(seed=5, lines=500):
+    rng = random.Random(seed)
+    return "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
+                     for _ in range(lines))
+
+
+def train_tokenizer(text, folder, pre="bytelevel"):
+    """A BPE trained on `text`, saved as folder/tokenizer.json: ByteLevel (GPT-2's regex) or
+    Metaspace (SentencePiece style, which preparation must encode whole)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    if pre == "bytelevel":
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        alphabet = sorted(set(text.replace(" ", "\u2581")))
+    tok.train_from_iterator(text.splitlines(), trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=alphabet, special_tokens=["<|endoftext|>"], show_progress=False))
+    os.makedirs(folder, exist_ok=True)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    return folder
+
+
+def save_random_llama(folder, vocab, tied, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, tie_word_embeddings=tied, **HF))
+    model.save_pretrained(folder)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """(folder, text): a random untied GQA Llama and its tokenizer, and the corpus text."""
+    base = tmp_path_factory.mktemp("hf")
+    text = corpus_text()
+    folder = train_tokenizer(text, str(base / "model"))
+    vocab = get_tokenizer(f"hf:{folder}").n_vocab
+    save_random_llama(folder, vocab, tied=False)
+    (base / "corpus.txt").write_text(text)
+    return base, folder
+
+
+def prepare(base, folder, name="tokens"):
+    return dataprep.prepare([str(base / "corpus.txt")], str(base / name), tokenizer=f"hf:{folder}")
+
+
+def logits_ours(model, ids):
+    with torch.no_grad():
+        return model.logits(torch.tensor([ids]))[0]
+
+
+def greedy_ours(model, ids, n):
+    ids = list(ids)
+    for _ in range(n):
+        ids.append(int(torch.argmax(logits_ours(model, ids)[-1])))
+    return ids
+
+
+def bits(t):
+    return t.contiguous().view(torch.int32)
+
+
+# ----------------------------------------------------------------------------- tokenizers
+@pytest.mark.parametrize("pre", ["bytelevel", "metaspace"])
+def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monkeypatch, pre):
+    base, _ = source
+    text = (base / "corpus.txt").read_text()
+    folder = train_tokenizer(text, str(tmp_path / "tok"), pre)
+    enc = get_tokenizer(f"hf:{folder}")
+    assert hftok.streaming_safe(enc) == (pre == "bytelevel")
+    monkeypatch.setattr(dataprep, "BLOCK", 97)      # many cuts (for the ByteLevel tokenizer)
+    manifest, out = dataprep.prepare([str(base / "corpus.txt")], str(tmp_path / "c"),
+                                     tokenizer=f"hf:{folder}", val_fraction=0.1)
+    stored = np.concatenate([np.fromfile(os.path.join(out, f), "<u2") for f in ("train.bin", "val.bin")])
+    assert stored.tolist() == enc.encode(text)
+    assert manifest["tokenizer"] == {"name": "hf", "vocab_size": enc.n_vocab,
+                                     "files": {"tokenizer.json": hftok.file_hashes(folder)["tokenizer.json"]}}
+    copy = get_tokenizer("hf", out, manifest["tokenizer"]["files"])     # the corpus's own copy
+    assert copy.decode(copy.encode("Thou fair lord.")) == "Thou fair lord."
+    with open(os.path.join(out, "tokenizer", "tokenizer.json"), "a") as f:
+        f.write(" ")
+    with pytest.raises(Exception, match="not the ones the manifest records"):
+        get_tokenizer("hf", out, manifest["tokenizer"]["files"])
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_finetune_audit_export_round_trip(source, tmp_path):
+    base, folder = source
+    _, corpus = prepare(base, folder)
+    run, out = tmp_path / "run", tmp_path / "export"
+    proc = script("train.py", f"--init_from={folder}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN)
+    assert proc.returncode == 0, proc.stderr
+    genesis = chain_records(run)[0]
+    assert genesis["init"]["format"] == "hf-llama"
+    assert genesis["init"]["files"]["model.safetensors"] == hfllama._sha256(os.path.join(folder, "model.safetensors"))
+    assert genesis["config"]["n_kv_head"] == 2 and genesis["config"]["vocab_size"] == HF_vocab(folder)
+
+    # the initial state is the source's weights, mapped: our step-0 logits are transformers'
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = get_tokenizer(f"hf:{folder}").encode("The king and the queen speak")[:10]   # + 6 <= seq_len
+    start, _ = sample.load_model(str(run), 0)
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(logits_ours(start, ids), ref, rtol=1e-4, atol=1e-5)
+
+    proc = audit(run, "--all")
+    assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
+
+    proc = script("export.py", run, "--step", STEPS, "--to", "hf", out)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
+    card = (out / "README.md").read_text()
+    assert chain_records(run)[STEPS]["state_hash"] in card and genesis["record_hash"] in card
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert type(exported).__name__ == "LlamaForCausalLM"
+    ours, _ = sample.load_model(str(run), STEPS)
+    with torch.no_grad():
+        theirs = exported(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(logits_ours(ours, ids), theirs, rtol=1e-4, atol=1e-5)
+    generated = exported.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+                                  attention_mask=torch.ones(1, len(ids), dtype=torch.int64))
+    assert generated[0].tolist() == greedy_ours(ours, ids, 6)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
+    assert fast.encode("The king", add_special_tokens=False) == get_tokenizer(f"hf:{folder}").encode("The king")
+
+    # round trip: importing the export gives the exported parameters bit for bit
+    cfg = hfllama.configure(Config(init_from=str(out)), set())
+    state = train.TrainState(cfg, cfg.vocab_size)
+    hfllama.load_into(state, str(out))
+    for name, p in ours.named_tensors().items():
+        assert torch.equal(bits(state.params[name]), bits(p)), name
+
+
+def HF_vocab(folder):
+    with open(os.path.join(folder, "config.json")) as f:
+        return json.load(f)["vocab_size"]
+
+
+def test_tied_embeddings_import_train_export(source, tmp_path):
+    """A tied model (one tensor tok_emb, no lm_head) trains, audits and exports as tied."""
+    base, folder = source
+    tied = tmp_path / "tied"
+    tied.mkdir()
+    (tied / "tokenizer.json").write_bytes((base / "model" / "tokenizer.json").read_bytes())
+    save_random_llama(str(tied), HF_vocab(folder), tied=True, seed=1)
+    _, corpus = prepare(base, folder, "tokens_tied")
+    run, out = tmp_path / "run", tmp_path / "export"
+    proc = script("train.py", f"--init_from={tied}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN[:3],
+                  "--max_steps=2", *RUN[4:])
+    assert proc.returncode == 0, proc.stderr
+    records = chain_records(run)
+    assert records[0]["config"]["tie_embeddings"] is True
+    assert "params.lm_head" not in records[2]["tensor_hashes"]
+    assert records[1]["tensor_hashes"]["params.tok_emb"] != records[0]["tensor_hashes"]["params.tok_emb"]
+    proc = audit(run, "--all")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert script("export.py", run, "--to", "hf", out).returncode == 0
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ours, _ = sample.load_model(str(run), 2)
+    ids = [5, 17, 33, 2, 90]
+    with torch.no_grad():
+        theirs = exported(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(logits_ours(ours, ids), theirs, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- refusals
+def test_refusals_are_one_line(source, tmp_path):
+    base, folder = source
+    _, corpus = prepare(base, folder, "tokens_refusals")
+    common = [f"--init_from={folder}", f"--data_dir={corpus}", *RUN]
+    proc = script("train.py", *common, "--n_layer=3", f"--run_dir={tmp_path / 'a'}")
+    assert_one_line_error(proc, "train.py")
+    assert "--n_layer=3 contradicts" in proc.stderr and not (tmp_path / "a").exists()
+    # the HF config's own value may be repeated
+    hf = json.loads((base / "model" / "config.json").read_text())
+    for key, value, what in (("attention_bias", True, "attention_bias"),
+                             ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}, "llama3"),
+                             ("model_type", "qwen2", "qwen2"), ("head_dim", 4, "head_dim")):
+        with pytest.raises(UsageError, match=what):
+            hfllama.model_keys({**hf, key: value}, "x")
+    assert hfllama.model_keys(hf, "x")["n_layer"] == 2
+    with pytest.raises(UsageError, match="mlp.gate_proj.weight would be|has no place|missing"):
+        hfllama.from_hf({"model.embed_tokens.weight": torch.zeros(3)}, Config(), {}, "x")
+
+    run = tmp_path / "run"
+    proc = script("train.py", *common, f"--run_dir={run}", "--max_steps=1")
+    assert proc.returncode == 0, proc.stderr
+    assert_one_line_error(script("export.py", run, "--to", "hf", run / "inside"), "export.py")
+    drop = tmp_path / "drop"
+    proc = script("train.py", *common, f"--run_dir={drop}", "--max_steps=1", "--dropout=0.1")
+    assert proc.returncode == 0, proc.stderr
+    proc = script("export.py", drop, "--to", "hf", tmp_path / "out")
+    assert_one_line_error(proc, "export.py")
+    assert "dropout" in proc.stderr and not (tmp_path / "out").exists()
