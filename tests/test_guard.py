@@ -76,7 +76,9 @@ def corpus(tmp_path_factory):
 
 
 # name -> the flags of one guarded step (int8: the quantized linears, their LSQ backward, re-pin)
-STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"]}
+# tied: tok_emb is the embedding and the output linear (its two gradients meet in repops.tie's add)
+STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"],
+         "tied": ["--tie_embeddings=true"]}
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +102,7 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
     # The recorder really sees the step: its forward, backward, fold and optimizer kernels.
     needed = {"repops::matmul", "repops::cross_entropy_backward", "repops::add",
               "repops::clip_grad", "repops::adamw_"}
-    needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(),
+    needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(), "tied": set(),
                "int8": {"repops::int8_quantize", "repops::int8_linear", "repops::lsq_backward",
                         "repops::int8_dequantize", "repops::lsq_init_"}}[name]
     assert needed <= set(counts), report(counts)

@@ -17,14 +17,17 @@ import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"      # before transformers is imported: never the network
 
+import audit as audit_py  # noqa: E402
 import dataprep  # noqa: E402
+import export  # noqa: E402
 import hfllama  # noqa: E402
 import hftok  # noqa: E402
 import sample  # noqa: E402
+import repops  # noqa: E402
 import train  # noqa: E402
 from config import Config, UsageError  # noqa: E402
 from data import TokenData, get_tokenizer  # noqa: E402
-from tiny import WORDS, assert_one_line_error, audit, chain_records, script  # noqa: E402
+from tiny import WORDS, audit, chain_records, script  # noqa: E402
 
 transformers = pytest.importorskip("transformers")   # pinned in requirements.txt: CI has it
 tokenizers = pytest.importorskip("tokenizers")
@@ -143,7 +146,11 @@ def test_finetune_audit_export_round_trip(source, tmp_path):
         ref = hf_model(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(logits_ours(start, ids), ref, rtol=1e-4, atol=1e-5)
 
-    proc = audit(run, "--all")
+    os.rename(folder, folder + ".away")     # the auditor has no source folder: checkpoint 0 is enough
+    try:
+        proc = audit(run, "--all")
+    finally:
+        os.rename(folder + ".away", folder)
     assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
 
     proc = script("export.py", run, "--step", STEPS, "--to", "hf", out)
@@ -176,8 +183,9 @@ def HF_vocab(folder):
         return json.load(f)["vocab_size"]
 
 
-def test_tied_embeddings_import_train_export(source, tmp_path):
-    """A tied model (one tensor tok_emb, no lm_head) trains, audits and exports as tied."""
+def test_tied_embeddings_import_train_export(source, tmp_path, capsys):
+    """A tied model (one tensor tok_emb, no lm_head) trains, audits and exports as tied (the
+    programs' main functions, in this process: the end-to-end test runs them as programs)."""
     base, folder = source
     tied = tmp_path / "tied"
     tied.mkdir()
@@ -185,16 +193,21 @@ def test_tied_embeddings_import_train_export(source, tmp_path):
     save_random_llama(str(tied), HF_vocab(folder), tied=True, seed=1)
     _, corpus = prepare(base, folder, "tokens_tied")
     run, out = tmp_path / "run", tmp_path / "export"
-    proc = script("train.py", f"--init_from={tied}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN[:3],
-                  "--max_steps=2", *RUN[4:])
-    assert proc.returncode == 0, proc.stderr
+    assert train.main([f"--init_from={tied}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN[:3],
+                       "--max_steps=2", *RUN[4:]]) == 0
     records = chain_records(run)
     assert records[0]["config"]["tie_embeddings"] is True
     assert "params.lm_head" not in records[2]["tensor_hashes"]
     assert records[1]["tensor_hashes"]["params.tok_emb"] != records[0]["tensor_hashes"]["params.tok_emb"]
-    proc = audit(run, "--all")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert script("export.py", run, "--to", "hf", out).returncode == 0
+    # a resume needs the same source: other weights of the same shape are refused
+    other = tmp_path / "other"
+    save_random_llama(str(other), HF_vocab(folder), tied=True, seed=2)
+    args = [f"--run_dir={run}", f"--data_dir={corpus}", *RUN[:3], "--max_steps=2", *RUN[4:]]
+    assert train.main([f"--init_from={tied}", *args]) == 0
+    assert train.main([f"--init_from={other}", *args]) == 2
+    assert "initialized from other weights" in capsys.readouterr().err
+    assert audit_py.main(["--run_dir", str(run), "--all"]) == 0
+    assert export.main([str(run), "--step", "2", "--to", "hf", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     ours, _ = sample.load_model(str(run), 2)
@@ -204,15 +217,34 @@ def test_tied_embeddings_import_train_export(source, tmp_path):
     torch.testing.assert_close(logits_ours(ours, ids), theirs, rtol=1e-4, atol=1e-5)
 
 
+def test_tie_sums_the_two_gradients_in_one_repops_add():
+    w = torch.nn.Parameter(torch.randn(7, 4))
+    x, idx, targets = torch.randn(5, 4), torch.tensor([[1, 3, 3, 6]]), torch.tensor([0, 2, 2, 5, 6])
+
+    def loss(emb, head):
+        return repops.add(repops.cross_entropy(repops.linear(x, head), targets),
+                          repops.cross_entropy(repops.embedding(emb, idx).view(4, 4).contiguous(), idx.view(4) % 4))
+    loss(*repops.tie(w)).backward()
+    a, b = torch.nn.Parameter(w.detach().clone()), torch.nn.Parameter(w.detach().clone())
+    loss(a, b).backward()
+    assert torch.equal(bits(w.grad), bits(repops.ops.add(a.grad, b.grad)))
+
+
 # ----------------------------------------------------------------------------- refusals
-def test_refusals_are_one_line(source, tmp_path):
+def one_line_error(capsys, code, prog):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"{prog}: error:"), err
+    return err[0]
+
+
+def test_refusals_are_one_line(source, tmp_path, capsys):
     base, folder = source
     _, corpus = prepare(base, folder, "tokens_refusals")
     common = [f"--init_from={folder}", f"--data_dir={corpus}", *RUN]
-    proc = script("train.py", *common, "--n_layer=3", f"--run_dir={tmp_path / 'a'}")
-    assert_one_line_error(proc, "train.py")
-    assert "--n_layer=3 contradicts" in proc.stderr and not (tmp_path / "a").exists()
-    # the HF config's own value may be repeated
+    line = one_line_error(capsys, train.main([*common, "--n_layer=3", f"--run_dir={tmp_path / 'a'}"]), "train.py")
+    assert "--n_layer=3 contradicts" in line and not (tmp_path / "a").exists()
+    # the HF config's own value may be repeated; the rest is refused
+    assert train.main([*common, "--n_layer=2", f"--run_dir={tmp_path / 'ok'}", "--max_steps=1"]) == 0
     hf = json.loads((base / "model" / "config.json").read_text())
     for key, value, what in (("attention_bias", True, "attention_bias"),
                              ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}, "llama3"),
@@ -223,13 +255,10 @@ def test_refusals_are_one_line(source, tmp_path):
     with pytest.raises(UsageError, match="mlp.gate_proj.weight would be|has no place|missing"):
         hfllama.from_hf({"model.embed_tokens.weight": torch.zeros(3)}, Config(), {}, "x")
 
-    run = tmp_path / "run"
-    proc = script("train.py", *common, f"--run_dir={run}", "--max_steps=1")
-    assert proc.returncode == 0, proc.stderr
-    assert_one_line_error(script("export.py", run, "--to", "hf", run / "inside"), "export.py")
+    run = tmp_path / "ok"
+    one_line_error(capsys, export.main([str(run), "--to", "hf", str(run / "inside")]), "export.py")
     drop = tmp_path / "drop"
-    proc = script("train.py", *common, f"--run_dir={drop}", "--max_steps=1", "--dropout=0.1")
-    assert proc.returncode == 0, proc.stderr
-    proc = script("export.py", drop, "--to", "hf", tmp_path / "out")
-    assert_one_line_error(proc, "export.py")
-    assert "dropout" in proc.stderr and not (tmp_path / "out").exists()
+    assert train.main([*common, f"--run_dir={drop}", "--max_steps=1", "--dropout=0.1"]) == 0
+    capsys.readouterr()
+    line = one_line_error(capsys, export.main([str(drop), "--to", "hf", str(tmp_path / "out")]), "export.py")
+    assert "dropout" in line and not (tmp_path / "out").exists()
