@@ -28,13 +28,13 @@ import train  # noqa: E402
 from config import Config, UsageError  # noqa: E402
 from data import TokenData, get_tokenizer  # noqa: E402
 from tiny import WORDS, audit, chain_records, script  # noqa: E402
+from tools import hf_tiny  # noqa: E402
 
 transformers = pytest.importorskip("transformers")   # pinned in requirements.txt: CI has it
 tokenizers = pytest.importorskip("tokenizers")
 
 STEPS = 4
-HF = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-          num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=32)
+SHAPE = dict(layers=2, width=32, heads=4, kv_heads=2, hidden=64, context=32)   # GQA 2:1
 RUN = ["--seq_len=16", "--micro_batch_size=2", "--micro_batches=2", f"--max_steps={STEPS}",
        "--checkpoint_every=2", "--eval_every=0", "--sample_tokens=0", "--warmup_steps=2"]
 
@@ -45,30 +45,8 @@ def corpus_text(seed=5, lines=500):
                      for _ in range(lines))
 
 
-def train_tokenizer(text, folder, pre="bytelevel"):
-    """A BPE trained on `text`, saved as folder/tokenizer.json: ByteLevel (GPT-2's regex) or
-    Metaspace (SentencePiece style, which preparation must encode whole)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    if pre == "bytelevel":
-        tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-        alphabet = pre_tokenizers.ByteLevel.alphabet()
-    else:
-        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
-        alphabet = sorted(set(text.replace(" ", "\u2581")))
-    tok.train_from_iterator(text.splitlines(), trainers.BpeTrainer(
-        vocab_size=320, initial_alphabet=alphabet, special_tokens=["<|endoftext|>"], show_progress=False))
-    os.makedirs(folder, exist_ok=True)
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    return folder
-
-
 def save_random_llama(folder, vocab, tied, seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, tie_word_embeddings=tied, **HF))
-    model.save_pretrained(folder)
-    return model.eval()
+    return hf_tiny.save_random_llama(folder, vocab, tied, seed, **SHAPE)
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +54,8 @@ def source(tmp_path_factory):
     """(folder, text): a random untied GQA Llama and its tokenizer, and the corpus text."""
     base = tmp_path_factory.mktemp("hf")
     text = corpus_text()
-    folder = train_tokenizer(text, str(base / "model"))
-    vocab = get_tokenizer(f"hf:{folder}").n_vocab
+    folder = str(base / "model")
+    vocab = hf_tiny.train_tokenizer(text, folder)
     save_random_llama(folder, vocab, tied=False)
     (base / "corpus.txt").write_text(text)
     return base, folder
@@ -108,7 +86,8 @@ def bits(t):
 def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monkeypatch, pre):
     base, _ = source
     text = (base / "corpus.txt").read_text()
-    folder = train_tokenizer(text, str(tmp_path / "tok"), pre)
+    folder = str(tmp_path / "tok")
+    hf_tiny.train_tokenizer(text, folder, pre=pre)
     enc = get_tokenizer(f"hf:{folder}")
     assert hftok.streaming_safe(enc) == (pre == "bytelevel")
     monkeypatch.setattr(dataprep, "BLOCK", 97)      # many cuts (for the ByteLevel tokenizer)
