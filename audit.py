@@ -37,30 +37,30 @@ Exit code: 0 match, 1 mismatch, 2 bad input (missing run or data, step out of ra
 checkpoint or config). The audit only reads the run directory: it creates, renames and deletes
 nothing there, and the files it writes (receipts, salts) must lie outside it.
 
-The protocol (receipts.py holds its logic): --check-receipts exits 0 when every well-formed
-receipt it could check is accepted, 1 if any is rejected (a receipt whose step has no revealed
-salt is listed as unchecked and counts for neither); --coverage exits 0 when every step has
---redundancy accepted receipts from distinct auditors, 1 otherwise. A malformed receipt (not
-JSON, a wrong type, a field missing or unknown) is listed with the others, then either command
-exits 2 with one error line: it is bad input, not evidence about the run. --anchors exits 1 at
-the first anchor the chain contradicts.
+The protocol (receipts.py holds its logic, receipts_cli.py its commands): --check-receipts
+exits 0 when every well-formed receipt it could check is accepted, 1 if any is rejected (a
+receipt whose step has no revealed salt is listed as unchecked and counts for neither);
+--coverage exits 0 when every step has --redundancy accepted receipts from distinct auditors, 1
+otherwise. A malformed receipt (not JSON, a wrong type, a field missing or unknown) is listed
+with the others, then either command exits 2 with one error line: it is bad input, not evidence
+about the run. --anchors exits 1 at the first anchor the chain contradicts.
 """
 import argparse
 import dataclasses
 import json
 import os
 import resource
-import secrets
-import statistics
 import sys
 import time
 
+import checkpoint
 import hashchain
 import optrace
 import receipts
+import receipts_cli
 import repops
 import rundir
-from config import Config, UsageError, resolve, validate
+from config import UsageError, resolve, validate
 from data import DataError, DataMismatch, TokenData
 from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step
 
@@ -210,7 +210,7 @@ class Audit:
         except hashchain.ChainError as e:       # the chain breaks before this checkpoint
             self.find(e.line - 1, e.message)
             return None
-        except hashchain.CheckpointError as e:
+        except checkpoint.CheckpointError as e:
             raise UsageError(str(e)) from None
         self.bytes_read += os.path.getsize(path)
         return tensors
@@ -277,27 +277,6 @@ class Audit:
             self.checkpoint(*later[-1])         # behind a chain break, the break is reported
 
 
-def parse_range(text, flag):
-    a, _, b = text.partition(":")
-    try:
-        first, last = int(a), int(b)
-    except ValueError:
-        raise UsageError(f"{flag} expects A:B, got {text!r}") from None
-    if not 1 <= first <= last:
-        raise UsageError(f"{flag} {text}: steps start at 1 and a range runs forward")
-    return first, last
-
-
-def chain_steps(run, steps, flag="--steps"):
-    """(first, last) of `steps` (A:B, default: every step), refused unless in the chain."""
-    run.chain.verify()
-    last_step = len(run.chain) - 1
-    first, last = parse_range(steps, flag) if steps else (1, last_step)
-    if last > last_step:
-        raise UsageError(f"{flag}: steps {first}..{last} are not in the chain (it holds steps 1..{last_step})")
-    return first, last
-
-
 # ----------------------------------------------------------------------------- replay
 def replay_command(args):
     t0 = time.perf_counter()
@@ -308,7 +287,7 @@ def replay_command(args):
         if args.step < 1:
             raise UsageError(f"--step {args.step}: steps start at 1")
     else:
-        first, last = (1, audit.run.chain.lines - 1) if args.all else parse_range(args.range, "--range")
+        first, last = (1, audit.run.chain.lines - 1) if args.all else rundir.parse_range(args.range, "--range")
     audit.replay(first, last, args.trace)
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
@@ -331,154 +310,15 @@ def replay_command(args):
     return 1 if audit.findings else 0
 
 
-# ----------------------------------------------------------------------------- receipts
-def receipt_results(args):
-    """The opened run and [receipts.Result] for every receipt under the directory given,
-    checked with the run's secret or with revealed salts (--salts)."""
-    run = rundir.Run(args.run_dir)
-    run.chain.verify()
-    if args.salts:
-        salt_of = receipts.read_salts(args.salts, receipts.run_id(run.genesis)).get
-    else:
-        secret = receipts.read_secret(run.dir, "checking receipts needs the publisher's secret "
-                                      "(or --salts FILE with revealed salts)")
-        salt_of = lambda step: receipts.salt(secret, step)  # noqa: E731
-    return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of)
-
-
-def summarize(results, directory):
-    """Print the count of each status; refuse (exit 2) if any receipt is malformed."""
-    counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
-    print(f"receipts under {directory}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n or s != "unchecked"))
-    if counts["malformed"]:
-        raise UsageError(f"{counts['malformed']} malformed receipt(s) under {directory} (listed above)")
-    return counts
-
-
-def check_receipts_command(args):
-    _, results = receipt_results(args)
-    for r in results:
-        about = [f"step {r.receipt['step']} by {r.receipt['auditor']}"] if r.receipt else []
-        print(f"{r.status:9s} {r.path}: " + ": ".join(about + [r.reason] * bool(r.reason)))
-    return 1 if summarize(results, args.check_receipts)["rejected"] else 0
-
-
-def coverage_command(args):
-    run, results = receipt_results(args)
-    first, last = chain_steps(run, args.steps)
-    counts = receipts.coverage(results, first, last)
-    summarize(results, args.coverage)
-    total = last - first + 1
-    for need in sorted({1, args.redundancy}):
-        steps = [s for s, n in counts.items() if n >= need]
-        print(f"steps {first}..{last} with >= {need} accepted receipt{'s' * (need > 1)} from distinct auditors: "
-              f"{len(steps)}/{total} ({100 * len(steps) / total:.1f}%): {receipts.ranges(steps)}")
-    print(f"steps with none: {receipts.ranges(s for s, n in counts.items() if n == 0)}")
-    return 0 if all(n >= args.redundancy for n in counts.values()) else 1
-
-
-def reveal_command(args):
-    run = rundir.Run(args.run_dir)
-    first, last = chain_steps(run, args.reveal_salts, "--reveal-salts")
-    secret = receipts.read_secret(run.dir, "revealing salts needs the publisher's secret")
-    text = json.dumps(receipts.reveal(secret, receipts.run_id(run.genesis), first, last), indent=1) + "\n"
-    if not args.out:
-        sys.stdout.write(text)
-        return 0
-    try:
-        with open(args.out, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
-    print(f"salts of steps {first}..{last} written to {args.out}: anyone can now check those steps' "
-          f"receipts with --check-receipts DIR --salts {args.out}")
-    return 0
-
-
-# ----------------------------------------------------------------------------- plan
-def tokens(cfg):
-    return cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
-
-
-def probe_step(cfg, state, data, repeats=5):
-    """Seconds of one replayed step of `state` under `cfg` on this machine: the median of
-    `repeats` steps after a warm-up one."""
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        train_step(state, data, cfg)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
-
-
-def plan_command(args):
-    """Every step of --steps to --redundancy C distinct auditors of --auditors K, balanced by
-    replay cost; the estimated hours per auditor (receipts.replay_hours, from probe_step); and
-    the chance that a tampered step goes undetected: f^C, if each auditor is absent or
-    dishonest with probability f independently of the others and of the step (the seed, kept
-    private, is what makes the assignment unpredictable). f^C is an upper bound: an audit of a
-    later step also replays the steps between it and its checkpoint."""
-    if args.auditors is None:
-        raise UsageError("--plan needs --auditors K")
-    if not 0 <= args.absent <= 1:
-        raise UsageError(f"--absent {args.absent}: a fraction of the auditors, in [0, 1]")
-    run = rundir.Run(args.run_dir)
-    first, last = chain_steps(run, args.steps)
-    seed = secrets.randbits(63) if args.seed is None else args.seed
-    costs = receipts.replay_costs(first, last, [s for s, _ in run.checkpoints() if s < len(run.chain)])
-    assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
-    cfg, vocab = run.cfg, run.vocab_size
-    validate(cfg)
-    # The probe: one micro-batch of the run's model, or of the default model where that is less
-    # work (a large run's model need not be timed here; a small one's overheads are measured).
-    run_state = TrainState(cfg, vocab, args.device)
-    probes = [(dataclasses.replace(c, micro_batches=1), s) for c, s in
-              ((cfg, run_state), (Config(), TrainState(Config(), vocab, args.device)))]
-    probe_cfg, probe_state = min(probes, key=lambda p: p[1].n_params() * tokens(p[0]))
-    probe_s = probe_step(probe_cfg, probe_state, TokenData(args.data_dir or run.recorded_data_dir(), cfg.seed))
-    run_work = run_state.n_params() * tokens(cfg)
-    probe_work = probe_state.n_params() * tokens(probe_cfg)
-    print(f"plan: steps {first}..{last} of {args.run_dir} for {args.auditors} auditors, each step replayed "
-          f"by {args.redundancy} of them, seed {seed}" + (" (drawn now: keep it private)" if args.seed is None else ""))
-    print(f"replay cost: a probe step ({probe_state.n_params():,} params x {tokens(probe_cfg)} tokens) took "
-          f"{probe_s:.3f} s here; a step of this run ({run_state.n_params():,} params x {tokens(cfg)} tokens) "
-          f"about {receipts.replay_hours(1, probe_s, probe_work, run_work) * 3600:.3f} s")
-    print("auditor  steps  replayed  est. hours  assigned steps")
-    for a, steps in enumerate(assignment, start=1):
-        replayed = sum(costs[s] for s in steps)
-        hours = receipts.replay_hours(replayed, probe_s, probe_work, run_work)
-        print(f"{a:7d}  {len(steps):5d}  {replayed:8d}  {hours:10.2g}  {receipts.ranges(steps)}")
-    print(f"a tampered step goes undetected only if all {args.redundancy} of its auditors are absent or "
-          f"dishonest: with each so with probability f = {args.absent} independently, "
-          f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
-    return 0
-
-
-# ----------------------------------------------------------------------------- anchors
-def anchors_command(args):
-    run = rundir.Run(args.run_dir)
-    anchors = receipts.read_anchors(args.anchors)
-    if os.path.realpath(args.anchors) == os.path.realpath(run.dir / receipts.ANCHORS):
-        print("note: this is the run's own anchors.jsonl; anchors pin the chain only as copies "
-              "published outside the run")
-    found = receipts.first_contradiction(run.chain, anchors)
-    if found:
-        print(f"MISMATCH at step {found[0]}: {found[1]}")
-        return 1
-    latest = max(anchors, key=lambda a: a["step"])
-    print(f"ANCHORED: the chain agrees with all {len(anchors)} anchors of {args.anchors} (latest: step "
-          f"{latest['step']}, anchored at {latest['utc']})")
-    return 0
-
-
 # Which mode each option belongs to; any other use is refused with one line.
 OPTION_MODES = {"recompute": ("step", "range", "all"), "offload": ("step", "range", "all"), "trace": ("step",), "receipt": ("step",), "auditor": ("step",),
                 "salts": ("check_receipts", "coverage"), "out": ("reveal_salts",),
                 "auditors": ("plan",), "seed": ("plan",), "absent": ("plan",),
                 "redundancy": ("plan", "coverage"), "steps": ("plan", "coverage")}
 COMMANDS = {"step": replay_command, "range": replay_command, "all": replay_command,
-            "check_receipts": check_receipts_command, "coverage": coverage_command,
-            "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command}
+            "check_receipts": receipts_cli.check_receipts_command,
+            "coverage": receipts_cli.coverage_command, "reveal_salts": receipts_cli.reveal_command,
+            "plan": receipts_cli.plan_command, "anchors": receipts_cli.anchors_command}
 
 
 def parse_args(argv):

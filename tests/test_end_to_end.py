@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import data
+import checkpoint
 import hashchain
 from tiny import (CKPT_EVERY, MICRO_BATCH_SIZE, MICRO_BATCHES, ROOT, SEQ_LEN, STEPS, TIMEOUT,
                   assert_one_line_error, audit, chain_records, copy_run, mismatch_lines, reseal,
@@ -46,7 +47,7 @@ def test_reference_run_has_every_step_and_checkpoint(reference):
     assert [r["step"] for r in records] == list(range(STEPS + 1))
     assert records[0]["kind"] == "genesis"
     assert sorted(checkpoint_files(reference)) == [
-        hashchain.checkpoint_path("", s).name for s in range(0, STEPS + 1, CKPT_EVERY)]
+        checkpoint.checkpoint_path("", s).name for s in range(0, STEPS + 1, CKPT_EVERY)]
 
 
 @pytest.mark.parametrize("hash_async", ["off", "on"])
@@ -140,7 +141,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
             # A torn file under the checkpoint's real name (as a non-atomic writer would leave
             # it): the restart must reject it, not load it.
             path, step = torn_checkpoint
-            hashchain.checkpoint_path(ckpt_dir, step).write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+            checkpoint.checkpoint_path(ckpt_dir, step).write_bytes(path.read_bytes()[:path.stat().st_size // 2])
         if kind == "step" and arg == step_a:
             # A chain line torn mid-write: the restart must drop it, not read it.
             with open(chain, "ab") as f:
@@ -150,13 +151,13 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
     log = (run / "train.log").read_text()
     assert "skipping checkpoint" in log and "dropped a torn last line" in log, log
     # The torn checkpoint was moved aside as evidence, not overwritten by the re-derived one.
-    assert (run / "rejected" / hashchain.checkpoint_path("", torn_checkpoint[1]).name).exists()
+    assert (run / "rejected" / checkpoint.checkpoint_path("", torn_checkpoint[1]).name).exists()
     assert_same_chain(run, reference)
     files = checkpoint_files(run)    # no temporary file left behind either
     assert files == checkpoint_files(reference)
     records = chain_records(run)
-    for step, path in hashchain.list_checkpoints(ckpt_dir):
-        tensors, meta = hashchain.load_checkpoint(path)
+    for step, path in checkpoint.list_checkpoints(ckpt_dir):
+        tensors, meta = checkpoint.load_checkpoint(path)
         assert meta["step"] == step
         hashchain.verify_state(tensors, records[step]["state_hash"], records[step]["tensor_hashes"])
 
@@ -164,7 +165,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
 # ----------------------------------------------------------------------------- tampering
 def test_bit_flip_in_checkpoint_tensor_is_named(reference, tmp_path):
     run = copy_run(reference, tmp_path / "run")
-    path = hashchain.checkpoint_path(run / "checkpoints", 10)
+    path = checkpoint.checkpoint_path(run / "checkpoints", 10)
     raw = bytearray(path.read_bytes())
     n = int.from_bytes(raw[:8], "little")
     begin, end = json.loads(raw[8:8 + n])["params.layers.1.wo"]["data_offsets"]
@@ -249,7 +250,7 @@ def test_audit_step_beyond_the_chain(reference):
 
 def test_audit_truncated_checkpoint(reference, tmp_path):
     run = copy_run(reference, tmp_path / "run")
-    path = hashchain.checkpoint_path(run / "checkpoints", 10)    # the one --step 15 starts from
+    path = checkpoint.checkpoint_path(run / "checkpoints", 10)    # the one --step 15 starts from
     os.truncate(path, path.stat().st_size // 2)
     assert_one_line_error(audit(run, "--step", "15"), "audit.py")
 

