@@ -4,6 +4,7 @@
     cfg = hfllama.configure(cfg, given_keys)       # train.py --init_from=DIR: the model keys from DIR
     init = hfllama.load_into(state, cfg.init_from) # its weights as the initial parameters; the
                                                    # genesis record's "init" (file SHA-256s)
+    hfllama.source_difference(folder, genesis, params, cfg)   # audit.py --init_from: is it the source?
     hf = hfllama.to_hf(params, cfg)                # export.py: {HF name: tensor}
     hfllama.hf_config(cfg)                         # export.py: config.json's fields
 
@@ -239,6 +240,21 @@ def load_into(state, folder):
             if name in params:          # (the quantizer's step sizes are refused in configure)
                 p.copy_(params[name])
     return {"format": "hf-llama", "files": hashes}
+
+
+def source_difference(folder, init, params, cfg):
+    """None if `folder` is the source that a genesis record's `init` names and its weights map
+    to `params` (the genesis parameters, {name: tensor}) bit for bit; else what differs."""
+    tensors, hashes = read_source(folder)
+    if hashes != init.get("files"):
+        bad = sorted(k for k in set(hashes) | set(init.get("files") or {})
+                     if hashes.get(k) != (init.get("files") or {}).get(k))
+        return f"the source folder {folder} is not the one the genesis record names ({bad[0]} differs)"
+    mapped = from_hf(tensors, cfg, param_shapes(cfg), folder)
+    for name in sorted(mapped):
+        if not torch.equal(mapped[name].view(torch.int32), params[name].contiguous().view(torch.int32)):
+            return f"the source's weights do not map to the genesis parameters ({name} differs)"
+    return None
 
 
 def hf_config(cfg):

@@ -5,6 +5,7 @@
     python train.py --max_steps=50 --run_dir=runs/x  # override any config key
     torchrun --nproc_per_node=4 train.py             # 4 ranks: the same chain, byte for byte
     python audit.py --step 120                       # replay a step and check it
+    python train.py --init_from=models/x --data_dir=data/x   # fine-tune a Hugging Face Llama (hfllama.py)
 
 Every step: N micro-batches (a pure function of data, seed, step, index), each giving a fresh
 gradient; the gradients are summed with TreeFold's fixed tree (treefold.py), clipped, and

@@ -131,6 +131,11 @@ def test_finetune_audit_export_round_trip(source, tmp_path):
     finally:
         os.rename(folder + ".away", folder)
     assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
+    # the source check: the genesis parameters are the folder's weights mapped, bit for bit
+    params = {n: p.detach().clone() for n, p in start.named_tensors().items()}
+    assert hfllama.source_difference(folder, genesis["init"], params, start.cfg) is None
+    params["layers.1.wqkv"][3, 0] = torch.nextafter(params["layers.1.wqkv"][3, 0], torch.tensor(1.0))
+    assert "layers.1.wqkv differs" in hfllama.source_difference(folder, genesis["init"], params, start.cfg)
 
     proc = script("export.py", run, "--step", STEPS, "--to", "hf", out)
     assert proc.returncode == 0, proc.stderr
@@ -186,6 +191,11 @@ def test_tied_embeddings_import_train_export(source, tmp_path, capsys):
     assert train.main([f"--init_from={other}", *args]) == 2
     assert "initialized from other weights" in capsys.readouterr().err
     assert audit_py.main(["--run_dir", str(run), "--all"]) == 0
+    assert "its source files were not checked" in capsys.readouterr().out
+    # with the source folder, the audit also checks that it is the run's source
+    assert audit_py.main(["--run_dir", str(run), "--step", "1", "--init_from", str(tied)]) == 0
+    assert audit_py.main(["--run_dir", str(run), "--step", "1", "--init_from", str(other)]) == 1
+    assert "MISMATCH at step 0: the source folder" in capsys.readouterr().out
     assert export.main([str(run), "--step", "2", "--to", "hf", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
