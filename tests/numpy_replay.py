@@ -82,7 +82,7 @@ def sealed(record, prev):
 def param_shapes(cfg):
     d, h, V, H, Hkv = cfg["d_model"], cfg["d_hidden"], cfg["vocab_size"], cfg["n_head"], cfg["n_kv_head"]
     Dh = d // H
-    shapes = {"tok_emb": (V, d), "norm": (d,), "lm_head": (V, d)}
+    shapes = {"tok_emb": (V, d), "norm": (d,)} | ({} if cfg.get("tie_embeddings") else {"lm_head": (V, d)})
     for i in range(cfg["n_layer"]):
         shapes.update({f"layers.{i}.attn_norm": (d,), f"layers.{i}.wqkv": ((H + 2 * Hkv) * Dh, d),
                        f"layers.{i}.wo": (d, d), f"layers.{i}.mlp_norm": (d,),
@@ -277,8 +277,9 @@ def forward(cfg, params, x, rng, calibrate=False, y=None):
     hf, tape["rstd_f"] = C.rmsnorm(e, params["norm"], eps)
     if calibrate:
         return None, None
-    tape["e_f"], tape["head"] = e, (hf, params["lm_head"], None)
-    z = C.matmul(hf, params["lm_head"].T)
+    head = params["tok_emb" if cfg.get("tie_embeddings") else "lm_head"]   # §6: tied, tok_emb
+    tape["e_f"], tape["head"] = e, (hf, head, None)
+    z = C.matmul(hf, head.T)
     loss, tape["lse"] = C.cross_entropy(z, y.reshape(-1), C.f32(cfg["zloss"]))
     tape["z"], tape["y"] = z, y.reshape(-1)
     return loss, tape
@@ -289,7 +290,7 @@ def backward(cfg, params, tape, rng):
     grads = {}
     B, T = tape["x"].shape
     gz = C.cross_entropy_backward(1.0, tape["z"], tape["y"], tape["lse"], C.f32(cfg["zloss"]))
-    ghf, grads["lm_head"], _, _ = linear_backward(gz, tape["head"])
+    ghf, g_head, _, _ = linear_backward(gz, tape["head"])
     ge, grads["norm"] = C.rmsnorm_backward(ghf, tape["e_f"], params["norm"], tape["rstd_f"])
     for i in reversed(range(cfg["n_layer"])):
         blk, name = tape["blocks"][i], f"layers.{i}."
@@ -310,6 +311,10 @@ def backward(cfg, params, tape, rng):
             if g_sx is not None:
                 grads[name + lin + "_sx"], grads[name + lin + "_sw"] = g_sx, g_sw
     grads["tok_emb"] = C.embedding_backward(ge, tape["x"].reshape(-1), params["tok_emb"].shape[0])
+    if cfg.get("tie_embeddings"):                                    # §6.1: one add (contract §8 tie)
+        grads["tok_emb"] = C.add(grads["tok_emb"], g_head)
+    else:
+        grads["lm_head"] = g_head
     return grads
 
 
@@ -388,6 +393,17 @@ def checkpoint_bytes(state, root, leaves, step):
     return len(h).to_bytes(8, "little") + h + b"".join(le_bytes(state[n]) for n in sorted(state))
 
 
+def checkpoint_params(path):
+    """§4.1: the parameters {name: array} of a checkpoint file (§13), for an imported run's
+    genesis state; the record comparison then checks them against the genesis record."""
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header, base = json.loads(raw[8:8 + n]), 8 + n
+    return {name[len("params."):]: np.frombuffer(raw[base + e["data_offsets"][0]:base + e["data_offsets"][1]],
+                                                 "<f4").reshape(e["shape"]).astype(F32)
+            for name, e in header.items() if name.startswith("params.")}
+
+
 def code_digest(root):
     """§14: the build flags, then (path, SHA-256 of the file) of the files that decide the math."""
     arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
@@ -426,13 +442,15 @@ def replay(run_dir, data_dir, steps, code_root, say):
     secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
     if secret is None:
         say("note: no secret in the run directory: grad_commit is taken from the published records")
-    params = init_params(cfg)
+    init = json.loads(lines[0]).get("init")         # §4.1: an imported state is checkpoint 0's
+    params = checkpoint_params(os.path.join(run_dir, "checkpoints", "step_00000000.safetensors")) \
+        if init else init_params(cfg)
     m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
     v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
     ok, prev = True, "0" * 64
     for s in range(steps + 1):
         if s == 0:
-            fields = genesis_fields(cfg, corpus, code_root)
+            fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}))
         else:
             fields, grad_root = train_step(cfg, corpus, params, m, v, s)
             if secret is not None:                                      # §11.6

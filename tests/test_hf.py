@@ -22,12 +22,13 @@ import dataprep  # noqa: E402
 import export  # noqa: E402
 import hfllama  # noqa: E402
 import hftok  # noqa: E402
+import numpy_replay  # noqa: E402
 import sample  # noqa: E402
 import repops  # noqa: E402
 import train  # noqa: E402
 from config import Config, UsageError  # noqa: E402
 from data import TokenData, get_tokenizer  # noqa: E402
-from tiny import WORDS, audit, chain_records, script  # noqa: E402
+from tiny import ROOT, WORDS, audit, chain_records, script  # noqa: E402
 from tools import hf_tiny  # noqa: E402
 
 transformers = pytest.importorskip("transformers")   # pinned in requirements.txt: CI has it
@@ -196,8 +197,14 @@ def test_tied_embeddings_import_train_export(source, tmp_path, capsys):
     assert audit_py.main(["--run_dir", str(run), "--step", "1", "--init_from", str(tied)]) == 0
     assert audit_py.main(["--run_dir", str(run), "--step", "1", "--init_from", str(other)]) == 1
     assert "MISMATCH at step 0: the source folder" in capsys.readouterr().out
+    # the NumPy replay written from SPEC.md (§4.1 the imported state, §6.1 the tied gradient) agrees
+    said = []
+    assert numpy_replay.replay(str(run), str(corpus), 2, str(ROOT), said.append), said
     assert export.main([str(run), "--step", "2", "--to", "hf", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    assert export.main([str(run), "--step", "2", "--to", "hf", str(tmp_path / "again")]) == 0
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == \
+        {f: (tmp_path / "again" / f).read_bytes() for f in os.listdir(tmp_path / "again")}   # byte for byte
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     ours, _ = sample.load_model(str(run), 2)
     ids = [5, 17, 33, 2, 90]
