@@ -10,9 +10,9 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --step 1 --init_from models/x     # an imported run: also check its source folder
 
     python audit.py --step 17 --receipt r.json --auditor alice   # proof of the replay
-    python audit.py --check-receipts receipts/        # publisher (the secret): accept or reject
-    python audit.py --reveal-salts 1:40 --out s.json  # publisher: let anyone check those steps
-    python audit.py --check-receipts receipts/ --salts s.json    # anyone, after a reveal
+    python audit.py --check_receipts receipts/        # publisher (the secret): accept or reject
+    python audit.py --reveal_salts 1:40 --out s.json  # publisher: let anyone check those steps
+    python audit.py --check_receipts receipts/ --salts s.json    # anyone, after a reveal
     python audit.py --plan --auditors 8 --redundancy 2 --seed 42 # who replays which steps
     python audit.py --coverage receipts/ --redundancy 2          # what accepted receipts cover
     python audit.py --anchors anchors.jsonl           # the chain against published chain heads
@@ -32,7 +32,7 @@ The audit vouches only for what it checked, and checks everything it vouches for
    (naming the first differing tensor), batch digest, loss, gradient norm, learning rate, and
    any field the published record has that a replay does not produce, or lacks. grad_commit,
    the commitment to the step's gradient that only the run's secret opens, must be there and
-   well-formed; --check-receipts is what opens it.
+   well-formed; --check_receipts is what opens it.
 
 Replays use train.train_step (the one step function) on one device with no topology emulation.
 Each problem prints as "MISMATCH at step S: ..." in step order, then what the audit cost.
@@ -40,7 +40,7 @@ Exit code: 0 match, 1 mismatch, 2 bad input (missing run or data, step out of ra
 checkpoint or config). The audit only reads the run directory: it creates, renames and deletes
 nothing there, and the files it writes (receipts, salts) must lie outside it.
 
-The protocol (receipts.py holds its logic, receipts_cli.py its commands): --check-receipts
+The protocol (receipts.py holds its logic, receipts_cli.py its commands): --check_receipts
 exits 0 when every well-formed receipt it could check is accepted, 1 if any is rejected (a
 receipt whose step has no revealed salt is listed as unchecked and counts for neither);
 --coverage exits 0 when every step has --redundancy accepted receipts from distinct auditors, 1
@@ -71,7 +71,7 @@ from train import StepRefused, TrainState, code_digest, genesis_record, step_rec
 # Fields compared first: a changed batch explains a changed state, and the state names a tensor.
 FIRST_FIELDS = ("kind", "step", "batch_digest", "state_hash")
 # The one step-record field a replay cannot recompute: it commits to the step's gradient with the
-# run's secret. Here it must be present and well-formed; --check-receipts opens it (receipts.py).
+# run's secret. Here it must be present and well-formed; --check_receipts opens it (receipts.py).
 COMMITMENT = "grad_commit"
 
 
@@ -344,9 +344,9 @@ def parse_args(argv):
     mode.add_argument("--step", type=int, help="the step to audit")
     mode.add_argument("--range", help="A:B, every step from A to B")
     mode.add_argument("--all", action="store_true", help="every step in the chain")
-    mode.add_argument("--check-receipts", metavar="DIR", help="publisher: check every receipt (*.json) under DIR")
+    mode.add_argument("--check_receipts", "--check-receipts", metavar="DIR", help="publisher: check every receipt (*.json) under DIR")
     mode.add_argument("--coverage", metavar="DIR", help="the steps that DIR's accepted receipts cover")
-    mode.add_argument("--reveal-salts", metavar="A:B", help="publisher: the salts of steps A..B (JSON)")
+    mode.add_argument("--reveal_salts", "--reveal-salts", metavar="A:B", help="publisher: the salts of steps A..B (JSON)")
     mode.add_argument("--plan", action="store_true", help="assign every step to --redundancy of --auditors")
     mode.add_argument("--anchors", metavar="FILE", help="check the chain against anchors obtained outside the run")
     ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
@@ -363,7 +363,7 @@ def parse_args(argv):
     ap.add_argument("--receipt", metavar="FILE", help="with --step: write the step's receipt to FILE")
     ap.add_argument("--auditor", metavar="NAME", help="with --receipt: who replayed the step")
     ap.add_argument("--salts", metavar="FILE", help="check receipts with revealed salts instead of the secret")
-    ap.add_argument("--out", metavar="FILE", help="with --reveal-salts: write to FILE, not stdout")
+    ap.add_argument("--out", metavar="FILE", help="with --reveal_salts: write to FILE, not stdout")
     ap.add_argument("--auditors", type=int, metavar="K", help="with --plan: how many auditors")
     ap.add_argument("--redundancy", type=int, metavar="C", help="auditors per step (default 2)")
     ap.add_argument("--steps", metavar="A:B", help="with --plan or --coverage: the steps (default all)")
@@ -379,7 +379,7 @@ def main(argv):
     try:
         for option, modes in OPTION_MODES.items():
             if getattr(args, option) is not None and mode not in modes:
-                raise UsageError(f"--{option} goes with " + " or ".join("--" + m.replace("_", "-") for m in modes))
+                raise UsageError(f"--{option} goes with " + " or ".join("--" + m for m in modes))
         if bool(args.receipt) != bool(args.auditor):
             raise UsageError("--receipt FILE and --auditor NAME go together")
         for path, option in ((args.receipt, "--receipt"), (args.out, "--out")):

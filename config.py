@@ -16,7 +16,9 @@ checkpoint, threads, device) do not decide any step's bits, so they stay out of 
 record and may differ when resuming or auditing.
 """
 import dataclasses
+import inspect
 import math
+import textwrap
 from dataclasses import dataclass
 
 import torch
@@ -242,6 +244,36 @@ def resolve(cfg, corpus_vocab):
         raise UsageError(f"--vocab_size={cfg.vocab_size} is out of range: the corpus's tokenizer has "
                          f"{corpus_vocab} tokens; the model's vocab must be at least that (larger pads)")
     return cfg
+
+
+def usage(prog="train.py"):
+    """The --help text: every key with its default and the comment it has in the Config block
+    above, grouped as that block groups them (read from this file, so the two cannot drift);
+    a "*" marks the decisive keys (the genesis record holds them)."""
+    lines = [f"usage: {prog} [--preset=NAME] [--KEY=VALUE | --KEY VALUE ...]",
+             "",
+             "Every key of config.Config; --key_name and --key-name are the same key. --preset sets",
+             f"a group of keys first ({', '.join(PRESETS)}), any other key overrides it.",
+             "* decisive: in the genesis record; a resume or an audit must use the same value.",
+             "  (unmarked: bookkeeping, may differ when resuming or auditing)"]
+    defaults = dataclasses.asdict(Config())
+    comment = []
+    for raw in inspect.getsource(Config).splitlines()[1:]:
+        text = raw.strip()
+        if text.startswith("#"):
+            comment.append(text.lstrip("# "))
+            continue
+        name, colon, rest = text.partition(":")
+        if not colon or name not in FIELDS:
+            continue
+        if len(comment) == 1:            # a one-line comment heads a group of keys
+            lines += ["", comment[0]]
+            comment = []
+        doc = " ".join(comment + [rest.partition("#")[2].strip()]).strip()
+        key = f"{' ' if name in BOOKKEEPING else '*'} --{name}={defaults[name]}"
+        lines += textwrap.wrap(doc, 100, initial_indent=f"{key:<32} ", subsequent_indent=" " * 33) or [key]
+        comment = []
+    return "\n".join(lines) + "\n"
 
 
 def decisive_config(cfg):

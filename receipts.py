@@ -245,6 +245,16 @@ def read_salts(path, run):
     return {int(k): bytes.fromhex(v) for k, v in doc["salts"].items()}
 
 
+def salt_lookup(run_dir, genesis, salts_path=None):
+    """salt_of(step) for check_receipts: from revealed salts (salts_path; None where a step's
+    salt is not revealed) or else from the run's secret (the publisher). UsageError if neither."""
+    if salts_path:
+        return read_salts(salts_path, run_id(genesis)).get
+    secret = read_secret(run_dir, "checking receipts needs the publisher's secret "
+                         "(or --salts FILE with revealed salts)")
+    return lambda step: salt(secret, step)
+
+
 # ----------------------------------------------------------------------------- 2. plan, coverage
 def replay_costs(first, last, checkpoint_steps):
     """{step: how many steps an audit of it replays}: audit.py starts from the latest

@@ -1,9 +1,9 @@
 """The receipt protocol's commands, which audit.py runs (its docstring shows the command lines);
 the protocol's logic is receipts.py, the replay that makes a receipt is audit.py.
 
-    python audit.py --check-receipts receipts/        # check_receipts_command
+    python audit.py --check_receipts receipts/        # check_receipts_command
     python audit.py --coverage receipts/ --redundancy 2          # coverage_command
-    python audit.py --reveal-salts 1:40 --out s.json  # reveal_command
+    python audit.py --reveal_salts 1:40 --out s.json  # reveal_command
     python audit.py --plan --auditors 8 --redundancy 2 --seed 42 # plan_command
     python audit.py --anchors anchors.jsonl           # anchors_command
 
@@ -31,12 +31,7 @@ def receipt_results(args):
     checked with the run's secret or with revealed salts (--salts)."""
     run = rundir.Run(args.run_dir)
     run.chain.verify()
-    if args.salts:
-        salt_of = receipts.read_salts(args.salts, receipts.run_id(run.genesis)).get
-    else:
-        secret = receipts.read_secret(run.dir, "checking receipts needs the publisher's secret "
-                                      "(or --salts FILE with revealed salts)")
-        salt_of = lambda step: receipts.salt(secret, step)  # noqa: E731
+    salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
     return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of)
 
 
@@ -73,7 +68,7 @@ def coverage_command(args):
 
 def reveal_command(args):
     run = rundir.Run(args.run_dir)
-    first, last = rundir.chain_steps(run, args.reveal_salts, "--reveal-salts")
+    first, last = rundir.chain_steps(run, args.reveal_salts, "--reveal_salts")
     secret = receipts.read_secret(run.dir, "revealing salts needs the publisher's secret")
     text = json.dumps(receipts.reveal(secret, receipts.run_id(run.genesis), first, last), indent=1) + "\n"
     if not args.out:
@@ -85,7 +80,7 @@ def reveal_command(args):
     except OSError as e:
         raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
     print(f"salts of steps {first}..{last} written to {args.out}: anyone can now check those steps' "
-          f"receipts with --check-receipts DIR --salts {args.out}")
+          f"receipts with --check_receipts DIR --salts {args.out}")
     return 0
 
 

@@ -20,7 +20,7 @@ step's final gradient with the run's secret (grad_commit, receipts.py), so that 
 prove they replayed the step; every `anchor_every` steps the chain head is appended to
 anchors.jsonl, for the publisher to copy out of the run. The config block is config.py.
 A state larger than memory (--preset=open1b) trains and replays with recompute and offload
-(README "Scale"): per-block recomputation, Adam moments and a waiting gradient on disk.
+(docs/scale.md): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
 
 Why over ~450 lines: this file is what a run is (the step, the records it publishes, the loop
@@ -53,7 +53,8 @@ import repops
 import rundir
 import snapshot
 import treefold
-from config import UsageError, decisive_config, differences, given_keys, parse_config, resolve, validate
+from config import (UsageError, decisive_config, differences, given_keys, parse_config, resolve, usage,
+                    validate)
 from data import DataError, TokenData, batch_digest, get_tokenizer
 from model import Llama, ModelConfig
 
@@ -510,6 +511,9 @@ def run(cfg, rank, world):
 
 
 def main(argv):
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(usage(), end="")          # every config key, its default and comment (config.py)
+        return 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     try:

@@ -1,4 +1,4 @@
-"""The CUDA backend (kernels/cuda; README "Backends"): checks that need no GPU, then GPU tests.
+"""The CUDA backend (kernels/cuda; docs/performance.md, "Backends"): checks that need no GPU, then GPU tests.
 
 Without a GPU (they need nvcc; skipped with the reason where it is missing):
 

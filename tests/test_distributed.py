@@ -1,4 +1,4 @@
-"""Multi-process training (README "Several processes and several nodes"), as subprocesses on
+"""Multi-process training (docs/scale.md), as subprocesses on
 CPU with gloo.
 
 - `python train.py` (R = 1) and `torchrun --nproc_per_node=R train.py` with one config write

@@ -1,4 +1,4 @@
-"""Open-1B's shape in CI (README "Scale"): --preset=open1b-mini, a few steps on 2 cores.
+"""Open-1B's shape in CI (docs/scale.md): --preset=open1b-mini, a few steps on 2 cores.
 
 - the open1b preset has the reference shape (1.61B parameters, counted from the issue's
   formula here), any key overrides it, and an unknown preset is one error line;

@@ -7,6 +7,7 @@ prints the step, mean over every row of every block linear of s_w * sqrt(Qp) / (
 (1.0 exactly when s_w follows the re-pin rule; plain LSQ drifts away from it), and the gradient
 norm and loss of that step from the chain. Analysis only, in float64 NumPy: not training math.
 """
+import argparse
 import json
 import math
 import sys
@@ -37,9 +38,10 @@ def rows(run):
     return out
 
 
-def main(runs):
-    if not runs:
-        raise SystemExit(__doc__)
+def main(argv):
+    ap = argparse.ArgumentParser(prog="python -m tools.lsq_drift", description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="int8 run directories")
+    runs = ap.parse_args(argv).runs
     tables = {run: {r[0]: r[1:] for r in rows(run)} for run in runs}
     steps = sorted(set().union(*tables.values()))
     labels = [Path(r).name for r in runs]
