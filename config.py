@@ -43,7 +43,7 @@ class Config:
     dropout: float = 0.0
     init_std: float = 0.02
     tie_embeddings: bool = False        # one tensor tok_emb is the input and output embedding
-    # A Hugging Face Llama folder (hfimport.py): the initial parameters are its weights, mapped;
+    # A Hugging Face Llama folder (hfllama.py): the initial parameters are its weights, mapped;
     # its config.json sets the model keys. Bookkeeping: the genesis record commits to the files'
     # SHA-256s and the resulting tensors, and checkpoint 0 holds the state.
     init_from: str = ""
