@@ -2,9 +2,10 @@
 
 Pre-norm RMSNorm, rotary position embeddings, causal grouped-query attention (n_kv_head
 key/value heads, each shared by n_head / n_kv_head query heads; n_kv_head = n_head is plain
-multi-head attention), SwiGLU MLP, no biases, untied input/output embeddings (tie_embeddings: one tensor tok_emb is both; its two
-gradient contributions meet in one RepOps add, repops.tie). Initialization is canonical: Philox normals keyed by
-(seed, a hash of the parameter name), so every machine starts from the same bits.
+multi-head attention), SwiGLU MLP, no biases, untied input/output embeddings (tie_embeddings:
+one tensor tok_emb is both; its two gradient contributions meet in one RepOps add, repops.tie).
+Initialization is canonical: Philox normals keyed by (seed, a hash of the parameter name), so
+every machine starts from the same bits.
 
     from model import ModelConfig, Llama
     model = Llama(ModelConfig(n_layer=2), seed=1337)
@@ -14,8 +15,8 @@ gradient contributions meet in one RepOps add, repops.tie). Initialization is ca
 
 Parameters: tok_emb [vocab, d], layers.{i}.{attn_norm [d], wqkv [(H + 2 Hkv) Dh, d] (rows: H query
 heads, Hkv key heads, Hkv value heads; [3d, d] when Hkv = H), wo [d, d], mlp_norm [d],
-w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d] (none when tied; with quant="int8" also each
-block linear's step sizes layers.{i}.<linear>_sx [1] and _sw [out], quant.py); `named_tensors()` lists them
+w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d] (none when tied; with
+quant="int8" also each block linear's step sizes layers.{i}.<linear>_sx [1] and _sw [out], quant.py); `named_tensors()` lists them
 by dotted name in sorted order, the canonical order of the flat gradient and the state hash.
 
 The residual stream enters each block through repops.rmsnorm_fork, so a tensor feeds two
