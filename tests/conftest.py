@@ -1,3 +1,19 @@
+"""Shared fixtures, and the rule that makes CI fail where a skip would hide a missing tool.
+
+    REPOPS_STRICT=1 python -m pytest tests/ -q      # what .ci/run does
+
+Skips: a test skips only where this machine cannot run the check at all: no CUDA GPU, no Mac,
+a CPU without the instruction set a build needs. Such a skip says so by starting its reason with
+HARDWARE ("hardware: "), in pytest.skip(...) and in skipif(reason=...) alike:
+
+    pytest.skip("hardware: no CUDA GPU on this machine")
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA GPU on this machine")
+
+Every other skip (a compiler, qemu-user or nvcc that is not installed) is a tool that CI installs,
+so under REPOPS_STRICT=1 it is reported as a failure with its reason (pytest_runtest_makereport
+below); without the flag it stays a skip, so a developer's machine without the cross tools still
+runs the rest. Write new skips the same way: no helper to import, only the reason's prefix.
+"""
 import os
 import sys
 
@@ -13,6 +29,26 @@ import repops  # noqa: E402  (the path above makes it importable)
 # Importing repops builds nothing; many tests call torch.ops.repops.* directly, so build and
 # load the kernels once, up front (a failed build then fails the run with its one-line reason).
 repops.load()
+
+HARDWARE = "hardware: "
+STRICT = os.environ.get("REPOPS_STRICT", "") == "1"
+
+
+def skip_reason(report):
+    """The reason of a skipped test report (pytest keeps it as (path, line, 'Skipped: why'))."""
+    text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under REPOPS_STRICT=1, a skip whose reason does not start with HARDWARE fails."""
+    report = (yield).get_result()
+    if STRICT and report.skipped and not hasattr(report, "wasxfail"):
+        reason = skip_reason(report)
+        if not reason.startswith(HARDWARE):
+            report.outcome = "failed"
+            report.longrepr = f"REPOPS_STRICT=1: this check must run here, but it skipped: {reason}"
 
 
 @pytest.fixture(scope="module")

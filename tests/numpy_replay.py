@@ -1,35 +1,38 @@
 """A second implementation of a run, written from SPEC.md and kernels/README.md alone.
 
     python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --steps 3 --code_root .
+    python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --start 200 --steps 201
 
 replays the genesis state and steps 1..N of a run in NumPy and compares every byte it can
 derive with the run's files: the genesis record and each step record (line for line of
-chain.jsonl), and the checkpoint files of those steps. grad_commit needs the run's secret
-(run_dir/secret); without it the replay takes each grad_commit from the published record and
-checks everything else, the record hashes included. It prints "MATCH ..." or
-"MISMATCH at step S: ..." per item and exits 0 when all match, 1 otherwise, 2 on bad input.
+chain.jsonl), and the checkpoint files of those steps; with --start S it starts from the
+checkpoint of step S (read by SPEC §13, checked against its record) instead of the genesis.
+grad_commit needs the run's secret (run_dir/secret); without it the replay takes each
+grad_commit from the published record and checks everything else, the record hashes included.
+It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
+otherwise, 2 on bad input.
 
-It imports nothing from the project: the standard library, NumPy and its own first half,
-numpy_contract.py (the arithmetic contract). Section numbers (§N) are SPEC.md's; `contract §N`
-is kernels/README.md's. Every float operation is one NumPy operation with the contract's
-flushes, so it is slow: it is the reference an auditor reads, not a trainer.
+Three files, one per document, import nothing from the project (the standard library and NumPy
+only): numpy_contract.py (kernels/README.md, the arithmetic), numpy_model.py (SPEC §3-§4 and
+§6-§8: the state, its init and the model) and this one (the data, the step, every hash and
+file format, and the replay itself). Section numbers (§N) are SPEC.md's; `contract §N` is
+kernels/README.md's. Every float operation is one NumPy operation with the contract's flushes,
+so it is slow: it is the reference an auditor reads, not a trainer.
 """
 import argparse
 import hashlib
 import hmac
 import json
-import math
 import os
 import sys
+from fractions import Fraction
 
 import numpy as np
 
 import numpy_contract as C
+from numpy_model import backward, forward, full_state, init_params, repin, trained
 
-F32 = np.float32
-INIT, DROPOUT, DATA = 1, 2, 3                       # Philox purpose tags (contract §6)
-QP, CALIBRATION_STREAM, CALIBRATION_ROWS = 127, 0x15C0, 4
-LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
 
 
@@ -78,81 +81,32 @@ def sealed(record, prev):
     return record
 
 
-# ------------------------------------------------------------------ §3 the state, §4 init
-def param_shapes(cfg):
-    d, h, V, H, Hkv = cfg["d_model"], cfg["d_hidden"], cfg["vocab_size"], cfg["n_head"], cfg["n_kv_head"]
-    Dh = d // H
-    shapes = {"tok_emb": (V, d), "norm": (d,)} | ({} if cfg.get("tie_embeddings") else {"lm_head": (V, d)})
-    for i in range(cfg["n_layer"]):
-        shapes.update({f"layers.{i}.attn_norm": (d,), f"layers.{i}.wqkv": ((H + 2 * Hkv) * Dh, d),
-                       f"layers.{i}.wo": (d, d), f"layers.{i}.mlp_norm": (d,),
-                       f"layers.{i}.w_gate_up": (2 * h, d), f"layers.{i}.w_down": (d, h)})
-    if cfg["quant"] == "int8":
-        for i in range(cfg["n_layer"]):
-            for lin in LINEARS:
-                shapes[f"layers.{i}.{lin}_sx"] = (1,)
-                shapes[f"layers.{i}.{lin}_sw"] = (shapes[f"layers.{i}.{lin}"][0],)
-    return dict(sorted(shapes.items()))
-
-
-def trained(cfg, name):
-    return not (name.endswith("_sw") and cfg["lsq_repin"])
-
-
-def init_params(cfg):
-    """§4: norms 1.0, matrices Philox normals * f32(std), then the int8 step sizes (§8.3)."""
-    params = {}
-    for name, shape in param_shapes(cfg).items():
-        if name.endswith("norm"):
-            params[name] = np.ones(shape, F32)
-        elif name.endswith(("_sx", "_sw")):
-            params[name] = np.zeros(shape, F32)                          # set below (§8.3)
-        else:
-            std = cfg["init_std"]
-            if name.endswith(("wo", "w_down")):
-                std = std / math.sqrt(2 * cfg["n_layer"])
-            stream = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
-            z = C.normal(cfg["seed"], 0, stream, INIT, math.prod(shape))
-            params[name] = C.mul(z, C.f32(std)).reshape(shape)
-    if cfg["quant"] == "int8":
-        repin(cfg, params)
-        ids = C.philox_words(cfg["seed"], 0, CALIBRATION_STREAM, INIT, CALIBRATION_ROWS * cfg["seq_len"])
-        ids = (ids.astype(np.int64) % cfg["vocab_size"]).reshape(CALIBRATION_ROWS, -1)
-        forward(cfg, params, ids, None, calibrate=True)
-    return params
-
-
-def repin(cfg, params):
-    """§8.3: s_w[row] = the LSQ rule over the row of its weight."""
-    for i in range(cfg["n_layer"]):
-        for lin in LINEARS:
-            w = params[f"layers.{i}.{lin}"]
-            params[f"layers.{i}.{lin}_sw"] = C.lsq_init(w, w.shape[0])
-
-
-def full_state(cfg, params, m, v, step):
-    state = {"step": np.array([step], np.int64)}
-    for name in params:
-        state["params." + name] = params[name]
-        if trained(cfg, name):
-            state["adam_m." + name], state["adam_v." + name] = m[name], v[name]
-    return state
-
-
 # ------------------------------------------------------------------ §5 the data
+def read_manifest(data_dir):
+    """(manifest, its digest): SHA-256 of its canonical JSON without the chunk records (§5.1)."""
+    with open(os.path.join(data_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    named = dict(manifest)
+    if "splits" in manifest:
+        named["splits"] = {s: {k: v for k, v in r.items() if k != "chunks"} for s, r in manifest["splits"].items()}
+    return manifest, hashlib.sha256(canonical_json(named).encode()).hexdigest()
+
+
+def open_data(data_dir, seed):
+    """A Corpus, or a Mix when the manifest lists sources."""
+    return (Mix if "mix" in read_manifest(data_dir)[0] else Corpus)(data_dir, seed)
+
+
+def train_or_val(split, micro):
+    return micro if split == "train" else VAL_COUNTER + micro
+
+
 class Corpus:
-    """A prepared corpus (§5.1), its token files checked against the manifest; not a mix."""
+    """A prepared corpus (§5.1, §5.2), its token files checked against the manifest."""
 
     def __init__(self, data_dir, seed):
         self.seed = seed
-        with open(os.path.join(data_dir, "manifest.json")) as f:
-            self.manifest = json.load(f)
-        if "mix" in self.manifest:
-            raise ValueError(f"{data_dir} is a mix (SPEC §5.3), which this replay does not implement")
-        named = dict(self.manifest, splits={s: {k: v for k, v in r.items() if k != "chunks"}
-                                            for s, r in self.manifest["splits"].items()})
-        self.digest = hashlib.sha256(json.dumps(named, sort_keys=True, separators=(",", ":"))
-                                     .encode()).hexdigest()                       # §5.1
+        self.manifest, self.digest = read_manifest(data_dir)
         dtype = {"uint16": "<u2", "uint32": "<u4"}[self.manifest["dtype"]]
         self.tokens = {}
         for split, rec in self.manifest["splits"].items():
@@ -163,159 +117,52 @@ class Corpus:
                 raise ValueError(f"split {split}: the token file does not match its manifest")
             self.tokens[split] = np.frombuffer(raw, dtype).astype(np.int64)
 
+    def commitments(self):
+        """The genesis record's data fields (§12.2)."""
+        splits = self.manifest["splits"]
+        return {"data_manifest": self.digest, "data_splits": {k: r["sha256"] for k, r in splits.items()},
+                "data_chunks": {k: r["chunks"] for k, r in splits.items()}}
+
     def window(self, split, step, micro, B, T):
         """§5.2: int64 [B, T + 1], row j from offset (w[2j] | w[2j+1] << 32) mod (n - T)."""
-        sha = self.manifest["splits"][split]["sha256"]
-        key = seed_xor(self.seed, sha)
-        c2 = micro if split == "train" else VAL_COUNTER + micro
-        w = C.philox_words(key, step, c2, DATA, 2 * B).astype(np.uint64)
+        key = seed_xor(self.seed, self.manifest["splits"][split]["sha256"])
+        w = C.philox_words(key, step, train_or_val(split, micro), DATA, 2 * B).astype(np.uint64)
         tokens = self.tokens[split]
         offsets = (w[0::2] | (w[1::2] << np.uint64(32))) % np.uint64(len(tokens) - T)
         return np.stack([tokens[o:o + T + 1] for o in offsets.tolist()])
 
 
+class Mix:
+    """A mix of prepared corpora (§5.3): row j from the source its Philox word draws."""
+
+    def __init__(self, data_dir, seed):
+        self.seed = seed
+        self.manifest, self.digest = read_manifest(data_dir)
+        entries = self.manifest["mix"]
+        weights = [Fraction(e["weight"]) for e in entries]
+        prefix = [sum(weights[:i + 1]) for i in range(len(weights))]
+        self.thresholds = [int(p * 2**32 // prefix[-1]) for p in prefix]
+        self.sources = [Corpus(os.path.join(data_dir, e["name"]), seed) for e in entries]
+        if self.thresholds != [e["threshold"] for e in entries] or \
+                [src.digest for src in self.sources] != [e["manifest"] for e in entries]:
+            raise ValueError(f"{data_dir}: the mix's thresholds or sources are not its manifest's")
+
+    def commitments(self):
+        out = {"data_manifest": self.digest, "data_mix": self.manifest["mix"], "data_splits": {}, "data_chunks": {}}
+        for e, src in zip(self.manifest["mix"], self.sources):
+            for key in ("data_splits", "data_chunks"):
+                out[key].update({f"{e['name']}/{k}": v for k, v in src.commitments()[key].items()})
+        return out
+
+    def window(self, split, step, micro, B, T):
+        rows = [src.window(split, step, micro, B, T) for src in self.sources]
+        u = C.philox_words(seed_xor(self.seed, self.digest), step, train_or_val(split, micro), DATA, B)
+        drawn = [next(i for i, t in enumerate(self.thresholds) if w < t) for w in u.tolist()]
+        return np.stack([rows[i][j] for j, i in enumerate(drawn)])
+
+
 def seed_xor(seed, sha_hex):
     return seed ^ int.from_bytes(bytes.fromhex(sha_hex)[:8], "little")
-
-
-# ------------------------------------------------------------------ §6-§8 the model
-def linear(a, w, q, tape):
-    """y = a @ w^T (§6 lin), fp32 or through int8 (§8.1) when q = (sx, sw, calibrate)."""
-    if q is None:
-        tape.append((a, w, None))
-        return C.matmul(a, w.T)
-    sx, sw, calibrate = q
-    if calibrate:
-        sx[...] = C.lsq_init(a, 1)
-    qa, qw = C.int8_quantize(a, sx), C.int8_quantize(w, sw)
-    tape.append((a, w, (sx, sw, qa, qw)))
-    return C.int8_linear(qa, qw, sx, sw)
-
-
-def linear_backward(g, saved):
-    """(ga, gw, g_sx, g_sw) of linear (§6.1, §8.2)."""
-    a, w, q = saved
-    if q is None:
-        return C.matmul(g, w), C.matmul(g.T, a), None, None
-    sx, sw, qa, qw = q
-    ah, wh = C.int8_dequantize(qa, sx), C.int8_dequantize(qw, sw)
-    gah, gwh = C.matmul(g, wh), C.matmul(g.T, ah)
-    ga, row_sums = C.lsq_backward(a, np.repeat(sx, a.shape[0]), gah, 1.0)
-    g_sx = C.mul(C.csum(row_sums), C.f32(1.0 / math.sqrt(a.size * QP))).reshape(1)
-    gw, g_sw = C.lsq_backward(w, sw, gwh, C.f32(1.0 / math.sqrt(w.shape[1] * QP)))
-    return ga, gw, g_sx, g_sw
-
-
-def dropout(cfg, x, rng, site):
-    """§7: Philox dropout of a residual branch; rng = (step, micro) or None (no dropout)."""
-    if rng is None or cfg["dropout"] == 0.0:
-        return x
-    step, micro = rng
-    return C.dropout(x, cfg["dropout"], cfg["seed"], step, ((micro << 16) | site) & 0xFFFFFFFF)
-
-
-def dims(cfg):
-    H, Hkv = cfg["n_head"], cfg["n_kv_head"]
-    return H, Hkv, H // Hkv, cfg["d_model"] // H
-
-
-def attention(cfg, qkv, B, T, cos, sin):
-    """§6: GQA attention of qkv [R, (H + 2 Hkv) Dh]; (o [R, H Dh], what the backward needs)."""
-    H, Hkv, G, Dh = dims(cfg)
-    qkv = qkv.reshape(B, T, H + 2 * Hkv, Dh)
-    q = C.rope(qkv[:, :, :H], cos, sin)
-    k = C.rope(qkv[:, :, H:H + Hkv], cos, sin)
-    v = qkv[:, :, H + Hkv:]
-    q = q.transpose(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)          # row g*T + t of group j
-    k, v = (t.transpose(0, 2, 1, 3).reshape(B * Hkv, T, Dh) for t in (k, v))
-    scale = 1.0 / math.sqrt(Dh)
-    p = C.causal_softmax(C.matmul(q, k.transpose(0, 2, 1)).reshape(B * H, T, T), scale)
-    p = p.reshape(B * Hkv, G * T, T)
-    o = C.matmul(p, v).reshape(B, H, T, Dh).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
-    return o, (q, k, v, p, scale)
-
-
-def attention_backward(cfg, go, saved, B, T, cos, sin):
-    H, Hkv, G, Dh = dims(cfg)
-    q, k, v, p, scale = saved
-    go = go.reshape(B, T, H, Dh).transpose(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)
-    gp = C.matmul(go, v.transpose(0, 2, 1))
-    gv = C.matmul(p.transpose(0, 2, 1), go)                        # sum over the group's G*T rows
-    gs = C.causal_softmax_backward(gp.reshape(B * H, T, T), p.reshape(B * H, T, T), scale)
-    gs = gs.reshape(B * Hkv, G * T, T)
-    gq, gk = C.matmul(gs, k), C.matmul(gs.transpose(0, 2, 1), q)
-    gq = gq.reshape(B, H, T, Dh).transpose(0, 2, 1, 3)
-    gk, gv = (t.reshape(B, Hkv, T, Dh).transpose(0, 2, 1, 3) for t in (gk, gv))
-    gq, gk = C.rope(gq, cos, sin, backward=True), C.rope(gk, cos, sin, backward=True)
-    return np.concatenate([gq, gk, gv], axis=2).reshape(B * T, -1)
-
-
-def forward(cfg, params, x, rng, calibrate=False, y=None):
-    """§6: (loss, tape) of token ids x [B, T] (targets y); calibrate: §8.3, up to hf."""
-    B, T = x.shape
-    eps, H = C.f32(cfg["norm_eps"]), cfg["n_head"]
-    cos, sin = C.rope_tables(T, cfg["d_model"] // H, C.f32(cfg["rope_theta"]))
-    int8 = cfg["quant"] == "int8"
-    e = C.embedding(params["tok_emb"], x.reshape(-1))
-    tape = {"x": x, "blocks": [], "cos": cos, "sin": sin}
-    for i in range(cfg["n_layer"]):
-        P = {n: params[f"layers.{i}.{n}"] for n in ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")}
-        q = {n: (params[f"layers.{i}.{n}_sx"], params[f"layers.{i}.{n}_sw"], calibrate) if int8 else None
-             for n in LINEARS}
-        lin = []
-        blk = {"e1": e}
-        a, blk["rstd1"] = C.rmsnorm(e, P["attn_norm"], eps)
-        o, blk["att"] = attention(cfg, linear(a, P["wqkv"], q["wqkv"], lin), B, T, cos, sin)
-        e = C.add(e, dropout(cfg, linear(o, P["wo"], q["wo"], lin), rng, 2 * i))
-        blk["e2"] = e
-        a, blk["rstd2"] = C.rmsnorm(e, P["mlp_norm"], eps)
-        u = linear(a, P["w_gate_up"], q["w_gate_up"], lin)
-        f = linear(C.swiglu(u), P["w_down"], q["w_down"], lin)
-        e = C.add(e, dropout(cfg, f, rng, 2 * i + 1))
-        blk.update(u=u, lin=lin, P=P)
-        tape["blocks"].append(blk)
-    hf, tape["rstd_f"] = C.rmsnorm(e, params["norm"], eps)
-    if calibrate:
-        return None, None
-    head = params["tok_emb" if cfg.get("tie_embeddings") else "lm_head"]   # §6: tied, tok_emb
-    tape["e_f"], tape["head"] = e, (hf, head, None)
-    z = C.matmul(hf, head.T)
-    loss, tape["lse"] = C.cross_entropy(z, y.reshape(-1), C.f32(cfg["zloss"]))
-    tape["z"], tape["y"] = z, y.reshape(-1)
-    return loss, tape
-
-
-def backward(cfg, params, tape, rng):
-    """§6.1: {parameter: gradient} of the loss (upstream 1.0)."""
-    grads = {}
-    B, T = tape["x"].shape
-    gz = C.cross_entropy_backward(1.0, tape["z"], tape["y"], tape["lse"], C.f32(cfg["zloss"]))
-    ghf, g_head, _, _ = linear_backward(gz, tape["head"])
-    ge, grads["norm"] = C.rmsnorm_backward(ghf, tape["e_f"], params["norm"], tape["rstd_f"])
-    for i in reversed(range(cfg["n_layer"])):
-        blk, name = tape["blocks"][i], f"layers.{i}."
-        l_qkv, l_o, l_gu, l_down = blk["lin"]
-        gf = dropout(cfg, ge, rng, 2 * i + 1)
-        gs, *g_down = linear_backward(gf, l_down)
-        gu = C.swiglu_backward(gs, blk["u"])
-        ga, *g_gu = linear_backward(gu, l_gu)
-        gn, grads[name + "mlp_norm"] = C.rmsnorm_backward(ga, blk["e2"], blk["P"]["mlp_norm"], blk["rstd2"])
-        ge = C.add(ge, gn)                                           # rmsnorm_fork: g_res + g_norm
-        go, *g_o = linear_backward(dropout(cfg, ge, rng, 2 * i), l_o)
-        gqkv = attention_backward(cfg, go, blk["att"], B, T, tape["cos"], tape["sin"])
-        ga, *g_qkv = linear_backward(gqkv, l_qkv)
-        gn, grads[name + "attn_norm"] = C.rmsnorm_backward(ga, blk["e1"], blk["P"]["attn_norm"], blk["rstd1"])
-        ge = C.add(ge, gn)
-        for lin, (gw, g_sx, g_sw) in zip(LINEARS, (g_qkv, g_o, g_gu, g_down)):
-            grads[name + lin] = gw
-            if g_sx is not None:
-                grads[name + lin + "_sx"], grads[name + lin + "_sw"] = g_sx, g_sw
-    grads["tok_emb"] = C.embedding_backward(ge, tape["x"].reshape(-1), params["tok_emb"].shape[0])
-    if cfg.get("tie_embeddings"):                                    # §6.1: one add (contract §8 tie)
-        grads["tok_emb"] = C.add(grads["tok_emb"], g_head)
-    else:
-        grads["lm_head"] = g_head
-    return grads
 
 
 # ------------------------------------------------------------------ §9 the step, §10 schedule
@@ -393,17 +240,6 @@ def checkpoint_bytes(state, root, leaves, step):
     return len(h).to_bytes(8, "little") + h + b"".join(le_bytes(state[n]) for n in sorted(state))
 
 
-def checkpoint_params(path):
-    """§4.1: the parameters {name: array} of a checkpoint file (§13), for an imported run's
-    genesis state; the record comparison then checks them against the genesis record."""
-    raw = open(path, "rb").read()
-    n = int.from_bytes(raw[:8], "little")
-    header, base = json.loads(raw[8:8 + n]), 8 + n
-    return {name[len("params."):]: np.frombuffer(raw[base + e["data_offsets"][0]:base + e["data_offsets"][1]],
-                                                 "<f4").reshape(e["shape"]).astype(F32)
-            for name, e in header.items() if name.startswith("params.")}
-
-
 def code_digest(root):
     """§14: the build flags, then (path, SHA-256 of the file) of the files that decide the math."""
     arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
@@ -424,31 +260,63 @@ def code_digest(root):
 
 def genesis_fields(cfg, corpus, code_root):
     """§12.2 without the state hash."""
-    splits = corpus.manifest["splits"]
     return {"kind": "genesis", "step": 0, "config": cfg, "code_digest": code_digest(code_root),
-            "data_manifest": corpus.digest, "data_splits": {k: r["sha256"] for k, r in splits.items()},
-            "data_chunks": {k: r["chunks"] for k, r in splits.items()},
-            "tokenizer": corpus.manifest["tokenizer"], "vocab_size": corpus.manifest["tokenizer"]["vocab_size"]}
+            **corpus.commitments(), "tokenizer": corpus.manifest["tokenizer"],
+            "vocab_size": corpus.manifest["tokenizer"]["vocab_size"]}
 
 
-def replay(run_dir, data_dir, steps, code_root, say):
-    """Replay genesis and steps 1..steps of run_dir; say(line) for each verdict. True if all match."""
+def read_checkpoint(path):
+    """§13: {name: array} of a checkpoint file (the header's dtypes, shapes and offsets)."""
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__")
+    dtypes = {"F32": "<f4", "I64": "<i8"}
+    return {name: np.frombuffer(raw[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]],
+                                dtypes[e["dtype"]]).reshape(e["shape"]).astype(dtypes[e["dtype"]][1:])
+            for name, e in header.items()}
+
+
+def checkpoint_path(run_dir, step):
+    return os.path.join(run_dir, "checkpoints", f"step_{step:08d}.safetensors")
+
+
+def replay(run_dir, data_dir, steps, code_root, say, start=0):
+    """Replay steps start+1..steps of run_dir from the genesis (start 0: recomputed from the
+    config and checked too) or from the checkpoint of step `start`; say(line) for each verdict.
+    True if all match."""
     lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().splitlines()
-    if not 0 <= steps < len(lines):
-        raise ValueError(f"the chain holds steps 0..{len(lines) - 1}, not {steps}")
+    if not 0 <= start <= steps < len(lines):
+        raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     cfg = json.loads(lines[0])["config"]
-    corpus = Corpus(data_dir, cfg["seed"])
+    corpus = open_data(data_dir, cfg["seed"])
     secret_path = os.path.join(run_dir, "secret")
     secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
     if secret is None:
         say("note: no secret in the run directory: grad_commit is taken from the published records")
-    init = json.loads(lines[0]).get("init")         # §4.1: an imported state is checkpoint 0's
-    params = checkpoint_params(os.path.join(run_dir, "checkpoints", "step_00000000.safetensors")) \
-        if init else init_params(cfg)
-    m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
-    v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
-    ok, prev = True, "0" * 64
-    for s in range(steps + 1):
+    init = json.loads(lines[0]).get("init")             # §17: an imported state is checkpoint 0's
+    if start == 0:
+        params = ({n[len("params."):]: t for n, t in read_checkpoint(checkpoint_path(run_dir, 0)).items()
+                   if n.startswith("params.")} if init else init_params(cfg))
+        m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
+        v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
+        prev = "0" * 64
+    else:
+        state = read_checkpoint(checkpoint_path(run_dir, start))
+        record = json.loads(lines[start])
+        if state_hash(state) != (record["state_hash"], record["tensor_hashes"]):
+            raise ValueError(f"the checkpoint of step {start} does not hash to its record")
+        say(f"MATCH step {start}: checkpoint {os.path.basename(checkpoint_path(run_dir, start))} "
+            "hashes to its record; the replay starts from it")
+        kinds = {"params": {}, "adam_m": {}, "adam_v": {}}
+        for name, t in state.items():
+            if name != "step":
+                kind, _, p = name.partition(".")
+                kinds[kind][p] = t
+        params, m, v = kinds["params"], kinds["adam_m"], kinds["adam_v"]
+        prev = record["record_hash"]
+    ok = True
+    for s in range(start + (start > 0), steps + 1):
         if s == 0:
             fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}))
         else:
@@ -469,7 +337,7 @@ def replay(run_dir, data_dir, steps, code_root, say):
             published = json.loads(lines[s])
             diff = sorted(k for k in set(record) | set(published) if record.get(k) != published.get(k))
             say(f"MISMATCH at step {s}: the record differs in {', '.join(diff) or 'its bytes'}")
-        ckpt = os.path.join(run_dir, "checkpoints", f"step_{s:08d}.safetensors")
+        ckpt = checkpoint_path(run_dir, s)
         if os.path.exists(ckpt):
             if open(ckpt, "rb").read() == checkpoint_bytes(state, root, leaves, s):
                 say(f"MATCH step {s}: checkpoint {os.path.basename(ckpt)}")
@@ -483,11 +351,13 @@ def main(argv):
     ap = argparse.ArgumentParser(prog="numpy_replay.py", description=__doc__.splitlines()[0])
     ap.add_argument("--run_dir", required=True)
     ap.add_argument("--data_dir", required=True)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="the last step to replay")
+    ap.add_argument("--start", type=int, default=0, help="a checkpointed step to start from (0: the genesis)")
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = ap.parse_args(argv)
     try:
-        ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, lambda line: print(line, flush=True))
+        ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, lambda line: print(line, flush=True),
+                    args.start)
     except (OSError, ValueError, KeyError) as e:
         print(f"numpy_replay.py: error: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,12 +43,22 @@ from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records
     "--weight_decay=1000", "--norm_eps=nan", "--no_such_key=1", "--n_layer=two",
 ])
 def test_train_refuses_bad_config_before_creating_anything(corpus, tmp_path, arg):
-    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY, arg)
+    """One line naming the key (--key=value, --key expects ..., unknown config key --key)."""
+    proc = script("train.py", *train_args(tmp_path / "run", corpus), "--max_steps=1", arg)
     assert_one_line_error(proc, "train.py")
+    key = arg.partition("=")[0]
+    assert f"{key}=" in proc.stderr or f"{key} " in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_the_bad_config_commands_run_with_good_values(corpus, tmp_path):
+    """Positive control of the test above: its command line without the bad value trains."""
+    proc = script("train.py", *train_args(tmp_path / "run", corpus), "--max_steps=1")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["step"] for r in chain_records(tmp_path / "run")] == [0, 1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="hardware: this machine has a CUDA GPU")
 def test_train_refuses_cuda_without_a_gpu(corpus, tmp_path):
     proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY, "--device=cuda")
     assert_one_line_error(proc, "train.py")
@@ -93,10 +104,21 @@ def _fifo(path):
     os.mkfifo(path)
 
 
-@pytest.mark.parametrize("damage", [
-    "chain_fifo", "chain_dir", "checkpoint_fifo", "checkpoint_deep_header", "checkpoint_huge_shape",
-    "genesis_without_config", "genesis_string_seed", "config_json_fifo",
-])
+CKPT10 = r"checkpoint \S+/checkpoints/step_00000010\.safetensors"
+HOSTILE = {  # damage -> what the one line must say (it names the file and what is wrong with it)
+    "chain_fifo": r"chain \S+/chain\.jsonl is not a regular file",
+    "chain_dir": r"chain \S+/chain\.jsonl is not a regular file",
+    "checkpoint_fifo": CKPT10 + " is not a regular file",
+    "checkpoint_deep_header": CKPT10 + r" has a header that is not valid JSON \(JSON nested too deeply\)",
+    "checkpoint_huge_shape": CKPT10 + " has a malformed header entry for tensor 'x'",
+    "genesis_without_config": r"\S+/chain\.jsonl: the genesis record has no config",
+    "genesis_string_seed": r"\S+/chain\.jsonl: genesis config: seed must be int, got '1337'",
+    "config_json_fifo": r"config \S+/config\.json is not a regular file",
+    "none": None,            # positive control: the undamaged copy audits
+}
+
+
+@pytest.mark.parametrize("damage", HOSTILE)
 def test_audit_hostile_files_one_line_exit_2(reference, corpus, tmp_path, damage):
     run = copy_run(reference, tmp_path / "run")
     ckpt = checkpoint.checkpoint_path(run / "checkpoints", 10)
@@ -123,7 +145,12 @@ def test_audit_hostile_files_one_line_exit_2(reference, corpus, tmp_path, damage
         write_chain(run, records)
     elif damage == "config_json_fifo":
         _fifo(run / "config.json")
-    assert_one_line_error(audit(run, "--step", "15", corpus=corpus), "audit.py")
+    proc = audit(run, "--step", "15", corpus=corpus)
+    if HOSTILE[damage] is None:
+        assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
+        return
+    assert_one_line_error(proc, "audit.py")
+    assert re.fullmatch("audit.py: error: " + HOSTILE[damage], proc.stderr.strip()), proc.stderr
 
 
 def test_deeply_nested_chain_line_is_a_break_not_a_crash(reference, tmp_path):
@@ -283,3 +310,47 @@ def test_resume_moves_a_bad_checkpoint_aside_and_rederives_it(reference, corpus,
     assert (run / "rejected" / path.name).read_bytes() == bytes(raw)
     assert path.read_bytes() == checkpoint.checkpoint_path(reference / "checkpoints", STEPS).read_bytes()
     assert "moved to" in (run / "train.log").read_text()
+
+
+def test_resume_with_other_code_is_refused(reference, corpus, tmp_path, monkeypatch, capsys):
+    """train.py resumes only with the code that started the run (its code digest, in the genesis
+    record): with any other, one line, exit 2, and the run directory as it was. In-process, with
+    code_digest() standing in for changed code (test_code_digest_covers_the_sources shows that
+    a changed source changes it); the positive control resumes the same copy with this code."""
+    run = copy_run(reference, tmp_path / "run")
+    before = snapshot(run)
+    real_digest = train.code_digest()
+    monkeypatch.setattr(train, "code_digest", lambda: "0" * 64)
+    assert train.main(train_args(run, corpus)) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"train.py: error: {run} was started by different code (code digest); resume it with that code, "
+        "or start a new --run_dir"]
+    after = snapshot(run)
+    assert {k: v for k, v in after.items() if k != "lock"} == {k: v for k, v in before.items() if k != "lock"}
+    proc = script("train.py", *train_args(run, corpus))          # the run is complete: nothing to do
+    assert proc.returncode == 0 and "resume: from step" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert chain_records(run)[0]["code_digest"] == real_digest and len(chain_records(run)) == STEPS + 1
+
+
+def test_code_digest_covers_the_sources(tmp_path):
+    """The digest a copy of the code computes is this code's; editing a Python source or a kernel
+    source (a comment is enough) changes it. (Importing train builds nothing.)"""
+    import shutil
+    for name in os.listdir(ROOT):
+        if name.endswith(".py"):
+            shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "kernels", tmp_path / "kernels")
+
+    def digest():
+        proc = subprocess.run([sys.executable, "-c", "import train; print(train.code_digest())"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    digests = [digest()]
+    assert digests[0] == train.code_digest()
+    for rel in ("model.py", "kernels/cpu/matmul.cpp"):
+        with open(tmp_path / rel, "a") as f:
+            f.write("\n// \n" if rel.endswith(".cpp") else "\n# \n")
+        digests.append(digest())
+    assert len(set(digests)) == 3, digests

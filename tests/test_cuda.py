@@ -16,7 +16,7 @@ Without a GPU (they need nvcc; skipped with the reason where it is missing):
    reproduces tests/test_selftest.py's digests, so the GPU digest test below is meaningful.
 
 With a CUDA GPU (skipped otherwise, with the reason): every op on CUDA tensors gives the CPU
-op's bits on random, awkward-size and adversarial inputs; the self-test's golden digests; a
+op's bits on random, awkward-size and adversarial inputs; the self-test's digests as the CPU computes them; a
 short training run on CUDA whose chain is byte-identical to the CPU chain; torchrun with NCCL
 for R=2 when two GPUs exist.
 """
@@ -64,7 +64,7 @@ def _nvcc():
 
 NVCC = _nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not installed")
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA GPU on this machine")
 
 
 def _run(cmd, **kw):
@@ -248,11 +248,10 @@ def test_canonical_mirror_matches_contract_h(tmp_path):
 
 
 # ================================================================================================
-# 5. the self-test digests on the CPU: the golden values the GPU must reproduce
+# 5. the self-test digests, computed on the CPU at run time: the values the GPU must reproduce
 # ================================================================================================
 @pytest.fixture(scope="module")
 def cpu_digests():
-    TK._load_repops()
     return ST.torch_digests()
 
 
@@ -262,8 +261,7 @@ def cpu_digests():
 @pytest.fixture(scope="module")
 def ops():
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU on this machine")
-    TK._load_repops()
+        pytest.skip("hardware: no CUDA GPU on this machine")
     o = torch.ops.repops
     try:
         canary = o.canary_cuda()
@@ -615,10 +613,10 @@ def test_kernels_launch_on_the_current_stream(ops):
 
 
 # ================================================================================================
-# GPU: golden digests, training chain, NCCL
+# GPU: the self-test digests against the CPU's, training chain, NCCL
 # ================================================================================================
 @needs_gpu
-def test_selftest_golden_digests_on_cuda(ops, cpu_digests, tmp_path):
+def test_selftest_digests_on_cuda_match_cpu(ops, cpu_digests, tmp_path):
     mine = ST.torch_digests(DEV)
     bad = [f"{n}: cpu {cpu_digests[n][:16]}.. cuda {mine[n][:16]}.." for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
     assert not bad, "CUDA digests differ from the CPU's:\n" + "\n".join(bad)
@@ -661,7 +659,7 @@ def test_cuda_training_chain_equals_cpu_chain(ops, corpus, cpu_chain, tmp_path):
 
 
 @needs_gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs for torchrun R=2 with NCCL")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="hardware: needs two CUDA GPUs for torchrun R=2 with NCCL")
 def test_torchrun_nccl_two_ranks_equals_cpu_chain(ops, corpus, cpu_chain, tmp_path):
     if not torch.distributed.is_nccl_available():
         pytest.skip("this torch has no NCCL")

@@ -33,6 +33,7 @@ import time
 
 import pytest
 
+import treefold
 from dataprep import make_mix
 from tiny import TINY, make_corpus, share_secret
 
@@ -277,6 +278,10 @@ def test_invalid_world_size_refused_before_any_work(tmp_path, args):
     assert WORLD_MSG not in stderr[1] + stderr[2]           # printed once, by rank 0
     assert "Traceback" not in "".join(stderr.values())
     assert not (tmp_path / "w" / "run").exists()            # nothing was created
+    # positive control: 3 ranks pass the same check where they divide micro_batches, and the
+    # same args train with R = 1, 2, 4 (test_chain_byte_identical_across_world_sizes)
+    treefold.check_topology(6, 3)
+    treefold.check_topology(4, 2)
 
 
 # ----------------------------------------------------------------------------- dead rank

@@ -77,7 +77,7 @@ def _state(pid):
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="hardware: needs Linux /proc (not on a Mac)")
 @pytest.mark.parametrize("hash_async", ["off", "on"])
 def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, reference, tmp_path, hash_async):
     run = share_secret(reference, tmp_path / "run")     # the reference's chain bytes need its secret

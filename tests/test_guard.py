@@ -3,10 +3,13 @@
 A TorchDispatchMode records every operator that reaches the dispatcher during one
 train.train_step (forward, backward, TreeFold, clipping, AdamW). Each one must be a RepOps
 kernel (repops::...) or an ATen operator listed in ALLOWED with the reason it does no
-floating-point arithmetic. Anything else, stock arithmetic or autograd summing gradients on
+floating-point arithmetic. A copy (aten::_to_copy, aten::copy_) counts as data movement only
+when its dtype conversion keeps every value (exact_cast); a rounding one (float64 -> float32,
+float32 -> bfloat16, int64 -> float32) is recorded as "<op> <from> -> <to>", a violation. Anything else, stock arithmetic or autograd summing gradients on
 its own, fails the test, which prints the operator counts.
 """
 import collections
+import math
 
 import pytest
 import torch
@@ -48,16 +51,38 @@ ALLOWED = {
 }
 
 
+def exact_cast(src, dst):
+    """Does converting dtype src to dst keep every value? (Widening only: bool to anything,
+    float to a float with at least its precision and range, int to an int of wider range or to
+    a float whose significand holds it.)"""
+    if src == dst or src == torch.bool:
+        return True
+    if src.is_floating_point:
+        a, b = torch.finfo(src), torch.finfo(dst) if dst.is_floating_point else None
+        return b is not None and b.eps <= a.eps and b.max >= a.max and b.smallest_normal <= a.smallest_normal
+    a = torch.iinfo(src)
+    if dst.is_floating_point:
+        return max(abs(a.min), a.max) <= 2 ** (-math.log2(torch.finfo(dst).eps) + 1)
+    return dst != torch.bool and torch.iinfo(dst).min <= a.min and torch.iinfo(dst).max >= a.max
+
+
 class OpRecorder(TorchDispatchMode):
-    """Counts every operator dispatched while active, by its schema name."""
+    """Counts every operator dispatched while active, by its schema name; a copy whose dtype
+    conversion rounds as "<op> <from> -> <to>"."""
 
     def __init__(self):
         super().__init__()
         self.counts = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[func.name()] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        name = func.name()
+        if name in ("aten::_to_copy", "aten::copy_"):
+            src, dst = (args[0].dtype, out.dtype) if name == "aten::_to_copy" else (args[1].dtype, args[0].dtype)
+            if not exact_cast(src, dst):
+                name = f"{name} {src} -> {dst}"
+        self.counts[name] += 1
+        return out
 
 
 def violations(counts):
@@ -131,3 +156,18 @@ def test_guard_flags_autograd_summing_gradients():
         y = repops.add(repops.linear(x, w), repops.linear(x, w))
         torch.autograd.grad(repops.cross_entropy(y, targets), [w])
     assert "aten::add.Tensor" in violations(rec.counts), report(rec.counts)
+
+
+def test_guard_flags_rounding_copies():
+    """A copy that converts with rounding is arithmetic; one that widens (the positive control)
+    is data movement."""
+    x64, x32, flags = torch.rand(8, dtype=torch.float64), torch.rand(8), torch.rand(8) > 0.5
+    i64, i8 = torch.arange(8), torch.arange(8, dtype=torch.int8)
+    with OpRecorder() as rec:
+        x64.float(), x32.to(torch.bfloat16), i64.float(), torch.empty(8).copy_(x64)
+    assert {"aten::_to_copy torch.float64 -> torch.float32", "aten::_to_copy torch.float32 -> torch.bfloat16",
+            "aten::_to_copy torch.int64 -> torch.float32", "aten::copy_ torch.float64 -> torch.float32"} \
+        <= set(violations(rec.counts)), report(rec.counts)
+    with OpRecorder() as rec:
+        x32.double(), flags.float(), torch.empty(8).copy_(x32), i8.float()
+    assert not violations(rec.counts) and rec.counts["aten::_to_copy"] == 3, report(rec.counts)

@@ -197,7 +197,7 @@ def test_tied_embeddings_import_train_export(source, tmp_path, capsys):
     assert audit_py.main(["--run_dir", str(run), "--step", "1", "--init_from", str(tied)]) == 0
     assert audit_py.main(["--run_dir", str(run), "--step", "1", "--init_from", str(other)]) == 1
     assert "MISMATCH at step 0: the source folder" in capsys.readouterr().out
-    # the NumPy replay written from SPEC.md (§4.1 the imported state, §6.1 the tied gradient) agrees
+    # the NumPy replay written from SPEC.md (§17 the imported state, §18 the tied gradient) agrees
     said = []
     assert numpy_replay.replay(str(run), str(corpus), 2, str(ROOT), said.append), said
     assert export.main([str(run), "--step", "2", "--to", "hf", str(out)]) == 0

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import reference as R
+import repops  # built and loaded by conftest.py
 
 F32 = np.float32
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -32,25 +33,11 @@ FLT_MIN = float(np.finfo(np.float32).tiny)
 # helpers
 # ------------------------------------------------------------------------------------------------
 
-_REPOPS = None
-
-
-def _load_repops():
-    global _REPOPS
-    if _REPOPS is None:
-        try:
-            import repops  # noqa: F401  (first import compiles the C++ kernels)
-        except ModuleNotFoundError as e:
-            if e.name == "repops":
-                pytest.skip("repops is not written yet")
-            raise
-        _REPOPS = repops
-    return _REPOPS
 
 
 @pytest.fixture(scope="session")
 def rp():
-    return _load_repops()
+    return repops
 
 
 @pytest.fixture(scope="session")
@@ -645,7 +632,7 @@ def test_adamw_bits(ops, P, kind, t):
         assert_bits(tv, ev, "adamw v")
         assert_bits(tp, ep, "adamw p")
         # the repops wrapper computes the host scalars itself (contract §1/§8)
-        rp = _load_repops()
+        rp = repops
         tp, tm, tv = T(p), T(m), T(v)
         rp.adamw_(tp, T(g), tm, tv, lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, step=t)
         assert_bits(tm, em, "repops.adamw_ m")
@@ -749,6 +736,8 @@ def test_wrappers_bits(rp):
     a, b, g = adversarial(rng, (7, 33)), adversarial(rng, (7, 33)), adversarial(rng, (7, 33))
     (o,), (ga, gb) = _run(rp.add, [a, b], [g])
     assert_bits(o, R.add(a, b), "repops.add")
+    assert_bits(ga, g, "repops.add grad a")     # d(a + b)/da = d(a + b)/db = 1: the incoming gradient
+    assert_bits(gb, g, "repops.add grad b")
     (o,), (ga,) = _run(lambda a: rp.scale(a, 0.1), [a], [g])
     assert_bits(o, R.scale_op(a, 0.1), "repops.scale")
     assert_bits(ga, R.scale_op(g, 0.1), "repops.scale grad")
@@ -1018,3 +1007,22 @@ def test_ftz_boundary_mul(ops, a, b):
     x, y = np.array([a], np.float32), np.array([b], np.float32)
     assert x[0] * np.float64(y[0]) < FLT_MIN
     assert_bits(ops.mul(T(x), T(y)), R.mul(x, y), f"mul {a!r} * {b!r}")
+
+
+@pytest.mark.parametrize("bad", [5, -1, 2**40])
+def test_out_of_range_ids_are_refused(bad):
+    """The CPU side of .ci/gpu's deselected test_index_errors_match_cpu: an id outside [0, rows)
+    in cross_entropy's targets or embedding's ids (forward and backward, raw op and wrapper) is
+    one RuntimeError naming the range, the id and its position; the same call with the id in
+    range (the positive control) runs."""
+    z, w = torch.zeros(3, 5), torch.zeros(5, 2)
+    ops = torch.ops.repops
+    calls = {"targets": [lambda t: ops.cross_entropy(z, t, 0.0), lambda t: repops.cross_entropy(z, t)],
+             "token ids": [lambda t: ops.embedding(w, t), lambda t: repops.embedding(w, t),
+                           lambda t: ops.embedding_backward(torch.zeros(3, 2), t, 5)]}
+    for what, fns in calls.items():
+        for fn in fns:
+            fn(torch.tensor([0, 4, 1]))
+            with pytest.raises(RuntimeError) as err:
+                fn(torch.tensor([0, bad, 1]))
+            assert str(err.value).splitlines()[0] == f"repops: {what} out of range [0, 5): found {bad} at 1"

@@ -139,7 +139,7 @@ def test_real_replay_on_another_thread_count_is_accepted_and_an_echo_is_rejected
     assert "1 accepted, 1 rejected, 0 malformed" in proc.stdout
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: needs a CUDA GPU")
 def test_real_replay_on_cuda_is_accepted(run40, tmp_path):
     (tmp_path / "r").mkdir()
     proc = audit_cli(run40, "--step", "12", "--device", "cuda", "--receipt", tmp_path / "r" / "s12.json",

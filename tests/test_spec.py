@@ -9,18 +9,19 @@
    equal the code's.
 3. The NumPy replay, which imports nothing from the project, reproduces the genesis record,
    steps 1-3 and their checkpoints byte for byte, fp32 and int8, with dropout, grouped-query
-   attention and 3 micro-batches, and reports a tampered run as a MISMATCH.
+   attention and 3 micro-batches, also from a checkpoint and on a mix of two corpora, and
+   reports a tampered run as a MISMATCH.
 """
 import ast
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,11 +32,13 @@ import data
 import dataprep
 import hashchain
 import model
+import receipts
 import repops
 import train
-from tiny import ROOT, TIMEOUT, train_args, script
+from tiny import ROOT, TIMEOUT, make_corpus, script, train_args
 
 import numpy_contract as C
+import numpy_model
 import numpy_replay
 
 SPEC = (ROOT / "SPEC.md").read_text()
@@ -43,7 +46,7 @@ REPLAY = ROOT / "tests" / "numpy_replay.py"
 # tiny, with everything the replay must cover: dropout, GQA (1 key/value head for 2 query
 # heads) and a micro-batch count that is not a power of two
 REPLAY_RUN = ["--n_kv_head=1", "--dropout=0.1", "--micro_batches=3", "--max_steps=3", "--warmup_steps=2",
-              "--checkpoint_every=50"]
+              "--checkpoint_every=2"]                 # checkpoints 0, 2 and 3
 REPLAY_STEPS = 3
 
 
@@ -64,6 +67,12 @@ def f32_bits(arr):
 
 def test_spec_names_its_version():
     assert re.match(r"# SPEC v\d+: ", SPEC)
+
+
+def test_every_example_is_checked():
+    """A new example block needs its test here (each test below reads its block by name)."""
+    checked = {"leaf-2x3", "leaf-step", "merkle-3", "tok-emb", "window-step1", "lr", "grad-commit"}
+    assert set(re.findall(r"^```example (\S+)$", SPEC, re.M)) == checked
 
 
 # ----------------------------------------------------------------------------- 1. examples
@@ -124,7 +133,29 @@ def test_first_init_values_of_tok_emb():
     tok_emb = model.Llama(train.model_config(config.Config(), 256), seed=seed).tok_emb.detach()
     assert f32_bits(tok_emb[0, :4]) == words(ex["values"])
     cfg = dict(dataclasses.asdict(config.Config()), vocab_size=256, n_kv_head=4)
-    assert f32_bits(numpy_replay.init_params(cfg)["tok_emb"][0, :4]) == words(ex["values"])
+    assert f32_bits(numpy_model.init_params(cfg)["tok_emb"][0, :4]) == words(ex["values"])
+
+
+def test_learning_rate_examples():
+    ex = example("lr")
+    for suffix in ("", "_after"):
+        step = int(ex["step" + suffix])
+        lr = train.lr_at(config.Config(), step)
+        assert repr(lr) == ex["lr64" + suffix]
+        assert json.dumps(repops.f32(lr)) == ex["lr" + suffix] and hashchain.f32_bits(lr) == ex["lr_bits" + suffix]
+        cfg = dataclasses.asdict(config.Config())
+        assert repr(numpy_replay.lr_at(cfg, step)) == ex["lr64" + suffix]
+    assert int(ex["step"]) <= config.Config().warmup_steps < int(ex["step_after"])
+
+
+def test_salt_and_commitment_example():
+    ex = example("grad-commit")
+    secret, step = bytes.fromhex(ex["secret"]), int(ex["step"])
+    assert receipts.salt(secret, step).hex() == ex["salt"]
+    assert hmac.new(secret, step.to_bytes(8, "big"), hashlib.sha256).hexdigest() == ex["salt"]
+    assert ex["grad_root"] == example("leaf-2x3")["leaf"]
+    assert receipts.commit(bytes.fromhex(ex["salt"]), ex["grad_root"]) == ex["grad_commit"]
+    assert hashlib.sha256(bytes.fromhex(ex["salt"] + ex["grad_root"])).hexdigest() == ex["grad_commit"]
 
 
 @pytest.fixture(scope="module")
@@ -199,20 +230,21 @@ def test_code_digest_file_list():
 
 # ----------------------------------------------------------------------------- 3. the replay
 def test_replay_imports_nothing_from_the_project():
-    allowed = {"argparse", "hashlib", "hmac", "json", "math", "os", "sys", "numpy", "numpy_contract"}
-    for path in (REPLAY, ROOT / "tests" / "numpy_contract.py"):
+    allowed = {"argparse", "fractions", "hashlib", "hmac", "json", "math", "os", "sys", "numpy",
+               "numpy_contract", "numpy_model"}
+    for path in (REPLAY, ROOT / "tests" / "numpy_model.py", ROOT / "tests" / "numpy_contract.py"):
         tree = ast.parse(path.read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert imported <= allowed, (path.name, imported - allowed)
 
 
-def replay(run, corpus, steps=REPLAY_STEPS):
+def replay(run, corpus, steps=REPLAY_STEPS, *extra):
     """Run the replay as its own process, from outside the repository, with no PYTHONPATH:
     the project's modules cannot be imported there."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([sys.executable, str(REPLAY), "--run_dir", str(run), "--data_dir", str(corpus),
-                           "--steps", str(steps), "--code_root", str(ROOT)],
+                           "--steps", str(steps), "--code_root", str(ROOT), *extra],
                           cwd=run.parent, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
@@ -241,10 +273,35 @@ def test_numpy_replay_reproduces_the_run(which, corpus, request):
     lines = proc.stdout.splitlines()
     records = [line for line in lines if line.startswith("MATCH") and ": record " in line]
     checkpoints = [line for line in lines if line.startswith("MATCH") and ": checkpoint " in line]
-    assert len(records) == REPLAY_STEPS + 1 and len(checkpoints) == 2, proc.stdout
+    assert len(records) == REPLAY_STEPS + 1 and len(checkpoints) == 3, proc.stdout
     genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])["config"]
     assert genesis["n_kv_head"] < genesis["n_head"] and genesis["dropout"] > 0
     assert genesis["micro_batches"] == 3 and genesis["quant"] == ("int8" if which == "int8_run" else "none")
+
+
+def test_numpy_replay_from_a_checkpoint(fp32_run, corpus):
+    proc = replay(fp32_run, corpus, REPLAY_STEPS, "--start", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [line.split(": ")[0] for line in proc.stdout.splitlines()] == ["MATCH step 2", "MATCH step 3", "MATCH step 3"]
+    assert "the replay starts from it" in proc.stdout
+
+
+def test_numpy_replay_of_a_mix(tmp_path):
+    """§5.3: rows drawn from two sources by the mix's own Philox words (both are drawn)."""
+    mix = tmp_path / "mix"
+    for name, seed in (("plays", 7), ("poems", 8)):
+        (tmp_path / name).mkdir()
+        shutil.copytree(make_corpus(tmp_path / name, seed=seed, lines=300), mix / name)
+    dataprep.make_mix("plays=0.75,poems=0.25", str(mix))
+    run = tmp_path / "run"
+    proc = script("train.py", *train_args(run, mix, "--max_steps=2", "--micro_batches=2"))
+    assert proc.returncode == 0, proc.stderr
+    mixed = data.TokenData(str(mix), config.Config().seed)
+    drawn = {corpus.path for s in (1, 2) for m in (0, 1) for corpus, _ in mixed.rows("train", s, m, 2, 16)}
+    assert len(drawn) == 2
+    proc = replay(run, mix, 2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [line.split(": ")[0] for line in proc.stdout.splitlines()] == ["MATCH step 0"] * 2 + ["MATCH step 1"] + ["MATCH step 2"] * 2
 
 
 def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path):

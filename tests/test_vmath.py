@@ -104,7 +104,7 @@ ARM_CXX, QEMU_ARM = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aa
 @pytest.fixture(scope="module")
 def aarch64(tmp_path_factory):
     if platform.machine() != "x86_64":
-        pytest.skip("the AArch64 cross-check runs from an x86-64 machine")
+        pytest.skip("hardware: the AArch64 cross-check runs from an x86-64 machine")
     if not (ARM_CXX and QEMU_ARM):
         pytest.skip("no AArch64 cross compiler or qemu-user (Debian packages g++-aarch64-linux-gnu and qemu-user)")
     return [QEMU_ARM, _build(ARM_CXX, ["-static"], tmp_path_factory.mktemp("vmath_arm") / "vmath_check")]
@@ -175,7 +175,7 @@ RISCV_SYSROOT = "/usr/riscv64-linux-gnu"
 @pytest.fixture(scope="module")
 def riscv64(tmp_path_factory):
     if platform.machine() != "x86_64":
-        pytest.skip("the riscv64 cross-check runs from an x86-64 machine")
+        pytest.skip("hardware: the riscv64 cross-check runs from an x86-64 machine")
     if not (RISCV_CXX and QEMU_RISCV):
         pytest.skip("no riscv64 cross compiler or qemu-user (Debian packages g++-riscv64-linux-gnu and qemu-user)")
     return [QEMU_RISCV, "-L", RISCV_SYSROOT, _build(RISCV_CXX, [], tmp_path_factory.mktemp("vmath_rv") / "vmath_check")]
