@@ -78,7 +78,14 @@ def _rope_theta(hf, where):
 
 def model_keys(hf, where):
     """{our config key: value} that the HF config dict `hf` decides; UsageError for what our
-    model cannot express."""
+    model cannot express, or a malformed value."""
+    try:
+        return _model_keys(hf, where)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UsageError(f"{where}: malformed config.json ({type(e).__name__}: {e})") from None
+
+
+def _model_keys(hf, where):
     if hf.get("model_type") != "llama":
         raise UsageError(f"{where}: model_type {hf.get('model_type')!r} is not 'llama'")
     for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):

@@ -244,7 +244,8 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     hf = json.loads((base / "model" / "config.json").read_text())
     for key, value, what in (("attention_bias", True, "attention_bias"),
                              ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}, "llama3"),
-                             ("model_type", "qwen2", "qwen2"), ("head_dim", 4, "head_dim")):
+                             ("model_type", "qwen2", "qwen2"), ("head_dim", 4, "head_dim"),
+                             ("rms_norm_eps", "tiny", "malformed"), ("rope_parameters", [1], "malformed")):
         with pytest.raises(UsageError, match=what):
             hfllama.model_keys({**hf, key: value}, "x")
     assert hfllama.model_keys(hf, "x")["n_layer"] == 2
