@@ -23,6 +23,7 @@ import export  # noqa: E402
 import hfllama  # noqa: E402
 import hftok  # noqa: E402
 import numpy_replay  # noqa: E402
+import prepare as prepare_cli  # noqa: E402
 import sample  # noqa: E402
 import repops  # noqa: E402
 import train  # noqa: E402
@@ -252,6 +253,9 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     with pytest.raises(UsageError, match="mlp.gate_proj.weight would be|has no place|missing"):
         hfllama.from_hf({"model.embed_tokens.weight": torch.zeros(3)}, Config(), {}, "x")
 
+    line = one_line_error(capsys, prepare_cli.main(["--input", str(base / "corpus.txt"), "--data_dir",
+                                                    str(tmp_path / "c"), "--tokenizer", f"hf:{tmp_path}"], "data.py"), "data.py")
+    assert "no tokenizer.json there" in line and not (tmp_path / "c").exists()
     run = tmp_path / "ok"
     one_line_error(capsys, export.main([str(run), "--to", "hf", str(run / "inside")]), "export.py")
     drop = tmp_path / "drop"
