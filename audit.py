@@ -30,9 +30,10 @@ The audit vouches only for what it checked, and checks everything it vouches for
    the record's Merkle leaves, metadata against the record;
 4. every replayed step's record against the published one, field for field: the state hash
    (naming the first differing tensor), batch digest, loss, gradient norm, learning rate, and
-   any field the published record has that a replay does not produce, or lacks. grad_commit,
-   the commitment to the step's gradient that only the run's secret opens, must be there and
-   well-formed; --check_receipts is what opens it.
+   any field the published record has that a replay does not produce, or lacks. step_commit,
+   the commitment to the step's gradient and post-step state that only the run's secret opens
+   (and the genesis record's secret_commit), must be there and well-formed; --check_receipts is
+   what opens it.
 
 Replays use train.train_step (the one step function) on one device with no topology emulation.
 Each problem prints as "MISMATCH at step S: ..." in step order, then what the audit cost.
@@ -70,9 +71,10 @@ from train import StepRefused, TrainState, code_digest, genesis_record, step_rec
 
 # Fields compared first: a changed batch explains a changed state, and the state names a tensor.
 FIRST_FIELDS = ("kind", "step", "batch_digest", "state_hash")
-# The one step-record field a replay cannot recompute: it commits to the step's gradient with the
-# run's secret. Here it must be present and well-formed; --check_receipts opens it (receipts.py).
-COMMITMENT = "grad_commit"
+# The one field of each kind of record that a replay cannot recompute: it commits with the run's
+# secret (to the secret; to the step's gradient and result). Here it must be present and
+# well-formed; --check_receipts opens the step's (receipts.py).
+COMMITMENTS = {"genesis": "secret_commit", "step": "step_commit"}
 
 
 def _canon(value):
@@ -84,18 +86,19 @@ def compare(replayed, published):
 
     Every field is compared as exact JSON (floats included); a field the published record has
     and a replay does not produce, or lacks, is a difference. Names the field (and the tensor
-    or key inside it). A step record's grad_commit, which a replay without the run's secret
-    cannot produce, must be there as 64 hex digits; only a receipt check tells whether it is the
-    commitment to this step's gradient."""
+    or key inside it). A record's commitment (COMMITMENTS), which a replay without the run's
+    secret cannot produce, must be there as 64 hex digits; only a receipt check tells whether a
+    step_commit commits to this step's gradient and result."""
     mine = json.loads(json.dumps(replayed))
     theirs = {k: v for k, v in published.items() if k not in ("prev", "record_hash")}
-    expected = set(mine) | ({COMMITMENT} if mine.get("kind") == "step" else set())
+    commitment = COMMITMENTS.get(mine.get("kind"))
+    expected = set(mine) | ({commitment} if commitment else set())
     keys = [k for k in FIRST_FIELDS if k in expected or k in theirs]
     keys += sorted((expected | set(theirs)) - set(FIRST_FIELDS))
     for key in keys:
         if key not in theirs:
             return f"field {key} is missing from the published record"
-        if key == COMMITMENT and key not in mine and key in expected:
+        if key == commitment and key not in mine:
             if not receipts.is_hex64(theirs[key]):
                 return f"field {key} is not a commitment (64 hex digits): published {_canon(theirs[key])[:70]}"
             continue
@@ -139,6 +142,7 @@ class Audit:
         self.findings = []                       # (step, message), every problem found
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
+        self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
         if source and "init" not in self.run.genesis:
             raise UsageError(f"--init_from {source}: {run_dir} was not imported (its genesis record has no init)")
@@ -151,10 +155,6 @@ class Audit:
         validate(self.cfg)                       # the genesis config, and this machine's device
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
         self.cfg = resolve(self.cfg, self.data.vocab_size)
-        try:
-            self.data.verify()
-        except DataMismatch as e:               # the genesis comparison and the replay say more
-            print(f"warning: {e}; the replay shows which steps it affects")
 
     def find(self, step, message):
         if (step, message) not in self.findings:
@@ -178,7 +178,7 @@ class Audit:
         init = self.run.genesis.get("init")
         if init is not None:
             self.imported_state(state)
-        diff = compare(genesis_record(state, self.data, self.cfg, init), self.run.genesis)
+        diff = compare(genesis_record(state, self.data, self.cfg, init=init), self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
         for key in self.run.config_json_differences():
@@ -245,7 +245,7 @@ class Audit:
         last_ok = self.steps(first, last)
         if last_ok < 0:
             return
-        state = self.start_state(self.check_genesis(), first - 1)
+        state = self.state = self.start_state(self.check_genesis(), first - 1)
         checkpoints = dict(self.run.checkpoints())
         while state.step < last_ok:
             step = state.step + 1
@@ -254,10 +254,13 @@ class Audit:
                     fields = trace_step(state, self.data, self.cfg, trace, self.run.chain.records[step])
                 else:
                     fields = train_step(state, self.data, self.cfg)
+                record = step_record(state.step, *state.hash(), self.data, self.cfg, fields)
             except StepRefused as e:        # the published run cannot have recorded this step
                 self.find(step, str(e))
                 return
-            record = step_record(state.step, *state.hash(), self.data, self.cfg, fields)
+            except DataMismatch as e:       # a chunk the step reads is not the manifest's
+                self.find(step, f"the step reads data that is not the corpus's: {e}")
+                return
             self.replayed[step] = record["state_hash"], fields["grad_root"].result()
             diff = compare(record, self.run.chain.records[step])
             if diff:
@@ -271,12 +274,17 @@ class Audit:
 
     def receipt(self, step, auditor, cost):
         """The receipt of replayed step `step` (receipts.py), or None if the replay stopped
-        before it. Its grad_root is what proves the replay: no published field gives it."""
-        if step not in self.replayed:
+        before it. Its grad_root and result_root are what prove the replay of the whole step:
+        no published field gives them."""
+        if step not in self.replayed or self.state.step != step:
             return None
         state_hash, grad_root = self.replayed[step]
+        # result_root: the post-step state keyed by grad_root (only a receipt needs the pass)
+        result_root = hashchain.keyed_state_root(grad_root, self.state.tensors())
         return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(self.run.genesis),
-                "step": step, "state_hash": state_hash, "grad_root": grad_root, "auditor": auditor,
+                "step": step, "record_hash": self.run.chain.records[step]["record_hash"],
+                "state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
+                "auditor": auditor,
                 "machine": optrace.machine(), "cost": cost, "code_digest": code_digest(),
                 "data_manifest": self.data.digest, "verdict": "MISMATCH" if self.findings else "MATCH",
                 "findings": [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]}
@@ -325,6 +333,8 @@ def replay_command(args):
     return 1 if audit.findings else 0
 
 
+# The options that name a file the audit writes: each must lie outside the run (rundir.check_outside).
+OUTPUT_OPTIONS = ("trace", "receipt", "out")
 # Which mode each option belongs to; any other use is refused with one line.
 OPTION_MODES = {"recompute": ("step", "range", "all"), "offload": ("step", "range", "all"), "trace": ("step",), "receipt": ("step",), "auditor": ("step",),
                 "init_from": ("step", "range", "all"),
@@ -337,7 +347,7 @@ COMMANDS = {"step": replay_command, "range": replay_command, "all": replay_comma
             "plan": receipts_cli.plan_command, "anchors": receipts_cli.anchors_command}
 
 
-def parse_args(argv):
+def parser():
     ap = argparse.ArgumentParser(description="Replay steps and check them against the hash chain; "
                                  "receipts, coverage plans and anchors for many auditors.")
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -351,7 +361,8 @@ def parse_args(argv):
     mode.add_argument("--anchors", metavar="FILE", help="check the chain against anchors obtained outside the run")
     ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
     ap.add_argument("--data_dir", "--data", help="corpus directory (default: the run's config.json data_dir)")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="replay on cpu (default) or cuda: same bits")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                    help="replay on cpu (default), cuda or mps: same bits")
     ap.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations "
                     "in backward (same bits, less memory; default: what the trainer used)")
     ap.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting "
@@ -370,7 +381,11 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, help="with --plan: the plan's private seed (default: drawn now)")
     ap.add_argument("--absent", type=float, metavar="F", help="with --plan: the fraction of auditors absent "
                     "or dishonest (default 0.25)")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return parser().parse_args(argv)
 
 
 def main(argv):
@@ -380,11 +395,14 @@ def main(argv):
         for option, modes in OPTION_MODES.items():
             if getattr(args, option) is not None and mode not in modes:
                 raise UsageError(f"--{option} goes with " + " or ".join("--" + m for m in modes))
-        if bool(args.receipt) != bool(args.auditor):
+        if (args.receipt is None) != (args.auditor is None):
             raise UsageError("--receipt FILE and --auditor NAME go together")
-        for path, option in ((args.receipt, "--receipt"), (args.out, "--out")):
-            if path:
-                rundir.check_outside(args.run_dir, path, option)
+        if args.auditor is not None and receipts.auditor_problem(args.auditor):
+            raise UsageError(f"--auditor {receipts.shown(args.auditor)}: "
+                             f"{receipts.auditor_problem(args.auditor)}")
+        for option in OUTPUT_OPTIONS:
+            if getattr(args, option):
+                rundir.check_outside(args.run_dir, getattr(args, option), "--" + option)
         args.redundancy = 2 if args.redundancy is None else args.redundancy
         args.absent = 0.25 if args.absent is None else args.absent
         if args.redundancy < 1:

@@ -39,8 +39,10 @@ class CheckpointError(HashChainError):
 _MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors reference reader uses
 _CKPT_RE = re.compile(r"^step_(\d{8,})\.safetensors$")
 # A checkpoint being written is ".step_N.safetensors.tmp-<random>" until its rename. Only the
-# trainer holding the run's lock removes leftovers (remove_temp_files); readers ignore them.
-_TMP_RE = re.compile(r"^\..+\.tmp-[0-9a-f]{12}$")
+# trainer holding the run's lock removes leftovers (remove_temp_files): under the lock no other
+# writer exists, so every hidden ".*.tmp*" file is one, whoever named it (a pid, an older
+# version); readers ignore them.
+_TMP_RE = re.compile(r"^\..+\.tmp")
 # Header dimensions beyond this cannot describe a real file and would overflow numpy's shapes.
 _MAX_DIM = 1 << 48
 
@@ -53,7 +55,7 @@ def remove_temp_files(directory):
     """Delete leftover checkpoint temp files. Only the writer that holds the run's lock may call
     this: no one else can be writing one."""
     for entry in os.scandir(directory):
-        if _TMP_RE.match(entry.name):
+        if _TMP_RE.match(entry.name) and entry.is_file(follow_symlinks=False):
             os.unlink(entry.path)
 
 

@@ -69,7 +69,7 @@ class Config:
     eval_batches: int = 4
     sample_tokens: int = 200            # printed at the end (0: none)
     threads: int = 0                    # torch threads per process (0: torch's default)
-    device: str = "cpu"                 # "cuda": same bits on the GPU kernels (rank r uses GPU r)
+    device: str = "cpu"                 # "cuda" / "mps": same bits on the GPU kernels (rank r uses GPU r)
     dist_timeout: int = 60              # seconds before a rank gives up on a dead peer
     anchor_every: int = 100             # append the chain head to anchors.jsonl every N steps (0: never)
     hash_async: str = "auto"            # hash step N while step N+1 computes: on, off, auto (= on for cuda)
@@ -191,9 +191,12 @@ def from_record(fields, where):
 
 def validate(cfg, world=1):
     """Raise UsageError naming the first field whose value is out of range."""
-    def need(ok, key, rule):
+    def need(ok, key, rule, *others):
+        """Refuse naming `key` (and the `others` a joint rule involves, so that whichever of them
+        the user gave is named)."""
         if not ok:
-            raise UsageError(f"--{key}={getattr(cfg, key)!r} is out of range: {rule}")
+            given = " and ".join(f"--{k}={getattr(cfg, k)!r}" for k in (key, *others))
+            raise UsageError(f"{given} {'are' if others else 'is'} out of range: {rule}")
 
     for key in ("vocab_size", "n_kv_head"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0 (0: the default)")
@@ -212,26 +215,31 @@ def validate(cfg, world=1):
     for key in ("beta1", "beta2", "dropout"):
         need(0 <= getattr(cfg, key) < 1, key, "must be in [0, 1)")
     need(0 <= cfg.seed < SEED_LIMIT, "seed", "must be in [0, 2^64)")
-    need(cfg.lr * cfg.weight_decay < 1, "weight_decay", "lr * weight_decay must be < 1")
+    need(cfg.lr * cfg.weight_decay < 1, "lr", "lr * weight_decay must be < 1", "weight_decay")
     need(cfg.d_model % cfg.n_head == 0 and (cfg.d_model // cfg.n_head) % 2 == 0, "d_model",
-         f"must split into n_head={cfg.n_head} heads of even size")
+         "d_model must split into n_head heads of even size", "n_head")
     need(cfg.n_kv_head == 0 or cfg.n_head % cfg.n_kv_head == 0, "n_kv_head",
-         f"must divide n_head={cfg.n_head} (each key/value head serves a group of query heads)")
+         "n_kv_head must divide n_head (each key/value head serves a group of query heads)", "n_head")
     need(cfg.run_dir != "", "run_dir", "must not be empty")
     need(cfg.data_dir != "", "data_dir", "must not be empty")
-    need(cfg.device in ("cpu", "cuda"), "device", "must be cpu or cuda")
+    need(cfg.device in ("cpu", "cuda", "mps"), "device", "must be cpu, cuda or mps")
     need(cfg.hash_async in ("on", "off", "auto"), "hash_async", "must be on, off or auto")
     need(cfg.quant in ("none", "int8"), "quant", "must be none or int8")
     if cfg.quant == "int8":
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
             need(getattr(cfg, key) <= 133144, key, "must be <= 133144 with --quant=int8 (K * 127^2 < 2^31)")
-    need(not (cfg.offload and cfg.device != "cpu"), "offload", "offloads the state of a cpu run only")
+    need(not (cfg.offload and cfg.device != "cpu"), "offload", "offloads the state of a cpu run only",
+         "device")
     need(not (cfg.offload and cfg.hash_async == "on"), "hash_async",
-         "an overlapped hash copies the whole state to memory, which --offload is there to avoid")
+         "an overlapped hash copies the whole state to memory, which --offload is there to avoid",
+         "offload")
     if cfg.device == "cuda":
         need(torch.cuda.is_available(), "device", "this machine has no CUDA GPU that torch can use")
         need(torch.cuda.device_count() >= world, "device",
              f"{world} ranks need {world} GPUs, this machine has {torch.cuda.device_count()}")
+    if cfg.device == "mps":
+        need(torch.backends.mps.is_available(), "device", "this machine has no Apple GPU (MPS) that torch can use")
+        need(world == 1, "device", "mps runs on one GPU (one rank)")
 
 
 def resolve(cfg, corpus_vocab):

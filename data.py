@@ -13,15 +13,22 @@
     x, y = data.micro_batch("train", step=7, micro=3, batch_size=8, seq_len=256)
     digest = batch_digest([data.window("train", 7, m, 8, 256) for m in range(n_micro)])
     data.check_run(genesis)      # auditor: is this the data the run's genesis record names?
-    data.verify()                # auditor: recompute the token files' SHA-256s and chunk roots
+    data.check_leaves()          # trainer, before it writes: leaves files against the chunk roots
+    data.verify()                # whole files against SHA-256s and roots (reads need not: each
+                                 # chunk read is checked against its leaf)
 
 A corpus (written by dataprep.py, streaming) is a directory: train.bin and val.bin (the tokens,
 little-endian uint16, or uint32 for vocabularies over 65536), train.leaves and val.leaves (the
 SHA-256 of each chunk of the token file, 32 bytes each) and manifest.json, written last. The
 manifest names the sources, tokenizer and dtype, and for each split its file, token count,
 SHA-256 and "chunks": {"bytes": chunk size, "root": the Merkle root of the chunk hashes
-(hashchain.merkle_root's tree)}. The manifest digest names the corpus: the SHA-256 of its
-canonical JSON without the "chunks" records (they are derived from the token files).
+(hashchain.merkle_root's tree)}. The manifest digest names the corpus: the SHA-256 of its whole
+canonical JSON (format 2), chunk roots included, so it names every token a bundle can serve.
+
+Tokens are checked when they are read: a window's chunks are read from the token file and each
+is compared with its leaf in the split's leaves file (whose Merkle root must be the manifest's
+chunk root) before a token of it is served; a chunk that differs raises DataMismatch. A token id
+at or above the tokenizer's vocabulary raises DataError.
 
 Micro-batch m of step s is a pure function of (seed, the split's published SHA-256, s, m): row j
 reads seq_len + 1 tokens from offset (w[2j] | w[2j+1] << 32) mod (n_tokens - seq_len), w the
@@ -30,7 +37,7 @@ little-endian (SPEC.md §5.2). No cursor, rank or world size, so any topology an
 same.
 
 A mix is a directory whose manifest.json lists prepared corpora in subdirectories of the same
-names: {"format": 1, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal string),
+names: {"format": 2, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal string),
 "threshold", "manifest" (the source's digest)}, sorted by name]}. Row j of a mix's micro-batch
 takes row j of the source that Philox word j (counter (s, m), purpose DATA, key = seed XOR the
 mix digest's first 8 bytes) selects: source i when T[i-1] <= word < T[i] (mix_thresholds).
@@ -45,6 +52,7 @@ writing side lives apart: dataprep.py (corpora, mixes), databundle.py (bundles),
 (the command line).
 """
 
+import collections
 import hashlib
 import json
 import os
@@ -61,6 +69,13 @@ import repops
 
 MANIFEST = "manifest.json"
 BUNDLE = "bundle.json"
+# Format 2: the digest covers the chunk roots (format 1's left them out, so it did not name the
+# tokens that bundle audits check). The tokens and files are the same; only the digest changed.
+MANIFEST_FORMAT = 2
+MAX_MANIFEST = 16 << 20        # a manifest is a few KB, a mix's manifest too
+MAX_BUNDLE_INDEX = 256 << 20   # bundle.json: ~2 MB of proofs for a step of a 900 GB corpus
+CHUNK_KEY = re.compile(r"0|[1-9][0-9]*")
+CACHED_CHUNKS = 4096           # checked chunks kept per split: 256 MiB at 64 KiB, > a 1B step's 1,400
 # Validation counters live in the top half of the 32-bit micro-batch counter, so no train
 # micro-batch can ever draw the same Philox block as a validation one.
 VAL_COUNTER = 0x80000000
@@ -115,13 +130,11 @@ def get_tokenizer(name, data_dir=None, files=None):
 # ----------------------------------------------------------------------------- commitments
 
 def manifest_digest(manifest):
-    """The SHA-256 that names a corpus (it goes into the genesis record). Chunk records are left
-    out: they are derived from the token files, whose SHA-256s the digest already covers."""
-    named = dict(manifest)
-    if isinstance(manifest.get("splits"), dict):
-        named["splits"] = {s: {k: v for k, v in r.items() if k != "chunks"}
-                           for s, r in manifest["splits"].items()}
-    canonical = json.dumps(named, sort_keys=True, separators=(",", ":")).encode()
+    """The SHA-256 that names a corpus (it goes into the genesis record): of the manifest's
+    canonical JSON, chunk records included. It commits to every split's SHA-256 and chunk root,
+    so two corpora that differ in any token (even one whose leaves and root were recomputed)
+    have different names, and a bundle's chunks, checked against the roots, are tokens of it."""
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(canonical).hexdigest()
 
 
@@ -199,15 +212,12 @@ def mix_thresholds(weights):
 
 # ----------------------------------------------------------------------------- reading
 
-def read_json(path, what):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
+def read_json(path, what, limit=MAX_MANIFEST):
+    """Strict JSON (hashchain.read_json) of a regular file of at most `limit` bytes; DataError."""
+    if not os.path.lexists(path):
         raise DataError(f"no {what} at {os.path.dirname(path) or '.'} "
-                        f"({os.path.basename(path)} missing; run python data.py)") from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read {path}: {e}") from None
+                        f"({os.path.basename(path)} missing; run python data.py)")
+    return hashchain.read_json(path, what, limit, DataError)
 
 
 def batch_digest(windows):
@@ -224,24 +234,82 @@ def chunk_file(split, index):
     return f"{split}.{index:09d}.chunk"
 
 
-class SparseTokens:
-    """A split of which only some chunks are present: len() and slicing like the memmap."""
+class ChunkedTokens:
+    """A split served chunk by chunk: len() and slicing like an array of its tokens. chunk(k)
+    returns chunk k's tokens, checked: a bundle's were checked against the chunk root when it
+    opened, a token file's are checked against their leaves at every read (TokenFile)."""
 
-    def __init__(self, n_tokens, chunk_tokens, chunks, what):
-        self.n, self.chunk_tokens, self.chunks, self.what = n_tokens, chunk_tokens, chunks, what
+    def __init__(self, n_tokens, chunk_tokens, dtype, chunk):
+        self.n, self.chunk_tokens, self.dtype, self.chunk = n_tokens, chunk_tokens, dtype, chunk
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, window):
         start, stop, _ = window.indices(self.n)
+        if stop <= start:
+            return np.zeros(0, self.dtype)
         first, last = start // self.chunk_tokens, (stop - 1) // self.chunk_tokens
-        missing = [k for k in range(first, last + 1) if k not in self.chunks]
-        if missing:
-            raise DataError(f"{self.what} does not hold chunk {missing[0]}, which tokens "
-                            f"{start}..{stop - 1} need (it was cut for other steps)")
-        joined = np.concatenate([self.chunks[k] for k in range(first, last + 1)])
-        return joined[start - first * self.chunk_tokens:stop - first * self.chunk_tokens]
+        parts = [self.chunk(k)[max(start - k * self.chunk_tokens, 0):stop - k * self.chunk_tokens]
+                 for k in range(first, last + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class TokenFile:
+    """The chunks of one split's token file, each checked against its leaf when it is read.
+
+    The leaves file (the SHA-256 of each chunk, 32 bytes each) is read once, at the first read,
+    and its Merkle root must be the manifest's chunk root; then every chunk read from the token
+    file is hashed and must equal its leaf (DataMismatch otherwise). So a token served is a
+    token the manifest names, whatever happened to the file after it was prepared. The last
+    CACHED_CHUNKS chunks checked are kept (their checked copies, not the file's pages): a step
+    reads its windows twice (the micro-batches, then the batch digest), and a small corpus's
+    chunks again every step."""
+
+    def __init__(self, path, leaves_path, split, rec, dtype):
+        self.path, self.leaves_path, self.split, self.dtype = path, leaves_path, split, dtype
+        self.chunk_bytes, self.root = rec["chunks"]["bytes"], rec["chunks"]["root"]
+        self.size = rec["n_tokens"] * dtype.itemsize
+        self.n_chunks = -(-self.size // self.chunk_bytes)
+        self.file = hashchain.open_regular(path, f"token file of split {split!r}", DataError)
+        size = os.fstat(self.file.fileno()).st_size
+        if size != self.size:
+            self.file.close()
+            raise DataError(f"split {split!r}: {path} has {size} bytes, the manifest says "
+                            f"{rec['n_tokens']} tokens x {dtype.itemsize} bytes")
+        self._leaves = None
+        self.cache = collections.OrderedDict()      # chunk index -> checked tokens, LRU
+
+    def leaves(self):
+        """The leaves file's bytes, checked against the manifest's chunk root (once)."""
+        if self._leaves is None:
+            leaves = hashchain.read_bytes(self.leaves_path, "leaves file", 32 * self.n_chunks,
+                                          DataError)
+            fold = hashchain.MerkleFold()
+            for i in range(0, len(leaves), 32):
+                fold.push(leaves[i:i + 32])
+            if len(leaves) != 32 * self.n_chunks or fold.root() != self.root:
+                raise DataMismatch(f"split {self.split!r}: {self.leaves_path} does not match the "
+                                   "manifest's chunk root (the corpus is not the one its manifest "
+                                   "names: prepare it again)")
+            self._leaves = leaves
+        return self._leaves
+
+    def chunk(self, k):
+        if k in self.cache:
+            self.cache.move_to_end(k)
+            return self.cache[k]
+        leaf = self.leaves()[32 * k:32 * k + 32]
+        raw = os.pread(self.file.fileno(), self.chunk_bytes, k * self.chunk_bytes)
+        if len(raw) != min(self.chunk_bytes, self.size - k * self.chunk_bytes) \
+                or hashlib.sha256(raw).digest() != leaf:
+            raise DataMismatch(f"split {self.split!r}: chunk {k} of {self.path} does not match its "
+                               "leaf under the manifest's chunk root (the token file differs from "
+                               "its manifest)")
+        tokens = self.cache[k] = np.frombuffer(raw, self.dtype)
+        if len(self.cache) > CACHED_CHUNKS:
+            self.cache.popitem(last=False)
+        return tokens
 
 
 def open_bundle_split(data, split, rec):
@@ -259,7 +327,7 @@ def open_bundle_split(data, split, rec):
     n_chunks = -(-size // chunk_bytes)
     chunks = {}
     for key, proof in proofs.items():
-        k = int(key) if key.isdigit() else -1
+        k = int(key) if isinstance(key, str) and CHUNK_KEY.fullmatch(key) else -1
         if not 0 <= k < n_chunks:
             raise DataError(f"{where}: {key!r} is not a chunk of split {split!r}")
         path = os.path.join(data.path, chunk_file(split, k))
@@ -280,8 +348,13 @@ def open_bundle_split(data, split, rec):
             raise DataMismatch(f"bundle {data.path}: chunk {k} of split {split!r} does not match "
                                f"the manifest's chunk root (altered or swapped)")
         chunks[k] = np.frombuffer(raw, data.dtype)
-    return SparseTokens(rec["n_tokens"], chunk_bytes // data.dtype.itemsize, chunks,
-                        f"the bundle at {data.path} (steps {first}..{last})")
+
+    def chunk(k):
+        if k not in chunks:
+            raise DataError(f"the bundle at {data.path} (steps {first}..{last}) does not hold "
+                            f"chunk {k} of split {split!r} (it was cut for other steps)")
+        return chunks[k]
+    return ChunkedTokens(rec["n_tokens"], chunk_bytes // data.dtype.itemsize, data.dtype, chunk)
 
 
 
@@ -295,11 +368,14 @@ class TokenData:
         self.path, self.seed = data_dir, seed
         where = os.path.join(data_dir, MANIFEST)
         self.manifest = read_json(where, "corpus")
-        self.sources, self.tokens, self.bundle = {}, {}, None
+        self.sources, self.tokens, self.files, self.bundle = {}, {}, {}, None
         try:
-            if not isinstance(self.manifest, dict) or self.manifest["format"] != 1 \
-                    or self.manifest["dtype"] not in DTYPES:
+            if not isinstance(self.manifest, dict) or self.manifest["dtype"] not in DTYPES:
                 raise DataError(f"{where}: unsupported manifest format or dtype")
+            if self.manifest["format"] != MANIFEST_FORMAT:
+                raise DataError(f"{where}: manifest format {self.manifest['format']!r}, this "
+                                f"code reads format {MANIFEST_FORMAT} (its digest names the "
+                                "chunk roots): prepare the corpus again (same tokens, new digest)")
             self.vocab_size = self.manifest["tokenizer"]["vocab_size"]
             self.dtype = np.dtype(DTYPES[self.manifest["dtype"]])
             self.digest = manifest_digest(self.manifest)
@@ -318,25 +394,26 @@ class TokenData:
                     and c["bytes"] % self.dtype.itemsize == 0 and isinstance(c.get("root"), str)):
                 raise DataError(f"{where}: split {split!r} has no chunk commitment (prepared by "
                                 f"an older data.py? prepare it again: same tokens and digest)")
-        if os.path.exists(os.path.join(self.path, BUNDLE)):
-            self.bundle = read_json(os.path.join(self.path, BUNDLE), "bundle")
+        if os.path.lexists(os.path.join(self.path, BUNDLE)):
+            self.bundle = read_json(os.path.join(self.path, BUNDLE), "bundle", MAX_BUNDLE_INDEX)
             for split, rec in splits.items():
                 self.tokens[split] = open_bundle_split(self, split, rec)
             return
         for split, rec in splits.items():
-            self._map(split, rec["file"], rec["n_tokens"])
+            self._map(split, rec)
 
-    def _map(self, split, file, n_tokens):
-        if os.path.basename(file) != file:  # a manifest only names files beside itself
+    def _map(self, split, rec):
+        file = rec["file"]
+        if not isinstance(file, str) or os.path.basename(file) != file or file in ("", ".", ".."):
             raise DataError(f"split {split!r}: {file!r} is not a file of this corpus")
         path = os.path.join(self.path, file)
-        size = os.path.getsize(path) if os.path.exists(path) else None
-        if size != n_tokens * self.dtype.itemsize:
-            raise DataError(f"split {split!r}: {path} has {size} bytes, the manifest says "
-                            f"{n_tokens} tokens x {self.dtype.itemsize} bytes")
-        # np.memmap cannot map an empty file; an empty split is valid (and unusable).
-        self.tokens[split] = (np.memmap(path, dtype=self.dtype, mode="r") if n_tokens
-                              else np.zeros(0, self.dtype))
+        if not os.path.lexists(path):
+            raise DataError(f"split {split!r}: {path} is missing (the manifest says "
+                            f"{rec['n_tokens']} tokens)")
+        split_file = TokenFile(path, self.leaves_path(split), split, rec, self.dtype)
+        self.tokens[split] = ChunkedTokens(rec["n_tokens"], split_file.chunk_bytes // self.dtype.itemsize,
+                                           self.dtype, split_file.chunk)
+        self.files[split] = split_file
 
     def _open_mix(self):
         entries = self.manifest["mix"]
@@ -422,6 +499,15 @@ class TokenData:
         except OSError as e:
             raise DataError(f"cannot read {self.leaves_path(split)}: {e.strerror}") from None
 
+    def check_leaves(self):
+        """Check every split's leaves file against its chunk root now (reads run otherwise check
+        it at the first read): a trainer calls this before it writes anything. A bundle's chunks
+        were checked when it opened."""
+        for src in self.sources.values():
+            src.check_leaves()
+        for split_file in self.files.values():
+            split_file.leaves()
+
     # ------------------------------------------------------------------------- the stream
     def _split(self, split):
         if split not in self.tokens:
@@ -457,9 +543,13 @@ class TokenData:
 
     def window(self, split, step, micro, batch_size, seq_len):
         """int64 [batch_size, seq_len + 1]: the token windows of micro-batch `micro` of `step`."""
-        rows = [corpus.tokens[split][o:o + seq_len + 1]
-                for corpus, o in self.rows(split, step, micro, batch_size, seq_len)]
-        return torch.from_numpy(np.stack(rows).astype(np.int64))
+        rows = np.stack([corpus.tokens[split][o:o + seq_len + 1]
+                         for corpus, o in self.rows(split, step, micro, batch_size, seq_len)])
+        if rows.max() >= self.vocab_size:        # would index rows the embedding does not have
+            raise DataError(f"{self.path}: split {split!r} holds token id {int(rows.max())}, but "
+                            f"its tokenizer has {self.vocab_size} tokens (step {step}, micro-batch "
+                            f"{micro}): not a corpus this tokenizer wrote")
+        return torch.from_numpy(rows.astype(np.int64))
 
     def micro_batch(self, split, step, micro, batch_size, seq_len):
         """(x, y) int64 [batch_size, seq_len]; y is x shifted by one token."""
@@ -478,7 +568,7 @@ class TokenData:
         if len(tokens) == 0:
             raise DataError(f"split {split!r} is empty")
         if len(tokens) <= UNIGRAM_SAMPLE:
-            counts = np.bincount(tokens, minlength=self.vocab_size)
+            counts = np.bincount(tokens[:], minlength=self.vocab_size)
         else:
             run = UNIGRAM_SAMPLE // UNIGRAM_RUNS
             starts = np.linspace(0, len(tokens) - run, UNIGRAM_RUNS).astype(np.int64)

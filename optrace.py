@@ -28,7 +28,10 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import hashchain
+
 FORMAT = "repops-optrace-v1"
+MAX_TRACE = 1 << 30        # bytes: a line per operator of one step
 
 
 class TraceError(Exception):
@@ -107,9 +110,9 @@ def write(path, entries, meta):
 def read(path):
     """(header, entries) of a trace file; TraceError if it is not one."""
     try:
-        with open(path) as f:
-            lines = [json.loads(line) for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
+        text = hashchain.read_bytes(path, "trace", MAX_TRACE, TraceError).decode("utf-8")
+        lines = [hashchain.strict_json(line) for line in text.splitlines() if line.strip()]
+    except UnicodeDecodeError as e:
         raise TraceError(f"cannot read {path}: {e}") from None
     except ValueError as e:
         raise TraceError(f"{path} is not a trace (not JSON lines: {e})") from None

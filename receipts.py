@@ -4,12 +4,16 @@ The chain's per-step hashes are public, so an "auditor" could report MATCH witho
 anything. Three pieces close that and the two other holes (no plan, no anchor):
 
     # 1. Commit, then reveal. The trainer (the run's lock holder) makes the run's secret once;
-    #    every step record carries grad_commit = SHA-256(salt_s || grad_root_s), where
-    #    salt_s = HMAC-SHA256(secret, step as 8 bytes big-endian) and grad_root_s is
-    #    hashchain.tensor_leaf("grad", the step's final gradient: folded, scaled, clipped).
+    #    the genesis record holds secret_commit(secret); every step record carries
+    #    step_commit = SHA-256(salt_s || grad_root_s || result_root_s), where
+    #    salt_s = HMAC-SHA256(secret, step as 8 bytes big-endian), grad_root_s is
+    #    hashchain.tensor_leaf("grad", the step's final gradient: folded, scaled, clipped) and
+    #    result_root_s = hashchain.keyed_state_root(grad_root_s, the post-step state): the
+    #    step's whole result (update and re-pin included), salted with what only a replay knows.
     secret = make_secret("runs/x")                      # trainer only: 32 random bytes, mode 0600
     secret = read_secret("runs/x", "why it is needed")  # UsageError if missing or malformed
-    commit(salt(secret, 17), grad_root)                 # the record's grad_commit
+    secret_commit(secret)                               # the genesis record's secret_commit
+    commit(salt(secret, 17), grad_root, result_root)    # the record's step_commit
     write_receipt("alice/step_17.json", receipt)        # audit.py --step 17 --receipt FILE
     results = check_receipts("receipts/", chain, salts) # [Result]: accepted/rejected/malformed/unchecked
     reveal(secret, run_id(genesis), 1, 40)              # salts of steps 1..40, for anyone to check with
@@ -25,10 +29,13 @@ anything. Three pieces close that and the two other holes (no plan, no anchor):
     append_anchor("runs/x", step, record_hash)
     first_contradiction(chain, read_anchors("anchors.jsonl"))   # None, or (step, message)
 
-Only a replay produces grad_root: it appears nowhere in the chain, and grad_commit hides it
-behind a salt that only the secret's holder can compute. A receipt's grad_root opens the
-commitment only if the auditor computed the step's gradient bit for bit. The publisher checks
-receipts with the secret; revealing the salts of a range lets anyone check those receipts
+Only a replay produces grad_root and result_root: they appear nowhere in the chain, and
+step_commit hides them behind a salt that only the secret's holder can compute. A receipt
+(format repops-receipt-v2) opens the commitment only if the auditor computed the step's gradient
+and its post-step state bit for bit (the state's public hash does not give its keyed root), and
+it names the record hash of the step it audited, so a chain rewritten later rejects it.
+Auditor names are 1..64 printable characters; whatever a receipt holds is printed escaped
+(shown). The publisher checks receipts with the secret; revealing the salts of a range lets anyone check those receipts
 later. Bad input raises config.UsageError (one line); a malformed receipt is reported as such
 by check_receipts, not raised.
 """
@@ -49,9 +56,13 @@ from config import UsageError
 SECRET = "secret"                  # in the run directory; never published
 SECRET_BYTES = 32
 ANCHORS = "anchors.jsonl"          # in the run directory; meant to be copied out of it
-RECEIPT_FORMAT = "repops-receipt-v1"
+RECEIPT_FORMAT = "repops-receipt-v2"   # v2: result_root and record_hash (v1 proved the gradient only)
 SALTS_FORMAT = "repops-salts-v1"
-MAX_FILE = 1 << 20                 # a receipt or salts file is a few KB; an anchors file small
+SECRET_COMMIT = b"repops-secret-commit-v1"
+MAX_FILE = 1 << 20                 # a receipt or salts file is a few KB
+MAX_ANCHORS = 64 << 20             # an anchors file: ~120 bytes per anchored step
+MAX_AUDITOR = 64                   # characters of an auditor's name
+MAX_AUDITORS = 1 << 20             # --plan --auditors: a plan lists every auditor
 HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -63,16 +74,30 @@ def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _read_json_file(path, what, error):
-    """Strict JSON text of a regular file no larger than MAX_FILE; `error` on any problem."""
-    with hashchain.open_regular(path, what, error) as f:
-        raw = f.read(MAX_FILE + 1)
-    if len(raw) > MAX_FILE:
-        raise error(f"{what} {path} is larger than {MAX_FILE} bytes")
+def _read_json_file(path, what, error, limit=MAX_FILE):
+    """The UTF-8 text of a regular file no larger than `limit`; `error` on any problem."""
     try:
-        return raw.decode("utf-8")
+        return hashchain.read_bytes(path, what, limit, error).decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{what} {path} is not UTF-8 text") from None
+
+
+def shown(text):
+    """`text` safe to print on one line: as it is if printable, else escaped (ascii()), so no
+    name, path or finding can add a line (a forged "accepted") to what a command prints."""
+    text = str(text)
+    return text if text.isprintable() else ascii(text)
+
+
+def auditor_problem(name):
+    """Why `name` is not an auditor's name (None if it is one): 1..MAX_AUDITOR printable
+    characters, no leading or trailing space."""
+    if not isinstance(name, str) or not name.strip():
+        return "an auditor's name must not be empty"
+    if len(name) > MAX_AUDITOR or not name.isprintable() or name != name.strip():
+        return (f"an auditor's name is 1..{MAX_AUDITOR} printable characters without leading or "
+                "trailing spaces")
+    return None
 
 
 # ----------------------------------------------------------------------------- 1. secret, commitments
@@ -111,9 +136,15 @@ def salt(secret, step):
     return hmac.new(secret, step.to_bytes(8, "big"), hashlib.sha256).digest()
 
 
-def commit(salt_bytes, grad_root):
-    """grad_commit = SHA-256(salt || grad_root), both as raw 32 bytes; hex."""
-    return hashlib.sha256(salt_bytes + bytes.fromhex(grad_root)).hexdigest()
+def commit(salt_bytes, grad_root, result_root):
+    """step_commit = SHA-256(salt || grad_root || result_root), each as raw 32 bytes; hex."""
+    return hashlib.sha256(salt_bytes + bytes.fromhex(grad_root) + bytes.fromhex(result_root)).hexdigest()
+
+
+def secret_commit(secret):
+    """The genesis record's commitment to the run's secret: HMAC-SHA256(secret, SECRET_COMMIT),
+    hex. It reveals nothing of the secret, and a resume with another secret is refused by it."""
+    return hmac.new(secret, SECRET_COMMIT, hashlib.sha256).hexdigest()
 
 
 def run_id(genesis):
@@ -124,9 +155,10 @@ def run_id(genesis):
 # ----------------------------------------------------------------------------- receipts
 # Every field a receipt has, and its type (HEX: 64 hex digits).
 HEX = "hex64"
-RECEIPT_FIELDS = {"format": str, "run": HEX, "step": int, "state_hash": HEX, "grad_root": HEX,
-                  "auditor": str, "machine": dict, "cost": dict, "code_digest": HEX,
-                  "data_manifest": HEX, "verdict": str, "findings": list}
+RECEIPT_FIELDS = {"format": str, "run": HEX, "step": int, "record_hash": HEX, "state_hash": HEX,
+                  "grad_root": HEX, "result_root": HEX, "auditor": str, "machine": dict,
+                  "cost": dict, "code_digest": HEX, "data_manifest": HEX, "verdict": str,
+                  "findings": list}
 
 
 class Malformed(Exception):
@@ -159,8 +191,10 @@ def read_receipt(path):
             raise Malformed(f"field {key} must be {'64 hex digits' if kind == HEX else kind.__name__}")
     if receipt["format"] != RECEIPT_FORMAT:
         raise Malformed(f"format is not {RECEIPT_FORMAT}")
-    if receipt["step"] < 1 or not receipt["auditor"].strip() or receipt["verdict"] not in ("MATCH", "MISMATCH"):
-        raise Malformed("step must be >= 1, auditor non-empty, verdict MATCH or MISMATCH")
+    if receipt["step"] < 1 or receipt["verdict"] not in ("MATCH", "MISMATCH"):
+        raise Malformed("step must be >= 1, verdict MATCH or MISMATCH")
+    if auditor_problem(receipt["auditor"]):
+        raise Malformed(f"field auditor: {auditor_problem(receipt['auditor'])}")
     if not all(isinstance(f, str) for f in receipt["findings"]):
         raise Malformed("findings must be a list of strings")
     return receipt
@@ -187,15 +221,19 @@ def judge(receipt, chain, salt_of):
     if step_salt is None:
         return "unchecked", f"no salt revealed for step {step}"
     reasons = []
-    if commit(step_salt, receipt["grad_root"]) != record.get("grad_commit"):
-        reasons.append("its grad_root does not open the step's commitment (echoed, or another gradient)")
+    if receipt["record_hash"] != record["record_hash"]:
+        reasons.append("it audited another record of this step (the chain was rewritten, or it is "
+                       "a receipt for another chain)")
+    if commit(step_salt, receipt["grad_root"], receipt["result_root"]) != record.get("step_commit"):
+        reasons.append("its grad_root and result_root do not open the step's commitment (echoed, "
+                       "or another gradient or post-step state: a replay that skipped the update?)")
     if receipt["state_hash"] != record.get("state_hash"):
         reasons.append("its state hash differs from the chain's")
     for key in ("code_digest", "data_manifest"):
         if receipt[key] != genesis.get(key):
             reasons.append(f"it was replayed with another {key}")
     if receipt["verdict"] != "MATCH":
-        reasons.append("the auditor reports " + (receipt["findings"] or ["MISMATCH"])[0])
+        reasons.append("the auditor reports " + shown((receipt["findings"] or ["MISMATCH"])[0])[:200])
     return ("rejected", "; ".join(reasons)) if reasons else ("accepted", "")
 
 
@@ -273,8 +311,9 @@ def plan(costs, auditors, redundancy, seed):
     distinct auditors. Greedy by cost: the most expensive steps first (in seed order within a
     cost), each to the least-loaded auditors (ties in seed order), so no auditor's total cost
     exceeds another's by more than one step's cost. Deterministic given the seed."""
-    if auditors < 1 or redundancy < 1:
-        raise UsageError(f"--auditors {auditors} --redundancy {redundancy}: both must be >= 1")
+    if not (1 <= auditors <= MAX_AUDITORS and 1 <= redundancy <= MAX_AUDITORS):
+        raise UsageError(f"--auditors {auditors} --redundancy {redundancy}: both must be in "
+                         f"1..{MAX_AUDITORS}")
     if redundancy > auditors:
         raise UsageError(f"--redundancy {redundancy} needs at least {redundancy} distinct auditors, "
                          f"--auditors is {auditors}")
@@ -320,14 +359,31 @@ def ranges(steps):
 
 
 # ----------------------------------------------------------------------------- 3. anchors
+def _anchor(line):
+    """The anchor a line holds, or None (not JSON, not an anchor)."""
+    try:
+        a = hashchain.strict_json(line)
+    except ValueError:
+        return None
+    ok = (isinstance(a, dict) and set(a) == {"step", "record_hash", "utc"} and _is_int(a["step"])
+          and a["step"] >= 0 and is_hex64(a["record_hash"]) and isinstance(a["utc"], str))
+    return a if ok else None
+
+
 def append_anchor(run_dir, step, record_hash):
     """Add {step, record_hash, utc} to run_dir/anchors.jsonl unless that step is anchored
     already (a resume re-derives anchored steps). The file is rewritten atomically: a kill
-    leaves the old file or the new one, never a torn line. Only the lock holder calls this."""
+    leaves the old file or the new one, never a torn line. Only the lock holder calls this.
+    Lines that are not anchors (a blank or torn tail, garbage) are dropped, as the chain drops a
+    torn tail: nothing in this bookkeeping file can stop the run (its copies, published outside
+    the run, are what count). A path that is not a regular file is bad input (UsageError)."""
     path = Path(run_dir) / ANCHORS
-    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
-    if any(json.loads(line)["step"] == step for line in lines):
+    raw = hashchain.read_bytes(path, "anchors file", MAX_ANCHORS, UsageError) if path.exists() else b""
+    text = raw.decode("utf-8", "replace")     # a line that is not UTF-8 is not an anchor: dropped
+    anchors = [a for a in map(_anchor, text.splitlines()) if a is not None]
+    if any(a["step"] == step for a in anchors):
         return
+    lines = [json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n" for a in anchors]
     utc = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     anchor = {"step": step, "record_hash": record_hash, "utc": utc}
     lines.append(json.dumps(anchor, sort_keys=True, separators=(",", ":")) + "\n")
@@ -343,14 +399,12 @@ def append_anchor(run_dir, step, record_hash):
 def read_anchors(path):
     """[{step, record_hash, utc}] from an anchors file; UsageError if it is not one."""
     anchors = []
-    for n, line in enumerate(_read_json_file(path, "anchors file", UsageError).splitlines(), start=1):
-        try:
-            a = hashchain.strict_json(line)
-        except ValueError as e:
-            raise UsageError(f"{path} line {n} is not valid JSON ({e})") from None
-        if not (isinstance(a, dict) and set(a) == {"step", "record_hash", "utc"} and _is_int(a["step"])
-                and a["step"] >= 0 and is_hex64(a["record_hash"]) and isinstance(a["utc"], str)):
-            raise UsageError(f"{path} line {n} is not an anchor (step, record_hash, utc)")
+    for n, line in enumerate(_read_json_file(path, "anchors file", UsageError, MAX_ANCHORS).splitlines(), start=1):
+        if not line.strip():
+            continue                   # a blank line (a copy's trailing newline) holds nothing
+        a = _anchor(line)
+        if a is None:
+            raise UsageError(f"{shown(path)} line {n} is not an anchor (JSON: step, record_hash, utc)")
         anchors.append(a)
     if not anchors:
         raise UsageError(f"{path} holds no anchors")

@@ -47,8 +47,9 @@ def summarize(results, directory):
 def check_receipts_command(args):
     _, results = receipt_results(args)
     for r in results:
-        about = [f"step {r.receipt['step']} by {r.receipt['auditor']}"] if r.receipt else []
-        print(f"{r.status:9s} {r.path}: " + ": ".join(about + [r.reason] * bool(r.reason)))
+        about = [f"step {r.receipt['step']} by {receipts.shown(r.receipt['auditor'])}"] if r.receipt else []
+        print(f"{r.status:9s} {receipts.shown(r.path)}: "
+              + ": ".join(about + [receipts.shown(r.reason)] * bool(r.reason)))
     return 1 if summarize(results, args.check_receipts)["rejected"] else 0
 
 

@@ -15,7 +15,8 @@ kernels/cpu/binding.cpp), loaded on first access. A failed build raises RepOpsBu
 one-line message; importing this module has no side effects.
 Host-side scalars are rounded to float32 with f32() after float64 IEEE arithmetic (contract §1).
 Backends: CPU (kernels/cpu, C++); CUDA (kernels/cuda) registers the same op names with CUDA
-implementations where torch has CUDA.
+implementations where torch has CUDA; Metal (kernels/metal, registered by repops_mps.py) where
+torch has MPS (an Apple GPU).
 """
 import hashlib
 import os
@@ -39,15 +40,19 @@ CUDA_SOURCES = sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(CUDA_DIR) if
 # Headers both backends include: the ids they share (CPU kernels, CUDA kernels) and the
 # bindings' common argument checks.
 COMMON_DIR = os.path.join(ROOT, "kernels", "common")
+# The Metal kernels (compiled at run time by torch.mps.compile_shader, see repops_mps.py).
+METAL_DIR = os.path.join(ROOT, "kernels", "metal")
+METAL_FILES = sorted(os.path.join(METAL_DIR, f) for f in os.listdir(METAL_DIR) if f.endswith((".metal", ".h")))
 
 
 def _headers(folder):
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith((".h", ".cuh")))
 
 
-# What decides the kernels' bits (the code digest of a run covers these). The CUDA files count
-# on every machine, so a CPU run and a CUDA run of the same code share one digest.
-KERNEL_FILES = CPU_SOURCES + _headers(CPU_DIR) + CUDA_SOURCES + _headers(CUDA_DIR) + _headers(COMMON_DIR)
+# What decides the kernels' bits (the code digest of a run covers these). The CUDA and Metal
+# files count on every machine, so a CPU, a CUDA and an MPS run of the same code share one digest.
+KERNEL_FILES = (CPU_SOURCES + _headers(CPU_DIR) + CUDA_SOURCES + _headers(CUDA_DIR) + _headers(COMMON_DIR)
+                + METAL_FILES)
 # The instruction set the CPU kernels are built for: this CPU's (native) unless REPOPS_CPU_ARCH
 # names another -march value, e.g. REPOPS_CPU_ARCH=x86-64-v3 (AVX2 + FMA, no AVX-512) to run the
 # AVX2 code path on an AVX-512 machine. Each value builds into its own folder under build/.
@@ -62,6 +67,17 @@ CUDA_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true"
               "-Xcompiler", "-ffp-contract=off", "-gencode=arch=compute_80,code=sm_80",
               "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
 HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where torch has CUDA
+HAS_MPS = torch.backends.mps.is_available()   # the Metal kernels are registered only where torch has MPS
+# The CUDA kernel versions the plain ops use, read once (docs/cuda-speed.md): all give the same bits;
+# a default changes only after tools/matmul_versions.py verified the new one on a GPU. MATMUL: 1
+# (kernels/cuda/matmul.cu), 2-4 (matmul_tiled.cu); INT8: mma (int8.cu) or cublaslt (torch._int_mm
+# where it fits); CLIP: 1 (optim.cu's one-warp gradient norm) or 2 (flat_sum.cu, streamed).
+CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4")
+CUDA_INT8_PATHS = ("mma", "cublaslt")
+CUDA_CLIP_VERSIONS = ("1", "2")
+CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "1"
+CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "mma"
+CUDA_CLIP = os.environ.get("REPOPS_CUDA_CLIP", "") or "1"
 
 # Philox purpose tags (contract §6), the numbers of RpPurpose in kernels/common/ids.h.
 PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
@@ -108,6 +124,10 @@ def load():
     _check_toolchain()
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", CPU_ARCH):
         raise RepOpsBuildError(f"REPOPS_CPU_ARCH={CPU_ARCH!r} is not a -march value (e.g. x86-64-v3, armv8.2-a)")
+    for var, value, known in (("REPOPS_CUDA_MATMUL", CUDA_MATMUL, CUDA_MATMUL_VERSIONS),
+                              ("REPOPS_CUDA_INT8", CUDA_INT8, CUDA_INT8_PATHS), ("REPOPS_CUDA_CLIP", CUDA_CLIP, CUDA_CLIP_VERSIONS)):
+        if value not in known:
+            raise RepOpsBuildError(f"{var}={value!r} is not one of its kernel versions ({', '.join(known)})")
     name = "repops_cuda" if HAS_CUDA else "repops_cpu"
     build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
     os.makedirs(build_dir, exist_ok=True)
@@ -135,6 +155,15 @@ def load():
     if HAS_CUDA and torch.ops.repops.canary_cuda().tolist() != [0.0, 0.0]:
         raise RepOpsBuildError("RepOps CUDA canary: the CUDA kernels were built with contraction or "
                                "without flush-to-zero; rebuild with repops.CUDA_FLAGS")
+    if HAS_CUDA:
+        torch.ops.repops.cuda_select(int(CUDA_MATMUL), CUDA_INT8_PATHS.index(CUDA_INT8), int(CUDA_CLIP))
+    if HAS_MPS:
+        import repops_mps   # here, not at the top: only a machine with MPS compiles Metal
+        try:
+            repops_mps.register()
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RepOpsBuildError(f"the RepOps Metal kernels failed: {first}") from e
     _loaded = True
 
 
@@ -314,6 +343,8 @@ def _indices_on(idx, device, hi, what):
     if idx.device == device or idx.device.type != "cpu":
         return idx, True
     ops.check_index(idx.reshape(-1), hi, what)
+    if device.type != "cuda":   # MPS: a plain copy (pinned memory is a CUDA notion)
+        return idx.to(device), False
     # from pinned memory the copy is truly asynchronous (no wait for the device's queue)
     return idx.pin_memory().to(device, non_blocking=True), False
 

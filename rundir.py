@@ -14,11 +14,12 @@
     run.config_json_differences()          # config.json vs the genesis record
 
     lock = hold_lock("runs/default")       # the trainer, for its whole life; UsageError if held
-    check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is in the run
+    check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is the run's
     first, last = chain_steps(run, "1:40")  # steps A:B of the chain (default all), refused if not in it
 
-Readers (audit.py, sample.py) never create, rename or delete anything in a run; the files they
-write (receipts, revealed salts) must lie outside it. The secret and anchors.jsonl are written
+Readers (audit.py, sample.py, data.py --bundle) never create, rename or delete anything in a
+run; the files they write (traces, receipts, revealed salts, bundles) must lie outside it and
+must not be a file of the run under another name (check_outside). The secret and anchors.jsonl are written
 by the trainer only (receipts.py). The trainer
 holds an flock on `lock` while it lives; the kernel drops it when the process dies, however it
 dies, so no pid or host bookkeeping decides who may write.
@@ -64,13 +65,37 @@ def hold_lock(run_dir):
     return f
 
 
+def _identity(path):
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
 def check_outside(run_dir, path, option):
-    """UsageError if `path` (an output file) lies inside the run directory: readers never write
-    into a run."""
-    run, target = os.path.realpath(run_dir), os.path.realpath(path)
-    if os.path.commonpath([run, target]) == run:
-        raise UsageError(f"{option} {path} lies inside the run directory {run_dir}; readers never "
-                         "write into a run: choose a file outside it")
+    """UsageError if `path` (an output: a file, or a directory to create) lies inside the run
+    directory or is one of its files under another name. Names are resolved (symbolic links),
+    then compared by device and inode: the path and every directory above it against the run
+    directory (a bind mount or another spelling of it), and an existing file against every file
+    of the run (a hard link). Readers never write into a run."""
+    if not os.path.isdir(run_dir):
+        return                          # no run: the command itself reports it
+    run = _identity(run_dir)
+    target = os.path.realpath(path)
+    inside, here = False, target
+    while not inside:
+        inside = os.path.exists(here) and _identity(here) == run
+        if os.path.dirname(here) == here:
+            break
+        here = os.path.dirname(here)
+    if not inside and os.path.isfile(target):
+        mine = _identity(target)
+        inside = any(_identity(os.path.join(d, name)) == mine
+                     for d, _, names in os.walk(run_dir) for name in names
+                     if os.path.isfile(os.path.join(d, name)))
+    if inside:
+        shown = path if str(path).isprintable() else ascii(str(path))
+        raise UsageError(f"{option} {shown} is inside the run directory {run_dir} or is one of its "
+                         "files under another name; readers never write into a run: choose a "
+                         "path outside it")
 
 
 def reject_checkpoint(run_dir, path):

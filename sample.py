@@ -2,13 +2,17 @@
 
     python sample.py                                        # latest checkpoint of runs/default
     python sample.py --run_dir runs/x --step 100 --prompt "ROMEO:" --tokens 300 --seed 7
+    python sample.py --device mps                           # on an Apple GPU (or cuda): same text
 
 The checkpoint is loaded only after the chain up to its step and the checkpoint itself verify
 against the published records. Sampling is Gumbel-max with Philox noise, all in RepOps
 (model.Llama.generate). It only reads the run directory. Exit code 2 on bad input.
 """
 import argparse
+import math
 import sys
+
+import torch
 
 import hashchain
 import repops
@@ -18,8 +22,8 @@ from data import DataError, get_tokenizer
 from train import TrainState
 
 
-def load_model(run_dir, step):
-    """(model, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
+def load_model(run_dir, step, device="cpu"):
+    """(model on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
     run = rundir.Run(run_dir)
     ckpts = dict(run.checkpoints())
     in_chain = [s for s in ckpts if s < run.chain.lines]
@@ -27,12 +31,15 @@ def load_model(run_dir, step):
     if step not in ckpts:
         raise UsageError(f"no checkpoint for step {step} in {run_dir} (have {sorted(ckpts)})")
     tensors = run.verified_checkpoint(step, ckpts[step])
-    state = TrainState(run.cfg, run.vocab_size)
+    state = TrainState(run.cfg, run.vocab_size, device)
     state.load(tensors)
     tokenizer = run.genesis.get("tokenizer")
     if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("name"), str):
         raise UsageError(f"{run.chain.path}: the genesis record names no tokenizer")
     return state.model, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
+
+
+MAX_TOKENS = 1 << 20       # --tokens: a sample, not a corpus
 
 
 def main(argv):
@@ -43,11 +50,17 @@ def main(argv):
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"), help="where the model runs: same text")
     args = ap.parse_args(argv)
     try:
-        if args.tokens < 0 or not args.temperature > 0 or not 0 <= args.seed < 1 << 64:
-            raise UsageError("--tokens must be >= 0, --temperature > 0 and --seed in [0, 2^64)")
-        model, enc = load_model(args.run_dir, args.step)
+        if not (0 <= args.tokens <= MAX_TOKENS and 0 < args.temperature < math.inf and 0 <= args.seed < 1 << 64):
+            raise UsageError(f"--tokens must be in 0..{MAX_TOKENS}, --temperature a finite number > 0 "
+                             "and --seed in [0, 2^64)")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: this machine has no CUDA GPU that torch can use")
+        if args.device == "mps" and not torch.backends.mps.is_available():
+            raise UsageError("--device mps: this machine has no Apple GPU (MPS) that torch can use")
+        model, enc = load_model(args.run_dir, args.step, args.device)
         ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
     except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)

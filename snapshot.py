@@ -5,7 +5,9 @@ checked for NaN/Inf) by host threads while step N+1 computes.
     job = hasher.submit(state)            # starts the host copy (CUDA: on a side stream), returns
     fields = train.train_step(state, ...) # the next step; its AdamW update first waits for the
                                           # copy (TrainState.wait_for_snapshot), nothing else does
-    done = job.result()                   # Hashed(step, root, leaves, tensors, nonfinite)
+    done = job.result()                   # Hashed(step, root, leaves, tensors, nonfinite, result_root)
+    job = hasher.submit(state, key)       # key: a Future of the step's grad_root; result_root is
+                                          # then the state's keyed root (hashchain.keyed_state_root)
 
 With overlap=False (the CPU default: there the hash would take cores from the step) submit
 hashes state.tensors() in place, before it returns, with no copy. Either way the digests are
@@ -32,25 +34,30 @@ import torch
 import hashchain
 
 # tensors: the hashed host tensors, valid until the next submit; nonfinite: the sorted names of
-# float tensors that hold a NaN or an infinity (the trainer refuses such a step).
-Hashed = namedtuple("Hashed", "step root leaves tensors nonfinite")
+# float tensors that hold a NaN or an infinity (the trainer refuses such a step); result_root:
+# the state's keyed root under the key submitted (None without one).
+Hashed = namedtuple("Hashed", "step root leaves tensors nonfinite result_root")
 
 
-def _leaf_and_finite(name, t):
+def _leaves_and_finite(name, t, key):
     host = t.detach().cpu()          # a no-op for host tensors; one copy for a device tensor
     a = host.numpy()
     # min and max propagate NaN and reach any infinity, with no temporary the size of the tensor
     finite = not host.is_floating_point() or a.size == 0 or bool(np.isfinite(a.min()) and np.isfinite(a.max()))
-    return hashchain.tensor_leaf(name, host), finite
+    keyed = None if key is None else hashchain.tensor_leaf(name, host, key)
+    return hashchain.tensor_leaf(name, host), keyed, finite
 
 
-def hash_state(step, tensors):
-    """Hashed for a dict of tensors: leaf hashes and finiteness in one pass per tensor, tensors
-    in parallel (hashchain.map_tensors)."""
-    results = hashchain.map_tensors(_leaf_and_finite, tensors)
-    leaves = {n: leaf for n, (leaf, _) in results.items()}
-    nonfinite = [n for n, (_, finite) in results.items() if not finite]
-    return Hashed(step, hashchain.merkle_root(list(leaves.values())), leaves, tensors, nonfinite)
+def hash_state(step, tensors, key=None):
+    """Hashed for a dict of tensors: leaf hashes (and keyed leaves under `key`, a Future of 64
+    hex digits) and finiteness in one pass per tensor, tensors in parallel (map_tensors)."""
+    key = None if key is None else bytes.fromhex(key.result())
+    results = hashchain.map_tensors(lambda n, t: _leaves_and_finite(n, t, key), tensors)
+    leaves = {n: leaf for n, (leaf, _, _) in results.items()}
+    nonfinite = [n for n, (_, _, finite) in results.items() if not finite]
+    result_root = None if key is None else hashchain.merkle_root([k for _, k, _ in results.values()])
+    return Hashed(step, hashchain.merkle_root(list(leaves.values())), leaves, tensors, nonfinite,
+                  result_root)
 
 
 class StateHasher:
@@ -60,12 +67,13 @@ class StateHasher:
         self.worker = ThreadPoolExecutor(max_workers=1) if overlap else None
         self.copy_stream = None
 
-    def submit(self, state):
-        """A Future of the Hashed state as it is now (state.step, state.tensors())."""
+    def submit(self, state, key=None):
+        """A Future of the Hashed state as it is now (state.step, state.tensors()); with `key` (a
+        Future of 64 hex digits) its keyed root too, hashed in the same pass."""
         tensors = state.tensors()
         if not self.overlap:
             job = Future()
-            job.set_result(hash_state(state.step, tensors))
+            job.set_result(hash_state(state.step, tensors, key))
             return job
         if self.buffers is None:
             self.buffers = {n: torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
@@ -89,12 +97,12 @@ class StateHasher:
         else:
             for n, t in tensors.items():
                 self.buffers[n].copy_(t)
-        return self.worker.submit(self._hash, state.step, copied)
+        return self.worker.submit(self._hash, state.step, copied, key)
 
-    def _hash(self, step, copied):
+    def _hash(self, step, copied, key):
         if copied is not None:
             copied.synchronize()
-        return hash_state(step, self.buffers)
+        return hash_state(step, self.buffers, key)
 
 
 class LeafLater:

@@ -16,8 +16,8 @@ is published after it (snapshot.py); a record never exists before its state was 
 at any moment, `python train.py` resumes from the latest checkpoint that verifies and
 re-derives the same chain; it refuses a run directory that another trainer holds
 or that was started with another config, corpus or code. Each step record also commits to the
-step's final gradient with the run's secret (grad_commit, receipts.py), so that auditors can
-prove they replayed the step; every `anchor_every` steps the chain head is appended to
+step's final gradient and its post-step state with the run's secret (step_commit, receipts.py),
+so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain head is appended to
 anchors.jsonl, for the publisher to copy out of the run. The config block is config.py.
 A state larger than memory (--preset=open1b) trains and replays with recompute and offload
 (docs/scale.md): per-block recomputation, Adam moments and a waiting gradient on disk.
@@ -86,7 +86,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py"]
+             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -251,37 +251,44 @@ def train_step(state, data, cfg, rank=0, world=1):
             quant.repin(state.model)     # after the update, before the state hash (quant.py)
     state.step = step
     # grad_root: the digest of the final gradient, which only a replay can compute; the
-    # trainer commits to it (step_record), an auditor's receipt reveals it (receipts.py). A
-    # Future: on a GPU with hash_async it is hashed from a host copy while the next step runs.
+    # trainer commits to it and to the post-step state keyed by it (step_record), an auditor's
+    # receipt reveals both (receipts.py). A Future: on a GPU with hash_async it is hashed from a
+    # host copy while the next step runs.
     return {"loss": loss_f, "loss_bits": hashchain.f32_bits(loss_f), "grad_norm": norm_f,
             "grad_norm_bits": hashchain.f32_bits(norm_f), "lr": repops.f32(lr),
             "lr_bits": hashchain.f32_bits(lr), "grad_root": state.grad_leaf.submit("grad", grad)}
 
 
-def step_record(step, root, leaves, data, cfg, fields, secret=None):
+def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=None):
     """The chain record of `step` (everything but prev/record_hash), whose state hashed to
     (root, leaves) and whose train_step returned `fields`. fields["grad_root"] (a Future of
-    the gradient's leaf hash) is never published: with the run's secret (the trainer) the
-    record holds its commitment grad_commit; without it (a replay) the record has no
-    grad_commit, which only the secret's holder can compute."""
+    the gradient's leaf hash) and result_root (the post-step state's keyed root under it) are
+    never published: with the run's secret (the trainer) the record holds their commitment
+    step_commit; without it (a replay) the record has no step_commit, which only the secret's
+    holder can compute."""
     windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len)
                for m in range(cfg.micro_batches)]
     record = {"kind": "step", "step": step, "state_hash": root, "tensor_hashes": leaves,
               "batch_digest": batch_digest(windows), **fields}
     grad_root = record.pop("grad_root").result()
     if secret is not None:
-        record["grad_commit"] = receipts.commit(receipts.salt(secret, step), grad_root)
+        record["step_commit"] = receipts.commit(receipts.salt(secret, step), grad_root, result_root)
     return record
 
 
-def genesis_record(state, data, cfg, init=None):
-    """The chain's line 0. init: an imported initial state's source (hfllama.load_into), whose
-    tensors are then the record's tensor hashes (and checkpoint 0)."""
+def genesis_record(state, data, cfg, secret=None, init=None):
+    """The genesis record; with the run's secret (the trainer) it holds secret_commit, which a
+    replay cannot compute (the audit checks it is there and well-formed). init: an imported
+    initial state's source (hfllama.load_into), whose tensors are then the record's tensor
+    hashes (and checkpoint 0)."""
     root, leaves = state.hash()
-    return {"kind": "genesis", "step": 0, "config": decisive_config(cfg),
-            "code_digest": code_digest(), **data.commitments(),
-            "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
-            **({"init": init} if init else {}), "state_hash": root, "tensor_hashes": leaves}
+    record = {"kind": "genesis", "step": 0, "config": decisive_config(cfg),
+              "code_digest": code_digest(), **data.commitments(),
+              "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
+              **({"init": init} if init else {}), "state_hash": root, "tensor_hashes": leaves}
+    if secret is not None:
+        record["secret_commit"] = receipts.secret_commit(secret)
+    return record
 
 
 @torch.no_grad()
@@ -301,9 +308,9 @@ def save_checkpoint(run_dir, tensors, record):
                                         "tensor_hashes": record["tensor_hashes"]})
 
 
-def check_identity(cfg, data, genesis, init):
-    """A resumed run must be the run its chain started: same decisive config, data, code and
-    imported source (init)."""
+def check_identity(cfg, data, genesis, secret, init):
+    """A resumed run must be the run its chain started: same decisive config, data, code,
+    secret (the genesis record's secret_commit) and imported source (init)."""
     diff = differences(decisive_config(cfg), genesis.get("config", {}))
     if diff:
         raise UsageError(f"{cfg.run_dir} was started with a different config ({', '.join(diff)}); "
@@ -314,6 +321,9 @@ def check_identity(cfg, data, genesis, init):
     if genesis.get("code_digest") != code_digest():
         raise UsageError(f"{cfg.run_dir} was started by different code (code digest); resume it with "
                          "that code, or start a new --run_dir")
+    if genesis.get("secret_commit") != receipts.secret_commit(secret):
+        raise UsageError(f"{cfg.run_dir}/{receipts.SECRET} is not the secret the run's genesis record "
+                         "commits to (secret_commit): restore the run's secret, or start a new --run_dir")
     if genesis.get("init") != init:
         raise UsageError(f"{cfg.run_dir} was initialized from " + ("other weights (--init_from: the "
                          "source files' SHA-256s differ)" if genesis.get("init") else "its config")
@@ -357,12 +367,12 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
         with open(run.dir / "config.json", "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
-        run.chain.append(genesis_record(state, data, cfg, init))
+        run.chain.append(genesis_record(state, data, cfg, secret, init))
         start = 0
     else:
-        check_identity(cfg, data, run.genesis, init)
-        secret = receipts.read_secret(run.dir, "the chain's commitments (grad_commit) cannot be "
+        secret = receipts.read_secret(run.dir, "the chain's commitments (step_commit) cannot be "
                                       "continued without it; restore it, or start a new --run_dir")
+        check_identity(cfg, data, run.genesis, secret, init)
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
     if writer and start == 0 and not checkpoint.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
@@ -415,8 +425,8 @@ def publish(chain, record, writer):
         published = {k: v for k, v in chain.records[step].items() if k not in ("prev", "record_hash")}
         mine = json.loads(json.dumps(record))
         if published != mine:
-            if [k for k in set(published) | set(mine) if published.get(k) != mine.get(k)] == ["grad_commit"]:
-                raise ReproducibilityError(f"step {step} re-derived to its record but for grad_commit: the "
+            if [k for k in set(published) | set(mine) if published.get(k) != mine.get(k)] == ["step_commit"]:
+                raise ReproducibilityError(f"step {step} re-derived to its record but for step_commit: the "
                                            "run's secret is not the one its chain was made with")
             raise ReproducibilityError(f"step {step} re-derived differently from the chain record: "
                                        "this machine does not reproduce the run (run audit.py)")
@@ -431,6 +441,8 @@ def hash_overlaps(cfg):
 
 
 def device_of(cfg, world):
+    if cfg.device == "mps":
+        return torch.device("mps")
     if cfg.device != "cuda":
         return torch.device("cpu")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if world > 1 else 0)
@@ -446,6 +458,7 @@ def run(cfg, rank, world):
     writer = rank == 0
     # Data, kernels and model first: a bad corpus or a failed build creates no run directory.
     data = TokenData(cfg.data_dir, cfg.seed)
+    data.check_leaves()                 # leaves against chunk roots; each chunk as it is read
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
@@ -467,7 +480,7 @@ def run(cfg, rank, world):
         if hashed.nonfinite:
             raise StepRefused(f"step {step}: the update left non-finite values in {hashed.nonfinite[0]}; "
                               "the step is refused and nothing of it is written")
-        record = step_record(step, hashed.root, hashed.leaves, data, cfg, fields, secret)
+        record = step_record(step, hashed.root, hashed.leaves, data, cfg, fields, secret, hashed.result_root)
         if world > 1:
             check_same_state(record["state_hash"], world)
         publish(chain, record, writer)
@@ -493,7 +506,7 @@ def run(cfg, rank, world):
             raise
         if pending:
             finish(*pending)
-        pending = (fields, hasher.submit(state))
+        pending = (fields, hasher.submit(state, fields["grad_root"]))   # keyed by grad_root: result_root
         evaluate_now = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps)
         if not hasher.overlap or evaluate_now or step == cfg.max_steps:
             finish(*pending)

@@ -159,25 +159,25 @@ def forward(cfg, params, x, rng, calibrate=False, y=None):
     """§6: (loss, tape) of token ids x [B, T] (targets y); calibrate: §8.3, up to hf."""
     B, T = x.shape
     eps, H = C.f32(cfg["norm_eps"]), cfg["n_head"]
-    cos, sin = C.rope_tables(T, cfg["d_model"] // H, C.f32(cfg["rope_theta"]))
+    cos, sin = C.rope_tables(cfg["seq_len"], cfg["d_model"] // H, C.f32(cfg["rope_theta"]))
     int8 = cfg["quant"] == "int8"
     e = C.embedding(params["tok_emb"], x.reshape(-1))
     tape = {"x": x, "blocks": [], "cos": cos, "sin": sin}
     for i in range(cfg["n_layer"]):
-        P = {n: params[f"layers.{i}.{n}"] for n in ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")}
+        layer = {n: params[f"layers.{i}.{n}"] for n in ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")}
         q = {n: (params[f"layers.{i}.{n}_sx"], params[f"layers.{i}.{n}_sw"], calibrate) if int8 else None
              for n in LINEARS}
         lin = []
         blk = {"e1": e}
-        a, blk["rstd1"] = C.rmsnorm(e, P["attn_norm"], eps)
-        o, blk["att"] = attention(cfg, linear(a, P["wqkv"], q["wqkv"], lin), B, T, cos, sin)
-        e = C.add(e, dropout(cfg, linear(o, P["wo"], q["wo"], lin), rng, 2 * i))
+        a, blk["rstd1"] = C.rmsnorm(e, layer["attn_norm"], eps)
+        o, blk["att"] = attention(cfg, linear(a, layer["wqkv"], q["wqkv"], lin), B, T, cos, sin)
+        e = C.add(e, dropout(cfg, linear(o, layer["wo"], q["wo"], lin), rng, 2 * i))
         blk["e2"] = e
-        a, blk["rstd2"] = C.rmsnorm(e, P["mlp_norm"], eps)
-        u = linear(a, P["w_gate_up"], q["w_gate_up"], lin)
-        f = linear(C.swiglu(u), P["w_down"], q["w_down"], lin)
+        a, blk["rstd2"] = C.rmsnorm(e, layer["mlp_norm"], eps)
+        u = linear(a, layer["w_gate_up"], q["w_gate_up"], lin)
+        f = linear(C.swiglu(u), layer["w_down"], q["w_down"], lin)
         e = C.add(e, dropout(cfg, f, rng, 2 * i + 1))
-        blk.update(u=u, lin=lin, P=P)
+        blk.update(u=u, lin=lin, layer=layer)
         tape["blocks"].append(blk)
     hf, tape["rstd_f"] = C.rmsnorm(e, params["norm"], eps)
     if calibrate:
@@ -204,12 +204,12 @@ def backward(cfg, params, tape, rng):
         gs, *g_down = linear_backward(gf, l_down)
         gu = C.swiglu_backward(gs, blk["u"])
         ga, *g_gu = linear_backward(gu, l_gu)
-        gn, grads[name + "mlp_norm"] = C.rmsnorm_backward(ga, blk["e2"], blk["P"]["mlp_norm"], blk["rstd2"])
+        gn, grads[name + "mlp_norm"] = C.rmsnorm_backward(ga, blk["e2"], blk["layer"]["mlp_norm"], blk["rstd2"])
         ge = C.add(ge, gn)                                           # rmsnorm_fork: g_res + g_norm
         go, *g_o = linear_backward(dropout(cfg, ge, rng, 2 * i), l_o)
         gqkv = attention_backward(cfg, go, blk["att"], B, T, tape["cos"], tape["sin"])
         ga, *g_qkv = linear_backward(gqkv, l_qkv)
-        gn, grads[name + "attn_norm"] = C.rmsnorm_backward(ga, blk["e1"], blk["P"]["attn_norm"], blk["rstd1"])
+        gn, grads[name + "attn_norm"] = C.rmsnorm_backward(ga, blk["e1"], blk["layer"]["attn_norm"], blk["rstd1"])
         ge = C.add(ge, gn)
         for lin, (gw, g_sx, g_sw) in zip(LINEARS, (g_qkv, g_o, g_gu, g_down)):
             grads[name + lin] = gw

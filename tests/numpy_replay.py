@@ -7,8 +7,9 @@ replays the genesis state and steps 1..N of a run in NumPy and compares every by
 derive with the run's files: the genesis record and each step record (line for line of
 chain.jsonl), and the checkpoint files of those steps; with --start S it starts from the
 checkpoint of step S (read by SPEC §13, checked against its record) instead of the genesis.
-grad_commit needs the run's secret (run_dir/secret); without it the replay takes each
-grad_commit from the published record and checks everything else, the record hashes included.
+step_commit needs the run's secret (run_dir/secret) or the step's revealed salt (--salts FILE),
+secret_commit the secret; without them the replay takes that field from the published record and
+checks everything else, the record hashes included.
 It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
 otherwise, 2 on bad input.
 
@@ -37,10 +38,12 @@ VAL_COUNTER = 0x80000000
 
 
 # ------------------------------------------------------------------ §11 hashes, §12 JSON
-def leaf(name, arr):
-    """§11.1: SHA-256 of the domain, name, dtype, shape and little-endian bytes of a tensor."""
+def leaf(name, arr, key=None):
+    """§11.1: SHA-256 of the domain, name, dtype, shape and little-endian bytes of a tensor;
+    with key (32 bytes) the keyed leaf (domain "repops-keyed-tensor-v1" 0x00 key)."""
     dtype = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64"}[arr.dtype]
-    head = b"repops-tensor-v1\0" + name.encode() + b"\0" + dtype.encode() + b"\0" + \
+    domain = b"repops-tensor-v1\0" if key is None else b"repops-keyed-tensor-v1\0" + key
+    head = domain + name.encode() + b"\0" + dtype.encode() + b"\0" + \
         ("[" + ",".join(str(d) for d in arr.shape) + "]").encode() + b"\0"
     return hashlib.sha256(head + le_bytes(arr)).hexdigest()
 
@@ -83,13 +86,10 @@ def sealed(record, prev):
 
 # ------------------------------------------------------------------ §5 the data
 def read_manifest(data_dir):
-    """(manifest, its digest): SHA-256 of its canonical JSON without the chunk records (§5.1)."""
+    """(manifest, its digest): SHA-256 of its whole canonical JSON, chunk records included (§5.1)."""
     with open(os.path.join(data_dir, "manifest.json")) as f:
         manifest = json.load(f)
-    named = dict(manifest)
-    if "splits" in manifest:
-        named["splits"] = {s: {k: v for k, v in r.items() if k != "chunks"} for s, r in manifest["splits"].items()}
-    return manifest, hashlib.sha256(canonical_json(named).encode()).hexdigest()
+    return manifest, hashlib.sha256(canonical_json(manifest).encode()).hexdigest()
 
 
 def open_data(data_dir, seed):
@@ -204,6 +204,8 @@ def train_step(cfg, corpus, params, m, v, s):
     mean = C.mul(tree_sum(bufs), C.f32(1.0 / N))
     loss = mean[-1]
     grad, norm = C.clip_grad(mean[:-1], cfg["grad_clip"])
+    if not (np.isfinite(loss) and np.isfinite(norm)):
+        raise ValueError(f"step {s}: the loss or gradient norm is not finite, a step the trainer refuses (§9.2)")
     lr = lr_at(cfg, s)
     b1, b2, wd = cfg["beta1"], cfg["beta2"], cfg["weight_decay"]
     offset = 0
@@ -217,6 +219,8 @@ def train_step(cfg, corpus, params, m, v, s):
                                          C.f32(1.0 / (1.0 - powi(b1, s))), C.f32(1.0 / (1.0 - powi(b2, s))))
     if cfg["quant"] == "int8" and cfg["lsq_repin"]:
         repin(cfg, params)
+    if not all(np.isfinite(t).all() for t in (*params.values(), *m.values(), *v.values())):
+        raise ValueError(f"step {s}: the update leaves a non-finite value, a step the trainer refuses (§9.4)")
     digest = hashlib.sha256(b"".join(corpus.window("train", s, micro, B, T).astype("<i4").tobytes()
                                      for micro in range(N))).hexdigest()
     fields = {"kind": "step", "step": s, "batch_digest": digest,
@@ -245,9 +249,9 @@ def code_digest(root):
     arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
     flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp"
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py"]
+             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
-             "kernels/common": (".h", ".cuh")}
+             "kernels/common": (".h", ".cuh"), "kernels/metal": (".metal", ".h")}
     for folder, ends in kinds.items():
         files += [f"{folder}/{f}" for f in os.listdir(os.path.join(root, folder))
                   if f.endswith(ends) and f"{folder}/{f}" != "kernels/cpu/selftest.cpp"]
@@ -281,19 +285,31 @@ def checkpoint_path(run_dir, step):
     return os.path.join(run_dir, "checkpoints", f"step_{step:08d}.safetensors")
 
 
-def replay(run_dir, data_dir, steps, code_root, say, start=0):
+def salts_of(run_dir, salts_file):
+    """step -> salt (§11.6) from the run's secret, else from a revealed salts file, else None;
+    step 0 -> the secret's own commitment (secret_commit's bytes), known only from the secret."""
+    secret_path = os.path.join(run_dir, "secret")
+    if os.path.exists(secret_path):
+        secret = open(secret_path, "rb").read()
+        return lambda s: (hmac.new(secret, b"repops-secret-commit-v1", hashlib.sha256).digest() if s == 0
+                          else hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest())
+    revealed = {}
+    if salts_file:
+        with open(salts_file) as f:
+            revealed = {int(k): bytes.fromhex(v) for k, v in json.load(f)["salts"].items()}
+    return revealed.get
+
+
+def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     """Replay steps start+1..steps of run_dir from the genesis (start 0: recomputed from the
     config and checked too) or from the checkpoint of step `start`; say(line) for each verdict.
-    True if all match."""
+    True if all match. step_commit and secret_commit from the secret, else a salts file, else the record."""
     lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().splitlines()
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     cfg = json.loads(lines[0])["config"]
     corpus = open_data(data_dir, cfg["seed"])
-    secret_path = os.path.join(run_dir, "secret")
-    secret = open(secret_path, "rb").read() if os.path.exists(secret_path) else None
-    if secret is None:
-        say("note: no secret in the run directory: grad_commit is taken from the published records")
+    salt_of = salts_of(run_dir, salts_file)
     init = json.loads(lines[0]).get("init")             # §17: an imported state is checkpoint 0's
     if start == 0:
         params = ({n[len("params."):]: t for n, t in read_checkpoint(checkpoint_path(run_dir, 0)).items()
@@ -321,13 +337,19 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0):
             fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}))
         else:
             fields, grad_root = train_step(cfg, corpus, params, m, v, s)
-            if secret is not None:                                      # §11.6
-                salt = hmac.new(secret, s.to_bytes(8, "big"), hashlib.sha256).digest()
-                fields["grad_commit"] = hashlib.sha256(salt + bytes.fromhex(grad_root)).hexdigest()
-            else:
-                fields["grad_commit"] = json.loads(lines[s]).get("grad_commit")
         state = full_state(cfg, params, m, v, s)
         root, leaves = state_hash(state)
+        commitment, salt = ("secret_commit", None) if s == 0 else ("step_commit", salt_of(s))   # §11.6
+        if s == 0 and salt_of(0) is not None:          # the secret itself is known
+            fields[commitment] = salt_of(0).hex()
+        elif salt is not None:
+            key = bytes.fromhex(grad_root)
+            result_root = merkle_root([leaf(n, state[n], key) for n in sorted(state)])
+            fields[commitment] = hashlib.sha256(salt + key + bytes.fromhex(result_root)).hexdigest()
+        else:
+            say(f"note: step {s}: no secret{' and no salt' * (s > 0)}: {commitment} is taken from the "
+                "published record")
+            fields[commitment] = json.loads(lines[s]).get(commitment)
         record = sealed(dict(fields, state_hash=root, tensor_hashes=leaves), prev)
         prev = record["record_hash"]
         if canonical_json(record).encode() == lines[s]:
@@ -353,11 +375,12 @@ def main(argv):
     ap.add_argument("--data_dir", required=True)
     ap.add_argument("--steps", type=int, default=3, help="the last step to replay")
     ap.add_argument("--start", type=int, default=0, help="a checkpointed step to start from (0: the genesis)")
+    ap.add_argument("--salts", help="revealed salts (repops-salts-v1) when the run's secret is absent")
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = ap.parse_args(argv)
     try:
         ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, lambda line: print(line, flush=True),
-                    args.start)
+                    args.start, args.salts)
     except (OSError, ValueError, KeyError) as e:
         print(f"numpy_replay.py: error: {e}", file=sys.stderr)
         return 2

@@ -198,7 +198,8 @@ def _receipt(run, **changes):
     """A well-formed receipt of step 3 of `run` (not a true one), with `changes`."""
     genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])
     return json.dumps({"format": receipts.RECEIPT_FORMAT, "run": genesis["record_hash"], "step": 3,
-                       "state_hash": "0" * 64, "grad_root": "0" * 64, "auditor": "a", "machine": {},
+                       "record_hash": "0" * 64, "state_hash": "0" * 64, "grad_root": "0" * 64,
+                       "result_root": "0" * 64, "auditor": "a", "machine": {},
                        "cost": {}, "code_digest": "0" * 64, "data_manifest": "0" * 64,
                        "verdict": "MATCH", "findings": [], **changes})
 

@@ -3,7 +3,8 @@
 Without a GPU (they need nvcc; skipped with the reason where it is missing):
 
 1. every kernels/cuda/*.cu compiles for sm_80 and sm_90 with the contract's flags, so a syntax
-   or type error fails CI on machines without a GPU;
+   or type error fails CI on machines without a GPU; the numbered matmul versions neither spill
+   registers nor overflow static shared memory (ptxas's report);
 2. the PTX of every kernel uses only the float instructions the contract allows: add/sub/mul
    with explicit .rn and .ftz (never contracted, subnormals flushed), exact conversions,
    compares, selects, min/max; no fma/mad, div, sqrt, rcp, rsqrt, ex2, lg2, sin, cos, no
@@ -16,7 +17,8 @@ Without a GPU (they need nvcc; skipped with the reason where it is missing):
    reproduces tests/test_selftest.py's digests, so the GPU digest test below is meaningful.
 
 With a CUDA GPU (skipped otherwise, with the reason): every op on CUDA tensors gives the CPU
-op's bits on random, awkward-size and adversarial inputs; the self-test's digests as the CPU computes them; a
+op's bits on random, awkward-size and adversarial inputs, and so does every numbered matmul and
+clip_grad version (docs/cuda-speed.md); the self-test's digests as the CPU computes them; a
 short training run on CUDA whose chain is byte-identical to the CPU chain; torchrun with NCCL
 for R=2 when two GPUs exist.
 """
@@ -38,6 +40,7 @@ import torch.utils.cpp_extension
 
 import repops
 import test_kernels as TK
+import tools.matmul_versions as MV
 import test_selftest as ST
 from tiny import TINY, make_corpus
 
@@ -85,7 +88,8 @@ def ptx_dir(tmp_path_factory):
 
     def build(src):
         base = ["-I", str(CUDA_DIR), "-I", str(COMMON_DIR)] + NVCC_FLAGS
-        _run([NVCC, "-c"] + base + ARCHS + [str(src), "-o", str(out / (src.stem + ".o"))])
+        r = _run([NVCC, "-c", "-Xptxas", "-v"] + base + ARCHS + [str(src), "-o", str(out / (src.stem + ".o"))])
+        (out / (src.stem + ".ptxas")).write_text(r.stdout + r.stderr)  # registers, spills, shared memory
         _run([NVCC, "-ptx", "-arch=compute_80"] + base + [str(src), "-o", str(out / (src.stem + ".ptx"))])
         return src.name
 
@@ -107,6 +111,35 @@ def test_every_op_family_has_a_cuda_source():
 def test_cu_sources_compile_for_sm80_and_sm90(ptx_dir):
     for src in CU_SOURCES:
         assert (ptx_dir / (src.stem + ".o")).stat().st_size > 0
+
+
+def ptxas_report(path):
+    """[(kernel, arch, spill bytes stored + loaded, registers, static shared memory bytes)] from nvcc -Xptxas -v."""
+    rows, cur = [], None
+    for line in path.read_text().splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)' for '(sm_\d+)'", line):
+            cur = [m.group(1), m.group(2), None]
+        elif cur and (m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+            cur[2] = int(m.group(1)) + int(m.group(2))
+        elif cur and (m := re.search(r"Used (\d+) registers", line)):
+            smem = re.search(r"(\d+) bytes smem", line)
+            rows.append((cur[0], cur[1], cur[2], int(m.group(1)), int(smem.group(1)) if smem else 0))
+            cur = None
+    return rows
+
+
+@needs_nvcc
+def test_matmul_versions_do_not_spill(ptx_dir):
+    """Every instantiation of matmul_tiled.cu (versions 2 and 3, four operand layouts each) keeps
+    its 64 accumulators and operand fragments in registers on sm_80 and sm_90 (a spill to local
+    memory would cost the version its speed) and fits the 48 KiB of static shared memory; so does
+    flat_sum.cu's streamed norm (clip_grad version 2)."""
+    rows = [r for r in ptxas_report(ptx_dir / "matmul_tiled.ptxas") if "tiled_kernel" in r[0]]
+    assert len(rows) == 16, f"expected 2 versions x 4 layouts x 2 archs, got {len(rows)}: {rows}"
+    norm = [r for r in ptxas_report(ptx_dir / "flat_sum.ptxas") if "norm_stream_kernel" in r[0]]
+    assert len(norm) == 2, f"expected clip_grad version 2's kernel for 2 archs, got {norm}"
+    bad = [r for r in rows + norm if r[2] != 0 or r[4] > 48 * 1024]
+    assert not bad, f"tiled matmul kernels that spill or need too much shared memory: {bad}"
 
 
 # Float instructions the contract allows in device code (PTX opcodes, modifiers included).
@@ -409,6 +442,23 @@ def test_matmul_past_the_grid_limits_bits(ops):
 
 
 @needs_gpu
+@pytest.mark.parametrize("version", MV.VERSIONS)
+def test_matmul_versions_bits(ops, version):
+    """Every numbered matmul kernel (repops.ops.matmul_v) on tools/matmul_versions.py's quick cases:
+    odd sizes, K = 0 and 1, transposed views, step-2 slices, batch broadcast, specials, tiny values."""
+    bad = MV.verify_fp32(MV.fp32_cases(quick=True), (version,), DEV)
+    assert not bad[version], f"matmul version {version} differs from the CPU on: {bad[version]}"
+
+
+@needs_gpu
+def test_clip_grad_versions_bits(ops):
+    """Both gradient-norm kernels (repops.ops.clip_grad_v) on tools/matmul_versions.py's quick
+    lengths (around 32 and 2048, specials, flushing squares, a misaligned start)."""
+    bad = MV.verify_clip(DEV, quick=True)
+    assert not any(bad.values()), f"clip_grad versions differ from the CPU on: {bad}"
+
+
+@needs_gpu
 @pytest.mark.parametrize("RD", [(1, 1), (7, 33), (33, 7), (3, 129), (1, 1000), (70, 129)])
 @pytest.mark.parametrize("kind", ["normal", "adv", "zero_rows", "huge", "tiny"])
 @pytest.mark.parametrize("eps", [1e-5, 0.0])
@@ -638,7 +688,7 @@ def corpus(tmp_path_factory):
 
 def _train(work, corpus, *extra, launcher=None):
     (work / "run").mkdir(parents=True, exist_ok=True)
-    (work / "run" / "secret").write_bytes(SECRET)   # the chain bytes depend on it (grad_commit)
+    (work / "run" / "secret").write_bytes(SECRET)   # the chain bytes depend on it (step_commit)
     cmd = (launcher or [sys.executable]) + [str(ROOT / "train.py"), "--run_dir=run", f"--data_dir={corpus}", *RUN_FLAGS, *extra]
     r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -6,6 +6,7 @@ The compile and PTX checks of int8.cu run with every other .cu in tests/test_cud
 only nvcc); the self-test's int8 digest lines on CUDA are in its golden-digest test. Here, with
 a GPU: the tensor-core GEMM (both staging paths: 16-byte loads and the byte path for other K or
 misaligned operands; tile edges; all +-127 at the largest K), its dequantizing epilogue,
+the cuBLASLt path (torch._int_mm, REPOPS_CUDA_INT8=cublaslt) against ours and the CPU's,
 quantize/dequantize on adversarial inputs, the LSQ rule and backward, the off-grid error, and a
 --quant=int8 training run on CUDA whose chain and checkpoints equal the CPU run's byte for byte.
 """
@@ -84,6 +85,25 @@ def test_int8_gemm_misaligned_operands(ops):
     assert va.data_ptr() % 16 != 0
     got = ops.int8_matmul(va, vb).cpu().numpy()
     assert np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64).T)
+
+
+@needs_gpu
+@pytest.mark.parametrize("M,N,K", SHAPES + [(32, 64, KMAX), (17, 8, 8)])
+def test_int8_cublaslt_path_bits(ops, M, N, K):
+    """Path 1 (REPOPS_CUDA_INT8=cublaslt: at::_int_mm where its shape rules allow, our GEMM
+    elsewhere) gives path 0's and the CPU's bits: the int32 product and the dequantized linear."""
+    a, b = ints(M + 11 * N, (M, K)), ints(K + 5, (N, K))
+    if K == KMAX:                                        # sums at +-KMAX * 127^2
+        a[:, :], b[:, :] = 127, 127
+        a[1], b[3, ::2] = -127, -127
+    rng = np.random.default_rng(K + 1)
+    sx, sw = np.float32([0.0371]), (rng.random(N) * 0.01 + 1e-4).astype(np.float32)
+    want = ops.int8_matmul(TI.T(a), TI.T(b))
+    want_y = ops.int8_linear(TI.T(a), TI.T(b), TI.T(sx), TI.T(sw))
+    for path in (0, 1):
+        got = ops.int8_matmul_v(C(a), C(b), True, path)
+        assert got.dtype == torch.int32 and torch.equal(got.cpu(), want), f"int8_matmul path {path}"
+        same(want_y, ops.int8_linear_v(C(a), C(b), C(sx), C(sw), True, path), f"int8_linear path {path}")
 
 
 @needs_gpu

@@ -105,7 +105,7 @@ def test_manifest_and_files(corpus, tmp_path):
     out, manifest = corpus
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == manifest
-    assert manifest["format"] == 1
+    assert manifest["format"] == 2
     assert manifest["tokenizer"] == {"name": "bytes", "vocab_size": 256}
     assert manifest["dtype"] == "uint16"
     src = manifest["source"]
@@ -129,11 +129,8 @@ def test_manifest_and_files(corpus, tmp_path):
         assert (out / f"{s}.leaves").read_bytes() == leaf
         assert manifest["splits"][s]["chunks"] == {
             "bytes": 65536, "root": hashlib.sha256(b"\x00" + leaf).hexdigest()}
-    # The digest names the corpus without the chunk records (derived from the token files).
-    named = json.loads(json.dumps(manifest))
-    for rec in named["splits"].values():
-        del rec["chunks"]
-    canonical = json.dumps(named, sort_keys=True, separators=(",", ":")).encode()
+    # The digest names the corpus with its chunk records (format 2): every token, by its chunk.
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     assert manifest_digest(manifest) == hashlib.sha256(canonical).hexdigest()
     d = TokenData(str(out), seed=1)
     assert d.digest == manifest_digest(manifest)
@@ -192,8 +189,18 @@ def test_tampered_token_changes_only_windows_that_contain_it(corpus, tmp_path):
     raw = bytearray((bad / "train.bin").read_bytes())
     raw[2 * p] ^= 0x01
     (bad / "train.bin").write_bytes(bytes(raw))
+    with pytest.raises(DataMismatch, match="chunk 0 of"):   # read against its leaf: refused
+        TokenData(str(bad), seed=7).window("train", 3, 1, B, T)
+    # A publisher who also recomputes the leaves and the chunk root (keeping the split's SHA-256,
+    # the stream's key) gets a corpus with another name, whose stream differs only where it read.
+    (bad / "train.leaves").write_bytes(hashlib.sha256(bytes(raw)).digest())
+    forged = json.loads((bad / "manifest.json").read_text())
+    forged["splits"]["train"]["chunks"]["root"] = hashchain.merkle_root(
+        [hashlib.sha256(bytes(raw)).hexdigest()])
+    (bad / "manifest.json").write_text(json.dumps(forged))
 
     tampered = TokenData(str(bad), seed=7)
+    assert tampered.digest != clean.digest
     changed = 0
     for (s, m), w in windows.items():
         t = tampered.window("train", s, m, B, T)
@@ -214,9 +221,11 @@ def test_verify_detects_flipped_val_token(corpus):
     raw = bytearray((out / "val.bin").read_bytes())
     raw[0] ^= 0x40
     (out / "val.bin").write_bytes(bytes(raw))
-    d = TokenData(str(out), seed=0)  # loading does not hash; only the auditor's verify() does
+    d = TokenData(str(out), seed=0)  # loading does not hash; reading and verify() do
     with pytest.raises(DataError, match="'val'"):
         d.verify()
+    with pytest.raises(DataMismatch, match="'val': chunk 0"):
+        d.window("val", 0, 0, 1, 8)
 
 
 def test_size_mismatch_is_refused(corpus):
@@ -388,7 +397,7 @@ def test_large_vocab_uses_uint32(tmp_path, monkeypatch):
     d = TokenData(out, seed=0)
     n = manifest["splits"]["train"]["n_tokens"] + manifest["splits"]["val"]["n_tokens"]
     assert sum(os.path.getsize(Path(out) / f"{s}.bin") for s in ("train", "val")) == 4 * n
-    tokens = np.concatenate([d.tokens["train"], d.tokens["val"]])
+    tokens = np.concatenate([d.tokens["train"][:], d.tokens["val"][:]])
     assert tokens.max() > 65535 and enc.decode(tokens.tolist()) == UTF8_TEXT
     d.verify()
 
@@ -520,7 +529,7 @@ def test_verify_checks_chunk_commitments(corpus):
     forged = json.loads(json.dumps(manifest))
     forged["splits"]["train"]["chunks"]["root"] = "00" * 32
     (out / "manifest.json").write_text(json.dumps(forged))
-    assert manifest_digest(forged) == manifest_digest(manifest)   # the root is derived data
+    assert manifest_digest(forged) != manifest_digest(manifest)   # the digest names the roots
     with pytest.raises(DataMismatch, match="'train'"):
         TokenData(str(out), seed=0).verify()
     del forged["splits"]["train"]["chunks"]                         # an older data.py's manifest
@@ -582,7 +591,7 @@ def test_mix_manifest_and_commitments(mix, tmp_path):
     base, manifest = mix
     assert json.loads((base / "manifest.json").read_text()) == manifest
     srcs = {n: TokenData(str(base / n), seed=0) for n in MIX_SOURCES}
-    assert manifest == {"format": 1, "tokenizer": {"name": "bytes", "vocab_size": 256},
+    assert manifest == {"format": 2, "tokenizer": {"name": "bytes", "vocab_size": 256},
                         "dtype": "uint16", "mix": [
                             {"name": n, "weight": w, "threshold": t, "manifest": srcs[n].digest}
                             for n, w, t in [("books", "0.1", 429496729),

@@ -92,7 +92,7 @@ def check_ok(proc):
 
 def train_runs(base, args, n):
     """{R: run directory} for every R of WORLDS[n]: R = 1 with plain python, the others torchrun
-    under R = 1's secret (the chain bytes depend on it through grad_commit)."""
+    under R = 1's secret (the chain bytes depend on it through step_commit)."""
     out = {}
     for world in WORLDS[n]:
         cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
@@ -152,7 +152,7 @@ def test_chain_byte_identical_across_world_sizes_with_a_mix(args, tmp_path):
     chains = {}
     for world in (1, 2, 4):
         cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
-        if world > 1:               # one secret, so one grad_commit per step
+        if world > 1:               # one secret, so one step_commit per step
             share_secret(tmp_path / "r1" / "run", tmp_path / f"r{world}" / "run")
         check_ok(launch(cmd + mix_args, tmp_path / f"r{world}"))
         chains[world] = chain_bytes(tmp_path / f"r{world}" / "run")

@@ -65,7 +65,7 @@ def test_runnable_commands_run():
             argv = shlex.split(line)
             if argv[0] in (".venv/bin/python", "python"):
                 argv[0] = sys.executable
-            proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
             assert proc.returncode == 0, f"{doc}: {line}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         assert (ROOT / "out" / "tour" / "report.html").exists()
     finally:

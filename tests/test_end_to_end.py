@@ -4,6 +4,7 @@ Everything runs the real command-line programs (train.py, audit.py, sample.py) a
 subprocesses on a tiny model and a corpus generated here. The reference run is trained once
 per module; the tests that modify a run work on copies of it.
 """
+import hashlib
 import json
 import os
 import random
@@ -178,14 +179,14 @@ def test_bit_flip_in_checkpoint_tensor_is_named(reference, tmp_path):
 
 
 def test_changed_token_is_found_at_the_first_step_that_reads_it(corpus, reference, tmp_path):
-    # Which token positions each step reads: the batch stream over a split whose tokens are
-    # their own positions (it is keyed by the manifest's published digest, not the file).
+    # Which token positions each step reads: the rows' offsets (the stream is keyed by the
+    # manifest's published split SHA-256, not the file).
     stream = data.TokenData(str(corpus), SEED)
-    stream.tokens["train"] = np.arange(len(stream.tokens["train"]))
     seen, target = set(), None
     for step in range(1, STEPS + 1):
-        read = {int(p) for m in range(MICRO_BATCHES)
-                for p in stream.window("train", step, m, MICRO_BATCH_SIZE, SEQ_LEN).reshape(-1)}
+        read = {p for m in range(MICRO_BATCHES)
+                for _, o in stream.rows("train", step, m, MICRO_BATCH_SIZE, SEQ_LEN)
+                for p in range(o, o + SEQ_LEN + 1)}
         if step > CKPT_EVERY and target is None and read - seen:   # past a checkpoint
             target = step, min(read - seen)
         seen |= read
@@ -196,12 +197,29 @@ def test_changed_token_is_found_at_the_first_step_that_reads_it(corpus, referenc
     tokens = np.fromfile(tampered / "train.bin", dtype=dtype)
     tokens[position] = (tokens[position] + 1) % 256
     tokens.tofile(tampered / "train.bin")
+    # The token file disagrees with its manifest: the first step that reads the changed chunk
+    # is a mismatch, and the replay stops there.
+    per_chunk = stream.manifest["splits"]["train"]["chunks"]["bytes"] // dtype.itemsize
+    reads_chunk = next(s for s in range(1, STEPS + 1) if any(
+        o // per_chunk <= position // per_chunk <= (o + SEQ_LEN) // per_chunk
+        for m in range(MICRO_BATCHES) for _, o in stream.rows("train", s, m, MICRO_BATCH_SIZE, SEQ_LEN)))
     proc = audit(reference, "--all", corpus=tampered)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "does not match the sha256" in proc.stdout       # the audit also warns up front
     lines = mismatch_lines(proc)
-    assert len(lines) == 1 and lines[0].startswith(f"MISMATCH at step {step}:"), proc.stdout
-    assert "batch" in lines[0], proc.stdout
+    assert proc.returncode == 1 and len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith(f"MISMATCH at step {reads_chunk}:") and "does not match its leaf" in lines[0], proc.stdout
+    # The leaves and chunk root recomputed too (split SHA-256 kept): another corpus by name
+    # (step 0), and the changed token is found at the first step whose windows hold it.
+    raw, manifest = tokens.tobytes(), json.loads((tampered / "manifest.json").read_text())
+    size = manifest["splits"]["train"]["chunks"]["bytes"]
+    leaves = [hashlib.sha256(raw[i:i + size]).digest() for i in range(0, len(raw), size)]
+    (tampered / "train.leaves").write_bytes(b"".join(leaves))
+    manifest["splits"]["train"]["chunks"]["root"] = hashchain.merkle_root([x.hex() for x in leaves])
+    (tampered / "manifest.json").write_text(json.dumps(manifest))
+    proc = audit(reference, "--all", corpus=tampered)
+    lines = mismatch_lines(proc)
+    assert proc.returncode == 1 and len(lines) == 2, proc.stdout + proc.stderr
+    assert lines[0].startswith("MISMATCH at step 0:") and "data_" in lines[0], proc.stdout
+    assert lines[1].startswith(f"MISMATCH at step {step}:") and "batch" in lines[1], proc.stdout
 
 
 def test_changed_hyperparameter_in_a_resealed_chain(reference, tmp_path):

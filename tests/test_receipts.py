@@ -1,9 +1,10 @@
 """Receipts, the coverage plan and anchors (receipts.py and audit.py's protocol options).
 
-- grad_commit is what receipts.py says it is: recomputed here with hmac and hashlib from the
-  secret file and the replayed step's clipped gradient bytes, it equals the published one.
-- The secret: 32 bytes, mode 0600, kept by a resume; a resume under another secret stops at the
-  first re-derived commitment; a chain without its secret is not resumed.
+- step_commit is what receipts.py says it is: recomputed here with hmac and hashlib from the
+  secret file, the replayed step's clipped gradient bytes and its post-step state's bytes, it
+  equals the published one; the genesis record's secret_commit too.
+- The secret: 32 bytes, mode 0600, kept by a resume; a resume under another secret is refused
+  by the genesis record's secret_commit; a chain without its secret is not resumed.
 - A receipt from a real replay on another thread count (and on CUDA, where there is one) is
   accepted; an echo receipt built from the public chain alone is rejected; revealed salts let
   anyone check the receipts of their steps on a copy of the run without the secret.
@@ -68,19 +69,35 @@ def publisher_check(run):
 
 def echo_receipt(run, step, auditor):
     """What an auditor who replays nothing can write: every field from the public chain, and for
-    grad_root the closest public value, the step's own commitment."""
+    grad_root and result_root the closest public values, the step's commitment and state hash."""
     records = chain_records(run)
     genesis, record = records[0], records[step]
     return {"format": receipts.RECEIPT_FORMAT, "run": genesis["record_hash"], "step": step,
-            "state_hash": record["state_hash"], "grad_root": record["grad_commit"], "auditor": auditor,
+            "record_hash": record["record_hash"], "state_hash": record["state_hash"],
+            "grad_root": record["step_commit"], "result_root": record["state_hash"], "auditor": auditor,
             "machine": {}, "cost": {}, "code_digest": genesis["code_digest"],
             "data_manifest": genesis["data_manifest"], "verdict": "MATCH", "findings": []}
 
 
 # ----------------------------------------------------------------------------- 1. commitments
-def test_grad_commit_opens_with_the_documented_bytes(run40, monkeypatch):
-    """SHA-256(HMAC-SHA256(secret, step as 8 bytes big-endian) || grad_root), grad_root the
-    tensor leaf of the clipped flat gradient: computed here without receipts.py."""
+def keyed_root(key, state):
+    """The Merkle root of SHA-256("repops-keyed-tensor-v1\0" key name\0 dtype\0 shape\0 bytes)
+    over the state's tensors in name order (merkle_root's tree: the documented one)."""
+    leaves = []
+    for name, t in sorted(state.tensors().items()):
+        arr = t.numpy()
+        dtype = {"float32": "<f4", "int64": "<i8"}[str(arr.dtype)]
+        shape = "[" + ",".join(map(str, arr.shape)) + "]"
+        leaves.append(hashlib.sha256(b"repops-keyed-tensor-v1\0" + key + f"{name}\0{arr.dtype}\0{shape}\0".encode()
+                                     + arr.astype(dtype).tobytes()).hexdigest())
+    return hashchain.merkle_root(leaves)
+
+
+def test_step_commit_opens_with_the_documented_bytes(run40, monkeypatch):
+    """SHA-256(HMAC-SHA256(secret, step as 8 bytes big-endian) || grad_root || result_root),
+    grad_root the tensor leaf of the clipped flat gradient, result_root the post-step state's
+    keyed root under grad_root; secret_commit = HMAC-SHA256(secret, "repops-secret-commit-v1"):
+    computed here without receipts.py."""
     step = CKPT_EVERY + 1
     opened = rundir.Run(run40)
     cfg = opened.cfg
@@ -95,7 +112,11 @@ def test_grad_commit_opens_with_the_documented_bytes(run40, monkeypatch):
                           + grad.numpy().astype("<f4").tobytes()).hexdigest()
     salt = hmac.new(secret_of(run40), step.to_bytes(8, "big"), hashlib.sha256).digest()
     assert fields["grad_root"].result() == leaf
-    assert chain_records(run40)[step]["grad_commit"] == hashlib.sha256(salt + bytes.fromhex(leaf)).hexdigest()
+    result = keyed_root(bytes.fromhex(leaf), state)
+    assert result == hashchain.keyed_state_root(leaf, state.tensors())
+    records = chain_records(run40)
+    assert records[step]["step_commit"] == hashlib.sha256(salt + bytes.fromhex(leaf) + bytes.fromhex(result)).hexdigest()
+    assert records[0]["secret_commit"] == hmac.new(secret_of(run40), b"repops-secret-commit-v1", hashlib.sha256).hexdigest()
     assert "grad_root" not in (run40 / "chain.jsonl").read_text()       # never published
 
 
@@ -110,9 +131,11 @@ def test_secret_is_private_kept_and_required(run40, corpus, tmp_path):
     assert (run / "chain.jsonl").read_bytes() == chain and secret_of(run) == secret_of(run40)
 
     final.unlink()
-    (run / "secret").write_bytes(bytes(32))          # another secret: the same gradients, other commitments
+    (run / "secret").write_bytes(bytes(32))          # another secret: refused by the genesis record
     proc = script("train.py", *train_args(run, corpus, *RUN_FLAGS))
-    assert proc.returncode == 1 and "secret is not the one its chain was made with" in proc.stderr, proc.stderr
+    assert_one_line_error(proc, "train.py")
+    assert "is not the secret the run's genesis record commits to" in proc.stderr and \
+        (run / "chain.jsonl").read_bytes() == chain
 
     (run / "secret").unlink()                        # no secret: refused before any step
     proc = script("train.py", *train_args(run, corpus, *RUN_FLAGS))
@@ -135,7 +158,7 @@ def test_real_replay_on_another_thread_count_is_accepted_and_an_echo_is_rejected
     receipts.write_receipt(out / "mallory" / "s23.json", echo_receipt(run40, step, "mallory"))
     proc = audit_cli(run40, "--check-receipts", out)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"rejected  {out / 'mallory' / 's23.json'}: step 23 by mallory: its grad_root does not open" in proc.stdout
+    assert f"rejected  {out / 'mallory' / 's23.json'}: step 23 by mallory: its grad_root and result_root do not open" in proc.stdout
     assert "1 accepted, 1 rejected, 0 malformed" in proc.stdout
 
 
@@ -226,7 +249,7 @@ def injected_run(corpus, tmp_path_factory):
 def test_injection_changes_the_state_and_the_secret_does_not(injected_run, run40):
     mine, honest = chain_records(injected_run), chain_records(run40)
     assert [r["state_hash"] for r in mine[:INJECTED]] == [r["state_hash"] for r in honest[:INJECTED]]
-    assert all(a["grad_commit"] != b["grad_commit"] for a, b in zip(mine[1:INJECTED], honest[1:INJECTED]))
+    assert all(a["step_commit"] != b["step_commit"] for a, b in zip(mine[1:INJECTED], honest[1:INJECTED]))
     assert mine[INJECTED]["state_hash"] != honest[INJECTED]["state_hash"]
     assert mine[INJECTED]["batch_digest"] == honest[INJECTED]["batch_digest"]
 
@@ -263,7 +286,7 @@ def test_crowd_finds_the_injected_step_and_rejects_the_echoes(injected_run, tmp_
     for path, (name, step) in written.items():
         line = status[path]
         if name in echoing or step == INJECTED:
-            assert line.startswith("rejected") and "does not open the step's commitment" in line, line
+            assert line.startswith("rejected") and "do not open the step's commitment" in line, line
         else:
             assert line.startswith("accepted"), line
     assert any(step == INJECTED and f"reports MISMATCH at step {INJECTED}" in status[p] for p, (_, step) in written.items())

@@ -36,7 +36,7 @@ def write_chain(run, n_steps, secret):
             "kind": "step", "step": s, "state_hash": fake_hash("state", s), "tensor_hashes": {},
             "batch_digest": fake_hash("batch", s), "loss": 99.0 if s == SPIKE else 5.0 - s / n_steps,
             "grad_norm": 0.3 + 2.0 * (1 - s / n_steps) ** 4 + (s % 7) / 100, "lr": 0.003 * (1 - s / (n_steps + 1)),
-            "grad_commit": receipts.commit(receipts.salt(secret, s), fake_hash("grad", s))}
+            "step_commit": receipts.commit(receipts.salt(secret, s), fake_hash("grad", s), fake_hash("result", s))}
         rec = hashchain.seal(rec, prev)
         prev = rec["record_hash"]
         lines.append(json.dumps(rec, sort_keys=True, separators=(",", ":")))
@@ -44,9 +44,10 @@ def write_chain(run, n_steps, secret):
     return genesis
 
 
-def receipt(genesis_sealed, step, auditor, grad_root=None, findings=()):
-    return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(genesis_sealed), "step": step,
-            "state_hash": fake_hash("state", step), "grad_root": grad_root or fake_hash("grad", step),
+def receipt(chain, step, auditor, grad_root=None, findings=()):
+    return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(chain.records[0]), "step": step,
+            "record_hash": chain.records[step]["record_hash"], "state_hash": fake_hash("state", step),
+            "grad_root": grad_root or fake_hash("grad", step), "result_root": fake_hash("result", step),
             "auditor": auditor, "machine": {}, "cost": {"seconds": 2.5, "steps_replayed": 3,
                                                         "peak_mib": 100 + step % 3, "bytes_read": 10**6},
             "code_digest": fake_hash("code"), "data_manifest": fake_hash("data"),
@@ -72,8 +73,8 @@ def big(tmp_path_factory):
     todo = [(s, a) for s in TWO_AUDITORS for a in ("alice", "bob")] + [(s, "carol") for s in ONE_AUDITOR]
     for s, a in todo:
         findings = [f"MISMATCH at step {BAD_STEP}: field loss differs"] if (s, a) == (BAD_STEP, "carol") else []
-        receipts.write_receipt(rdir / f"{a}_{s}.json", receipt(chain.records[0], s, a, findings=findings))
-    receipts.write_receipt(rdir / "echo_400.json", receipt(chain.records[0], 400, "mallory", fake_hash("echo")))
+        receipts.write_receipt(rdir / f"{a}_{s}.json", receipt(chain, s, a, findings=findings))
+    receipts.write_receipt(rdir / "echo_400.json", receipt(chain, 400, "mallory", fake_hash("echo")))
     anchors = base / "anchors.jsonl"
     anchors.write_text("".join(json.dumps({"step": s, "record_hash": chain.records[s]["record_hash"],
                                            "utc": "2026-12-01T00:00:00Z"}) + "\n" for s in (1000, 50_000)))
@@ -120,13 +121,14 @@ def test_big_run_report(big, tmp_path):
     assert "9 checkpoint files (steps 0,10000,20000," in page and page.count('class="ckpt"') == 9
 
 
-def test_contradicting_anchor_is_a_mismatch(big, tmp_path):
+def test_contradicting_anchor_is_a_mismatch(big, tmp_path, capsys):
     run, _, _ = big
     anchors = tmp_path / "anchors.jsonl"
     anchors.write_text(json.dumps({"step": 7, "record_hash": "0" * 64, "utc": "2026-12-01T00:00:00Z"}) + "\n")
-    proc = script("report.py", run, "--anchors", anchors, "-o", tmp_path / "r.html")
-    assert proc.returncode == 1 and "MISMATCH at step 7" in proc.stdout, proc.stdout + proc.stderr
-    assert "MISMATCH at step 7" in (tmp_path / "r.html").read_text()
+    assert report.main([str(run), "--anchors", str(anchors), "-o", str(tmp_path / "r.html")]) == 1
+    assert "MISMATCH at step 7" in capsys.readouterr().out
+    page = (tmp_path / "r.html").read_text()
+    assert "MISMATCH at step 7" in page and strip_levels(page) == {}     # no receipts: no strip
 
 
 def test_refusals(big, tmp_path):

@@ -7,7 +7,8 @@
   movement in a step with GQA, recomputation and dropout;
 - the gradient of the attention with shared key/value heads agrees with a float64 PyTorch
   reference that repeats the heads (accuracy, with a tolerance);
-- per-block recomputation on and off write the same chain bytes;
+- per-block recomputation and offloading, each on and off and both on (the open1b preset's
+  combination), write the same chain and checkpoint bytes, and an audit with both on matches;
 - a vocab larger than the corpus's trains and audits; a smaller one is refused (exit 2).
 """
 import math
@@ -47,14 +48,16 @@ def run_train(cwd, corpus, *extra, world=1):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus):
-    """{name: run dir}: R = 1, R = 2, and R = 1 with recomputation off and offloading on, all
-    under R = 1's secret."""
+    """{name: run dir}: R = 1, R = 2, R = 1 with recomputation off and offloading on, and R = 1
+    with both on (the open1b preset's combination), all under R = 1's secret."""
     base = tmp_path_factory.mktemp("runs")
     out = {"r1": run_train(base / "r1", corpus)}
     share_secret(out["r1"], base / "r2" / "run")
     out["r2"] = run_train(base / "r2", corpus, world=2)
     share_secret(out["r1"], base / "memory" / "run")
     out["memory"] = run_train(base / "memory", corpus, "--recompute=0", "--offload=1")
+    share_secret(out["r1"], base / "both" / "run")
+    out["both"] = run_train(base / "both", corpus, "--recompute=1", "--offload=1")
     return out
 
 
@@ -99,19 +102,22 @@ def test_gqa_chain_identical_across_world_sizes_and_audit_matches(runs):
     assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_recomputation_and_offloading_do_not_change_the_bits(runs):
+@pytest.mark.parametrize("other", ["memory", "both"])
+def test_recomputation_and_offloading_do_not_change_the_bits(runs, other):
     # r1 recomputes and keeps its state in memory; "memory" does neither (its moments and a
-    # waiting gradient live in temp files)
-    assert (runs["memory"] / "chain.jsonl").read_bytes() == (runs["r1"] / "chain.jsonl").read_bytes()
-    ckpts = [sorted(p.name for p in (runs[k] / "checkpoints").iterdir()) for k in ("r1", "memory")]
+    # waiting gradient live in temp files); "both" recomputes and offloads (the open1b preset)
+    assert (runs[other] / "chain.jsonl").read_bytes() == (runs["r1"] / "chain.jsonl").read_bytes()
+    ckpts = [sorted(p.name for p in (runs[k] / "checkpoints").iterdir()) for k in ("r1", other)]
     assert ckpts[0] == ckpts[1] and len(ckpts[0]) == STEPS + 1
     for name in ckpts[0]:
         assert (runs["r1"] / "checkpoints" / name).read_bytes() == \
-            (runs["memory"] / "checkpoints" / name).read_bytes()
+            (runs[other] / "checkpoints" / name).read_bytes()
 
 
-def test_offloaded_audit_matches(runs):
-    proc = script("audit.py", "--run_dir", runs["r1"], "--step", STEPS, "--offload", "on", "--recompute", "off")
+@pytest.mark.parametrize("recompute", ["off", "on"])
+def test_offloaded_audit_matches(runs, recompute):
+    proc = script("audit.py", "--run_dir", runs["both" if recompute == "on" else "r1"], "--step", STEPS,
+                  "--offload", "on", "--recompute", recompute)
     assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -581,18 +581,22 @@ EXPECTED_NAMES = [
     "int8_quantize", "int8_dequantize", "lsq_init", "lsq_backward"]
 
 
-def torch_digests(device="cpu"):
-    """The self-test's digests computed through torch.ops.repops on `device` (tests/test_cuda.py
-    runs this on a GPU). Ops without tensor inputs use their <name>_cuda twins on CUDA."""
+def torch_digests(device="cpu", ops=None, suffix=None):
+    """The self-test's digests computed through torch.ops.repops (or `ops`, an object with the
+    same functions) on `device` (tests/test_cuda.py and tests/test_mps.py run this on a GPU). Ops
+    without tensor inputs use their <name>_<device type> twins on a GPU (or <name><suffix>)."""
     import repops
 
     def T(a):  # noqa: N802 - short: it wraps every input below
         return to_tensor(a).to(device)
 
-    def no_tensor_op(name):
-        return getattr(torch.ops.repops, name + ("_cuda" if device != "cpu" else ""))
+    ops = ops or torch.ops.repops
+    if suffix is None:
+        suffix = "" if device == "cpu" else "_" + torch.device(device).type
 
-    ops = torch.ops.repops
+    def no_tensor_op(name):
+        return getattr(ops, name + suffix)
+
     d = {}
     fin20 = _fin(2.0**20)
 
@@ -690,7 +694,7 @@ def torch_digests(device="cpu"):
     d["uniform"] = _digest(no_tensor_op("uniform")(seed64, 4, 6, 3, 1001))
     d["normal"] = _digest(no_tensor_op("normal")(seed64, 8, 9, 1, 1003))
     d["canary"] = _digest(no_tensor_op("canary")())
-    d.update(int8_digests(device))
+    d.update(int8_digests(device, ops))
     return d
 
 
@@ -698,10 +702,10 @@ def _int_digest(t):
     return hashlib.sha256(np.asarray(t, dtype=np.int64).astype("<i4").tobytes()).hexdigest()
 
 
-def int8_digests(device="cpu"):
-    """The int8 lines (contract §10) through torch.ops.repops on `device`."""
+def int8_digests(device="cpu", ops=None):
+    """The int8 lines (contract §10) through torch.ops.repops (or `ops`) on `device`."""
     import repops
-    ops = torch.ops.repops
+    ops = ops or torch.ops.repops
 
     def T(a):  # noqa: N802 - short: it wraps every input below
         return to_tensor(a).to(device)

@@ -71,7 +71,7 @@ def test_spec_names_its_version():
 
 def test_every_example_is_checked():
     """A new example block needs its test here (each test below reads its block by name)."""
-    checked = {"leaf-2x3", "leaf-step", "merkle-3", "tok-emb", "window-step1", "lr", "grad-commit"}
+    checked = {"leaf-2x3", "leaf-step", "merkle-3", "tok-emb", "window-step1", "lr", "step-commit"}
     assert set(re.findall(r"^```example (\S+)$", SPEC, re.M)) == checked
 
 
@@ -149,13 +149,23 @@ def test_learning_rate_examples():
 
 
 def test_salt_and_commitment_example():
-    ex = example("grad-commit")
+    ex, leaf = example("step-commit"), example("leaf-2x3")
     secret, step = bytes.fromhex(ex["secret"]), int(ex["step"])
     assert receipts.salt(secret, step).hex() == ex["salt"]
     assert hmac.new(secret, step.to_bytes(8, "big"), hashlib.sha256).hexdigest() == ex["salt"]
-    assert ex["grad_root"] == example("leaf-2x3")["leaf"]
-    assert receipts.commit(bytes.fromhex(ex["salt"]), ex["grad_root"]) == ex["grad_commit"]
-    assert hashlib.sha256(bytes.fromhex(ex["salt"] + ex["grad_root"])).hexdigest() == ex["grad_commit"]
+    assert ex["grad_root"] == leaf["leaf"]
+    key = bytes.fromhex(ex["grad_root"])
+    keyed = b"repops-keyed-tensor-v1\0" + key + bytes.fromhex(leaf["prefix"])[len(b"repops-tensor-v1\0"):] + \
+        bytes.fromhex(leaf["data"])
+    assert hashlib.sha256(keyed).hexdigest() == ex["keyed_leaf"]
+    t = torch.tensor([float(v) for v in leaf["values"].split()], dtype=torch.float32).view(2, 3)
+    assert hashchain.tensor_leaf("x", t, key) == ex["keyed_leaf"]
+    assert hashlib.sha256(b"\x00" + bytes.fromhex(ex["keyed_leaf"])).hexdigest() == ex["result_root"]
+    assert hashchain.keyed_state_root(ex["grad_root"], {"x": t}) == ex["result_root"]
+    assert receipts.commit(bytes.fromhex(ex["salt"]), ex["grad_root"], ex["result_root"]) == ex["step_commit"]
+    assert hashlib.sha256(bytes.fromhex(ex["salt"] + ex["grad_root"] + ex["result_root"])).hexdigest() == ex["step_commit"]
+    assert receipts.secret_commit(secret) == ex["secret_commit"] == \
+        hmac.new(secret, b"repops-secret-commit-v1", hashlib.sha256).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -305,17 +315,23 @@ def test_numpy_replay_of_a_mix(tmp_path):
 
 
 def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path):
-    """Without the secret the replay checks everything but grad_commit (taken from the record),
-    the record hashes included; a flipped byte in checkpoint 0 is a MISMATCH (exit 1)."""
+    """Without the secret: step 1's step_commit from its revealed salt, step 2's taken from the
+    record (everything else checked, record hashes included); a flipped byte in checkpoint 0 is
+    a MISMATCH (exit 1)."""
     run = tmp_path / "run"
     shutil.copytree(int8_run, run)
+    genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])
+    salts = tmp_path / "salts.json"
+    salts.write_text(json.dumps(receipts.reveal((run / "secret").read_bytes(), receipts.run_id(genesis), 1, 1)))
     (run / "secret").unlink()
     ckpt = run / "checkpoints" / "step_00000000.safetensors"
     raw = bytearray(ckpt.read_bytes())
     raw[-1] ^= 1
     ckpt.write_bytes(bytes(raw))
-    proc = replay(run, corpus, steps=1)
+    proc = replay(run, corpus, 2, "--salts", str(salts))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert [line.split(": record ")[0] for line in proc.stdout.splitlines()] == [
-        "note: no secret in the run directory: grad_commit is taken from the published records",
-        "MATCH step 0", "MISMATCH at step 0: checkpoint step_00000000.safetensors differs", "MATCH step 1"]
+        "note: step 0: no secret: secret_commit is taken from the published record",
+        "MATCH step 0", "MISMATCH at step 0: checkpoint step_00000000.safetensors differs", "MATCH step 1",
+        "note: step 2: no secret and no salt: step_commit is taken from the published record", "MATCH step 2",
+        "MATCH step 2: checkpoint step_00000002.safetensors"]

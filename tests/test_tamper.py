@@ -3,10 +3,14 @@
 - Every field of the genesis record and of a step record (every config key, every tensor hash
   leaf, every split) is changed in turn and the chain re-sealed, as a forger would: the audit
   must report a mismatch at that step that names the field. Runs in-process (audit.Audit) on
-  copies of one tiny run, so each case costs one replayed step. grad_commit, which no replay
-  can recompute, is caught by the receipt check, or by the audit's format check.
+  copies of one tiny run, so each case costs one replayed step. step_commit and secret_commit,
+  which no replay can recompute, are caught by the receipt check (a resume, for secret_commit:
+  tests/test_attacks.py), or by the audit's format check.
 - Checkpoints: a bit flipped in the final checkpoint, in a middle one the replay does not start
   from, or the checkpoint's own metadata edited: found, exit 1.
+- A forger who changes a config key in the genesis record and in config.json alike: the
+  replay of steps 21-25 (after warmup, lr decaying) finds every decisive key there or at
+  genesis; lsq_repin, inert in an fp32 run, must replay to MATCH.
 - A deleted record, a duplicate JSON key, an injected field: a break or mismatch at that step.
 - sample.py refuses a checkpoint whose chain link is broken.
 """
@@ -84,17 +88,20 @@ def workdir(reference, tmp_path_factory):
 def test_every_field_of_genesis_and_step_records_is_checked(reference, records, workdir):
     """Exit 1 at the step, naming the field, for each field changed and the chain re-sealed.
 
-    The step record's grad_commit commits to the step's gradient with the run's secret, so no
-    replay can recompute it. Changed to another well-formed commitment, the audit must stay
-    silent (it cannot know) and the publisher's receipt check must reject the receipt of that
-    very replay, which it accepts on the true chain; changed to something that is not 64 hex
-    digits, the audit's format check must name it."""
+    The step record's step_commit commits to the step's gradient and result with the run's
+    secret, so no replay can recompute it. Changed to another well-formed commitment, the audit
+    must stay silent (it cannot know) and the publisher's receipt check must reject the receipt
+    of that very replay, which it accepts on the true chain; changed to something that is not 64
+    hex digits, the audit's format check must name it. The genesis record's secret_commit
+    likewise: silent when well-formed (a resume under another secret is what it refuses), named
+    when not."""
     original = (reference / "chain.jsonl").read_text()
     assert receipt_check(replayed(workdir, STEP), STEP)[0] == "accepted"
     missed, checked = [], 0
     for step, audited in ((0, 1), (STEP, STEP)):
         for path in field_paths(records[step]):
-            for malformed in ((False, True) if path == ("grad_commit",) else (False,)):
+            commitment = path in (("step_commit",), ("secret_commit",))
+            for malformed in ((False, True) if commitment else (False,)):
                 forged = json.loads(json.dumps(records))
                 target = forged[step]
                 for key in path[:-1]:
@@ -104,8 +111,8 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
                 a = replayed(workdir, audited)
                 findings = sorted(a.findings, key=lambda f: f[0])
                 name = path[1] if len(path) > 1 else path[0]    # the key a report must name
-                if path == ("grad_commit",) and not malformed:
-                    caught = not findings and receipt_check(a, step)[0] == "rejected"
+                if commitment and not malformed:
+                    caught = not findings and (step == 0 or receipt_check(a, step)[0] == "rejected")
                 else:
                     caught = (findings and findings[0][0] == step
                               and any(name in msg for s, msg in findings if s == step))
@@ -214,3 +221,35 @@ def test_config_json_that_disagrees_is_reported(reference, tmp_path):
     proc = audit_cli(run, "--step", "1")
     assert proc.returncode == 1 and "config.json disagrees with the genesis record on beta2" in proc.stdout
     shutil.rmtree(run)
+
+
+AFTER_WARMUP = (21, 25)     # replayed from checkpoint 20: past warmup (20 steps), lr decaying to min_lr
+# Keys that act on no bit of this run (an fp32 run has no step sizes to re-pin): the forgery
+# changes nothing, and the replay must say MATCH, which shows the key is inert, not missed.
+INERT = {"lsq_repin": "only int8 runs have weight step sizes to re-pin"}
+
+
+def test_config_forgery_with_a_consistent_config_json(reference, records, tmp_path):
+    """A forger who changes a genesis config key, writes config.json to agree and reseals the
+    chain: the genesis check cannot see it (config.json and the record agree), so the replay of
+    a step where the key acts must (steps 21-25: after warmup, while the lr decays, so warmup_steps,
+    max_steps and min_lr act; the model's keys already change the initial state)."""
+    run = copy_run(reference, tmp_path / "run")
+    config_json = json.loads((run / "config.json").read_text())
+    missed, inert_found = [], []
+    for key, value in sorted(records[0]["config"].items()):
+        forged = json.loads(json.dumps(records))
+        forged[0]["config"][key] = tampered(value, key)
+        write_chain(run, reseal(forged))
+        (run / "config.json").write_text(json.dumps({**config_json, key: forged[0]["config"][key]}, indent=2))
+        a = audit.Audit(str(run))
+        assert not any("config.json" in m for _, m in a.findings)
+        a.replay(*AFTER_WARMUP)
+        findings = sorted(a.findings, key=lambda f: f[0])
+        if key in INERT:
+            if findings:
+                inert_found.append((key, findings[:1]))
+        elif not findings or findings[0][0] > AFTER_WARMUP[1]:
+            missed.append(key)
+    assert not missed, f"a consistent forgery of these keys passed the audit of steps {AFTER_WARMUP}: {missed}"
+    assert not inert_found, inert_found

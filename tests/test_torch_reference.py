@@ -1,6 +1,6 @@
 """The RepOps model against stock PyTorch: the one test that is not differential.
 
-    python -m pytest tests/test_torch_reference.py -q        # about 30 s on 2 idle cores
+    python -m pytest tests/test_torch_reference.py -q        # about 20 s, on one thread
 
 Every other end-to-end test compares model.py with itself (train vs audit, one machine vs
 another), so a wrong mask, residual, norm, head mapping or schedule would pass them all. Here
@@ -20,8 +20,7 @@ Tolerances (err = max|a - b| / max|b| over a tensor; u = 2^-24, float32's unit r
   against float64; twice that against float32 torch (both sides round). Measured 2026-12-01:
   <= 6e-7 (logits, gradients), <= 1.3e-7 (loss curve).
 - loss curve: Adam divides each update by the gradient's own scale, so relative gradient errors
-  do not grow through the updates; the 20 losses hold to TOL_FP32 as well (an lr schedule off by
-  one step moves the second loss by ~2e-3).
+  do not grow through the updates; the 20 losses hold to TOL_FP32 as well.
 - int8: besides float32 rounding, an activation within its rounding error of a grid boundary
   (x / s = n + 1/2) lands on either neighbour, which moves one input of a linear by one step s
   and its gradient's straight-through mask and LSQ term by a whole element. TOL_INT8 = 2^-10

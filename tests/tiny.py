@@ -85,7 +85,7 @@ def copy_run(run, dest):
 
 def share_secret(run, dest):
     """Give the run directory `dest` (created here) the secret of `run`, before training in it:
-    two runs write the same chain bytes only under one secret (it keys every grad_commit)."""
+    two runs write the same chain bytes only under one secret (it keys every step_commit)."""
     Path(dest).mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(run) / "secret", Path(dest) / "secret")
     return dest

@@ -200,7 +200,9 @@ def main(args, data):
     torch.backends.cudnn.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     print(f"GPU: {props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB | "
-          f"torch {torch.__version__} | CUDA {torch.version.cuda} | {time.strftime('%Y-%m-%d')}")
+          f"torch {torch.__version__} | CUDA {torch.version.cuda} | {time.strftime('%Y-%m-%d')} | kernel versions "
+          f"REPOPS_CUDA_MATMUL={repops.CUDA_MATMUL} REPOPS_CUDA_INT8={repops.CUDA_INT8} REPOPS_CUDA_CLIP={repops.CUDA_CLIP} "
+          "(docs/cuda-speed.md)")
     repops.load()
     default = dataclasses.replace(config.Config(data_dir=args.data_dir), device=DEVICE)
     mid = dataclasses.replace(default, **SHAPES_27M)

@@ -42,14 +42,36 @@ void check_range(const Tensor& idx, int64_t hi, const char* name) {
 }
 float inv(int64_t n) { return (float)(1.0 / (double)n); }  // contract §1: shape scalars
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+// The kernel versions the plain ops use (docs/cuda-speed.md), set once by repops.load() through
+// cuda_select from REPOPS_CUDA_MATMUL, REPOPS_CUDA_INT8 and REPOPS_CUDA_CLIP. Every version gives
+// the same bits; the defaults (matmul.cu, our mma.sync int8 GEMM, optim.cu's one-warp norm) stay
+// until a GPU run of tools/matmul_versions.py has verified another. The _v ops name a version.
+int64_t g_matmul_version = 1;  // 1: matmul.cu; 2, 3, 4: matmul_tiled.cu
+int64_t g_int8_path = 0;       // 0: int8.cu's mma.sync GEMM; 1: cuBLASLt (at::_int_mm) where it fits
+int64_t g_clip_version = 1;    // 1: optim.cu; 2: flat_sum.cu
+
+void cuda_select(int64_t matmul_version, int64_t int8_path, int64_t clip_version) {
+  TORCH_CHECK(matmul_version >= 1 && matmul_version <= 4, "repops.cuda_select: matmul version must be 1 to 4, got ",
+              matmul_version);
+  TORCH_CHECK(int8_path == 0 || int8_path == 1, "repops.cuda_select: int8 path must be 0 (mma) or 1 (cublaslt), got ",
+              int8_path);
+  TORCH_CHECK(clip_version == 1 || clip_version == 2, "repops.cuda_select: clip version must be 1 or 2, got ",
+              clip_version);
+  g_matmul_version = matmul_version;
+  g_int8_path = int8_path;
+  g_clip_version = clip_version;
+}
+
+Tensor matmul_v(const Tensor& a, const Tensor& b, int64_t version) {
+  TORCH_CHECK(version >= 1 && version <= 4, "repops.matmul_v: version must be 1 to 4, got ", version);
   const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
   c10::cuda::CUDAGuard guard(a.device());
   Tensor c = at::empty(s.out, a.options());
-  check(rpc_matmul(a.data_ptr<float>(), s.sab, a.stride(-2), a.stride(-1), b.data_ptr<float>(), s.sbb, b.stride(-2),
-                   b.stride(-1), c.data_ptr<float>(), s.batch, s.M, s.N, s.K, stream()), "matmul");
+  check(rpc_matmul_v((int)version, a.data_ptr<float>(), s.sab, a.stride(-2), a.stride(-1), b.data_ptr<float>(), s.sbb,
+                     b.stride(-2), b.stride(-1), c.data_ptr<float>(), s.batch, s.M, s.N, s.K, stream()), "matmul");
   return c;
 }
+Tensor matmul(const Tensor& a, const Tensor& b) { return matmul_v(a, b, g_matmul_version); }
 
 std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x_, const Tensor& w_, double eps) {
   auto [x, w] = rpb::rmsnorm_args(kDev, x_, w_);
@@ -215,14 +237,16 @@ void adamw_(const Tensor& p, const Tensor& g_, const Tensor& m, const Tensor& v,
                   (float)bc2, stream()), "adamw_");
 }
 
-std::tuple<Tensor, Tensor> clip_grad(const Tensor& g_, double max_norm) {
+std::tuple<Tensor, Tensor> clip_grad_v(const Tensor& g_, double max_norm, int64_t version) {
+  TORCH_CHECK(version == 1 || version == 2, "repops.clip_grad_v: version must be 1 or 2, got ", version);
   Tensor g = rpb::contig(kDev, g_, "grad");
   c10::cuda::CUDAGuard guard(g.device());
   Tensor out = at::empty_like(g), norm = at::empty({}, g.options()), coef = at::empty({1}, g.options());
-  check(rpc_clip_grad(g.data_ptr<float>(), (float)max_norm, out.data_ptr<float>(), norm.data_ptr<float>(),
-                      coef.data_ptr<float>(), g.numel(), stream()), "clip_grad");
+  check(rpc_clip_grad_v((int)version, g.data_ptr<float>(), (float)max_norm, out.data_ptr<float>(),
+                        norm.data_ptr<float>(), coef.data_ptr<float>(), g.numel(), stream()), "clip_grad");
   return {out, norm};
 }
+std::tuple<Tensor, Tensor> clip_grad(const Tensor& g, double max_norm) { return clip_grad_v(g, max_norm, g_clip_version); }
 
 // ---- the quantized path (contract §10; argument checks in binding_common.h)
 Tensor int8_quantize(const Tensor& x_, const Tensor& s_) {
@@ -258,25 +282,61 @@ std::tuple<Tensor, Tensor> gemm_operands(const Tensor& a_, const Tensor& b_, boo
   return {a, b};
 }
 
-Tensor int8_matmul(const Tensor& a_, const Tensor& b_, bool check_grid) {
-  auto [a, b] = gemm_operands(a_, b_, check_grid, "int8_matmul");
-  c10::cuda::CUDAGuard guard(a.device());
+// torch._int_mm's shape rules on CUDA (aten/src/ATen/native/cuda/Blas.cpp): more than 16 rows, K and N
+// multiples of 8. Tested here, never by catching its error (an exception from an extension op can
+// kill the process on some images, README "Backends"); 16-byte aligned operands for cuBLASLt.
+bool cublaslt_fits(const Tensor& a, const Tensor& b) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  return M > 16 && K > 0 && K % 8 == 0 && N > 0 && N % 8 == 0 && aligned(a) && aligned(b);
+}
+
+// C32 [M, N] = a . b^T, exact int32: cuBLASLt's int8 GEMM (path 1, where it fits) or ours. Integer
+// sums are exact and the binding's bound keeps every partial sum in int32 (contract §10), so both
+// give the same bits; tools/matmul_versions.py checks it on the GPU.
+Tensor int8_product(const Tensor& a, const Tensor& b, int64_t path) {
+  if (path == 1 && cublaslt_fits(a, b)) return at::_int_mm(a, b.t());
   Tensor c = at::empty({a.size(0), b.size(0)}, a.options().dtype(at::kInt));
   check(rpc_int8_gemm(a.data_ptr<int8_t>(), b.data_ptr<int8_t>(), a.size(0), b.size(0), a.size(1), nullptr, nullptr,
                       c.data_ptr<int32_t>(), nullptr, stream()), "int8_matmul");
   return c;
 }
 
+void check_int8_path(int64_t path, const char* op) {
+  TORCH_CHECK(path == 0 || path == 1, "repops.", op, ": path must be 0 (mma) or 1 (cublaslt), got ", path);
+}
+
+Tensor int8_matmul_v(const Tensor& a_, const Tensor& b_, bool check_grid, int64_t path) {
+  check_int8_path(path, "int8_matmul_v");
+  auto [a, b] = gemm_operands(a_, b_, check_grid, "int8_matmul");
+  c10::cuda::CUDAGuard guard(a.device());
+  return int8_product(a, b, path);
+}
+Tensor int8_matmul(const Tensor& a, const Tensor& b, bool check_grid) {
+  return int8_matmul_v(a, b, check_grid, g_int8_path);
+}
+
 // sx stays on the device (reading it on the host would sync): the kernel forms sx * sw[j].
-Tensor int8_linear(const Tensor& a_, const Tensor& b_, const Tensor& sx_, const Tensor& sw_, bool check_grid) {
+Tensor int8_linear_v(const Tensor& a_, const Tensor& b_, const Tensor& sx_, const Tensor& sw_, bool check_grid,
+                     int64_t path) {
+  check_int8_path(path, "int8_linear_v");
   auto [a, b] = gemm_operands(a_, b_, check_grid, "int8_linear");
   auto [sx, sw] = rpb::int8_scales_args(kDev, b, sx_, sw_);
   c10::cuda::CUDAGuard guard(a.device());
   Tensor y = at::empty({a.size(0), b.size(0)}, sx.options());
+  if (path == 1 && cublaslt_fits(a, b)) {  // cuBLASLt's product, then the same epilogue as our kernel's
+    Tensor c = at::_int_mm(a, b.t());
+    check(rpc_int8_dequantize_cols(c.data_ptr<int32_t>(), sx.data_ptr<float>(), sw.data_ptr<float>(),
+                                   y.data_ptr<float>(), a.size(0), b.size(0), stream()), "int8_linear");
+    return y;
+  }
   check(rpc_int8_gemm(a.data_ptr<int8_t>(), b.data_ptr<int8_t>(), a.size(0), b.size(0), a.size(1),
                       sx.data_ptr<float>(), sw.data_ptr<float>(), nullptr, y.data_ptr<float>(), stream()),
         "int8_linear");
   return y;
+}
+Tensor int8_linear(const Tensor& a, const Tensor& b, const Tensor& sx, const Tensor& sw, bool check_grid) {
+  return int8_linear_v(a, b, sx, sw, check_grid, g_int8_path);
 }
 
 void lsq_init_(const Tensor& x_, const Tensor& s) {
@@ -339,9 +399,27 @@ Tensor canary_cuda() {
 }
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(repops, m) { RPB_DEF_TENSORLESS_OPS(m, _cuda); }
+// CUDA only: the kernel versions (docs/cuda-speed.md). matmul_v, int8_matmul_v, int8_linear_v and
+// clip_grad_v are the plain ops by a named version; cuda_select sets the plain ops' ones.
+TORCH_LIBRARY_FRAGMENT(repops, m) {
+  RPB_DEF_TENSORLESS_OPS(m, _cuda);
+  m.def("matmul_v(Tensor a, Tensor b, int version) -> Tensor");
+  m.def("int8_matmul_v(Tensor a, Tensor b, bool check_grid, int path) -> Tensor");
+  m.def("int8_linear_v(Tensor a, Tensor b, Tensor sx, Tensor sw, bool check_grid, int path) -> Tensor");
+  m.def("clip_grad_v(Tensor g, float max_norm, int version) -> (Tensor, Tensor)");
+  m.def("cuda_select(int matmul_version, int int8_path, int clip_version) -> ()");
+}
 
-TORCH_LIBRARY_IMPL(repops, CUDA, m) { RPB_IMPL_TENSOR_OPS(m); }
+TORCH_LIBRARY_IMPL(repops, CUDA, m) {
+  RPB_IMPL_TENSOR_OPS(m);
+  m.impl("matmul_v", matmul_v);
+  m.impl("int8_matmul_v", int8_matmul_v);
+  m.impl("int8_linear_v", int8_linear_v);
+  m.impl("clip_grad_v", clip_grad_v);
+}
 
 // No tensor inputs: nothing to dispatch on, so these run wherever they are called.
-TORCH_LIBRARY_IMPL(repops, CompositeExplicitAutograd, m) { RPB_IMPL_TENSORLESS_OPS(m, _cuda); }
+TORCH_LIBRARY_IMPL(repops, CompositeExplicitAutograd, m) {
+  RPB_IMPL_TENSORLESS_OPS(m, _cuda);
+  m.impl("cuda_select", cuda_select);
+}

@@ -8,6 +8,7 @@
 //   rpc_lsq_init         s[r] = (2 * (csum_c |x[r,c]| * inv_c)) * f32(1/sqrt(127))
 //   rpc_lsq_backward     gx (STE, elementwise) and gs[r] = csum_c(gxh * term) * g
 //   rpc_int8_find_offgrid  whether an int8 operand holds -128 (off the grid), for the binding
+//   rpc_int8_dequantize_cols  the int8_linear epilogue alone, for the cuBLASLt product (binding)
 //
 // The GEMM runs on the tensor cores: mma.sync m16n8k32 s8 x s8 -> s32 (sm_80 and later). Integer
 // sums are exact and associative (|sum| <= K * 127^2 < 2^31 at every partial sum, checked by the
@@ -126,6 +127,12 @@ gemm_kernel(const int8_t* __restrict__ A, const int8_t* __restrict__ B, int64_t 
       }
 }
 
+// gemm_kernel's epilogue over a whole int32 product: one rounding per column scale, then one multiply.
+__global__ void dequantize_cols_kernel(const int32_t* __restrict__ C32, const float* __restrict__ sx,
+                                       const float* __restrict__ sw, float* __restrict__ Y, int64_t n, int64_t N) {
+  for (int64_t i = gtid(); i < n; i += gstride()) Y[i] = fmul((float)C32[i], fmul(sx[0], sw[i % N]));
+}
+
 // One warp per row: s[r] from the canonical sum of |x[r, :]|.
 __global__ void lsq_init_kernel(const float* __restrict__ x, float* __restrict__ s, int64_t R, int64_t C,
                                 float inv_c) {
@@ -204,6 +211,12 @@ cudaError_t rpc_int8_gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+cudaError_t rpc_int8_dequantize_cols(const int32_t* C32, const float* sx, const float* sw, float* Y, int64_t M,
+                                     int64_t N, cudaStream_t st) {
+  if (M * N > 0) dequantize_cols_kernel<<<blocks_for(M * N, THREADS), THREADS, 0, st>>>(C32, sx, sw, Y, M * N, N);
+  return cudaGetLastError();
 }
 
 cudaError_t rpc_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c, cudaStream_t st) {

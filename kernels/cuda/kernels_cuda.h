@@ -15,6 +15,11 @@
 cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                        const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                        float* C, int64_t batch, int64_t M, int64_t N, int64_t K, cudaStream_t st);
+// matmul_tiled.cu: the same product by kernel version 1 (rpc_matmul), 2, 3 or 4 (docs/cuda-speed.md);
+// every version gives the same bits. cudaErrorInvalidValue for another version.
+cudaError_t rpc_matmul_v(int version, const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B,
+                         int64_t sbb, int64_t sbk, int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N,
+                         int64_t K, cudaStream_t st);
 
 // norm.cu (§8 rmsnorm). x, y [R, D]; w [D]; rstd [R]; inv_d = f32(1/D) from the host.
 cudaError_t rpc_rmsnorm(const float* x, const float* w, float eps, float inv_d, float* y, float* rstd,
@@ -70,6 +75,12 @@ cudaError_t rpc_adamw(float* p, const float* g, float* m, float* v, int64_t n, f
                       float omb1, float omb2, float eps, float decay, float bc1, float bc2, cudaStream_t st);
 cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* norm, float* coef, int64_t n,
                           cudaStream_t st);
+// out = g * coef[0]: clip_grad's second kernel on its own.
+cudaError_t rpc_clip_apply(const float* g, const float* coef, float* out, int64_t n, cudaStream_t st);
+// flat_sum.cu: clip_grad by version 1 (rpc_clip_grad) or 2 (the norm streamed through one block);
+// both give the same bits. cudaErrorInvalidValue for another version.
+cudaError_t rpc_clip_grad_v(int version, const float* g, float max_norm, float* out, float* norm, float* coef,
+                            int64_t n, cudaStream_t st);
 
 // random.cu (§6). words: n uint32 values stored as int64 (as the CPU op returns them).
 cudaError_t rpc_philox(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, uint32_t block_offset,
@@ -88,6 +99,10 @@ cudaError_t rpc_int8_dequantize(const int8_t* q, const float* s, float* y, int64
 cudaError_t rpc_int8_find_offgrid(const int8_t* p, int64_t n, int* bad, int* host_bad, cudaStream_t st);
 cudaError_t rpc_int8_gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const float* sx,
                           const float* sw, int32_t* C32, float* Y, cudaStream_t st);
+// The int8 linear's epilogue on its own, for an int32 product made elsewhere (cuBLASLt):
+// Y [M, N] = float(C32) * (sx[0] * sw[j]), the same operations as rpc_int8_gemm's epilogue.
+cudaError_t rpc_int8_dequantize_cols(const int32_t* C32, const float* sx, const float* sw, float* Y, int64_t M,
+                                     int64_t N, cudaStream_t st);
 cudaError_t rpc_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c, cudaStream_t st);
 cudaError_t rpc_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                              int64_t R, int64_t C, cudaStream_t st);

@@ -2,8 +2,10 @@
 // adamw and clip_grad. AdamW: one thread per element, host scalars already float32. The
 // gradient norm is the canonical sum (§4.2) over the whole flat vector: one warp, lane l adding
 // elements l, l+32, ... in order (the contract's order has exactly 32 independent chains);
-// that warp also computes the clip coefficient, which a second kernel applies.
+// that warp also computes the clip coefficient (clip.cuh), which a second kernel applies. That
+// warp waits on memory; flat_sum.cu is version 2 of the norm (same bits, docs/cuda-speed.md).
 #include "canonical.cuh"
+#include "clip.cuh"
 #include "kernels_cuda.h"
 
 namespace rpc {
@@ -28,12 +30,7 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
 __global__ void grad_norm_kernel(const float* __restrict__ g, float max_norm, float* __restrict__ norm,
                                  float* __restrict__ coef, int64_t n) {
   const float ss = warp_csum(n, threadIdx.x, [&](int64_t i) { return fmul(g[i], g[i]); });
-  if (threadIdx.x == 0) {
-    const float nrm = sqrt(ss);
-    const float c = fmul(max_norm, recip(fadd(nrm, 1e-6f)));
-    *coef = (c < 1.0f) ? c : 1.0f;
-    *norm = nrm;
-  }
+  if (threadIdx.x == 0) clip_finish(ss, max_norm, norm, coef);
 }
 
 __global__ void apply_coef_kernel(const float* __restrict__ g, const float* __restrict__ coef,
@@ -54,9 +51,14 @@ cudaError_t rpc_adamw(float* p, const float* g, float* m, float* v, int64_t n, f
   return cudaGetLastError();
 }
 
+cudaError_t rpc_clip_apply(const float* g, const float* coef, float* out, int64_t n, cudaStream_t st) {
+  if (n > 0) apply_coef_kernel<<<blocks_for(n, THREADS), THREADS, 0, st>>>(g, coef, out, n);
+  return cudaGetLastError();
+}
+
 cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* norm, float* coef, int64_t n,
                           cudaStream_t st) {
   grad_norm_kernel<<<1, kLanes, 0, st>>>(g, max_norm, norm, coef, n);
-  if (n > 0) apply_coef_kernel<<<blocks_for(n, THREADS), THREADS, 0, st>>>(g, coef, out, n);
-  return cudaGetLastError();
+  const cudaError_t err = cudaGetLastError();
+  return err != cudaSuccess ? err : rpc_clip_apply(g, coef, out, n, st);
 }

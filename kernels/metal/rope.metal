@@ -1,0 +1,36 @@
+// rope.metal -- rotary position embedding, contract §8 rope: the cos/sin tables from the
+// canonical log/exp/sin/cos (§5), the rotation of interleaved pairs, and its backward (the
+// rotation by -angle). One thread per table entry or per pair; no reductions. Twin of
+// kernels/cuda/rope.cu.
+#pragma METAL fp contract(off)
+#include "canonical.h"
+
+kernel void rp_rope_tables(device float* cos_t, device float* sin_t, constant long& T, constant long& half_dh,
+                           constant float& theta, constant float& inv_dh, RP_POS) {
+  const float lt = rp_log(theta);  // the same value in every thread
+  for (long e = tid; e < T * half_dh; e += nthreads) {
+    const long t = e / half_dh, i = e % half_dh;
+    const float f = rp_exp(fmul((float)(-2 * i), fmul(lt, inv_dh)));
+    const float a = fmul((float)t, f);
+    cos_t[e] = rp_cos(a);
+    sin_t[e] = rp_sin(a);
+  }
+}
+
+// Pair e = (row r of B*T*H, index i < Dh/2); the row's position is t = (r / H) % T.
+kernel void rp_rope(device const float* x, device const float* cos_t, device const float* sin_t, device float* y,
+                    constant long& rows, constant long& T, constant long& H, constant long& half_dh,
+                    constant long& backward, RP_POS) {
+  for (long e = tid; e < rows * half_dh; e += nthreads) {
+    const long r = e / half_dh, i = e % half_dh, t = (r / H) % T;
+    const float c = cos_t[t * half_dh + i], s = sin_t[t * half_dh + i];
+    const float x0 = x[2 * e], x1 = x[2 * e + 1];
+    if (backward == 0) {
+      y[2 * e] = fsub(fmul(x0, c), fmul(x1, s));
+      y[2 * e + 1] = fadd(fmul(x0, s), fmul(x1, c));
+    } else {
+      y[2 * e] = fadd(fmul(x0, c), fmul(x1, s));
+      y[2 * e + 1] = fsub(fmul(x1, c), fmul(x0, s));
+    }
+  }
+}

@@ -1,0 +1,100 @@
+"""Compiling and launching the Metal kernels of kernels/metal/ for repops_mps.py, and the
+argument checks its ops share (those of kernels/common/binding_common.h, in Python).
+
+    import mps_kernels as mk
+    mk.launch("elementwise", "rp_add", a, b, y, n, threads=mk.flat(n), group=mk.GROUP)
+
+Launch convention (torch.mps.compile_shader): lib.<kernel>(tensors and scalars in the kernel's
+argument order, threads=[total, 1, 1], group_size=[G, 1, 1]); a Python int arrives as a Metal
+`constant long&`, a float as `constant float&` (every float scalar here is already float32, so
+nothing is rounded on the way). Grids are always whole groups; the kernels loop (grid-stride or
+over rows by group), so the grid's size never decides a bit. Each .metal source is compiled once
+per process, with canonical.h pasted in place of its #include (compile_shader has no include
+path). tests/test_metal_emulated.py sets DEVICE_TYPE to "cpu" and replaces compile_shader with
+the CPU shim of tests/metal_shim/.
+"""
+import os
+
+import numpy as np
+import torch
+
+METAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "metal")
+GROUP = 256            # threads per group of the elementwise and matmul kernels
+LANES = 32             # threads per group of the row kernels (the contract's 32 lanes, §4.2)
+MAX_GROUPS = 1 << 16   # grids stop growing here; the kernels' loops take the rest
+DEVICE_TYPE = "mps"   # where the kernels run (tests/test_metal_emulated.py runs them on the CPU shim)
+RPFN = {"exp": 0, "log": 1, "recip": 2, "rsqrt": 3, "sqrt": 4, "sin": 5, "cos": 6}   # RpFn, ids.h
+
+
+def metal_source(family):
+    """The text compile_shader gets for kernels/metal/<family>.metal: canonical.h inlined."""
+    with open(os.path.join(METAL_DIR, "canonical.h")) as f:
+        header = f.read()
+    with open(os.path.join(METAL_DIR, family + ".metal")) as f:
+        text = f.read()
+    include = '#include "canonical.h"'
+    if text.count(include) != 1:
+        raise RuntimeError(f"kernels/metal/{family}.metal must include canonical.h exactly once")
+    return text.replace(include, header.replace("#pragma once\n", ""))   # the pasted header is the main file
+
+
+_libs = {}
+
+
+def _lib(family):
+    if family not in _libs:
+        _libs[family] = torch.mps.compile_shader(metal_source(family))
+    return _libs[family]
+
+
+def launch(family, kernel, *args, threads, group):
+    getattr(_lib(family), kernel)(*args, threads=[threads, 1, 1], group_size=[group, 1, 1])
+
+
+def flat(n):
+    """Threads for a grid-stride loop over n items (whole groups)."""
+    return min(max((n + GROUP - 1) // GROUP, 1), MAX_GROUPS) * GROUP
+
+
+def rows(n):
+    """Threads for n rows, one group of 32 per row (groups loop past MAX_GROUPS)."""
+    return min(max(n, 1), MAX_GROUPS) * LANES
+
+
+# ------------------------------------------------------------------ argument checks
+def need(cond, msg):
+    if not cond:
+        raise RuntimeError(msg)
+
+
+def check_f32(t, name, device=None):
+    need(t.device.type == DEVICE_TYPE, f"repops: {name} must be a {DEVICE_TYPE} tensor")
+    need(t.dtype == torch.float32, f"repops: {name} must be float32, got {t.dtype}")
+    need(device is None or t.device == device, f"repops: {name} is on {t.device}, the other operands on {device}")
+    return t.contiguous()
+
+
+def check_i64(t, name, device):
+    need(t.device == device and t.dtype == torch.int64, f"repops: {name} must be an int64 tensor on {device}")
+    return t.contiguous()
+
+
+def check_i8(t, name, device=None):
+    need(t.device.type == DEVICE_TYPE and t.dtype == torch.int8, f"repops: {name} must be a {DEVICE_TYPE} int8 tensor")
+    need(device is None or t.device == device, f"repops: {name} is on {t.device}, the other operands on {device}")
+    return t.contiguous()
+
+
+def f32r(x):
+    return float(np.float32(x))   # one rounding of a float64 to float32 (contract §1)
+
+
+def inv(n):
+    return f32r(1.0 / n) if n else float("inf")   # (float)(1.0 / n), as the bindings' shape scalars
+
+
+def check_range(idx, hi, what):
+    """Every index in [0, hi): an integer test on the device (no float arithmetic); on failure
+    the CPU op names the first bad index, with the CPU binding's message."""
+    if idx.numel() and bool(((idx < 0) | (idx >= hi)).any()):
+        torch.ops.repops.check_index(idx.cpu(), hi, what)

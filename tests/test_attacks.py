@@ -1,0 +1,414 @@
+"""Round 2's attacks (issue 24) as tests: each failed on the code before its fix.
+
+    python -m pytest tests/test_attacks.py -q
+
+- The corpus name binds every token: a token changed with its leaves and chunk root recomputed
+  renames the corpus; a token file that disagrees with its manifest is a MISMATCH at the first
+  step that reads it (audit), and a trainer refuses it with one line before that step's record.
+- A receipt needs the whole step: one whose result_root is not the post-step state's keyed root
+  (an "auditor" who computed the gradient and skipped the update) is rejected; a receipt names
+  the record it audited, so a chain rewritten and resealed later rejects it; a resume under
+  another secret is refused with one line; auditor names are checked and every name, path and
+  finding is printed escaped (no forged "accepted" line).
+- Readers never write: every output option of audit.py, report.py and data.py --bundle, pointed into the
+  run or at one of its files under another name (symlink, hard link), is refused with one line
+  and the run's bytes are unchanged.
+- Hostile input: token ids >= vocab, FIFOs and 100k-deep JSON as manifest, bundle index and
+  anchors, Unicode digits as chunk keys, --plan --auditors 10^12 / 10^30, a blank or torn tail
+  in the run's own anchors.jsonl, temp files of any name in checkpoints/, and a refusal that
+  names the option given.
+
+Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here.
+"""
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+import audit
+import checkpoint
+import config
+import databundle
+import dataprep
+import optrace
+import prepare
+import hashchain
+import receipts
+import report
+import rundir
+import sample
+import train
+from data import DataError, DataMismatch, TokenData
+from tiny import TINY, chain_records, copy_run, reseal, train_args, write_chain
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """In-process training and audits on one thread (a tiny model gains nothing from more)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    """tests/conftest.py's uninterrupted tiny run (30 steps, a checkpoint every 10), trained in
+    this process: no subprocess start, no timeout on a busy machine."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    code, _, err = call(train.main, train_args(run, corpus))
+    assert code == 0, err
+    return run
+
+
+def call(main, argv):
+    """(exit code, stdout, stderr) of a command's main(argv), run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_line_error(result, prog):
+    code, _, err = result
+    lines = err.strip().splitlines()
+    return code == 2 and len(lines) == 1 and lines[0].startswith(f"{prog}: error:")
+
+
+def snapshot(directory):
+    """{relative path: SHA-256} of every file under directory (symlinks as their target name)."""
+    out = {}
+    for d, dirs, names in os.walk(directory):
+        for name in dirs + names:
+            p = os.path.join(d, name)
+            rel = os.path.relpath(p, directory)
+            if os.path.islink(p):
+                out[rel] = "link:" + os.readlink(p)
+            elif os.path.isfile(p):
+                out[rel] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+            else:
+                out[rel] = "dir"
+    return out
+
+
+def poisoned_copy(corpus, dest, recompute=False):
+    """The corpus with one train token changed (every tiny step reads chunk 0, where it is); with
+    recompute, the publisher's attack: leaves and chunk root recomputed, split SHA-256 kept."""
+    shutil.copytree(corpus, dest)
+    raw = bytearray((dest / "train.bin").read_bytes())
+    raw[200] ^= 0x01
+    (dest / "train.bin").write_bytes(bytes(raw))
+    if recompute:
+        manifest = json.loads((dest / "manifest.json").read_text())
+        rec = manifest["splits"]["train"]
+        leaves = [hashlib.sha256(raw[i:i + rec["chunks"]["bytes"]]).digest()
+                  for i in range(0, len(raw), rec["chunks"]["bytes"])]
+        (dest / "train.leaves").write_bytes(b"".join(leaves))
+        rec["chunks"]["root"] = hashchain.merkle_root([leaf.hex() for leaf in leaves])
+        (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest
+
+
+# ----------------------------------------------------------------------------- 1. the corpus name
+def test_a_recomputed_chunk_root_renames_the_corpus(corpus, tmp_path):
+    clean = TokenData(str(corpus), seed=0)
+    forged = TokenData(str(poisoned_copy(corpus, tmp_path / "forged", recompute=True)), seed=0)
+    assert forged.manifest["splits"]["train"]["sha256"] == clean.manifest["splits"]["train"]["sha256"]
+    assert forged.digest != clean.digest            # the name people compare differs
+    genesis = {**clean.commitments()}
+    with pytest.raises(DataMismatch, match="data_manifest"):
+        forged.check_run(genesis)
+
+
+def test_a_token_file_that_disagrees_with_its_manifest_never_replays_to_match(reference, corpus, tmp_path):
+    bad = poisoned_copy(corpus, tmp_path / "bad")
+    (tmp_path / "r").mkdir()
+    code, out, _ = call(audit.main, ["--run_dir", reference, "--step", 13, "--data_dir", bad,
+                                     "--receipt", tmp_path / "r" / "13.json", "--auditor", "alice"])
+    lines = out.splitlines()
+    assert code == 1 and not any(line.startswith("MATCH") for line in lines), out
+    first = next(line for line in lines if line.startswith("MISMATCH"))
+    assert first.startswith("MISMATCH at step 11:") and "chunk 0" in first, out   # replayed from 10
+    assert "receipt: none written, the replay stopped before step 13" in out   # no MATCH receipt
+
+
+def test_a_trainer_refuses_a_token_file_that_disagrees_with_its_manifest(reference, corpus, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    write_chain(run, chain_records(run)[:24])        # killed at step 23: resume from checkpoint 20
+    for step, path in rundir.Run(run).checkpoints():
+        if step > 20:
+            path.unlink()
+    before = snapshot(run)
+    result = call(train.main, train_args(run, poisoned_copy(corpus, tmp_path / "bad")))
+    assert one_line_error(result, "train.py") and "does not match its leaf" in result[2], result
+    kept = lambda files: {k: v for k, v in files.items() if k not in ("train.log", "lock")}  # noqa: E731
+    assert kept(snapshot(run)) == kept(before)
+
+
+# ----------------------------------------------------------------------------- 2. receipts
+@pytest.fixture(scope="module")
+def honest(reference):
+    """The honest receipt of step 13 (replayed from checkpoint 10)."""
+    a = audit.Audit(str(reference))
+    a.replay(13, 13)
+    return a.receipt(13, "alice", {})
+
+
+def publisher(run):
+    secret = receipts.read_secret(run, "")
+    return lambda step: receipts.salt(secret, step)
+
+
+def judge(run, receipt, tmp_path, name="r.json"):
+    (tmp_path / "receipts").mkdir(exist_ok=True)
+    receipts.write_receipt(tmp_path / "receipts" / name, receipt)
+    chain = rundir.Run(run).chain
+    chain.verify()
+    return receipts.check_receipts(tmp_path / "receipts", chain, publisher(run))
+
+
+def test_a_receipt_needs_the_update_not_only_the_gradient(reference, honest, tmp_path):
+    assert [r.status for r in judge(reference, honest, tmp_path)] == ["accepted"]
+    # The lazy auditor: the gradient computed exactly (grad_root right), the update skipped, the
+    # published state hash copied. Its best result_root is the pre-step state's keyed root.
+    opened = rundir.Run(reference)
+    state = train.TrainState(opened.cfg, opened.vocab_size)
+    a = audit.Audit(str(reference))
+    state = a.start_state(state, 12)
+    while state.step < 12:
+        train.train_step(state, a.data, a.cfg)
+    lazy = {**honest, "auditor": "lazy",
+            "result_root": hashchain.keyed_state_root(honest["grad_root"], state.tensors())}
+    results = judge(reference, lazy, tmp_path, "lazy.json")
+    lazy_result = next(r for r in results if r.path.endswith("lazy.json"))
+    assert lazy_result.status == "rejected" and "skipped the update" in lazy_result.reason
+
+
+def test_a_receipt_names_the_record_it_audited(reference, honest, tmp_path):
+    run = copy_run(reference, tmp_path / "rewritten")
+    records = chain_records(run)
+    records[5]["loss"] += 1.0                        # history rewritten and resealed afterwards
+    write_chain(run, reseal(records))
+    [result] = judge(run, honest, tmp_path)
+    assert result.status == "rejected" and "another record of this step" in result.reason
+
+
+def test_a_resume_under_another_secret_is_refused(reference, corpus, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    write_chain(run, chain_records(run)[:21])        # killed right after checkpoint 20
+    for step, path in rundir.Run(run).checkpoints():
+        if step > 20:
+            path.unlink()
+    (run / "secret").write_bytes(bytes(32))
+    before = snapshot(run)
+    result = call(train.main, train_args(run, corpus))
+    assert one_line_error(result, "train.py") and "secret_commit" in result[2], result
+    assert snapshot(run)["chain.jsonl"] == before["chain.jsonl"]
+
+
+@pytest.mark.parametrize("name", ["", "  ", "x" * 65, "alice\naccepted  forged", "\x1b[2Kbob"])
+def test_an_auditor_name_is_checked_when_written(reference, tmp_path, name):
+    result = call(audit.main, ["--run_dir", reference, "--step", 3, "--receipt", tmp_path / "r.json",
+                               "--auditor", name])
+    assert one_line_error(result, "audit.py") and not (tmp_path / "r.json").exists(), result
+
+
+def test_names_paths_and_findings_are_printed_escaped(reference, honest, tmp_path):
+    forged = tmp_path / "receipts"
+    forged.mkdir()
+    (forged / "a.json").write_text(json.dumps({**honest, "auditor": "x\naccepted  /fake: step 3 by bob"}))
+    (forged / "b.json").write_text(json.dumps({**honest, "verdict": "MISMATCH", "auditor": "carol",
+                                               "findings": ["x\naccepted  /fake: step 4 by bob"]}))
+    (forged / "c\naccepted  fake.json").write_text(json.dumps({**honest, "auditor": "dave"}))
+    code, out, _ = call(audit.main, ["--run_dir", reference, "--check-receipts", forged])
+    assert code == 2 and "/fake" in out, out
+    assert [line.split()[0] for line in out.splitlines()] == ["malformed", "rejected", "accepted", "receipts"], out
+
+
+# ----------------------------------------------------------------------------- 3. readers never write
+def data_py(argv):
+    return prepare.main(argv, prog="data.py")
+
+
+def output_cases(run, out):
+    """(option given, argv) of every output path of every reading tool, aimed at the run."""
+    chain, ckpt = run / "chain.jsonl", checkpoint.checkpoint_path(run / "checkpoints", 10)
+    (out / "chain_link").symlink_to(chain)
+    os.link(chain, out / "chain_hard")
+    os.link(run / "train.log", out / "log_hard")
+    (out / "run_link").symlink_to(run)
+    step = ["--run_dir", run, "--step", 3]
+    return [
+        ("--trace", (audit.main, step + ["--trace", chain])),
+        ("--trace", (audit.main, step + ["--trace", ckpt])),
+        ("--trace", (audit.main, step + ["--trace", out / "chain_link"])),
+        ("--trace", (audit.main, step + ["--trace", out / "chain_hard"])),
+        ("--trace", (audit.main, step + ["--trace", out / "run_link" / "new.jsonl"])),
+        ("--receipt", (audit.main, step + ["--receipt", run / "r.json", "--auditor", "a"])),
+        ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--auditor", "a"])),
+        ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", run / "s.json"])),
+        ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", out / "chain_hard"])),
+        ("-o", (report.main, [run, "-o", run / "report.html"])),
+        ("-o", (report.main, [run, "-o", out / "log_hard"])),
+        ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run, "--data_dir", run / "b"])),
+        ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run,
+                                        "--data_dir", out / "run_link" / "checkpoints" / "b"])),
+    ]
+
+
+def test_every_output_of_every_reader_is_refused_inside_the_run(reference, tmp_path):
+    # Every option that names a file audit.py writes is checked; the others name inputs.
+    written = {a.dest for a in audit.parser()._actions if a.metavar == "FILE"} - {"salts", "anchors"}
+    assert written == set(audit.OUTPUT_OPTIONS)
+    run = copy_run(reference, tmp_path / "run")
+    out = tmp_path / "out"
+    out.mkdir()
+    before = snapshot(run)
+    for option, (main, argv) in output_cases(run, out):
+        result = call(main, argv)
+        prog = {audit.main: "audit.py", report.main: "report.py"}.get(main, "data.py")
+        assert one_line_error(result, prog) and option in result[2], (argv, result)
+        assert snapshot(run) == before, argv
+
+
+# ----------------------------------------------------------------------------- 4. hostile input
+def test_a_token_id_beyond_the_vocabulary_is_one_line(corpus, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(corpus, bad)
+    tokens = np.fromfile(bad / "train.bin", "<u2")
+    tokens[::7] = 300                                # the byte tokenizer has 256 tokens
+    prepared = dataprep.ChunkHasher                  # recompute the manifest as a publisher would
+    manifest = json.loads((bad / "manifest.json").read_text())
+    rec = manifest["splits"]["train"]
+    fold, leaves = hashchain.MerkleFold(), []
+    hasher = prepared(rec["chunks"]["bytes"], lambda leaf: (leaves.append(leaf), fold.push(leaf)))
+    hasher.update(tokens.tobytes())
+    rec["sha256"], rec["chunks"]["root"] = hasher.finish(), fold.root()
+    (bad / "train.bin").write_bytes(tokens.tobytes())
+    (bad / "train.leaves").write_bytes(b"".join(leaves))
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="token id 300"):
+        TokenData(str(bad), seed=0).window("train", 1, 0, 2, 16)
+    result = call(train.main, train_args(tmp_path / "run", bad))
+    assert one_line_error(result, "train.py") and "token id 300" in result[2], result
+
+
+@contextlib.contextmanager
+def no_hang(seconds=20):
+    def hung(*_):
+        raise AssertionError("hung")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def bundle(reference, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundle") / "b3"
+    databundle.write_bundle(str(out), str(reference), 3)
+    return out
+
+
+@pytest.mark.parametrize("what", ["fifo", "deep"])
+def test_hostile_manifest_bundle_and_anchors(corpus, bundle, reference, tmp_path, what):
+    def hostile(path):
+        path.unlink(missing_ok=True)
+        if what == "fifo":
+            os.mkfifo(path)
+        else:
+            path.write_text("[" * 100000 + "]" * 100000)
+
+    c, b = tmp_path / "c", tmp_path / "b"
+    shutil.copytree(corpus, c)
+    shutil.copytree(bundle, b)
+    hostile(c / "manifest.json")
+    hostile(b / "bundle.json")
+    with no_hang():
+        for d in (c, b):
+            with pytest.raises(DataError):
+                TokenData(str(d), seed=0)
+        hostile(tmp_path / "anchors.jsonl")
+        assert one_line_error(call(audit.main, ["--run_dir", reference, "--anchors", tmp_path / "anchors.jsonl"]),
+                              "audit.py")
+        run = tmp_path / "run"
+        run.mkdir()
+        hostile(run / "anchors.jsonl")
+        if what == "fifo":                           # the trainer's own file: bad input, no hang
+            with pytest.raises(config.UsageError, match="not a regular file"):
+                receipts.append_anchor(run, 10, "a" * 64)
+        else:                                        # garbage in it never stops the trainer
+            receipts.append_anchor(run, 10, "a" * 64)
+            assert [json.loads(line)["step"] for line in (run / "anchors.jsonl").read_text().splitlines()] == [10]
+
+
+@pytest.mark.parametrize("key", ["\u00b2", "\u0661", "01", "-1"])
+def test_a_bundle_chunk_key_must_be_ascii_digits(bundle, tmp_path, key):
+    b = tmp_path / "b"
+    shutil.copytree(bundle, b)
+    index = json.loads((b / "bundle.json").read_text())
+    proofs = index["chunks"]["train"]
+    proofs[key] = proofs.pop("0")
+    (b / "bundle.json").write_text(json.dumps(index))
+    with pytest.raises(DataError, match="is not a chunk"):
+        TokenData(str(b), seed=0)
+
+
+@pytest.mark.parametrize("argv", [["--auditors", 10**12], ["--auditors", 10**30],
+                                  ["--auditors", 4, "--redundancy", 10**30]])
+def test_plan_sizes_are_range_checked(reference, argv):
+    result = call(audit.main, ["--run_dir", reference, "--plan", *argv])
+    assert one_line_error(result, "audit.py") and "--auditors" in result[2], result
+
+
+def test_the_trainers_anchors_tolerate_a_blank_or_torn_tail(reference, tmp_path):
+    run = copy_run(reference, tmp_path / "run")
+    text = (run / "anchors.jsonl").read_text() if (run / "anchors.jsonl").exists() else ""
+    for tail in ("\n", "\n\n", '{"step": 2', "garbage\n", "\udcff\n"):
+        (run / "anchors.jsonl").write_bytes((text + tail).encode("utf-8", "surrogateescape"))
+        receipts.append_anchor(run, 40, "b" * 64)
+        lines = (run / "anchors.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines][-1] == 40
+        assert receipts.read_anchors(run / "anchors.jsonl")[-1]["step"] == 40
+
+
+def test_a_starting_trainer_removes_every_temp_file(tmp_path):
+    ckpts = rundir.checkpoint_dir(tmp_path / "run")
+    ckpts.mkdir(parents=True)
+    names = [".step_00000010.safetensors.tmp-1", ".step_00000010.safetensors.tmp-0123456789ab",
+             ".step_00000020.safetensors.tmp123", "step_00000000.safetensors"]
+    for name in names:
+        (ckpts / name).write_bytes(b"x")
+    lock = train.prepare_run_dir(tmp_path / "run")
+    lock.close()
+    assert sorted(os.listdir(ckpts)) == ["step_00000000.safetensors"]
+
+
+@pytest.mark.parametrize("arg, named", [("--lr=1e9", "--lr=1000000000.0"), ("--weight_decay=1e4", "--weight_decay=10000.0"),
+                                        ("--n_head=3", "--n_head=3")])
+def test_a_refusal_names_the_option_given(arg, named):
+    cfg = config.parse_config(TINY + [arg])
+    with pytest.raises(config.UsageError, match=named.replace(".", r"\.")):
+        config.validate(cfg)
+
+
+def test_a_trace_fifo_and_sample_sizes(reference, tmp_path):
+    os.mkfifo(tmp_path / "trace.jsonl")
+    with no_hang():
+        result = call(optrace.main, [tmp_path / "trace.jsonl", tmp_path / "trace.jsonl"])
+    assert one_line_error(result, "optrace.py") and "not a regular file" in result[2], result
+    for argv in (["--tokens", 10**12], ["--temperature", "inf"]):
+        assert one_line_error(call(sample.main, ["--run_dir", reference, *argv]), "sample.py")

@@ -1,0 +1,289 @@
+"""The Metal kernels (kernels/metal) checked on the CPU, in CI: no Apple GPU and no Metal compiler.
+
+    python -m pytest tests/test_metal_emulated.py -q        # about a minute of CPU time
+
+tests/metal_shim/metal_shim.h lets g++ compile every .metal source as C++ and run it, the groups
+one after another and the threads of a group as real threads meeting at each barrier (its header
+says what this cannot check: the Metal compiler's floating-point behaviour, the GPU's own
+arithmetic, real SIMD-group timing). On that emulation:
+
+1. the self-test (kernels/cpu/selftest.cpp), linked against the Metal kernels instead of the CPU
+   ones (tests/metal_shim/metal_backend.cpp), prints the CPU backend's digest for every line,
+   with the kernel threads' flush-to-zero off (gradual underflow) and on (x86 FTZ/DAZ);
+   and the products around 2^-126 (test_selftest.window_pairs) give the contract's bits through
+   rp_mul and rp_matmul with flush-to-zero off, on with tininess after rounding (x86) and on with
+   tininess before rounding (AArch64 FPCR.FZ, built for AArch64 and run under qemu-user):
+   canonical.h's software flush gives the contract's bits whichever rule the GPU has;
+2. repops_mps.py (and mps_kernels.py) itself, with torch.mps.compile_shader replaced by the shim's kernels
+   (tests/metal_shim/metal_pyshim.cpp, through ctypes), computes the self-test's digests
+   through its ops on CPU tensors: its argument order, host scalars and grids are checked too;
+3. the check can fail: a Metal tree without the product flush gives other digests;
+4. the sources follow the contract's rules that a scan can see, every op of the bindings has an
+   MPS implementation, and every family's source compiles alone, as compile_shader gets it.
+
+The same kernels on a real Apple GPU: tests/test_mps.py (skipped without MPS), .ci/mac.
+"""
+import ctypes
+import os
+import platform
+import re
+import shutil
+import subprocess
+import types
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import torch
+
+import mps_kernels
+import repops_mps
+import test_selftest as ST
+
+ROOT = Path(__file__).resolve().parent.parent
+METAL_DIR = ROOT / "kernels" / "metal"
+SHIM_DIR = ROOT / "tests" / "metal_shim"
+METAL_SOURCES = sorted(METAL_DIR.glob("*.metal"))
+FLAGS = ["-std=c++20", "-O1", "-ffp-contract=off", "-fsigned-char", "-pthread", "-Wno-attributes", "-Wno-psabi"]
+CPU_INCLUDES = ["-I", str(ROOT / "kernels" / "cpu"), "-I", str(ROOT / "kernels" / "common")]
+
+def _run(cmd, **kw):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def _digests(stdout):
+    return dict(line.split() for line in stdout.splitlines())
+
+
+@pytest.fixture(scope="module")
+def cpu_digests():
+    return ST.torch_digests("cpu")
+
+
+@pytest.fixture(scope="module")
+def selftest_object(tmp_path_factory):
+    """kernels/cpu/selftest.cpp compiled once (the input generator, the digests, main)."""
+    obj = tmp_path_factory.mktemp("metal_selftest") / "selftest.o"
+    _run(["g++", *FLAGS, *CPU_INCLUDES, "-c", ROOT / "kernels" / "cpu" / "selftest.cpp", "-o", obj], timeout=600)
+    return obj
+
+
+def _metal_selftest(selftest_object, metal_dir, out):
+    _run(["g++", *FLAGS, *CPU_INCLUDES, "-I", metal_dir, SHIM_DIR / "metal_backend.cpp", selftest_object, "-o", out],
+         timeout=600)
+    return out
+
+
+@pytest.fixture(scope="module")
+def metal_selftest(selftest_object, tmp_path_factory):
+    return _metal_selftest(selftest_object, METAL_DIR, tmp_path_factory.mktemp("metal_exe") / "metal_selftest")
+
+
+WINDOW_BUILDS = {"x86": ("g++", [], []), "aarch64": (ST.ARM_CXX, ["-static"], [ST.QEMU_ARM])}
+
+
+@pytest.mark.parametrize("isa,hw_flush", [("x86", False), ("x86", True), ("aarch64", True)],
+                         ids=["x86_gradual_underflow", "x86_ftz_daz", "aarch64_fpcr_fz_qemu"])
+def test_products_around_2_126_give_the_contract_bits(tmp_path, isa, hw_flush):
+    """Contract §3 on the products where the flush rules differ (test_selftest.window_pairs: the
+    AArch64 window, the double-rounding band, their edges, both signs), through rp_mul and
+    rp_matmul, against exact rationals. The hardware product is printed too: under FPCR.FZ it
+    must differ exactly in the window, so the inputs do reach the rule being tested."""
+    cxx, flags, runner = WINDOW_BUILDS[isa]
+    if isa == "aarch64" and platform.machine() != "x86_64":
+        pytest.skip("hardware: the AArch64 build runs under qemu-user from an x86-64 machine")
+    if isa == "aarch64" and not (cxx and runner[0]):
+        pytest.skip("no aarch64 cross compiler or qemu-user (Debian packages g++-aarch64-linux-gnu, qemu-user)")
+    exe = tmp_path / f"metal_window_{isa}"
+    _run([cxx, *flags, *FLAGS, "-I", METAL_DIR, SHIM_DIR / "metal_window.cpp", "-o", exe], timeout=600)
+    pairs = ST.window_pairs()
+    r = subprocess.run([*runner, str(exe)], input="".join(f"{a:08x} {b:08x}\n" for a, b in pairs),
+                       capture_output=True, text=True, timeout=600, env=_flush_env(hw_flush), check=True)
+    out = [[int(v, 16) for v in line.split()] for line in r.stdout.splitlines()]
+    assert len(out) == len(pairs)
+    raw_differs = []
+    for (a, b), (mul, mm, raw) in zip(pairs, out):
+        want = ST.contract_product(a, b)
+        mm_want = 0 if want & 0x7FFFFFFF == 0 else want   # acc = +0.0 + product: +0 for -0
+        assert (mul, mm) == (want, mm_want), f"{a:08x} * {b:08x}: mul {mul:08x} matmul {mm:08x}, want {want:08x}"
+        raw_differs.append(raw != want)
+    if isa == "aarch64":
+        in_window = [-Fraction(1, 2**25) <= ST._position(a, b) < 0 for a, b in pairs]
+        assert raw_differs == in_window and sum(in_window) >= 12
+
+
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. the self-test through the Metal kernels
+# ------------------------------------------------------------------------------------------------
+def _flush_env(hw_flush):
+    env = dict(os.environ)
+    env.pop("METAL_SHIM_HW_FLUSH", None)
+    if hw_flush:
+        env["METAL_SHIM_HW_FLUSH"] = "1"
+    return env
+
+
+@pytest.mark.parametrize("hw_flush", [False, True], ids=["gradual_underflow", "ftz_daz"])
+def test_emulated_metal_selftest_gives_the_cpu_digests(metal_selftest, cpu_digests, hw_flush):
+    r = _run([metal_selftest], timeout=300, env=_flush_env(hw_flush))
+    assert r.stderr == "", r.stderr   # no canary complaint
+    mine = _digests(r.stdout)
+    assert list(mine) == ST.EXPECTED_NAMES
+    bad = [f"{n}: cpu {cpu_digests[n][:16]}.. metal {mine[n][:16]}.." for n in ST.EXPECTED_NAMES
+           if mine[n] != cpu_digests[n]]
+    assert not bad, "the emulated Metal kernels differ from the CPU's:\n" + "\n".join(bad)
+
+
+def test_emulation_catches_a_missing_flush(selftest_object, cpu_digests, tmp_path):
+    """Without the product flush of canonical.h the products in the flush window keep their
+    hardware value: the digests of the ops that meet such products change."""
+    broken = tmp_path / "metal"
+    shutil.copytree(METAL_DIR, broken)
+    header = (broken / "canonical.h").read_text()
+    line = "  if (t < fl(0x0C800000u)) return fl(s);"
+    assert header.count(line) == 1
+    (broken / "canonical.h").write_text(header.replace(line, "  if (false) return fl(s);"))
+    exe = _metal_selftest(selftest_object, broken, tmp_path / "broken_selftest")
+    mine = _digests(subprocess.run([str(exe)], capture_output=True, text=True, timeout=300).stdout)
+    changed = {n for n in ST.EXPECTED_NAMES if mine.get(n) != cpu_digests[n]}
+    assert {"mul", "scale", "canary"} <= changed, sorted(changed)
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. repops_mps.py on the shim
+# ------------------------------------------------------------------------------------------------
+class ShimLibrary:
+    """What torch.mps.compile_shader returns, for the CPU: lib.<kernel>(*args, threads=[N, 1, 1],
+    group_size=[G, 1, 1]) runs the shim's kernel; every argument must be of the kind the kernel
+    declares (a tensor for a buffer, an int for constant long&, a float for constant float&)."""
+
+    def __init__(self, so, source):
+        self.so, self.kernels = so, set(re.findall(r"kernel void (\w+)\(", source))
+
+    def __getattr__(self, name):
+        assert name in self.kernels, f"{name} is not a kernel of this source"
+        sig = self.so.rp_signature(name.encode())
+        assert sig is not None, f"the shim has no kernel {name}"
+        sig = sig.decode()
+
+        def call(*args, threads, group_size):
+            assert len(threads) == 3 and len(group_size) == 3 and threads[1:] == [1, 1] and group_size[1:] == [1, 1]
+            assert threads[0] > 0 and threads[0] % group_size[0] == 0, (threads, group_size)
+            assert len(args) == len(sig), f"{name}: {len(args)} arguments for the signature {sig}"
+            keep, ptrs = [], []
+            for i, (a, kind) in enumerate(zip(args, sig)):
+                if kind == "p":
+                    assert isinstance(a, torch.Tensor), f"{name} argument {i}: a buffer, got {type(a)}"
+                    ptrs.append(ctypes.c_void_p(a.data_ptr()))
+                    continue
+                want = int if kind == "l" else float
+                assert type(a) is want, f"{name} argument {i}: a {want.__name__}, got {type(a).__name__}"
+                keep.append(ctypes.c_int64(a) if kind == "l" else ctypes.c_float(a))
+                ptrs.append(ctypes.cast(ctypes.pointer(keep[-1]), ctypes.c_void_p))
+            argv = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+            assert self.so.rp_launch(name.encode(), argv, threads[0], group_size[0], 0) == 0
+        return call
+
+
+@pytest.fixture(scope="module")
+def pyshim(tmp_path_factory):
+    so_path = tmp_path_factory.mktemp("metal_pyshim") / "metal_pyshim.so"
+    _run(["g++", *FLAGS, "-shared", "-fPIC", "-I", METAL_DIR, SHIM_DIR / "metal_pyshim.cpp", "-o", so_path],
+         timeout=600)
+    so = ctypes.CDLL(str(so_path))
+    so.rp_signature.restype = ctypes.c_char_p
+    so.rp_signature.argtypes = [ctypes.c_char_p]
+    so.rp_launch.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    return so
+
+
+@pytest.fixture()
+def mps_on_shim(pyshim, monkeypatch):
+    """repops_mps's ops with CPU tensors standing in for MPS ones and the shim for Metal."""
+    monkeypatch.setattr(mps_kernels, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(mps_kernels, "_libs", {})
+    monkeypatch.setattr(torch.mps, "compile_shader", lambda source: ShimLibrary(pyshim, source), raising=False)
+    tensorless = {schema.split("(")[0]: fn for schema, fn in repops_mps.TENSORLESS_OPS.items()}
+    return types.SimpleNamespace(**repops_mps.TENSOR_OPS, **tensorless)
+
+
+def test_repops_mps_on_the_shim_gives_the_cpu_digests(mps_on_shim, cpu_digests):
+    mine = ST.torch_digests("cpu", ops=mps_on_shim, suffix="_mps")
+    bad = [f"{n}: cpu {cpu_digests[n][:16]}.. repops_mps {mine[n][:16]}.." for n in ST.EXPECTED_NAMES
+           if mine[n] != cpu_digests[n]]
+    assert not bad, "repops_mps.py on the emulated kernels differs from the CPU:\n" + "\n".join(bad)
+
+
+def test_repops_mps_argument_errors(mps_on_shim):
+    ops = mps_on_shim
+    with pytest.raises(RuntimeError, match="inner sizes differ"):
+        ops.matmul(torch.zeros(2, 3), torch.zeros(4, 5))
+    with pytest.raises(RuntimeError, match="must be float32"):
+        ops.add(torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="token ids"):   # the CPU binding's message names the bad index
+        ops.embedding(torch.zeros(4, 2), torch.tensor([1, 4]))
+    with pytest.raises(RuntimeError, match="-128"):
+        ops.int8_matmul(torch.full((2, 3), -128, dtype=torch.int8), torch.zeros(2, 3, dtype=torch.int8))
+    # and the canary passes on the emulation
+    assert ops.canary_mps().tolist() == [0.0, 0.0]
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. coverage and the rules a scan can check
+# ------------------------------------------------------------------------------------------------
+def _binding_op_names(macro):
+    text = (ROOT / "kernels" / "common" / "binding_common.h").read_text()
+    body = text.split(f"#define {macro}", 1)[1].split("\n\n", 1)[0]
+    return set(re.findall(r'm\.(?:impl|def)\("(\w+?)(?:" #suffix|")', body))
+
+
+def test_every_op_family_has_a_metal_source():
+    assert {p.stem for p in METAL_SOURCES} == {p.stem for p in (ROOT / "kernels" / "cuda").glob("*.cu")}
+
+
+def test_every_op_has_an_mps_implementation():
+    assert set(repops_mps.TENSOR_OPS) == _binding_op_names("RPB_IMPL_TENSOR_OPS")
+    tensorless = {schema.split("(")[0].removesuffix("_mps") for schema in repops_mps.TENSORLESS_OPS}
+    assert tensorless == _binding_op_names("RPB_DEF_TENSORLESS_OPS")
+
+
+# Metal's own reductions (unspecified order), its math library (not the canonical functions),
+# fused operations and fast-math namespaces.
+FORBIDDEN = re.compile(r"\b(simd_\w+|quad_\w+|fma|mad|fast|precise|exp2?|log2?|sqrt|rsqrt|sin|cos|tan|pow|powr|"
+                       r"divide|fmin|fmax|abs|fabs|copysign|atomic_\w+)\s*(\(|::)")
+
+
+@pytest.mark.parametrize("path", METAL_SOURCES + [METAL_DIR / "canonical.h"], ids=lambda p: p.name)
+def test_metal_source_follows_the_contract(path):
+    text = path.read_text()
+    code = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("//"))
+    first = next(l for l in code.splitlines() if l.strip())
+    assert first == "#pragma METAL fp contract(off)", f"{path.name}: the pragma must come first, got {first!r}"
+    found = FORBIDDEN.findall(re.sub(r"//.*", "", code))
+    assert not found, f"{path.name} uses {sorted({f[0] for f in found})}"
+    if path.suffix == ".metal":
+        assert code.count('#include "canonical.h"') == 1 and code.count("#include") == 1
+
+
+def test_every_source_compiles_alone_as_compile_shader_gets_it(pyshim, tmp_path):
+    """Each family's text as repops_mps hands it to compile_shader (canonical.h inlined), through
+    the shim; and every kernel it defines is one the shim can launch."""
+    shutil.copy(SHIM_DIR / "metal_shim.h", tmp_path)   # precompiled once: each check then takes 0.2 s
+    _run(["g++", *FLAGS, "-x", "c++-header", tmp_path / "metal_shim.h", "-o", tmp_path / "metal_shim.h.gch"],
+         timeout=300)
+
+    def check(path):
+        source = mps_kernels.metal_source(path.stem)
+        r = subprocess.run(["g++", *FLAGS, "-fsyntax-only", "-include", str(tmp_path / "metal_shim.h"),
+                            "-x", "c++", "-"], input=source, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"{path.name}:\n{r.stderr}"
+        return [k for k in re.findall(r"kernel void (\w+)\(", source) if pyshim.rp_signature(k.encode()) is None]
+
+    with ThreadPoolExecutor(2) as pool:
+        missing = sum(pool.map(check, METAL_SOURCES), [])
+    assert not missing, f"kernels the shim does not know: {missing}"
