@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+import schedule
+
 
 @dataclass
 class Config:
@@ -49,11 +51,19 @@ class Config:
     init_from: str = ""
     quant: str = "none"                 # "int8": W8A8 block linears with LSQ step sizes (quant.py)
     lsq_repin: bool = True              # int8: re-pin weight step sizes after every step (else learned)
+    attn_window: int = 0                # > 0: sliding-window attention over the last W keys (0: full)
+    full_attn_every: int = 0            # with a window, layers i with (i+1) % this == 0 stay full; the last always
+    qk_norm: bool = False               # gain-free RMSNorm of each query and key head, before RoPE
+    emb_norm: bool = False              # RMSNorm (learned weight emb_norm [d]) after the token embedding
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
     micro_batches: int = 4
+    # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (schedule.py);
+    # --micro_batches=192@0,288@S1 sets micro_batches=192 and this to "288@S1"
+    micro_batch_phases: str = ""
     micro_batch_size: int = 8
-    # optimizer: AdamW, linear warmup then linear decay to min_lr at max_steps
+    # optimizer: AdamW, linear warmup then decay to min_lr at max_steps (schedule.py)
     max_steps: int = 300
+    lr_schedule: str = "linear"         # the decay: linear, or cosine (the contract's canonical cos)
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup_steps: int = 20
@@ -95,16 +105,27 @@ FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 # Decisive keys added after the genesis format was fixed: left out of the genesis record at
 # their default, so a run that does not use them keeps its genesis bytes (and older runs audit).
 OPTIONAL = {"tie_embeddings": False}
-# Named shapes (--preset=NAME). open1b: the OPEN-1B reference run's model (1.61B parameters) with
-# 2 micro-batches of 1 x 4096 tokens per step, what one replay on a 24 GiB machine does.
-# open1b-mini: the same structure (GQA 4:1, head size 128, SwiGLU hidden 2.75 x width) small
-# enough for a few steps on 2 cores in seconds (the CI test, tests/test_scale.py).
+# Named recipes (--preset=NAME). open1b: the OPEN-1B reference run (gensyn-ai/open-transformers,
+# configs/train/1b_repop_v2.yaml; docs/open1b-recipe.md lists what still differs): its model
+# (1.61B parameters; sliding window 512 with every 5th and the last layer full, gain-free QK-norm,
+# embedding norm, RoPE theta 5e5), z-loss 1e-4, AdamW lr 4.5e-4 with 667 warmup steps and cosine
+# decay to 10%, clip 1.0, and its token phases: 192 / 288 / 576 micro-batches of 4 x 4096 tokens
+# from 0 / 4B / 360B tokens to 400B. Here a micro-batch is 1 x 4096 tokens (what a 24 GiB replay
+# holds, with recompute and offload), so the phases are 4x as many: 768 / 1152 / 2304 from steps
+# 1 / 1273 / 76719 (the first step to start at or past 4B and 360B tokens), 80957 steps in all;
+# 48 ranks divide every phase. open1b-mini: the same structure (GQA 4:1, head size 128, SwiGLU
+# hidden 2.75 x width, every recipe option, a phase boundary after step 1) small enough for a
+# few steps on 2 cores in seconds (the CI test, tests/test_scale.py).
+_RECIPE = dict(attn_window=512, full_attn_every=5, qk_norm=True, emb_norm=True, rope_theta=5e5, zloss=1e-4,
+               lr=4.5e-4, min_lr=4.5e-5, warmup_steps=667, lr_schedule="cosine", grad_clip=1.0)
 PRESETS = {
-    "open1b": dict(n_layer=24, d_model=2048, n_head=16, n_kv_head=4, d_hidden=5632,
-                   vocab_size=128256, seq_len=4096, micro_batches=2, micro_batch_size=1,
+    "open1b": dict(_RECIPE, n_layer=24, d_model=2048, n_head=16, n_kv_head=4, d_hidden=5632,
+                   vocab_size=128256, seq_len=4096, micro_batches=768, micro_batch_size=1,
+                   micro_batch_phases="1152@1272,2304@76718", max_steps=80957, seed=42,
                    recompute=True, offload=True, checkpoint_every=1, eval_every=0, sample_tokens=0),
-    "open1b-mini": dict(n_layer=2, d_model=512, n_head=4, n_kv_head=1, d_hidden=1408,
-                        seq_len=64, micro_batches=2, micro_batch_size=1, recompute=True),
+    "open1b-mini": dict(_RECIPE, n_layer=2, d_model=512, n_head=4, n_kv_head=1, d_hidden=1408,
+                        seq_len=64, attn_window=16, micro_batches=2, micro_batch_phases="4@1",
+                        micro_batch_size=1, recompute=True),
 }
 
 SEED_LIMIT = 1 << 64                    # Philox keys are 64-bit
@@ -160,6 +181,12 @@ def _arguments(argv):
             if value not in PRESETS:
                 raise UsageError(f"unknown preset {value!r} (known: {', '.join(PRESETS)})")
             presets.append(value)
+        elif key == "micro_batches" and "@" in value:      # phases: 192@0,288@S1,...
+            first, _, rest = value.partition(",")
+            n, _, start = first.partition("@")
+            if start != "0" or not rest:
+                raise UsageError(f"--micro_batches={value}: phases are N0@0,N1@S1,... (the first from step 1)")
+            pairs += [("micro_batches", _parse_value(key, int, n)), ("micro_batch_phases", rest)]
         elif key not in FIELDS:
             raise UsageError(f"unknown config key --{key} (known: preset, {', '.join(FIELDS)})")
         else:
@@ -203,7 +230,7 @@ def validate(cfg, world=1):
     for key in ("n_layer", "n_head", "d_model", "d_hidden", "seq_len", "micro_batches",
                 "micro_batch_size", "max_steps", "checkpoint_every", "eval_batches", "dist_timeout"):
         need(getattr(cfg, key) >= 1, key, "must be >= 1")
-    for key in ("warmup_steps", "eval_every", "sample_tokens", "threads", "anchor_every", "dead_tensor_steps"):
+    for key in ("attn_window", "full_attn_every", "warmup_steps", "eval_every", "sample_tokens", "threads", "anchor_every", "dead_tensor_steps"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0")
     for key in FIELDS:
         if FIELDS[key] is float:
@@ -225,6 +252,11 @@ def validate(cfg, world=1):
     need(cfg.device in ("cpu", "cuda", "mps"), "device", "must be cpu, cuda or mps")
     need(cfg.hash_async in ("on", "off", "auto"), "hash_async", "must be on, off or auto")
     need(cfg.quant in ("none", "int8"), "quant", "must be none or int8")
+    need(cfg.lr_schedule in ("linear", "cosine"), "lr_schedule", "must be linear or cosine")
+    try:
+        schedule.parse_phases(cfg.micro_batch_phases)
+    except schedule.ScheduleError as e:
+        raise UsageError(f"--micro_batch_phases={cfg.micro_batch_phases!r} is out of range: {e}") from None
     if cfg.quant == "int8":
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
             need(getattr(cfg, key) <= 133144, key, "must be <= 133144 with --quant=int8 (K * 127^2 < 2^31)")

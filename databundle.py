@@ -29,6 +29,7 @@ import shutil
 import hashchain
 import rundir
 from data import BUNDLE, MANIFEST, DataError, DataMismatch, TokenData, chunk_file
+from schedule import micro_batches_at
 
 
 def _write_corpus(corpus, out_dir, needed, steps):
@@ -77,7 +78,7 @@ def write_bundle(out_dir, run_dir, step, corpus_dir=None):
     first = max((s for s, _ in run.checkpoints() if s < step), default=0) + 1
     needed = collections.defaultdict(set)             # corpus -> chunk indices of train
     for s in range(first, step + 1):
-        for m in range(cfg.micro_batches):
+        for m in range(micro_batches_at(cfg, s)):   # the step's phase
             for corpus, o in data.rows("train", s, m, cfg.micro_batch_size, cfg.seq_len):
                 per = corpus.manifest["splits"]["train"]["chunks"]["bytes"] // corpus.dtype.itemsize
                 needed[corpus].update(range(o // per, (o + cfg.seq_len) // per + 1))

@@ -17,7 +17,8 @@ complete or not at all (written beside it, then renamed).
 
 What LlamaForCausalLM cannot represent is refused with one line (exit 2): --quant=int8 (W8A8
 quantizes the activations too, so exported dequantized weights would not give the run's
-logits), residual dropout (no HF Llama field; the exported model would train differently).
+logits), residual dropout (no HF Llama field; the exported model would train differently),
+a sliding attention window, QK-norm and the embedding norm (the OPEN-1B recipe's options).
 """
 import argparse
 import json
@@ -76,6 +77,11 @@ def export(run_dir, step, out, data_dir=None):
     if cfg.dropout:
         raise UsageError(f"a run with --dropout={cfg.dropout} cannot be represented: the HF Llama "
                          "has no residual dropout")
+    extra = [k for k, on in (("attn_window", cfg.attn_window > 0), ("qk_norm", cfg.qk_norm),
+                             ("emb_norm", cfg.emb_norm)) if on]
+    if extra:
+        raise UsageError(f"a run with --{extra[0]}={getattr(cfg, extra[0])} cannot be represented: "
+                         "LlamaForCausalLM has no sliding window, QK-norm or embedding norm")
     ckpts = dict(run.checkpoints())
     in_chain = [s for s in ckpts if s < run.chain.lines]
     step = max(in_chain, default=None) if step is None else step

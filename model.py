@@ -13,7 +13,7 @@ every machine starts from the same bits.
     logits = model.logits(idx)                      # [B, T, vocab]
     ids = model.generate([10, 20], n_tokens=50, seed=7)   # the same tokens on every machine
 
-Parameters: tok_emb [vocab, d], layers.{i}.{attn_norm [d], wqkv [(H + 2 Hkv) Dh, d] (rows: H query
+Parameters: tok_emb [vocab, d], (with emb_norm) emb_norm [d], layers.{i}.{attn_norm [d], wqkv [(H + 2 Hkv) Dh, d] (rows: H query
 heads, Hkv key heads, Hkv value heads; [3d, d] when Hkv = H), wo [d, d], mlp_norm [d],
 w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d] (none when tied; with
 quant="int8" also each block linear's step sizes layers.{i}.<linear>_sx [1] and _sw [out], quant.py); `named_tensors()` lists them
@@ -26,6 +26,11 @@ copied per query head: the G query heads of a group are stacked as G*T rows of o
 against their key head, so the gradient of the key (and value) head sums the group's
 contributions inside the matmul's canonical k-ordered sum (query head g, then position t;
 contract §8 attention), never in autograd's accumulation.
+
+Recipe options (all off by default; docs/open1b-recipe.md): attn_window W > 0 makes a layer
+attend over its last W keys in O(T*W) (repops.window_attention; every full_attn_every-th layer
+and the last stay full, `windowed`); qk_norm is a gain-free RMSNorm of each q and k head before
+RoPE; emb_norm an RMSNorm (weight emb_norm [d]) of the embeddings before the first block.
 
 With recompute, each block runs under activation checkpointing: backward re-runs the block's
 forward (the same kernels on the same inputs, the same Philox dropout masks), so the bits are
@@ -59,6 +64,10 @@ class ModelConfig:
     quant: str = "none"        # "int8": block linears are W8A8 with LSQ step sizes (quant.py)
     lsq_repin: bool = True     # int8: re-pin the weight step sizes after every step (else learn them)
     recompute: bool = False    # activation checkpointing per block (same bits, less memory)
+    attn_window: int = 0       # > 0: sliding-window attention over the last attn_window keys
+    full_attn_every: int = 0   # with a window: layers i with (i + 1) % this == 0 stay full (0: none)
+    qk_norm: bool = False      # gain-free RMSNorm of each query and key head before RoPE
+    emb_norm: bool = False     # RMSNorm (weight emb_norm [d]) of the token embeddings
     tie_embeddings: bool = False  # lm_head is tok_emb (no lm_head parameter)
 
 
@@ -72,11 +81,20 @@ def param_shapes(cfg):
     d, h, v = cfg.d_model, cfg.d_hidden, cfg.vocab_size
     qkv = (cfg.n_head + 2 * (cfg.n_kv_head or cfg.n_head)) * (d // cfg.n_head)
     shapes = {"tok_emb": (v, d), "norm": (d,)} | ({} if cfg.tie_embeddings else {"lm_head": (v, d)})
+    if cfg.emb_norm:
+        shapes["emb_norm"] = (d,)
     for i in range(cfg.n_layer):
         shapes.update({f"layers.{i}.attn_norm": (d,), f"layers.{i}.wqkv": (qkv, d),
                        f"layers.{i}.wo": (d, d), f"layers.{i}.mlp_norm": (d,),
                        f"layers.{i}.w_gate_up": (2 * h, d), f"layers.{i}.w_down": (d, h)})
     return shapes
+
+
+def windowed(cfg, i):
+    """Does layer i (0-based) attend over a sliding window? Not with attn_window 0, never the
+    last layer, and not the layers with (i + 1) % full_attn_every == 0 (every 5th: 4, 9, ...)."""
+    every = cfg.full_attn_every
+    return cfg.attn_window > 0 and i != cfg.n_layer - 1 and not (every and (i + 1) % every == 0)
 
 
 class Llama(nn.Module):
@@ -92,6 +110,8 @@ class Llama(nn.Module):
         d = cfg.d_model
         shapes = param_shapes(cfg)
         self.tok_emb = nn.Parameter(self._init("tok_emb", shapes["tok_emb"]))
+        if cfg.emb_norm:
+            self.emb_norm = nn.Parameter(self._init("emb_norm", shapes["emb_norm"]))
         self.layers = nn.ModuleList()
         for i in range(cfg.n_layer):
             block = nn.Module()
@@ -105,6 +125,8 @@ class Llama(nn.Module):
         cos, sin = repops.rope_tables(cfg.seq_len, d // cfg.n_head, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # qk_norm's gain-free RMSNorm is rmsnorm with w = 1 (y = (x * rstd) * 1.0 is exact)
+        self.register_buffer("unit_gain", torch.ones(d // cfg.n_head), persistent=False)
         self.calibrating = False
         if cfg.quant == "int8":
             quant.attach(self)   # step sizes <linear>_sx, <linear>_sw; calibrates s_x
@@ -130,22 +152,29 @@ class Llama(nn.Module):
             return repops.linear(x, w)
         return quant.linear(x, w, getattr(layer, name + "_sx"), getattr(layer, name + "_sw"), self.calibrating)
 
-    def _attention(self, layer, h, B, T):
+    def _attention(self, i, layer, h, B, T):
         cfg = self.cfg
         H, Hkv, Dh = cfg.n_head, self.n_kv_head, cfg.d_model // cfg.n_head
         G = H // Hkv                                              # query heads per key/value head
         qkv = self._linear(layer, "wqkv", h).view(B, T, H + 2 * Hkv, Dh)
         # One split (its backward is one cat): autograd never adds the three gradients.
         q, k, v = qkv.split([H, Hkv, Hkv], dim=2)                 # [B, T, H | Hkv | Hkv, Dh]
-        q = repops.rope(q.contiguous(), self.rope_cos, self.rope_sin)
-        k = repops.rope(k.contiguous(), self.rope_cos, self.rope_sin)
+        q, k = q.contiguous(), k.contiguous()
+        if cfg.qk_norm:                                           # per head: rows B*T*H of Dh
+            q = repops.rmsnorm(q, self.unit_gain, cfg.norm_eps)
+            k = repops.rmsnorm(k, self.unit_gain, cfg.norm_eps)
+        q = repops.rope(q, self.rope_cos, self.rope_sin)
+        k = repops.rope(k, self.rope_cos, self.rope_sin)
         # Query head h = j*G + g belongs to key/value head j; the group's G heads become G*T rows
         # of one matmul against key head j (data movement only): q [B*Hkv, G*T, Dh], k, v [B*Hkv, T, Dh].
         q = q.permute(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)
         k, v = (t.permute(0, 2, 1, 3).reshape(B * Hkv, T, Dh) for t in (k, v))
-        s = repops.matmul(q, k.transpose(1, 2)).view(B * H, T, T)
-        p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))          # [B*H, T, T]
-        o = repops.matmul(p.view(B * Hkv, G * T, T), v)           # [B*Hkv, G*T, Dh]
+        if windowed(cfg, i):                                      # bands [B*Hkv, G*T, W]: O(T*W)
+            o = repops.window_attention(q, k, v, cfg.attn_window, 1.0 / math.sqrt(Dh))
+        else:
+            s = repops.matmul(q, k.transpose(1, 2)).view(B * H, T, T)
+            p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))      # [B*H, T, T]
+            o = repops.matmul(p.view(B * Hkv, G * T, T), v)       # [B*Hkv, G*T, Dh]
         o = o.view(B, H, T, Dh).permute(0, 2, 1, 3).reshape(B, T, H * Dh)
         return self._linear(layer, "wo", o)
 
@@ -168,6 +197,8 @@ class Llama(nn.Module):
         if T > cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's seq_len {cfg.seq_len}")
         x = repops.embedding(self.tok_emb if emb is None else emb, idx)   # [B, T, d]
+        if cfg.emb_norm:
+            x = repops.rmsnorm(x, self.emb_norm, cfg.norm_eps)
         for i, layer in enumerate(self.layers):
             if cfg.recompute and torch.is_grad_enabled():
                 # Non-reentrant checkpointing re-runs _block in backward; no torch RNG is used.
@@ -181,7 +212,7 @@ class Llama(nn.Module):
         """Transformer block i on the residual stream x [B, T, d]."""
         B, T, _ = x.shape
         x, h = repops.rmsnorm_fork(x, layer.attn_norm, self.cfg.norm_eps)
-        x = repops.add(x, self._branch_dropout(self._attention(layer, h, B, T), rng, 2 * i))
+        x = repops.add(x, self._branch_dropout(self._attention(i, layer, h, B, T), rng, 2 * i))
         x, h = repops.rmsnorm_fork(x, layer.mlp_norm, self.cfg.norm_eps)
         m = repops.swiglu(self._linear(layer, "w_gate_up", h).view(B * T, -1))
         m = self._linear(layer, "w_down", m).view(B, T, -1)

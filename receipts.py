@@ -294,11 +294,16 @@ def salt_lookup(run_dir, genesis, salts_path=None):
 
 
 # ----------------------------------------------------------------------------- 2. plan, coverage
-def replay_costs(first, last, checkpoint_steps):
+def replay_costs(first, last, checkpoint_steps, step_work=None):
     """{step: how many steps an audit of it replays}: audit.py starts from the latest
-    checkpoint before the step (the genesis state, step 0, when there is none)."""
+    checkpoint before the step (the genesis state, step 0, when there is none). With
+    step_work(s) (e.g. step s's micro-batch count, which micro-batch phases vary), the sum of
+    step_work over those steps instead."""
     ckpts = sorted(set(checkpoint_steps) | {0})
-    return {s: s - ckpts[bisect.bisect_right(ckpts, s - 1) - 1] for s in range(first, last + 1)}
+    if step_work is None:
+        return {s: s - ckpts[bisect.bisect_right(ckpts, s - 1) - 1] for s in range(first, last + 1)}
+    return {s: sum(step_work(k) for k in range(ckpts[bisect.bisect_right(ckpts, s - 1) - 1] + 1, s + 1))
+            for s in range(first, last + 1)}
 
 
 def _key(seed, *parts):

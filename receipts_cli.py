@@ -22,6 +22,7 @@ import receipts
 import rundir
 from config import Config, UsageError, validate
 from data import TokenData
+from schedule import micro_batches_at
 from train import TrainState, train_step
 
 
@@ -87,7 +88,8 @@ def reveal_command(args):
 
 # ----------------------------------------------------------------------------- plan
 def tokens(cfg):
-    return cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
+    """Tokens of one micro-batch (a step has micro_batches_at(cfg, step) of them)."""
+    return cfg.micro_batch_size * cfg.seq_len
 
 
 def probe_step(cfg, state, data, repeats=5):
@@ -115,14 +117,17 @@ def plan_command(args):
     run = rundir.Run(args.run_dir)
     first, last = rundir.chain_steps(run, args.steps)
     seed = secrets.randbits(63) if args.seed is None else args.seed
-    costs = receipts.replay_costs(first, last, [s for s, _ in run.checkpoints() if s < len(run.chain)])
-    assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
     cfg, vocab = run.cfg, run.vocab_size
     validate(cfg)
+    ckpts = [s for s, _ in run.checkpoints() if s < len(run.chain)]
+    steps_replayed = receipts.replay_costs(first, last, ckpts)
+    # a step's cost is its micro-batches (phases change their number from step to step)
+    costs = receipts.replay_costs(first, last, ckpts, lambda s: micro_batches_at(cfg, s))
+    assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
     # The probe: one micro-batch of the run's model, or of the default model where that is less
     # work (a large run's model need not be timed here; a small one's overheads are measured).
     run_state = TrainState(cfg, vocab, args.device)
-    probes = [(dataclasses.replace(c, micro_batches=1), s) for c, s in
+    probes = [(dataclasses.replace(c, micro_batches=1, micro_batch_phases=""), s) for c, s in
               ((cfg, run_state), (Config(), TrainState(Config(), vocab, args.device)))]
     probe_cfg, probe_state = min(probes, key=lambda p: p[1].n_params() * tokens(p[0]))
     probe_s = probe_step(probe_cfg, probe_state, TokenData(args.data_dir or run.recorded_data_dir(), cfg.seed))
@@ -131,12 +136,13 @@ def plan_command(args):
     print(f"plan: steps {first}..{last} of {args.run_dir} for {args.auditors} auditors, each step replayed "
           f"by {args.redundancy} of them, seed {seed}" + (" (drawn now: keep it private)" if args.seed is None else ""))
     print(f"replay cost: a probe step ({probe_state.n_params():,} params x {tokens(probe_cfg)} tokens) took "
-          f"{probe_s:.3f} s here; a step of this run ({run_state.n_params():,} params x {tokens(cfg)} tokens) "
-          f"about {receipts.replay_hours(1, probe_s, probe_work, run_work) * 3600:.3f} s")
+          f"{probe_s:.3f} s here; a step of this run ({run_state.n_params():,} params x "
+          f"{tokens(cfg) * micro_batches_at(cfg, last)} tokens) about "
+          f"{receipts.replay_hours(micro_batches_at(cfg, last), probe_s, probe_work, run_work) * 3600:.3f} s")
     print("auditor  steps  replayed  est. hours  assigned steps")
     for a, steps in enumerate(assignment, start=1):
-        replayed = sum(costs[s] for s in steps)
-        hours = receipts.replay_hours(replayed, probe_s, probe_work, run_work)
+        replayed = sum(steps_replayed[s] for s in steps)
+        hours = receipts.replay_hours(sum(costs[s] for s in steps), probe_s, probe_work, run_work)
         print(f"{a:7d}  {len(steps):5d}  {replayed:8d}  {hours:10.2g}  {receipts.ranges(steps)}")
     print(f"a tampered step goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "

@@ -318,6 +318,63 @@ def causal_softmax(s, scale):
     return _CausalSoftmax.apply(s, f32(scale))
 
 
+class _BandScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, W):
+        ctx.save_for_backward(a, b)
+        return ops.band_scores(a, b, W)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        g = g.contiguous()
+        ga = ops.band_mix(g, b) if ctx.needs_input_grad[0] else None
+        gb = ops.band_mix_t(g, a, b.shape[1]) if ctx.needs_input_grad[1] else None
+        return ga, gb, None
+
+
+class _BandMix(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p, b):
+        ctx.save_for_backward(p, b)
+        return ops.band_mix(p, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        p, b = ctx.saved_tensors
+        g = g.contiguous()
+        gp = ops.band_scores(g, b, p.shape[2]) if ctx.needs_input_grad[0] else None
+        gb = ops.band_mix_t(p, g, b.shape[1]) if ctx.needs_input_grad[1] else None
+        return gp, gb
+
+
+class _WindowSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, scale):
+        p = ops.window_softmax(s, scale)
+        ctx.save_for_backward(p)
+        ctx.scale = scale
+        return p
+
+    @staticmethod
+    def backward(ctx, g):
+        (p,) = ctx.saved_tensors
+        return ops.window_softmax_backward(g, p, ctx.scale), None
+
+
+def window_attention(q, k, v, window, scale):
+    """Causal attention of each query over the last `window` keys (its own position included),
+    in O(T * window) memory and time (contract §8 window attention). q [batch, G*T, Dh] (the G
+    query heads of a key/value head, g-major), k, v [batch, T, Dh]; returns o [batch, G*T, Dh].
+    Band [batch, G*T, W], W = min(window, T): column w is key t - (W-1) + w. With W = T it gives
+    the bits of full causal attention (matmul, causal_softmax, matmul)."""
+    T = k.shape[1]
+    W = min(window, T)
+    s = _BandScores.apply(q, k, W)                                     # [batch, G*T, W]
+    p = _WindowSoftmax.apply(s.view(-1, T, W), f32(scale)).view(s.shape)
+    return _BandMix.apply(p, v)
+
+
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u):

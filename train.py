@@ -52,6 +52,7 @@ import receipts
 import repops
 import rundir
 import snapshot
+from schedule import lr_at, micro_batches_at, phase_counts
 import treefold
 from config import (UsageError, decisive_config, differences, given_keys, parse_config, resolve, usage,
                     validate)
@@ -73,20 +74,11 @@ def model_config(cfg, vocab_size):
     return ModelConfig(vocab_size=cfg.vocab_size or vocab_size, **{k: getattr(cfg, k) for k in names})
 
 
-def lr_at(cfg, step):
-    """Learning rate of step (1-based), float64 with + - * / only (contract §1)."""
-    if step <= cfg.warmup_steps:
-        return cfg.lr * step / cfg.warmup_steps
-    span = max(cfg.max_steps - cfg.warmup_steps, 1)
-    progress = min((step - cfg.warmup_steps) / span, 1.0)
-    return cfg.lr - (cfg.lr - cfg.min_lr) * progress
-
-
 def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py"]
+             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py", "schedule.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -213,7 +205,7 @@ def train_step(state, data, cfg, rank=0, world=1):
     fold, plus one spilled to disk with cfg.offload while the next micro-batch runs).
     """
     step = state.step + 1
-    n = cfg.micro_batches
+    n = micro_batches_at(cfg, step)         # the step's N (its phase), hence its tree
     state.model.train()
     fold = treefold.Fold(n, world, rank, spill=cfg.offload)
     for micro in fold.leaves:
@@ -267,7 +259,7 @@ def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=
     step_commit; without it (a replay) the record has no step_commit, which only the secret's
     holder can compute."""
     windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len)
-               for m in range(cfg.micro_batches)]
+               for m in range(micro_batches_at(cfg, step))]
     record = {"kind": "step", "step": step, "state_hash": root, "tensor_hashes": leaves,
               "batch_digest": batch_digest(windows), **fields}
     grad_root = record.pop("grad_root").result()
@@ -465,9 +457,9 @@ def run(cfg, rank, world):
     lock = prepare_run_dir(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
     chain, start, secret = open_run(cfg, data, state, rank, world, log, init)
-    tokens_per_step = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
+    tokens_per_step = micro_batches_at(cfg, start + 1) * cfg.micro_batch_size * cfg.seq_len
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
-        f"{world} rank(s) x {cfg.micro_batches // world} micro-batches | "
+        f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
     hasher = snapshot.StateHasher(overlap=hash_overlaps(cfg))
     last_log = [time.perf_counter()]
@@ -490,6 +482,7 @@ def run(cfg, rank, world):
             save_checkpoint(cfg.run_dir, hashed.tensors, record)
         now = time.perf_counter()
         ms, last_log[0] = (now - last_log[0]) * 1000, now
+        tokens_per_step = micro_batches_at(cfg, step) * cfg.micro_batch_size * cfg.seq_len
         log(f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
             f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens_per_step / ms * 1000:7.0f} tok/s | "
             f"state {record['state_hash'][:12]}")
@@ -534,7 +527,8 @@ def main(argv):
         if cfg.init_from:       # the imported model's config decides its keys (hfllama.py)
             cfg = hfllama.configure(cfg, given_keys(argv))
         validate(cfg, world)
-        treefold.check_topology(cfg.micro_batches, world)   # before any work
+        for n in phase_counts(cfg):                          # every phase's N, before any work
+            treefold.check_topology(n, world)
         if world > 1:
             backend = "cpu:gloo,cuda:nccl" if cfg.device == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.dist_timeout))

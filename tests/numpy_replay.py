@@ -249,7 +249,7 @@ def code_digest(root):
     arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
     flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp"
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py"]
+             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py", "schedule.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
              "kernels/common": (".h", ".cuh"), "kernels/metal": (".metal", ".h")}
     for folder, ends in kinds.items():
@@ -308,6 +308,12 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     cfg = json.loads(lines[0])["config"]
+    # the OPEN-1B recipe options (SPEC §6.2, §9.5, §10) are not written here yet: refuse them
+    recipe = {"attn_window": 0, "qk_norm": False, "emb_norm": False, "lr_schedule": "linear",
+              "micro_batch_phases": ""}
+    unsupported = [k for k, off in recipe.items() if cfg.get(k, off) != off]
+    if unsupported:
+        raise ValueError(f"this replay does not implement {', '.join(unsupported)} (SPEC §6.2, §9.5, §10)")
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
     init = json.loads(lines[0]).get("init")             # §17: an imported state is checkpoint 0's

@@ -199,7 +199,7 @@ def test_changed_token_is_found_at_the_first_step_that_reads_it(corpus, referenc
     tokens.tofile(tampered / "train.bin")
     # The token file disagrees with its manifest: the first step that reads the changed chunk
     # is a mismatch, and the replay stops there.
-    per_chunk = stream.manifest["splits"]["train"]["chunks"]["bytes"] // dtype.itemsize
+    per_chunk = stream.manifest["splits"]["train"]["chunks"]["bytes"] // stream.dtype.itemsize
     reads_chunk = next(s for s in range(1, STEPS + 1) if any(
         o // per_chunk <= position // per_chunk <= (o + SEQ_LEN) // per_chunk
         for m in range(MICRO_BATCHES) for _, o in stream.rows("train", s, m, MICRO_BATCH_SIZE, SEQ_LEN)))

@@ -101,8 +101,11 @@ def corpus(tmp_path_factory):
 
 
 # name -> the flags of one guarded step (int8: the quantized linears, their LSQ backward, re-pin)
+# recipe: the OPEN-1B options (window, QK-norm, embedding norm, the cosine schedule's canonical cos)
 # tied: tok_emb is the embedding and the output linear (its two gradients meet in repops.tie's add)
 STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"],
+         "recipe": ["--attn_window=4", "--qk_norm=true", "--emb_norm=true", "--lr_schedule=cosine",
+                    "--warmup_steps=0"],
          "tied": ["--tie_embeddings=true"]}
 
 
@@ -129,7 +132,9 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
               "repops::clip_grad", "repops::adamw_"}
     needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(), "tied": set(),
                "int8": {"repops::int8_quantize", "repops::int8_linear", "repops::lsq_backward",
-                        "repops::int8_dequantize", "repops::lsq_init_"}}[name]
+                        "repops::int8_dequantize", "repops::lsq_init_"},
+               "recipe": {"repops::band_scores", "repops::band_mix", "repops::band_mix_t",
+                          "repops::window_softmax", "repops::window_softmax_backward", "repops::cos"}}[name]
     assert needed <= set(counts), report(counts)
     assert not violations(counts), (f"floating-point work outside RepOps: {violations(counts)}\n"
                                     + report(counts))

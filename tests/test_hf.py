@@ -263,3 +263,8 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     capsys.readouterr()
     line = one_line_error(capsys, export.main([str(drop), "--to", "hf", str(tmp_path / "out")]), "export.py")
     assert "dropout" in line and not (tmp_path / "out").exists()
+    qk = tmp_path / "qk"
+    assert train.main([*common, f"--run_dir={qk}", "--max_steps=1", "--qk_norm=true"]) == 0
+    capsys.readouterr()
+    line = one_line_error(capsys, export.main([str(qk), "--to", "hf", str(tmp_path / "out")]), "export.py")
+    assert "qk_norm" in line and not (tmp_path / "out").exists()

@@ -28,6 +28,7 @@ import torch
 import audit
 import data
 import checkpoint
+import hashchain
 import receipts
 import repops
 import rundir

@@ -68,7 +68,7 @@ def test_open1b_preset_is_the_reference_shape():
     assert cfg.d_model // cfg.n_head == 128 and cfg.recompute
     L, d, V, Dh, hid = 24, 2048, 128256, 128, 5632
     per_layer = (16 + 2 * 4) * Dh * d + d * d + 2 * hid * d + d * hid + 2 * d
-    expected = 2 * V * d + L * per_layer + d
+    expected = 2 * V * d + L * per_layer + d + d          # final norm, emb_norm
     counted = sum(math.prod(s) for s in param_shapes(train.model_config(cfg, 50257)).values())
     assert counted == expected and round(counted / 1e9, 2) == 1.61
 
@@ -162,7 +162,7 @@ def test_gqa_gradient_matches_float64_reference(n_kv_head):
     gen = torch.Generator().manual_seed(n_kv_head)
     h = torch.randn(2, 16, 64, generator=gen).requires_grad_()
     g_out = torch.randn(2, 16, 64, generator=gen)
-    out = model._attention(layer, h, 2, 16)
+    out = model._attention(0, layer, h, 2, 16)
     grads = torch.autograd.grad(out, [h, layer.wqkv, layer.wo], g_out)
     h64 = h.detach().double().requires_grad_()
     ref = reference_attention(model, layer, h64)

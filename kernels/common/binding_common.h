@@ -124,6 +124,52 @@ inline std::tuple<Tensor, Tensor> causal_softmax_backward_args(at::DeviceType de
   return {gp, p};
 }
 
+// Window attention (§8): a query band a [batch, M, D] (M = G*T rows, G query heads of one
+// key/value head), keys or values b [batch, T, D], bands [batch, M, W] with 1 <= W.
+struct BandShape {
+  int64_t batch, M, T, D, W;
+};
+inline BandShape band_shape(const Tensor& rows, const Tensor& keys, int64_t W, const char* op) {
+  TORCH_CHECK(rows.dim() == 3 && keys.dim() == 3 && rows.size(0) == keys.size(0) && keys.size(1) >= 1 &&
+                  rows.size(1) % keys.size(1) == 0 && W >= 1,
+              "repops.", op, ": rows [batch, G*T, *], keys [batch, T, *], W >= 1");
+  return {rows.size(0), rows.size(1), keys.size(1), keys.size(2), W};
+}
+inline std::tuple<Tensor, Tensor, BandShape> band_scores_args(at::DeviceType dev, const Tensor& a_, const Tensor& b_,
+                                                              int64_t W) {
+  Tensor a = contig(dev, a_, "a"), b = contig(dev, b_, "b");
+  same_device(a, b, "band_scores");
+  BandShape sh = band_shape(a, b, W, "band_scores");
+  TORCH_CHECK(a.size(2) == b.size(2), "repops.band_scores: a [batch, M, D], b [batch, T, D]");
+  return {a, b, sh};
+}
+inline std::tuple<Tensor, Tensor, BandShape> band_mix_args(at::DeviceType dev, const Tensor& p_, const Tensor& b_) {
+  Tensor p = contig(dev, p_, "p"), b = contig(dev, b_, "b");
+  same_device(p, b, "band_mix");
+  BandShape sh = band_shape(p, b, p.dim() == 3 ? p.size(2) : 0, "band_mix");
+  return {p, b, sh};
+}
+inline std::tuple<Tensor, Tensor, BandShape> band_mix_t_args(at::DeviceType dev, const Tensor& p_, const Tensor& a_,
+                                                             int64_t T) {
+  Tensor p = contig(dev, p_, "p"), a = contig(dev, a_, "a");
+  same_device(p, a, "band_mix_t");
+  TORCH_CHECK(p.dim() == 3 && a.dim() == 3 && p.size(0) == a.size(0) && p.size(1) == a.size(1) && T >= 1 &&
+                  p.size(1) % T == 0 && p.size(2) >= 1,
+              "repops.band_mix_t: p [batch, G*T, W], a [batch, G*T, D]");
+  return {p, a, {p.size(0), p.size(1), T, a.size(2), p.size(2)}};
+}
+inline Tensor window_softmax_args(at::DeviceType dev, const Tensor& s_) {
+  Tensor s = contig(dev, s_, "s");
+  TORCH_CHECK(s.dim() == 3 && s.size(2) >= 1, "repops.window_softmax: s [BH, T, W]");
+  return s;
+}
+inline std::tuple<Tensor, Tensor> window_softmax_backward_args(at::DeviceType dev, const Tensor& gp_, const Tensor& p_) {
+  Tensor gp = contig(dev, gp_, "gp"), p = contig(dev, p_, "p");
+  same_device(gp, p, "window_softmax_backward");
+  TORCH_CHECK(p.dim() == 3 && gp.sizes() == p.sizes(), "repops.window_softmax_backward: shapes");
+  return {gp, p};
+}
+
 inline Tensor swiglu_args(at::DeviceType dev, const Tensor& u_) {
   Tensor u = contig(dev, u_, "u");
   TORCH_CHECK(u.dim() == 2 && u.size(1) % 2 == 0, "repops.swiglu: u [R, 2H]");
@@ -301,6 +347,11 @@ inline PhiloxStream philox_args(const char* op, int64_t seed, int64_t c1, int64_
   m.impl("rope", rope);                                       \
   m.impl("causal_softmax", causal_softmax);                   \
   m.impl("causal_softmax_backward", causal_softmax_backward); \
+  m.impl("band_scores", band_scores);                         \
+  m.impl("band_mix", band_mix);                               \
+  m.impl("band_mix_t", band_mix_t);                           \
+  m.impl("window_softmax", window_softmax);                   \
+  m.impl("window_softmax_backward", window_softmax_backward); \
   m.impl("swiglu", swiglu);                                   \
   m.impl("swiglu_backward", swiglu_backward);                 \
   m.impl("cross_entropy", cross_entropy);                     \

@@ -75,6 +75,43 @@ Tensor causal_softmax_backward(const Tensor& gp_, const Tensor& p_, double scale
   return gs;
 }
 
+Tensor band_scores(const Tensor& a_, const Tensor& b_, int64_t W) {
+  auto [a, b, sh] = rpb::band_scores_args(kDev, a_, b_, W);
+  Tensor s = at::empty({sh.batch, sh.M, sh.W}, a.options());
+  rp_band_scores(a.data_ptr<float>(), b.data_ptr<float>(), s.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D, sh.W);
+  return s;
+}
+
+Tensor band_mix(const Tensor& p_, const Tensor& b_) {
+  auto [p, b, sh] = rpb::band_mix_args(kDev, p_, b_);
+  Tensor o = at::empty({sh.batch, sh.M, sh.D}, p.options());
+  rp_band_mix(p.data_ptr<float>(), b.data_ptr<float>(), o.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D, sh.W);
+  return o;
+}
+
+Tensor band_mix_t(const Tensor& p_, const Tensor& a_, int64_t T) {
+  auto [p, a, sh] = rpb::band_mix_t_args(kDev, p_, a_, T);
+  Tensor o = at::empty({sh.batch, sh.T, sh.D}, p.options());
+  rp_band_mix_t(p.data_ptr<float>(), a.data_ptr<float>(), o.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D, sh.W);
+  return o;
+}
+
+Tensor window_softmax(const Tensor& s_, double scale) {
+  Tensor s = rpb::window_softmax_args(kDev, s_);
+  Tensor p = at::empty_like(s);
+  rp_window_softmax(s.data_ptr<float>(), (float)scale, p.data_ptr<float>(), s.size(0) * s.size(1), s.size(1),
+                    s.size(2));
+  return p;
+}
+
+Tensor window_softmax_backward(const Tensor& gp_, const Tensor& p_, double scale) {
+  auto [gp, p] = rpb::window_softmax_backward_args(kDev, gp_, p_);
+  Tensor gs = at::empty_like(p);
+  rp_window_softmax_backward(gp.data_ptr<float>(), p.data_ptr<float>(), (float)scale, gs.data_ptr<float>(),
+                             p.size(0) * p.size(1), p.size(1), p.size(2));
+  return gs;
+}
+
 Tensor swiglu(const Tensor& u_) {
   Tensor u = rpb::swiglu_args(kDev, u_);
   Tensor out = at::empty({u.size(0), u.size(1) / 2}, u.options());
@@ -274,6 +311,12 @@ TORCH_LIBRARY(repops, m) {
   m.def("rope(Tensor x, Tensor cos, Tensor sin, bool backward) -> Tensor");
   m.def("causal_softmax(Tensor s, float scale) -> Tensor");
   m.def("causal_softmax_backward(Tensor gp, Tensor p, float scale) -> Tensor");
+  // Window attention (§8): bands [batch, G*T, W] of a sliding window of W keys per query.
+  m.def("band_scores(Tensor a, Tensor b, int W) -> Tensor");
+  m.def("band_mix(Tensor p, Tensor b) -> Tensor");
+  m.def("band_mix_t(Tensor p, Tensor a, int T) -> Tensor");
+  m.def("window_softmax(Tensor s, float scale) -> Tensor");
+  m.def("window_softmax_backward(Tensor gp, Tensor p, float scale) -> Tensor");
   m.def("swiglu(Tensor u) -> Tensor");
   m.def("swiglu_backward(Tensor g, Tensor u) -> Tensor");
   // check=False: the caller vouches for the indices' range (checked on the host where they came

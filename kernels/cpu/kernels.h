@@ -31,6 +31,19 @@ void rp_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_
 void rp_causal_softmax_backward(const float* gp, const float* p, float scale, float* gs,
                                 int64_t BH, int64_t T);
 
+// window.cpp (§8 window attention). a [batch, M, D] (M = G*T query rows, position t = r % T),
+// b [batch, T, D] keys or values, band s/p [batch, M, W] (column w: key j = t - (W-1) + w);
+// band_scores -> s; band_mix -> o [batch, M, D]; band_mix_t -> o [batch, T, D]. Softmax rows: t = r % T.
+void rp_band_scores(const float* a, const float* b, float* s, int64_t batch, int64_t M, int64_t T, int64_t D,
+                    int64_t W);
+void rp_band_mix(const float* p, const float* b, float* o, int64_t batch, int64_t M, int64_t T, int64_t D,
+                 int64_t W);
+void rp_band_mix_t(const float* p, const float* a, float* o, int64_t batch, int64_t M, int64_t T, int64_t D,
+                   int64_t W);
+void rp_window_softmax(const float* s, float scale, float* p, int64_t rows, int64_t T, int64_t W);
+void rp_window_softmax_backward(const float* gp, const float* p, float scale, float* gs, int64_t rows, int64_t T,
+                                int64_t W);
+
 // mlp.cpp (§8 swiglu). u [R, 2H] = [gate | up]; out [R, H].
 void rp_swiglu(const float* u, float* out, int64_t R, int64_t H);
 void rp_swiglu_backward(const float* g, const float* u, float* gu, int64_t R, int64_t H);

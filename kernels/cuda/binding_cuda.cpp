@@ -119,6 +119,51 @@ Tensor causal_softmax_backward(const Tensor& gp_, const Tensor& p_, double scale
   return gs;
 }
 
+Tensor band_scores(const Tensor& a_, const Tensor& b_, int64_t W) {
+  auto [a, b, sh] = rpb::band_scores_args(kDev, a_, b_, W);
+  c10::cuda::CUDAGuard guard(a.device());
+  Tensor s = at::empty({sh.batch, sh.M, sh.W}, a.options());
+  check(rpc_band_scores(a.data_ptr<float>(), b.data_ptr<float>(), s.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D,
+                        sh.W, stream()), "band_scores");
+  return s;
+}
+
+Tensor band_mix(const Tensor& p_, const Tensor& b_) {
+  auto [p, b, sh] = rpb::band_mix_args(kDev, p_, b_);
+  c10::cuda::CUDAGuard guard(p.device());
+  Tensor o = at::empty({sh.batch, sh.M, sh.D}, p.options());
+  check(rpc_band_mix(p.data_ptr<float>(), b.data_ptr<float>(), o.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D, sh.W,
+                     stream()), "band_mix");
+  return o;
+}
+
+Tensor band_mix_t(const Tensor& p_, const Tensor& a_, int64_t T) {
+  auto [p, a, sh] = rpb::band_mix_t_args(kDev, p_, a_, T);
+  c10::cuda::CUDAGuard guard(p.device());
+  Tensor o = at::empty({sh.batch, sh.T, sh.D}, p.options());
+  check(rpc_band_mix_t(p.data_ptr<float>(), a.data_ptr<float>(), o.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D,
+                       sh.W, stream()), "band_mix_t");
+  return o;
+}
+
+Tensor window_softmax(const Tensor& s_, double scale) {
+  Tensor s = rpb::window_softmax_args(kDev, s_);
+  c10::cuda::CUDAGuard guard(s.device());
+  Tensor p = at::empty_like(s);
+  check(rpc_window_softmax(s.data_ptr<float>(), (float)scale, p.data_ptr<float>(), s.size(0) * s.size(1), s.size(1),
+                           s.size(2), stream()), "window_softmax");
+  return p;
+}
+
+Tensor window_softmax_backward(const Tensor& gp_, const Tensor& p_, double scale) {
+  auto [gp, p] = rpb::window_softmax_backward_args(kDev, gp_, p_);
+  c10::cuda::CUDAGuard guard(p.device());
+  Tensor gs = at::empty_like(p);
+  check(rpc_window_softmax_backward(gp.data_ptr<float>(), p.data_ptr<float>(), (float)scale, gs.data_ptr<float>(),
+                                    p.size(0) * p.size(1), p.size(1), p.size(2), stream()), "window_softmax_backward");
+  return gs;
+}
+
 Tensor swiglu(const Tensor& u_) {
   Tensor u = rpb::swiglu_args(kDev, u_);
   c10::cuda::CUDAGuard guard(u.device());

@@ -38,6 +38,18 @@ cudaError_t rpc_causal_softmax(const float* s, float scale, float* p, int64_t BH
 cudaError_t rpc_causal_softmax_backward(const float* gp, const float* p, float scale, float* gs, int64_t BH,
                                         int64_t T, cudaStream_t st);
 
+// window.cu (§8 window attention); layouts as kernels/cpu/kernels.h's window.cpp entries.
+cudaError_t rpc_band_scores(const float* a, const float* b, float* s, int64_t batch, int64_t M, int64_t T, int64_t D,
+                            int64_t W, cudaStream_t st);
+cudaError_t rpc_band_mix(const float* p, const float* b, float* o, int64_t batch, int64_t M, int64_t T, int64_t D,
+                         int64_t W, cudaStream_t st);
+cudaError_t rpc_band_mix_t(const float* p, const float* a, float* o, int64_t batch, int64_t M, int64_t T, int64_t D,
+                           int64_t W, cudaStream_t st);
+cudaError_t rpc_window_softmax(const float* s, float scale, float* p, int64_t rows, int64_t T, int64_t W,
+                               cudaStream_t st);
+cudaError_t rpc_window_softmax_backward(const float* gp, const float* p, float scale, float* gs, int64_t rows,
+                                        int64_t T, int64_t W, cudaStream_t st);
+
 // mlp.cu (§8 swiglu). u [R, 2H] = [gate | up]; out [R, H].
 cudaError_t rpc_swiglu(const float* u, float* out, int64_t R, int64_t H, cudaStream_t st);
 cudaError_t rpc_swiglu_backward(const float* g, const float* u, float* gu, int64_t R, int64_t H, cudaStream_t st);
