@@ -238,10 +238,11 @@ def test_repops_mps_argument_errors(mps_on_shim):
 
 
 # The window attention ops (contract §8) are not in the self-test: checked here against the CPU
-# ops directly. (batch, G, T, D, W): W = 1, W < T, W = T, W > T, rows of more than 32 valid terms
-# (every lane and the tree), GQA groups of 1 to 3.
+# ops directly. (batch, G, T, D, W): W = 1, W < T, W = T, W > T, rows of more than 32 and of more
+# than 64 valid terms (every lane and the tree; lanes with 3 terms, whose order shows), GQA groups
+# of 1 to 3.
 WINDOW_SHAPES = [(1, 1, 1, 4, 1), (1, 1, 6, 3, 1), (2, 1, 9, 8, 4), (2, 1, 5, 2, 5), (2, 2, 5, 3, 7),
-                 (1, 3, 37, 6, 8), (1, 1, 40, 5, 33), (1, 2, 70, 16, 64)]
+                 (1, 3, 37, 6, 8), (1, 1, 40, 5, 33), (1, 2, 70, 16, 64), (1, 1, 100, 4, 80)]
 
 
 def _window_inputs(rng, shape, kind):
