@@ -280,7 +280,8 @@ def test_window_ops_on_the_shim_give_the_cpu_bits(mps_on_shim, pyshim, monkeypat
         rng = np.random.default_rng([batch, G, Tn, D, W, len(kind)])
         a, b = _window_inputs(rng, (batch, G * Tn, D), kind), _window_inputs(rng, (batch, Tn, D), kind)
         p = _window_inputs(rng, (batch, G * Tn, W), kind)
-        s, gp = _window_scores(rng, (batch * G, Tn, W), kind), rng.standard_normal((batch * G, Tn, W)).astype(np.float32)
+        s = _window_scores(rng, (batch * G, Tn, W), kind)
+        gp = rng.standard_normal((batch * G, Tn, W)).astype(np.float32)
         what = f"{kind} batch={batch} G={G} T={Tn} D={D} W={W}"
         for name, args in [("band_scores", (a, b, W)), ("band_mix", (p, b)), ("band_mix_t", (p, a, Tn)),
                            ("window_softmax", (s, 0.125)), ("window_softmax", (s, 1.0 / math.sqrt(40.0)))]:
