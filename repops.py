@@ -462,6 +462,25 @@ def add(a, b):
     return _Add.apply(a, b)
 
 
+class _Tie(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w):
+        ctx.set_materialize_grads(False)
+        return w.view_as(w), w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, g_in, g_out):
+        if g_in is None or g_out is None:
+            return g_out if g_in is None else g_in
+        return ops.add(g_in, g_out)     # contract §8 tie: one add, not autograd's accumulation
+
+
+def tie(w):
+    """(w, w) as two uses of one tensor (tied input and output embeddings): their gradients
+    meet in one RepOps add here instead of in autograd's accumulation."""
+    return _Tie.apply(w)
+
+
 class _Scale(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, s):
