@@ -17,6 +17,10 @@ Host-side scalars are rounded to float32 with f32() after float64 IEEE arithmeti
 Backends: CPU (kernels/cpu, C++); CUDA (kernels/cuda) registers the same op names with CUDA
 implementations where torch has CUDA; Metal (kernels/metal, registered by repops_mps.py) where
 torch has MPS (an Apple GPU).
+
+Why over ~450 lines: the whole Python face of the contract is here, every operator with its
+autograd rule next to its forward, so a reader checks a backward against its forward without
+leaving the file; the kernels themselves are in kernels/.
 """
 import hashlib
 import os
