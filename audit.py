@@ -7,6 +7,7 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --all                             # the whole chain
     python audit.py --step 17 --trace a.jsonl         # also a per-operator trace (optrace.py)
     python audit.py --step 1 --recompute on --offload on  # less memory, same bits (default: the trainer's)
+    python audit.py --step 1 --init_from models/x     # an imported run: also check its source folder
 
     python audit.py --step 17 --receipt r.json --auditor alice   # proof of the replay
     python audit.py --check_receipts receipts/        # publisher (the secret): accept or reject
@@ -21,7 +22,9 @@ The audit vouches only for what it checked, and checks everything it vouches for
    reordered record is a break at its step;
 2. the genesis record, field by field, against one recomputed here from its config, this code
    and this corpus (so code, data, tokenizer and initial state are checked), and config.json
-   against the genesis config;
+   against the genesis config; an imported run's (train.py --init_from) initial state is its
+   checkpoint 0, checked against the record (moments zero, step 0), and with --init_from DIR its
+   source folder against the record's file SHA-256s and the mapped weights;
 3. the checkpoint the replay starts from, and every checkpoint file from there to the last
    audited step, plus the run's latest checkpoint (the model people download): tensors against
    the record's Merkle leaves, metadata against the record;
@@ -56,6 +59,7 @@ import time
 
 import checkpoint
 import hashchain
+import hfllama
 import optrace
 import receipts
 import receipts_cli
@@ -131,7 +135,7 @@ def trace_step(state, data, cfg, path, record):
 
 
 class Audit:
-    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None):
+    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None):
         self.run = rundir.Run(run_dir)          # reads only: repair=False
         self.device = device
         self.bytes_read = os.path.getsize(self.run.chain.path)
@@ -139,6 +143,9 @@ class Audit:
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
         self.state = None                        # the replay's state (after its last replayed step)
+        self.source = source                     # an imported run's source folder, to check
+        if source and "init" not in self.run.genesis:
+            raise UsageError(f"--init_from {source}: {run_dir} was not imported (its genesis record has no init)")
         # recompute and offload are bookkeeping: the trainer's choice (config.json) unless the
         # auditor makes another for this machine
         memory = {k: self.run.recorded(k, bool, False) if v is None else v
@@ -168,12 +175,41 @@ class Audit:
 
     def check_genesis(self):
         state = TrainState(self.cfg, self.data.vocab_size, self.device)
-        diff = compare(genesis_record(state, self.data, self.cfg), self.run.genesis)
+        init = self.run.genesis.get("init")
+        if init is not None:
+            self.imported_state(state)
+        diff = compare(genesis_record(state, self.data, self.cfg, init=init), self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
         for key in self.run.config_json_differences():
             self.find(0, f"config.json disagrees with the genesis record on {key}")
         return state
+
+    def imported_state(self, state):
+        """Load an imported run's initial state (train.py --init_from): checkpoint 0, which the
+        genesis record's tensor hashes vouch for; its moments must be zero and its step 0. (The
+        source folder is not needed; whoever has it re-imports it to check its file SHA-256s.)"""
+        path = dict(self.run.checkpoints()).get(0)
+        tensors = self.checkpoint(0, path) if path else None
+        if tensors is None:
+            self.find(0, "the run was imported (genesis init) and its initial state, checkpoint 0, "
+                         "is missing or does not match the genesis record")
+            return
+        try:
+            state.load(tensors)
+        except hashchain.StateMismatch as e:
+            self.find(0, f"checkpoint 0: {e.message}")
+            return
+        moving = [n for n, t in state.tensors().items() if n.startswith("adam_") and t.any()]
+        if moving or state.step != 0:
+            self.find(0, f"checkpoint 0 is not an initial state: {(moving or ['step'])[0]} is not zero")
+        if self.source:
+            diff = hfllama.source_difference(self.source, self.run.genesis["init"], state.params, self.cfg)
+            if diff:
+                self.find(0, diff)
+        else:
+            print("note: the run was imported (genesis init); its source files were not checked "
+                  "(--init_from DIR checks them)")
 
     def checkpoint(self, step, path):
         """Verify one checkpoint file against its record (once); a finding if it does not match."""
@@ -267,7 +303,8 @@ class Audit:
 def replay_command(args):
     t0 = time.perf_counter()
     audit = Audit(args.run_dir, args.data_dir, args.device,
-                  **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")})
+                  **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")},
+                  source=args.init_from)
     if args.step is not None:
         first = last = args.step
         if args.step < 1:
@@ -300,6 +337,7 @@ def replay_command(args):
 OUTPUT_OPTIONS = ("trace", "receipt", "out")
 # Which mode each option belongs to; any other use is refused with one line.
 OPTION_MODES = {"recompute": ("step", "range", "all"), "offload": ("step", "range", "all"), "trace": ("step",), "receipt": ("step",), "auditor": ("step",),
+                "init_from": ("step", "range", "all"),
                 "salts": ("check_receipts", "coverage"), "out": ("reveal_salts",),
                 "auditors": ("plan",), "seed": ("plan",), "absent": ("plan",),
                 "redundancy": ("plan", "coverage"), "steps": ("plan", "coverage")}
@@ -329,6 +367,8 @@ def parser():
                     "in backward (same bits, less memory; default: what the trainer used)")
     ap.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting "
                     "gradient in temp files under TMPDIR (same bits; default: what the trainer used)")
+    ap.add_argument("--init_from", metavar="DIR", help="an imported run: check that DIR is its source "
+                    "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0)")
     ap.add_argument("--trace", metavar="FILE", help="with --step: write a per-operator trace of "
                     "the step to FILE (compare two with python optrace.py A B)")
     ap.add_argument("--receipt", metavar="FILE", help="with --step: write the step's receipt to FILE")

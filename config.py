@@ -44,6 +44,11 @@ class Config:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     init_std: float = 0.02
+    tie_embeddings: bool = False        # one tensor tok_emb is the input and output embedding
+    # A Hugging Face Llama folder (hfllama.py): the initial parameters are its weights, mapped;
+    # its config.json sets the model keys. Bookkeeping: the genesis record commits to the files'
+    # SHA-256s and the resulting tensors, and checkpoint 0 holds the state.
+    init_from: str = ""
     quant: str = "none"                 # "int8": W8A8 block linears with LSQ step sizes (quant.py)
     lsq_repin: bool = True              # int8: re-pin weight step sizes after every step (else learned)
     attn_window: int = 0                # > 0: sliding-window attention over the last W keys (0: full)
@@ -93,10 +98,13 @@ class Config:
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
                "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "hash_async",
-               "recompute", "offload",
+               "recompute", "offload", "init_from",
                # an alarm: it decides whether the run goes on, never a step's bits (deadcheck.py)
                "dead_tensor_steps"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
+# Decisive keys added after the genesis format was fixed: left out of the genesis record at
+# their default, so a run that does not use them keeps its genesis bytes (and older runs audit).
+OPTIONAL = {"tie_embeddings": False}
 # Named recipes (--preset=NAME). open1b: the OPEN-1B reference run (gensyn-ai/open-transformers,
 # configs/train/1b_repop_v2.yaml; docs/open1b-recipe.md lists what still differs): its model
 # (1.61B parameters; sliding window 512 with every 5th and the last layer full, gain-free QK-norm,
@@ -143,7 +151,21 @@ def parse_config(argv, base=None):
     """Config from --key=value / --key value overrides; unknown keys and bad types refused.
     A --preset's keys are applied first, so the other keys override it in any order."""
     cfg = base or Config()
-    pairs = []
+    presets, pairs = _arguments(argv)
+    for preset in presets:
+        cfg = dataclasses.replace(cfg, **PRESETS[preset])
+    return dataclasses.replace(cfg, **dict(pairs))
+
+
+def given_keys(argv):
+    """The config keys the command line sets, a preset's included (parse_config's argv)."""
+    presets, pairs = _arguments(argv)
+    return {k for p in presets for k in PRESETS[p]} | {k for k, _ in pairs}
+
+
+def _arguments(argv):
+    """([preset names], [(key, value)]) of a command line, in order; UsageError if bad."""
+    presets, pairs = [], []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -158,7 +180,7 @@ def parse_config(argv, base=None):
         if key == "preset":
             if value not in PRESETS:
                 raise UsageError(f"unknown preset {value!r} (known: {', '.join(PRESETS)})")
-            cfg = dataclasses.replace(cfg, **PRESETS[value])
+            presets.append(value)
         elif key == "micro_batches" and "@" in value:      # phases: 192@0,288@S1,...
             first, _, rest = value.partition(",")
             n, _, start = first.partition("@")
@@ -170,7 +192,7 @@ def parse_config(argv, base=None):
         else:
             pairs.append((key, _parse_value(key, FIELDS[key], value)))
         i += 1
-    return dataclasses.replace(cfg, **dict(pairs))
+    return presets, pairs
 
 
 def from_record(fields, where):
@@ -297,9 +319,12 @@ def usage(prog="train.py"):
 def decisive_config(cfg):
     """The config fields that decide the chain (the genesis record holds exactly these, so a
     run's chain does not depend on where it was written or how many threads it used)."""
-    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in BOOKKEEPING}
+    return {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in BOOKKEEPING and not (k in OPTIONAL and v == OPTIONAL[k])}
 
 
 def differences(mine, theirs):
-    """Sorted keys whose values differ between two decisive-config dicts."""
-    return [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    """Sorted keys whose values differ between two decisive-config dicts (an OPTIONAL key
+    missing from one stands for its default)."""
+    return [k for k in sorted(set(mine) | set(theirs))
+            if mine.get(k, OPTIONAL.get(k)) != theirs.get(k, OPTIONAL.get(k))]

@@ -64,6 +64,7 @@ import tiktoken
 import torch
 
 import hashchain
+import hftok
 import repops
 
 MANIFEST = "manifest.json"
@@ -96,8 +97,16 @@ class DataMismatch(DataError):
 
 # ----------------------------------------------------------------------------- tokenizers
 
-def get_tokenizer(name):
-    """A tiktoken Encoding: "bytes" (built offline, vocab 256) or any named tiktoken encoding."""
+def get_tokenizer(name, data_dir=None, files=None):
+    """A tiktoken Encoding: "bytes" (built offline, vocab 256) or any named tiktoken encoding;
+    or a Hugging Face tokenizer (hftok.py): "hf:DIR", or "hf", a corpus's copy in
+    data_dir/tokenizer whose files must have the SHA-256s `files` (its manifest's)."""
+    if name == "hf" or name.startswith("hf:"):
+        folder = name[3:] if name.startswith("hf:") else os.path.join(data_dir or ".", "tokenizer")
+        try:
+            return hftok.load(folder, files if name == "hf" else None)
+        except hftok.TokenizerError as e:
+            raise DataError(str(e)) from None
     if name == "bytes":
         # tiktoken needs a split pattern; this one partitions any text (every character is
         # whitespace, a word character or neither), so no byte is dropped, and it keeps the
@@ -109,7 +118,7 @@ def get_tokenizer(name):
             special_tokens={},
         )
     if name not in tiktoken.list_encoding_names():
-        raise DataError(f"unknown tokenizer {name!r}; use 'bytes' or one of "
+        raise DataError(f"unknown tokenizer {name!r}; use 'bytes', hf:DIR or one of "
                         f"{', '.join(tiktoken.list_encoding_names())}")
     try:
         return tiktoken.get_encoding(name)

@@ -8,9 +8,12 @@
 is the same command.) The corpus text is the files' texts joined by "\\n\\n", each file strict
 UTF-8 or else latin-1, as the manifest records; each file is read twice, once to hash it and
 find its encoding, once to tokenize it, in blocks of BLOCK bytes. With the byte tokenizer the
-tokens are the text's UTF-8 bytes, so any cut is exact. A BPE tokenizer is cut only before a space between two ASCII letters: every tiktoken
-pattern ends a piece at the letter and starts the next at the space, so the tokens equal those
-of the whole text encoded at once. The tokens go to one temporary file and are hashed as they
+tokens are the text's UTF-8 bytes, so any cut is exact. A BPE tokenizer is cut only before a
+space between two ASCII letters: every tiktoken pattern ends a piece at the letter and starts
+the next at the space, so the tokens equal those of the whole text encoded at once. A Hugging
+Face tokenizer (--tokenizer hf:DIR) is cut by the same rule when its pre-tokenizer is GPT-2's
+ByteLevel regex, and otherwise encoded whole (hftok.py states why); its files are copied into
+the corpus's tokenizer/ folder. The tokens go to one temporary file and are hashed as they
 are written (the running SHA-256 and each chunk's). Where train ends (the last val_fraction of
 the tokens are val) is known only at the end, so the hash state is kept at every chunk boundary
 where train may still end; at the end only val is read back, into val.bin.
@@ -21,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -29,6 +33,7 @@ import time
 
 import numpy as np
 
+import hftok
 from data import (DTYPES, MANIFEST, MANIFEST_FORMAT, SOURCE_NAME, ChunkHasher, DataError, TokenData,
                   get_tokenizer, leaves_root, mix_thresholds, read_json)
 
@@ -149,7 +154,8 @@ def _safe_cut(text):
 
 
 def _tokens(text, enc, byte_tokens):
-    """The corpus's tokens, as arrays of at most about BLOCK tokens each."""
+    """The corpus's tokens, as arrays of at most about BLOCK tokens each (a Hugging Face
+    tokenizer that cannot be cut (hftok.streaming_safe): one array, the whole text's)."""
     if byte_tokens:
         # The byte tokenizer's tokens are the UTF-8 bytes (get_tokenizer): computed directly,
         # since tiktoken needs one call per piece for it (about 3 MB/s).
@@ -157,9 +163,10 @@ def _tokens(text, enc, byte_tokens):
             yield np.frombuffer(block, np.uint8)
         return
     pending = ""
+    cuts = not isinstance(enc, hftok.HFTokenizer) or hftok.streaming_safe(enc)
     for block in text.blocks(as_bytes=False):
         pending += block
-        cut = _safe_cut(pending) if len(pending) >= BLOCK else 0
+        cut = _safe_cut(pending) if cuts and len(pending) >= BLOCK else 0
         if cut:
             # disallowed_special=(): text that spells a special token is ordinary text.
             yield enc.encode_to_numpy(pending[:cut], disallowed_special=())
@@ -305,6 +312,11 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
         # Drop any old manifest first: until the new one lands, the directory is not a corpus.
         if os.path.exists(os.path.join(out_dir, MANIFEST)):
             os.remove(os.path.join(out_dir, MANIFEST))
+        if isinstance(enc, hftok.HFTokenizer):      # the copy that decoders of the corpus load
+            shutil.rmtree(os.path.join(out_dir, "tokenizer"), ignore_errors=True)
+            os.makedirs(os.path.join(out_dir, "tokenizer"))
+            for name in enc.files:
+                shutil.copyfile(os.path.join(enc.folder, name), os.path.join(out_dir, "tokenizer", name))
         for key, name in names.items():
             os.replace(tmps[key], os.path.join(out_dir, name))
         _fsync_dir(out_dir)
@@ -318,7 +330,8 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
     manifest = {
         "format": MANIFEST_FORMAT,
         "source": source,
-        "tokenizer": {"name": tokenizer, "vocab_size": enc.n_vocab},
+        "tokenizer": enc.record() if isinstance(enc, hftok.HFTokenizer) else
+                     {"name": tokenizer, "vocab_size": enc.n_vocab},
         "dtype": dtype_name,
         "val_fraction": val_fraction,
         "splits": records,

@@ -20,6 +20,10 @@ Files are read as hostile input: only regular files (a FIFO or a device never bl
 strict JSON (no duplicate keys, no NaN or Infinity, bounded nesting and size). Every error
 raised here derives from HashChainError and has a one-line message, so a CLI can catch
 HashChainError and print str(e).
+
+Why over ~450 lines: the canonical bytes of every published hash (leaf, Merkle, record, chain
+links) and the one bounded reader of the files an audit accepts sit together, so a verifier
+reads every rule that decides a hash in one file (SPEC.md §11-§12 follows its order).
 """
 
 import hashlib

@@ -2,8 +2,10 @@
 
 Pre-norm RMSNorm, rotary position embeddings, causal grouped-query attention (n_kv_head
 key/value heads, each shared by n_head / n_kv_head query heads; n_kv_head = n_head is plain
-multi-head attention), SwiGLU MLP, no biases, untied input/output embeddings. Initialization is canonical: Philox normals keyed by
-(seed, a hash of the parameter name), so every machine starts from the same bits.
+multi-head attention), SwiGLU MLP, no biases, untied input/output embeddings (tie_embeddings:
+one tensor tok_emb is both; its two gradient contributions meet in one RepOps add, repops.tie).
+Initialization is canonical: Philox normals keyed by (seed, a hash of the parameter name), so
+every machine starts from the same bits.
 
     from model import ModelConfig, Llama
     model = Llama(ModelConfig(n_layer=2), seed=1337)
@@ -13,8 +15,8 @@ multi-head attention), SwiGLU MLP, no biases, untied input/output embeddings. In
 
 Parameters: tok_emb [vocab, d], (with emb_norm) emb_norm [d], layers.{i}.{attn_norm [d], wqkv [(H + 2 Hkv) Dh, d] (rows: H query
 heads, Hkv key heads, Hkv value heads; [3d, d] when Hkv = H), wo [d, d], mlp_norm [d],
-w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d] (with quant="int8" also each
-block linear's step sizes layers.{i}.<linear>_sx [1] and _sw [out], quant.py); `named_tensors()` lists them
+w_gate_up [2h, d], w_down [d, h]}, norm [d], lm_head [vocab, d] (none when tied; with
+quant="int8" also each block linear's step sizes layers.{i}.<linear>_sx [1] and _sw [out], quant.py); `named_tensors()` lists them
 by dotted name in sorted order, the canonical order of the flat gradient and the state hash.
 
 The residual stream enters each block through repops.rmsnorm_fork, so a tensor feeds two
@@ -66,6 +68,7 @@ class ModelConfig:
     full_attn_every: int = 0   # with a window: layers i with (i + 1) % this == 0 stay full (0: none)
     qk_norm: bool = False      # gain-free RMSNorm of each query and key head before RoPE
     emb_norm: bool = False     # RMSNorm (weight emb_norm [d]) of the token embeddings
+    tie_embeddings: bool = False  # lm_head is tok_emb (no lm_head parameter)
 
 
 def param_stream_id(name):
@@ -77,7 +80,7 @@ def param_shapes(cfg):
     """{dotted name: shape} of every parameter, without allocating any (e.g. to count them)."""
     d, h, v = cfg.d_model, cfg.d_hidden, cfg.vocab_size
     qkv = (cfg.n_head + 2 * (cfg.n_kv_head or cfg.n_head)) * (d // cfg.n_head)
-    shapes = {"tok_emb": (v, d), "norm": (d,), "lm_head": (v, d)}
+    shapes = {"tok_emb": (v, d), "norm": (d,)} | ({} if cfg.tie_embeddings else {"lm_head": (v, d)})
     if cfg.emb_norm:
         shapes["emb_norm"] = (d,)
     for i in range(cfg.n_layer):
@@ -117,7 +120,8 @@ class Llama(nn.Module):
                 block.register_parameter(name, nn.Parameter(self._init(full, shapes[full])))
             self.layers.append(block)
         self.norm = nn.Parameter(self._init("norm", shapes["norm"]))
-        self.lm_head = nn.Parameter(self._init("lm_head", shapes["lm_head"]))
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Parameter(self._init("lm_head", shapes["lm_head"]))
         cos, sin = repops.rope_tables(cfg.seq_len, d // cfg.n_head, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -180,13 +184,19 @@ class Llama(nn.Module):
         step, micro = rng
         return repops.dropout(x, self.cfg.dropout, self.seed, step, (micro << 16) | site)
 
-    def hidden(self, idx, rng=None):
-        """Final normalized hidden states [B, T, d]. rng = (step, micro) keys dropout."""
+    def embeddings(self):
+        """(input embedding, output embedding), both [vocab, d]: tok_emb and lm_head, or tok_emb
+        twice through repops.tie when they are tied (used once each per forward)."""
+        return repops.tie(self.tok_emb) if self.cfg.tie_embeddings else (self.tok_emb, self.lm_head)
+
+    def hidden(self, idx, rng=None, emb=None):
+        """Final normalized hidden states [B, T, d]. rng = (step, micro) keys dropout; emb: the
+        input embedding (default tok_emb)."""
         cfg = self.cfg
         B, T = idx.shape
         if T > cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's seq_len {cfg.seq_len}")
-        x = repops.embedding(self.tok_emb, idx)              # [B, T, d]
+        x = repops.embedding(self.tok_emb if emb is None else emb, idx)   # [B, T, d]
         if cfg.emb_norm:
             x = repops.rmsnorm(x, self.emb_norm, cfg.norm_eps)
         for i, layer in enumerate(self.layers):
@@ -210,12 +220,14 @@ class Llama(nn.Module):
 
     def logits(self, idx):
         B, T = idx.shape
-        return repops.linear(self.hidden(idx), self.lm_head).view(B, T, -1)
+        emb, head = self.embeddings()
+        return repops.linear(self.hidden(idx, emb=emb), head).view(B, T, -1)
 
     def forward(self, idx, targets, zloss=0.0, rng=None):
         """Mean cross-entropy (+ zloss * logsumexp^2) over all B*T positions."""
         B, T = idx.shape
-        logits = repops.linear(self.hidden(idx, rng), self.lm_head).view(B * T, -1)
+        emb, head = self.embeddings()
+        logits = repops.linear(self.hidden(idx, rng, emb), head).view(B * T, -1)
         return repops.cross_entropy(logits, targets.reshape(-1), zloss)
 
     @torch.no_grad()

@@ -85,6 +85,15 @@ def check_i8(t, name, device=None):
     return t.contiguous()
 
 
+def band_shape(rows, keys, W, op):
+    """(batch, M, T, D, W) of a window op, as binding_common.h's band_shape: rows [batch, G*T, *],
+    keys [batch, T, D], W >= 1."""
+    need(rows.dim() == 3 and keys.dim() == 3 and rows.shape[0] == keys.shape[0] and keys.shape[1] >= 1
+         and rows.shape[1] % keys.shape[1] == 0 and W >= 1,
+         f"repops.{op}: rows [batch, G*T, *], keys [batch, T, *], W >= 1")
+    return rows.shape[0], rows.shape[1], keys.shape[1], keys.shape[2], W
+
+
 def f32r(x):
     return float(np.float32(x))   # one rounding of a float64 to float32 (contract §1)
 

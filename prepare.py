@@ -38,7 +38,8 @@ def main(argv=None, prog=None):
                          "data/custom), mix, or bundle (default data/bundles/RUN_step_N); "
                          "--out is a deprecated spelling")
     ap.add_argument("--tokenizer", default="bytes",
-                    help="'bytes' (default) or a tiktoken encoding name")
+                    help="'bytes' (default), a tiktoken encoding name, or hf:DIR (a Hugging Face "
+                         "tokenizer.json in DIR)")
     ap.add_argument("--val_fraction", "--val-fraction", type=float, default=0.1,
                     help="the last fraction of the tokens, for validation")
     ap.add_argument("--chunk_bytes", "--chunk-bytes", type=int, default=CHUNK_BYTES,

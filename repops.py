@@ -17,6 +17,10 @@ Host-side scalars are rounded to float32 with f32() after float64 IEEE arithmeti
 Backends: CPU (kernels/cpu, C++); CUDA (kernels/cuda) registers the same op names with CUDA
 implementations where torch has CUDA; Metal (kernels/metal, registered by repops_mps.py) where
 torch has MPS (an Apple GPU).
+
+Why over ~450 lines: the whole Python face of the contract is here, every operator with its
+autograd rule next to its forward, so a reader checks a backward against its forward without
+leaving the file; the kernels themselves are in kernels/.
 """
 import hashlib
 import os
@@ -460,6 +464,25 @@ class _Add(torch.autograd.Function):
 
 def add(a, b):
     return _Add.apply(a, b)
+
+
+class _Tie(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w):
+        ctx.set_materialize_grads(False)
+        return w.view_as(w), w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, g_in, g_out):
+        if g_in is None or g_out is None:
+            return g_out if g_in is None else g_in
+        return ops.add(g_in, g_out)     # contract §8 tie: one add, not autograd's accumulation
+
+
+def tie(w):
+    """(w, w) as two uses of one tensor (tied input and output embeddings): their gradients
+    meet in one RepOps add here instead of in autograd's accumulation."""
+    return _Tie.apply(w)
 
 
 class _Scale(torch.autograd.Function):

@@ -36,7 +36,7 @@ def load_model(run_dir, step, device="cpu"):
     tokenizer = run.genesis.get("tokenizer")
     if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("name"), str):
         raise UsageError(f"{run.chain.path}: the genesis record names no tokenizer")
-    return state.model, get_tokenizer(tokenizer["name"])
+    return state.model, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
 
 
 MAX_TOKENS = 1 << 20       # --tokens: a sample, not a corpus

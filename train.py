@@ -5,6 +5,7 @@
     python train.py --max_steps=50 --run_dir=runs/x  # override any config key
     torchrun --nproc_per_node=4 train.py             # 4 ranks: the same chain, byte for byte
     python audit.py --step 120                       # replay a step and check it
+    python train.py --init_from=models/x --data_dir=data/x   # fine-tune a Hugging Face Llama (hfllama.py)
 
 Every step: N micro-batches (a pure function of data, seed, step, index), each giving a fresh
 gradient; the gradients are summed with TreeFold's fixed tree (treefold.py), clipped, and
@@ -44,6 +45,7 @@ import torch.distributed as dist
 import checkpoint
 import deadcheck
 import hashchain
+import hfllama
 import offload
 import quant
 import receipts
@@ -52,7 +54,8 @@ import rundir
 import snapshot
 from schedule import lr_at, micro_batches_at, phase_counts
 import treefold
-from config import UsageError, decisive_config, differences, parse_config, resolve, usage, validate
+from config import (UsageError, decisive_config, differences, given_keys, parse_config, resolve, usage,
+                    validate)
 from data import DataError, TokenData, batch_digest, get_tokenizer
 from model import Llama, ModelConfig
 
@@ -265,14 +268,16 @@ def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=
     return record
 
 
-def genesis_record(state, data, cfg, secret=None):
+def genesis_record(state, data, cfg, secret=None, init=None):
     """The genesis record; with the run's secret (the trainer) it holds secret_commit, which a
-    replay cannot compute (the audit checks it is there and well-formed)."""
+    replay cannot compute (the audit checks it is there and well-formed). init: an imported
+    initial state's source (hfllama.load_into), whose tensors are then the record's tensor
+    hashes (and checkpoint 0)."""
     root, leaves = state.hash()
     record = {"kind": "genesis", "step": 0, "config": decisive_config(cfg),
               "code_digest": code_digest(), **data.commitments(),
               "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
-              "state_hash": root, "tensor_hashes": leaves}
+              **({"init": init} if init else {}), "state_hash": root, "tensor_hashes": leaves}
     if secret is not None:
         record["secret_commit"] = receipts.secret_commit(secret)
     return record
@@ -295,9 +300,9 @@ def save_checkpoint(run_dir, tensors, record):
                                         "tensor_hashes": record["tensor_hashes"]})
 
 
-def check_identity(cfg, data, genesis, secret):
-    """A resumed run must be the run its chain started: same decisive config, data, code and
-    secret (the genesis record's secret_commit)."""
+def check_identity(cfg, data, genesis, secret, init):
+    """A resumed run must be the run its chain started: same decisive config, data, code,
+    secret (the genesis record's secret_commit) and imported source (init)."""
     diff = differences(decisive_config(cfg), genesis.get("config", {}))
     if diff:
         raise UsageError(f"{cfg.run_dir} was started with a different config ({', '.join(diff)}); "
@@ -311,6 +316,10 @@ def check_identity(cfg, data, genesis, secret):
     if genesis.get("secret_commit") != receipts.secret_commit(secret):
         raise UsageError(f"{cfg.run_dir}/{receipts.SECRET} is not the secret the run's genesis record "
                          "commits to (secret_commit): restore the run's secret, or start a new --run_dir")
+    if genesis.get("init") != init:
+        raise UsageError(f"{cfg.run_dir} was initialized from " + ("other weights (--init_from: the "
+                         "source files' SHA-256s differ)" if genesis.get("init") else "its config")
+                         + "; resume with the same --init_from")
 
 
 def restore(run, state, upto, log, writer):
@@ -331,7 +340,7 @@ def restore(run, state, upto, log, writer):
     return step
 
 
-def open_run(cfg, data, state, rank, world, log):
+def open_run(cfg, data, state, rank, world, log, init=None):
     """The run's verified chain, the step to resume from and the run's secret. Rank 0 (the
     writer, which holds the run's lock) starts a new run (secret, config.json, genesis record,
     checkpoint 0) or repairs a torn chain tail and restores; the other ranks then restore the
@@ -350,12 +359,12 @@ def open_run(cfg, data, state, rank, world, log):
         secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
         with open(run.dir / "config.json", "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
-        run.chain.append(genesis_record(state, data, cfg, secret))
+        run.chain.append(genesis_record(state, data, cfg, secret, init))
         start = 0
     else:
         secret = receipts.read_secret(run.dir, "the chain's commitments (step_commit) cannot be "
                                       "continued without it; restore it, or start a new --run_dir")
-        check_identity(cfg, data, run.genesis, secret)
+        check_identity(cfg, data, run.genesis, secret, init)
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
     if writer and start == 0 and not checkpoint.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
@@ -444,9 +453,10 @@ def run(cfg, rank, world):
     data.check_leaves()                 # leaves against chunk roots; each chunk as it is read
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
+    init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
     lock = prepare_run_dir(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    chain, start, secret = open_run(cfg, data, state, rank, world, log)
+    chain, start, secret = open_run(cfg, data, state, rank, world, log, init)
     tokens_per_step = micro_batches_at(cfg, start + 1) * cfg.micro_batch_size * cfg.seq_len
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
         f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
@@ -497,7 +507,8 @@ def run(cfg, rank, world):
         if evaluate_now:
             log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")  # every rank evaluates
     if writer and cfg.sample_tokens:
-        enc = get_tokenizer(data.manifest["tokenizer"]["name"])
+        tok = data.manifest["tokenizer"]
+        enc = get_tokenizer(tok["name"], data.path, tok.get("files"))
         ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
         log("sample:\n" + enc.decode(ids))
     if lock:
@@ -513,6 +524,8 @@ def main(argv):
     rank = int(os.environ.get("RANK", "0"))
     try:
         cfg = parse_config(argv)
+        if cfg.init_from:       # the imported model's config decides its keys (hfllama.py)
+            cfg = hfllama.configure(cfg, given_keys(argv))
         validate(cfg, world)
         for n in phase_counts(cfg):                          # every phase's N, before any work
             treefold.check_topology(n, world)

@@ -26,7 +26,7 @@ LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
 def param_shapes(cfg):
     d, h, V, H, Hkv = cfg["d_model"], cfg["d_hidden"], cfg["vocab_size"], cfg["n_head"], cfg["n_kv_head"]
     Dh = d // H
-    shapes = {"tok_emb": (V, d), "norm": (d,), "lm_head": (V, d)}
+    shapes = {"tok_emb": (V, d), "norm": (d,)} | ({} if cfg.get("tie_embeddings") else {"lm_head": (V, d)})
     for i in range(cfg["n_layer"]):
         shapes.update({f"layers.{i}.attn_norm": (d,), f"layers.{i}.wqkv": ((H + 2 * Hkv) * Dh, d),
                        f"layers.{i}.wo": (d, d), f"layers.{i}.mlp_norm": (d,),
@@ -182,8 +182,9 @@ def forward(cfg, params, x, rng, calibrate=False, y=None):
     hf, tape["rstd_f"] = C.rmsnorm(e, params["norm"], eps)
     if calibrate:
         return None, None
-    tape["e_f"], tape["head"] = e, (hf, params["lm_head"], None)
-    z = C.matmul(hf, params["lm_head"].T)
+    head = params["tok_emb" if cfg.get("tie_embeddings") else "lm_head"]   # §18: tied, tok_emb
+    tape["e_f"], tape["head"] = e, (hf, head, None)
+    z = C.matmul(hf, head.T)
     loss, tape["lse"] = C.cross_entropy(z, y.reshape(-1), C.f32(cfg["zloss"]))
     tape["z"], tape["y"] = z, y.reshape(-1)
     return loss, tape
@@ -194,7 +195,7 @@ def backward(cfg, params, tape, rng):
     grads = {}
     B, T = tape["x"].shape
     gz = C.cross_entropy_backward(1.0, tape["z"], tape["y"], tape["lse"], C.f32(cfg["zloss"]))
-    ghf, grads["lm_head"], _, _ = linear_backward(gz, tape["head"])
+    ghf, g_head, _, _ = linear_backward(gz, tape["head"])
     ge, grads["norm"] = C.rmsnorm_backward(ghf, tape["e_f"], params["norm"], tape["rstd_f"])
     for i in reversed(range(cfg["n_layer"])):
         blk, name = tape["blocks"][i], f"layers.{i}."
@@ -215,4 +216,8 @@ def backward(cfg, params, tape, rng):
             if g_sx is not None:
                 grads[name + lin + "_sx"], grads[name + lin + "_sw"] = g_sx, g_sw
     grads["tok_emb"] = C.embedding_backward(ge, tape["x"].reshape(-1), params["tok_emb"].shape[0])
+    if cfg.get("tie_embeddings"):                                    # §18: one add (contract §8 tie)
+        grads["tok_emb"] = C.add(grads["tok_emb"], g_head)
+    else:
+        grads["lm_head"] = g_head
     return grads

@@ -316,8 +316,10 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
         raise ValueError(f"this replay does not implement {', '.join(unsupported)} (SPEC §6.2, §9.5, §10)")
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
+    init = json.loads(lines[0]).get("init")             # §17: an imported state is checkpoint 0's
     if start == 0:
-        params = init_params(cfg)
+        params = ({n[len("params."):]: t for n, t in read_checkpoint(checkpoint_path(run_dir, 0)).items()
+                   if n.startswith("params.")} if init else init_params(cfg))
         m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
         v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
         prev = "0" * 64
@@ -338,7 +340,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     ok = True
     for s in range(start + (start > 0), steps + 1):
         if s == 0:
-            fields = genesis_fields(cfg, corpus, code_root)
+            fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}))
         else:
             fields, grad_root = train_step(cfg, corpus, params, m, v, s)
         state = full_state(cfg, params, m, v, s)

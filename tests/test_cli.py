@@ -9,6 +9,7 @@ import pytest
 
 import audit
 import config
+import export
 import optrace
 import prepare
 import report
@@ -28,13 +29,13 @@ def help_of(main, argv, capsys):
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])
-@pytest.mark.parametrize("tool", ["audit", "sample", "prepare", "report", "optrace", "lsq_drift", "bench"])
+@pytest.mark.parametrize("tool", ["audit", "sample", "prepare", "report", "optrace", "lsq_drift", "bench", "export"])
 def test_every_tool_answers_help(tool, flag, capsys, monkeypatch):
     if tool == "bench":
         monkeypatch.setattr(sys, "argv", ["bench.py", flag])
         out = help_of(lambda argv: bench.main(), [], capsys)
     else:
-        main = {"audit": audit.main, "sample": sample.main, "prepare": prepare.main,
+        main = {"audit": audit.main, "sample": sample.main, "prepare": prepare.main, "export": export.main,
                 "report": report.main, "optrace": optrace.main, "lsq_drift": lsq_drift.main}[tool]
         out = help_of(main, [flag], capsys)
     assert out.startswith("usage:") and len(out.splitlines()) > 3

@@ -314,7 +314,7 @@ def test_cli_success(tmp_path, option):
 @pytest.mark.parametrize("case, message", [
     ("missing", "data.py: error: input file not found: "),
     ("empty", "data.py: error: the corpus is empty (no tokens)"),
-    ("tokenizer", "data.py: error: unknown tokenizer 'nope'; use 'bytes' or one of "),
+    ("tokenizer", "data.py: error: unknown tokenizer 'nope'; use 'bytes', hf:DIR or one of "),
     ("good", None),        # positive control: the same command with good input prepares the corpus
 ])
 def test_cli_bad_input(tmp_path, case, message):

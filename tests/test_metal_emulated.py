@@ -24,6 +24,7 @@ arithmetic, real SIMD-group timing). On that emulation:
 The same kernels on a real Apple GPU: tests/test_mps.py (skipped without MPS), .ci/mac.
 """
 import ctypes
+import math
 import os
 import platform
 import re
@@ -34,11 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import mps_kernels
 import repops_mps
+import test_kernels as TK
 import test_selftest as ST
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,8 +165,9 @@ class ShimLibrary:
     group_size=[G, 1, 1]) runs the shim's kernel; every argument must be of the kind the kernel
     declares (a tensor for a buffer, an int for constant long&, a float for constant float&)."""
 
-    def __init__(self, so, source):
+    def __init__(self, so, source, hw_flush=False):
         self.so, self.kernels = so, set(re.findall(r"kernel void (\w+)\(", source))
+        self.hw_flush = int(hw_flush)
 
     def __getattr__(self, name):
         assert name in self.kernels, f"{name} is not a kernel of this source"
@@ -186,7 +190,7 @@ class ShimLibrary:
                 keep.append(ctypes.c_int64(a) if kind == "l" else ctypes.c_float(a))
                 ptrs.append(ctypes.cast(ctypes.pointer(keep[-1]), ctypes.c_void_p))
             argv = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
-            assert self.so.rp_launch(name.encode(), argv, threads[0], group_size[0], 0) == 0
+            assert self.so.rp_launch(name.encode(), argv, threads[0], group_size[0], self.hw_flush) == 0
         return call
 
 
@@ -233,6 +237,79 @@ def test_repops_mps_argument_errors(mps_on_shim):
     assert ops.canary_mps().tolist() == [0.0, 0.0]
 
 
+# The window attention ops (contract §8) are not in the self-test: checked here against the CPU
+# ops directly. (batch, G, T, D, W): W = 1, W < T, W = T, W > T, rows of more than 32 and of more
+# than 64 valid terms (every lane and the tree; lanes with 3 terms, whose order shows), GQA groups
+# of 1 to 3.
+WINDOW_SHAPES = [(1, 1, 1, 4, 1), (1, 1, 6, 3, 1), (2, 1, 9, 8, 4), (2, 1, 5, 2, 5), (2, 2, 5, 3, 7),
+                 (1, 3, 37, 6, 8), (1, 1, 40, 5, 33), (1, 2, 70, 16, 64), (1, 1, 100, 4, 80)]
+
+
+def _window_inputs(rng, shape, kind):
+    if kind == "adversarial":   # specials (±0, subnormals, FLT_MIN, huge), finite: inf * 0 aside
+        return TK.adversarial(rng, shape, frac=0.15, nonfinite=False)
+    if kind == "tiny":          # products in FTZ territory
+        return TK.tiny(rng, shape)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _window_scores(rng, shape, kind):
+    """Scores for window_softmax [BH, T, W]: with infinities and NaNs, and one row whose valid
+    terms are all -inf (its max is -inf, its exponentials NaN) in the adversarial kind."""
+    if kind == "adversarial":
+        s = TK.adversarial(rng, shape, frac=0.15)
+        s[0, -1, :] = -np.inf
+        return s
+    return (rng.standard_normal(shape) * (1e3 if kind == "tiny" else 3.0)).astype(np.float32)
+
+
+@pytest.mark.parametrize("hw_flush", [False, True], ids=["gradual_underflow", "ftz_daz"])
+@pytest.mark.parametrize("grid", ["default", "small"])
+@pytest.mark.parametrize("kind", ["normal", "adversarial", "tiny"])
+def test_window_ops_on_the_shim_give_the_cpu_bits(mps_on_shim, pyshim, monkeypatch, kind, grid, hw_flush):
+    """band_scores, band_mix, band_mix_t, window_softmax and its backward through repops_mps on
+    the shim equal the CPU ops bit for bit (NaNs equal, §7), including the invalid columns of
+    the first W - 1 rows (+0.0). The small grid (3 groups) makes the grid-stride and row loops
+    take several turns; ftz_daz runs the kernel threads with x86 FTZ|DAZ."""
+    if grid == "small":
+        monkeypatch.setattr(mps_kernels, "MAX_GROUPS", 3)
+    monkeypatch.setattr(torch.mps, "compile_shader", lambda source: ShimLibrary(pyshim, source, hw_flush),
+                        raising=False)
+    cpu, mps = torch.ops.repops, mps_on_shim
+    for batch, G, Tn, D, W in WINDOW_SHAPES:
+        rng = np.random.default_rng([batch, G, Tn, D, W, len(kind)])
+        a, b = _window_inputs(rng, (batch, G * Tn, D), kind), _window_inputs(rng, (batch, Tn, D), kind)
+        p = _window_inputs(rng, (batch, G * Tn, W), kind)
+        s = _window_scores(rng, (batch * G, Tn, W), kind)
+        gp = rng.standard_normal((batch * G, Tn, W)).astype(np.float32)
+        what = f"{kind} batch={batch} G={G} T={Tn} D={D} W={W}"
+        for name, args in [("band_scores", (a, b, W)), ("band_mix", (p, b)), ("band_mix_t", (p, a, Tn)),
+                           ("window_softmax", (s, 0.125)), ("window_softmax", (s, 1.0 / math.sqrt(40.0)))]:
+            args = [TK.T(x) if isinstance(x, np.ndarray) else x for x in args]
+            TK.assert_bits(getattr(mps, name)(*args), TK.N(getattr(cpu, name)(*args)), f"{name} {what}")
+        P = cpu.window_softmax(TK.T(s), 0.3)
+        TK.assert_bits(mps.window_softmax_backward(TK.T(gp), P, 0.3),
+                       TK.N(cpu.window_softmax_backward(TK.T(gp), P, 0.3)), f"window_softmax_backward {what}")
+
+
+def test_window_ops_refuse_what_the_cpu_refuses(mps_on_shim):
+    """The argument checks of binding_common.h, with the same messages."""
+    z = torch.zeros
+    bad = [("band_scores", (z(1, 6, 4), z(1, 3, 4), 0), "W >= 1"),
+           ("band_scores", (z(1, 5, 4), z(1, 3, 4), 2), "keys \\[batch, T"),
+           ("band_scores", (z(1, 6, 4), z(1, 3, 5), 2), "a \\[batch, M, D\\]"),
+           ("band_mix", (z(6, 2), z(1, 3, 4)), "W >= 1"),
+           ("band_mix_t", (z(1, 6, 2), z(1, 6, 4), 4), "p \\[batch, G\\*T, W\\]"),
+           ("band_mix_t", (z(1, 6, 2), z(1, 5, 4), 3), "p \\[batch, G\\*T, W\\]"),
+           ("window_softmax", (z(2, 3, 0), 1.0), "s \\[BH, T, W\\]"),
+           ("window_softmax_backward", (z(2, 3, 4), z(2, 3, 5), 1.0), "shapes"),
+           ("band_mix", (z(1, 6, 2, dtype=torch.float64), z(1, 3, 4)), "must be float32")]
+    for name, args, message in bad:
+        for ops in (torch.ops.repops, mps_on_shim):
+            with pytest.raises(RuntimeError, match=message):
+                getattr(ops, name)(*args)
+
+
 # ------------------------------------------------------------------------------------------------
 # 4. coverage and the rules a scan can check
 # ------------------------------------------------------------------------------------------------
@@ -242,8 +319,15 @@ def _binding_op_names(macro):
     return set(re.findall(r'm\.(?:impl|def)\("(\w+?)(?:" #suffix|")', body))
 
 
+# CUDA sources that hold no op family of their own: the numbered speed versions of matmul and
+# clip_grad (docs/cuda-speed.md), CUDA-only ops (matmul_v, clip_grad_v) with version 1's bits.
+CUDA_SPEED_VERSIONS = {"matmul_tiled", "flat_sum"}
+
+
 def test_every_op_family_has_a_metal_source():
-    assert {p.stem for p in METAL_SOURCES} == {p.stem for p in (ROOT / "kernels" / "cuda").glob("*.cu")}
+    cuda = {p.stem for p in (ROOT / "kernels" / "cuda").glob("*.cu")}
+    assert CUDA_SPEED_VERSIONS <= cuda
+    assert {p.stem for p in METAL_SOURCES} == cuda - CUDA_SPEED_VERSIONS
 
 
 def test_every_op_has_an_mps_implementation():

@@ -1,6 +1,7 @@
 """The Metal kernels on a real Apple GPU (torch's MPS device): the GPU tests of test_cuda.py and
-test_cuda_int8.py, run on "mps", plus cross audits. Every test here skips without MPS, saying
-"needs Apple MPS"; on a Mac, .ci/mac runs this file (docs/metal.md).
+test_cuda_int8.py (and test_window.py's CPU = CUDA check of the window kernels), run on "mps",
+plus cross audits. Every test here skips without MPS, saying "needs Apple MPS"; on a Mac,
+.ci/mac runs this file (docs/metal.md).
 
     python -m pytest tests/test_mps.py -q
 
@@ -47,10 +48,16 @@ _cuda = _port("test_cuda_on_mps", ROOT / "tests" / "test_cuda.py", [
      f"needs_gpu = pytest.mark.skipif(not torch.backends.mps.is_available(), reason={NO_MPS!r})")])
 _int8 = _port("test_cuda_int8_on_mps", ROOT / "tests" / "test_cuda_int8.py", [
     (r"^from test_cuda import (.*)$", r"from test_cuda_on_mps import \1")])
+_window = _port("test_window_on_mps", ROOT / "tests" / "test_window.py", [
+    (r"^@pytest\.mark\.skipif\(not torch\.cuda\.is_available\(\).*$",
+     f"@pytest.mark.skipif(not torch.backends.mps.is_available(), reason={NO_MPS!r})"),
+    (r"^def test_window_kernels_cpu_equals_cuda\(", "def test_window_kernels_cpu_equals_mps("),
+    (r"^(\s+gpu = .*)\.cuda\(\)(.*)$", r'\1.to("mps")\2'),
+    (r"^(\s+)assert gpu\.is_cuda$", r"\1assert gpu.is_mps")])
 
 CUDA_ONLY = {"test_kernels_launch_on_the_current_stream", "test_torchrun_nccl_two_ranks_equals_cpu_chain"}
 FIXTURES = {"ops", "cpu_digests", "corpus", "cpu_chain", "cpu_int8_chain"}
-for _mod in (_cuda, _int8):
+for _mod in (_cuda, _int8, _window):
     for _name, _obj in vars(_mod).items():
         gpu_test = _name.startswith("test_") and _name not in CUDA_ONLY and any(
             m.name == "skipif" and "MPS" in str(m.kwargs.get("reason", "")) for m in getattr(_obj, "pytestmark", []))

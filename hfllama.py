@@ -1,0 +1,280 @@
+"""Our Llama and Hugging Face's LlamaForCausalLM: configs and parameters mapped both ways, exactly.
+
+    import hfllama
+    cfg = hfllama.configure(cfg, given_keys)       # train.py --init_from=DIR: the model keys from DIR
+    init = hfllama.load_into(state, cfg.init_from) # its weights as the initial parameters; the
+                                                   # genesis record's "init" (file SHA-256s)
+    hfllama.source_difference(folder, genesis, params, cfg)   # audit.py --init_from: is it the source?
+    hf = hfllama.to_hf(params, cfg)                # export.py: {HF name: tensor}
+    hfllama.hf_config(cfg)                         # export.py: config.json's fields
+
+The mapping moves bits and never computes (a permutation of rows, a split, a concatenation),
+so an export imports back to the same parameters bit for bit. Names (layer i):
+
+    tok_emb                        model.embed_tokens.weight
+    layers.i.attn_norm             model.layers.i.input_layernorm.weight
+    layers.i.wqkv (rows q | k | v) model.layers.i.self_attn.{q,k,v}_proj.weight (RoPE rows permuted)
+    layers.i.wo                    model.layers.i.self_attn.o_proj.weight
+    layers.i.mlp_norm              model.layers.i.post_attention_layernorm.weight
+    layers.i.w_gate_up (gate | up) model.layers.i.mlp.{gate,up}_proj.weight
+    layers.i.w_down                model.layers.i.mlp.down_proj.weight
+    norm, lm_head                  model.norm.weight, lm_head.weight (absent when tied)
+
+RoPE: our kernel rotates interleaved pairs (row 2i, row 2i+1) of each head with frequency i;
+HF's rotate_half pairs row i with row i + Dh/2. Each query and key head's rows are permuted:
+HF row (half, i) = our row (i, half), i < Dh/2, half in {0, 1}. Values need no permutation.
+
+A source folder holds config.json and model.safetensors (or model.safetensors.index.json and
+its shards), float32, bfloat16 or float16 (each widened to float32 exactly). What our model
+cannot express is refused with one line (UsageError): biases, another activation, a scaled RoPE,
+a head size other than hidden / heads, a tensor we have no parameter for (old checkpoints'
+rotary_emb.inv_freq buffers are skipped: they are not parameters), a shape that does not fit.
+The `safetensors` library is imported only here, inside the functions that read or write.
+"""
+import dataclasses
+import hashlib
+import json
+import os
+
+import torch
+
+from config import UsageError
+from model import param_shapes
+
+# HF config key -> our config key: the model's shape, taken from the source's config.json.
+SHAPE_KEYS = {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+              "num_key_value_heads": "n_kv_head", "hidden_size": "d_model",
+              "intermediate_size": "d_hidden", "vocab_size": "vocab_size",
+              "rms_norm_eps": "norm_eps", "tie_word_embeddings": "tie_embeddings"}
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_CONFIG = 1 << 20
+
+
+def _read_config(folder):
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG + 1)
+        hf = json.loads(raw)
+        if len(raw) > MAX_CONFIG or not isinstance(hf, dict):
+            raise ValueError("not a JSON object under 1 MiB")
+    except FileNotFoundError:
+        raise UsageError(f"--init_from={folder}: no config.json there (a Hugging Face model folder)") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--init_from={folder}: cannot read config.json: {e}") from None
+    return hf
+
+
+def _rope_theta(hf, where):
+    """RoPE's base from a transformers 5 (rope_parameters) or 4 (rope_theta, rope_scaling) config;
+    a scaled RoPE (llama3, linear, dynamic, yarn, ...) is refused."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    kind = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if kind != "default":
+        raise UsageError(f"{where}: RoPE type {kind!r} cannot be expressed (only unscaled RoPE)")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def model_keys(hf, where):
+    """{our config key: value} that the HF config dict `hf` decides; UsageError for what our
+    model cannot express, or a malformed value."""
+    try:
+        return _model_keys(hf, where)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UsageError(f"{where}: malformed config.json ({type(e).__name__}: {e})") from None
+
+
+def _model_keys(hf, where):
+    if hf.get("model_type") != "llama":
+        raise UsageError(f"{where}: model_type {hf.get('model_type')!r} is not 'llama'")
+    for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
+        if hf.get(key, ok) != ok:
+            raise UsageError(f"{where}: {key}={hf[key]!r} cannot be expressed (our Llama has "
+                             "no biases and a SiLU-gated MLP)")
+    missing = [k for k in SHAPE_KEYS if k not in hf and k not in ("num_key_value_heads", "tie_word_embeddings")]
+    if missing:
+        raise UsageError(f"{where}: config.json lacks {', '.join(missing)}")
+    keys = {ours: hf.get(theirs) for theirs, ours in SHAPE_KEYS.items()}
+    keys["n_kv_head"] = keys["n_kv_head"] or keys["n_head"]
+    keys["tie_embeddings"] = bool(keys["tie_embeddings"])
+    keys["norm_eps"] = float(keys["norm_eps"])
+    keys["rope_theta"] = _rope_theta(hf, where)
+    head_dim = hf.get("head_dim") or keys["d_model"] // keys["n_head"]
+    if head_dim * keys["n_head"] != keys["d_model"]:
+        raise UsageError(f"{where}: head_dim {head_dim} x {keys['n_head']} heads is not "
+                         f"hidden_size {keys['d_model']} (our heads split the width)")
+    if not all(isinstance(keys[k], int) and not isinstance(keys[k], bool) and keys[k] > 0
+               for k in ("n_layer", "n_head", "n_kv_head", "d_model", "d_hidden", "vocab_size")):
+        raise UsageError(f"{where}: the model's sizes must be positive integers")
+    return keys
+
+
+def configure(cfg, given):
+    """cfg with the model keys of cfg.init_from's config.json. A key the command line sets
+    (`given`, config.given_keys) to another value is refused: the source decides it."""
+    keys = model_keys(_read_config(cfg.init_from), f"--init_from={cfg.init_from}")
+    clash = sorted(k for k in keys if k in given and getattr(cfg, k) != keys[k])
+    if clash:
+        k = clash[0]
+        raise UsageError(f"--{k}={getattr(cfg, k)!r} contradicts {cfg.init_from}/config.json "
+                         f"({keys[k]!r}): the imported model decides it; leave it out")
+    if cfg.quant != "none":
+        raise UsageError("--init_from with --quant=int8 is not supported (the step sizes would "
+                         "be calibrated on another model's weights)")
+    return dataclasses.replace(cfg, **keys)
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_source(folder):
+    """({HF name: float32 tensor}, {file name: SHA-256}) of a source folder."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    index = os.path.join(folder, "model.safetensors.index.json")
+    try:
+        if os.path.exists(index):
+            with open(index) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+            files = ["config.json", "model.safetensors.index.json"] + shards
+        else:
+            shards = ["model.safetensors"]
+            files = ["config.json"] + shards
+        if any(os.path.basename(s) != s for s in shards):
+            raise ValueError("a shard name is not a file of the folder")
+        tensors = {}
+        for shard in shards:
+            tensors.update(load_file(os.path.join(folder, shard)))
+        hashes = {name: _sha256(os.path.join(folder, name)) for name in files}
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
+        raise UsageError(f"--init_from={folder}: cannot read the weights: {e}") from None
+    for name, t in tensors.items():
+        if t.dtype not in FLOAT_DTYPES:
+            raise UsageError(f"--init_from={folder}: tensor {name} is {t.dtype}, not float32, "
+                             "bfloat16 or float16")
+    return {n: t.to(torch.float32) for n, t in tensors.items()}, hashes
+
+
+def _rope_rows(w, n_heads, head_dim, to_hf):
+    """w [n_heads * head_dim, d] with each head's rows permuted from interleaved RoPE pairs to
+    HF's half-split ones (to_hf) or back."""
+    d = w.shape[1]
+    if to_hf:   # ours: [head, i, half] -> HF: [head, half, i]
+        return w.view(n_heads, head_dim // 2, 2, d).transpose(1, 2).reshape(n_heads * head_dim, d)
+    return w.view(n_heads, 2, head_dim // 2, d).transpose(1, 2).reshape(n_heads * head_dim, d)
+
+
+def _names(i):
+    p = f"model.layers.{i}."
+    return {"attn_norm": p + "input_layernorm.weight", "wo": p + "self_attn.o_proj.weight",
+            "mlp_norm": p + "post_attention_layernorm.weight", "w_down": p + "mlp.down_proj.weight"}
+
+
+def to_hf(params, cfg):
+    """{HF name: tensor} of our parameters {name: tensor} under the resolved config cfg."""
+    H, Hkv, Dh = cfg.n_head, cfg.n_kv_head, cfg.d_model // cfg.n_head
+    out = {"model.embed_tokens.weight": params["tok_emb"], "model.norm.weight": params["norm"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = params["lm_head"]
+    for i in range(cfg.n_layer):
+        p = f"model.layers.{i}."
+        out.update({hf: params[f"layers.{i}.{ours}"] for ours, hf in _names(i).items()})
+        q, k, v = params[f"layers.{i}.wqkv"].split([H * Dh, Hkv * Dh, Hkv * Dh])
+        out[p + "self_attn.q_proj.weight"] = _rope_rows(q, H, Dh, True)
+        out[p + "self_attn.k_proj.weight"] = _rope_rows(k, Hkv, Dh, True)
+        out[p + "self_attn.v_proj.weight"] = v
+        gate, up = params[f"layers.{i}.w_gate_up"].split([cfg.d_hidden, cfg.d_hidden])
+        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+    return {n: t.contiguous() for n, t in sorted(out.items())}
+
+
+def from_hf(hf, cfg, shapes, where):
+    """{our name: tensor} from HF tensors `hf`; `shapes` {our name: shape} is the model's
+    (model.param_shapes). UsageError for a tensor missing, left over or of the wrong shape."""
+    hf = {n: t for n, t in hf.items() if not n.endswith("rotary_emb.inv_freq")}
+    H, Hkv, Dh = cfg.n_head, cfg.n_kv_head, cfg.d_model // cfg.n_head
+    used = set()
+
+    def take(name):
+        if name not in hf:
+            raise UsageError(f"{where}: tensor {name} is missing")
+        used.add(name)
+        return hf[name]
+
+    out = {"tok_emb": take("model.embed_tokens.weight"), "norm": take("model.norm.weight")}
+    if not cfg.tie_embeddings:
+        out["lm_head"] = take("lm_head.weight")
+    elif "lm_head.weight" in hf:     # a tied model saved with both: they must be one tensor
+        if not torch.equal(take("lm_head.weight"), out["tok_emb"]):
+            raise UsageError(f"{where}: tie_word_embeddings is true but lm_head.weight differs "
+                             "from model.embed_tokens.weight")
+    for i in range(cfg.n_layer):
+        p = f"model.layers.{i}."
+        out.update({f"layers.{i}.{ours}": take(name) for ours, name in _names(i).items()})
+        q, k, v = (take(p + f"self_attn.{x}_proj.weight") for x in "qkv")
+        if (q.shape[0], k.shape[0], v.shape[0]) != (H * Dh, Hkv * Dh, Hkv * Dh):
+            raise UsageError(f"{where}: layer {i}'s q/k/v projections have {q.shape[0]}, "
+                             f"{k.shape[0]}, {v.shape[0]} rows, the config says {H * Dh}, "
+                             f"{Hkv * Dh}, {Hkv * Dh}")
+        out[f"layers.{i}.wqkv"] = torch.cat([_rope_rows(q, H, Dh, False), _rope_rows(k, Hkv, Dh, False), v])
+        out[f"layers.{i}.w_gate_up"] = torch.cat([take(p + "mlp.gate_proj.weight"),
+                                                 take(p + "mlp.up_proj.weight")])
+    extra = sorted(set(hf) - used)
+    if extra:
+        raise UsageError(f"{where}: tensor {extra[0]} has no place in our Llama"
+                         + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    for name, t in out.items():
+        if tuple(t.shape) != tuple(shapes[name]):
+            raise UsageError(f"{where}: {name} would be {list(t.shape)}, the config says "
+                             f"{list(shapes[name])}")
+    return {n: t.contiguous() for n, t in out.items()}
+
+
+def load_into(state, folder):
+    """Set the parameters of `state` (train.TrainState, moments zero) to the weights of the HF
+    folder; returns the genesis record's "init" field: {"format": "hf-llama", "files": {name:
+    SHA-256}} (the tensors that result are the genesis record's tensor hashes)."""
+    tensors, hashes = read_source(folder)
+    params = from_hf(tensors, state.model.cfg, param_shapes(state.model.cfg), f"--init_from={folder}")
+    with torch.no_grad():
+        for name, p in state.params.items():
+            if name in params:          # (the quantizer's step sizes are refused in configure)
+                p.copy_(params[name])
+    return {"format": "hf-llama", "files": hashes}
+
+
+def source_difference(folder, init, params, cfg):
+    """None if `folder` is the source that a genesis record's `init` names and its weights map
+    to `params` (the genesis parameters, {name: tensor}) bit for bit; else what differs."""
+    tensors, hashes = read_source(folder)
+    if hashes != init.get("files"):
+        bad = sorted(k for k in set(hashes) | set(init.get("files") or {})
+                     if hashes.get(k) != (init.get("files") or {}).get(k))
+        return f"the source folder {folder} is not the one the genesis record names ({bad[0]} differs)"
+    mapped = from_hf(tensors, cfg, param_shapes(cfg), folder)
+    for name in sorted(mapped):
+        if not torch.equal(mapped[name].view(torch.int32), params[name].contiguous().view(torch.int32)):
+            return f"the source's weights do not map to the genesis parameters ({name} differs)"
+    return None
+
+
+def hf_config(cfg):
+    """config.json's fields for LlamaForCausalLM with the resolved config cfg's model."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_hidden,
+            "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.d_model // cfg.n_head,
+            "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.seq_len, "tie_word_embeddings": cfg.tie_embeddings,
+            "rope_theta": cfg.rope_theta, "rope_scaling": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
+            "initializer_range": cfg.init_std, "pretraining_tp": 1, "use_cache": True,
+            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+            "torch_dtype": "float32", "dtype": "float32"}

@@ -1,0 +1,93 @@
+"""Hugging Face tokenizers (the `tokenizers` library) beside tiktoken's: `--tokenizer hf:DIR`.
+
+    python data.py --input a.txt --data_dir data/mine --tokenizer hf:path/to/model
+    enc = hftok.load("path/to/model")          # encode, encode_to_numpy, decode, n_vocab
+    hftok.streaming_safe(enc)                  # may preparation cut the text (dataprep.py)?
+
+DIR holds tokenizer.json (and, copied along when present, tokenizer_config.json and
+special_tokens_map.json, which transformers' AutoTokenizer reads). A corpus prepared with it
+keeps a copy of these files in its tokenizer/ folder, and its manifest records
+{"name": "hf", "vocab_size", "files": {file: SHA-256}}; anyone who decodes the corpus's tokens
+(train.py's sample, sample.py, export.py) loads that copy after checking its SHA-256s.
+
+Encoding is `Tokenizer.encode(text, add_special_tokens=False)`: the post-processor's BOS/EOS are
+not added (the corpus is one text); added tokens that the text spells are matched, as
+transformers does. vocab_size counts added tokens.
+
+The cut rule (dataprep.py prepares in blocks): a tokenizer with no normalizer, a ByteLevel
+pre-tokenizer with its regex (GPT-2's pattern) and no prefix space, and no added token whose
+text holds a space, is cut only before a space between two ASCII letters, as tiktoken's
+patterns are: the regex ends a piece at the letter and starts the next at the space, matching
+restarts there as at the start of a text (the pattern looks ahead, never behind), and BPE works
+inside pieces; added tokens cannot span the cut. Any other tokenizer (Metaspace/SentencePiece,
+which prepends to the first piece; a normalizer; a Split of unknown pattern) is encoded in one
+piece, the whole text at once: exact, with memory for the whole text.
+"""
+import hashlib
+import json
+import os
+
+import numpy as np
+
+FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+class TokenizerError(Exception):
+    """A tokenizer folder that cannot be used (data.DataError reports it as one line)."""
+
+
+def file_hashes(folder):
+    """{file: SHA-256} of the tokenizer files present in `folder` (tokenizer.json required)."""
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        raise TokenizerError(f"hf:{folder}: no tokenizer.json there")
+    out = {}
+    for name in FILES:
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+class HFTokenizer:
+    """A `tokenizers.Tokenizer` with the part of tiktoken's Encoding interface we use."""
+
+    def __init__(self, folder, expected=None):
+        from tokenizers import Tokenizer
+        self.folder, self.files = folder, file_hashes(folder)
+        if expected is not None and self.files != expected:
+            raise TokenizerError(f"the tokenizer files in {folder} are not the ones the manifest "
+                                 "records (SHA-256 differs or a file is missing)")
+        try:
+            self.tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        except Exception as e:   # the Rust library raises plain Exception for a bad file
+            raise TokenizerError(f"hf:{folder}: cannot load tokenizer.json ({e})") from None
+        self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)
+        self.name = "hf"
+
+    def encode(self, text, disallowed_special=()):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_to_numpy(self, text, disallowed_special=()):
+        return np.array(self.encode(text), dtype=np.uint32)
+
+    def decode(self, ids):
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def record(self):
+        """The manifest's tokenizer record."""
+        return {"name": "hf", "vocab_size": self.n_vocab, "files": self.files}
+
+
+def load(folder, expected=None):
+    return HFTokenizer(folder, expected)
+
+
+def streaming_safe(enc):
+    """True when the text may be cut before a space between two ASCII letters (module doc)."""
+    spec = json.loads(enc.tok.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    byte_level = (pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
+                  and not pre.get("add_prefix_space", False))
+    spaced = any(" " in t.get("content", "") for t in spec.get("added_tokens") or [])
+    return byte_level and spec.get("normalizer") is None and not spaced
