@@ -210,6 +210,7 @@ def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
     """Replay step k+1 of the R = 4 run in this process: train_step with the all-reduce replaced
     by treefold.simulate_ranks for every R that divides N must publish the same record."""
     import checkpoint
+    import hashchain
     import receipts
     import rundir
     import train
@@ -234,7 +235,10 @@ def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
 
         simulate_allreduce(monkeypatch, leaf, n, world, world - 1)
         fields = train.train_step(state, data, cfg, rank=world - 1, world=world)
-        record = train.step_record(state.step, *state.hash(), data, cfg, fields, receipts.read_secret(run, ""))
+        # the trainer's result_root: the post-step state keyed by the step's grad_root
+        result_root = hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
+        record = train.step_record(state.step, *state.hash(), data, cfg, fields, receipts.read_secret(run, ""),
+                                   result_root)
         published = chain.records[k + 1]
         assert record["state_hash"] == published["state_hash"], f"simulated R={world}"
         assert ({**record, "prev": published["prev"], "record_hash": published["record_hash"]}

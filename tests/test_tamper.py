@@ -42,6 +42,8 @@ def tampered(value, key=None):
     if isinstance(value, str):
         if value in ("none", "int8"):      # --quant: a string with two valid values
             return "int8" if value == "none" else "none"
+        if value in ("linear", "cosine"):  # --lr_schedule: likewise
+            return "cosine" if value == "linear" else "linear"
         return value[:-1] + ("0" if value[-1:] != "0" else "1")
     raise TypeError(value)
 

@@ -177,7 +177,7 @@ def test_qk_norm_is_gain_free_rmsnorm():
     assert_bits(xt.grad, R.rmsnorm_backward(gy, x, ones, rstd)[0], "gain-free backward")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine (CPU = CUDA bits)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA GPU on this machine (CPU = CUDA bits)")
 @pytest.mark.parametrize("batch,G,Tn,D,W", [(2, 1, 9, 8, 4), (1, 3, 37, 6, 8), (1, 2, 70, 16, 64)])
 def test_window_kernels_cpu_equals_cuda(batch, G, Tn, D, W):
     rng = np.random.default_rng(Tn)
