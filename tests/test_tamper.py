@@ -44,6 +44,8 @@ def tampered(value, key=None):
             return "int8" if value == "none" else "none"
         if value in ("linear", "cosine"):  # --lr_schedule: likewise
             return "cosine" if value == "linear" else "linear"
+        if key == "micro_batch_phases":    # N@S phases; "" is none: a later phase of 2 micro-batches
+            return value + ("," if value else "") + "2@1000000"
         return value[:-1] + ("0" if value[-1:] != "0" else "1")
     raise TypeError(value)
 
