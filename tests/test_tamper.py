@@ -44,8 +44,8 @@ def tampered(value, key=None):
             return "int8" if value == "none" else "none"
         if value in ("linear", "cosine"):  # --lr_schedule: likewise
             return "cosine" if value == "linear" else "linear"
-        if key == "micro_batch_phases":    # N@S phases; "" is none: a later phase of 2 micro-batches
-            return value + ("," if value else "") + "2@1000000"
+        if key == "micro_batch_phases":    # N@S phases ("" is none): 7 micro-batches from step 21 on,
+            return "7@20"                  # inside the steps the consistent-forgery test replays
         return value[:-1] + ("0" if value[-1:] != "0" else "1")
     raise TypeError(value)
 
@@ -230,7 +230,8 @@ def test_config_json_that_disagrees_is_reported(reference, tmp_path):
 AFTER_WARMUP = (21, 25)     # replayed from checkpoint 20: past warmup (20 steps), lr decaying to min_lr
 # Keys that act on no bit of this run (an fp32 run has no step sizes to re-pin): the forgery
 # changes nothing, and the replay must say MATCH, which shows the key is inert, not missed.
-INERT = {"lsq_repin": "only int8 runs have weight step sizes to re-pin"}
+INERT = {"lsq_repin": "only int8 runs have weight step sizes to re-pin",
+         "full_attn_every": "it picks the full layers among windowed ones; this run has no window (attn_window 0)"}
 
 
 def test_config_forgery_with_a_consistent_config_json(reference, records, tmp_path):
