@@ -35,7 +35,7 @@ import pytest
 
 import treefold
 from dataprep import make_mix
-from tiny import TINY, make_corpus, share_secret
+from tiny import TINY, launch_env as env, make_corpus, share_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
@@ -52,13 +52,6 @@ def torchrun_cmd(nproc, *extra):
     exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
     launcher = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
     return launcher + ["--standalone", f"--nproc_per_node={nproc}", *extra, TRAIN]
-
-
-def env():
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        e.pop(k, None)
-    return e
 
 
 @pytest.fixture(scope="module")

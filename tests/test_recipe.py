@@ -32,20 +32,13 @@ import receipts
 from config import UsageError, parse_config, validate
 from model import windowed
 from schedule import lr_at, micro_batches_at, phase_counts
-from tiny import TINY, assert_one_line_error, make_corpus, script, share_secret
+from tiny import TINY, assert_one_line_error, launch_env as env, make_corpus, script, share_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
 STEPS = 6
 RECIPE = [*TINY, "--micro_batches=4@0,8@3", "--attn_window=5", "--full_attn_every=0", "--qk_norm=true",
           "--emb_norm=true", "--lr_schedule=cosine", "--warmup_steps=2", "--rope_theta=500000"]
-
-
-def env():
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        e.pop(k, None)
-    return e
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ project's programs run as subprocesses on tiny runs.
 tests/conftest.py provides the `corpus` and `reference` (an uninterrupted run) fixtures.
 """
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -31,6 +32,15 @@ SEQ_LEN, MICRO_BATCH_SIZE, MICRO_BATCHES = 16, 2, 4   # as in TINY
 WORDS = ("the king queen sword night day love death crown fair lord lady house war peace "
          "gold blood heart hand eye sea storm fool wise old young sweet bitter speak hear "
          "come go stay fly fall rise thou thee my our their never ever now").split()
+
+
+def launch_env():
+    """The environment for a torchrun or train.py child: one OpenMP thread, unbuffered output,
+    and no rank variables inherited from a parent launch."""
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(k, None)
+    return e
 
 
 def make_corpus(base, seed=7, lines=600, chunk_bytes=dataprep.CHUNK_BYTES):
