@@ -32,7 +32,8 @@ import repops
 import test_kernels as TK
 import train
 from model import Llama, ModelConfig
-from tiny import TINY, assert_one_line_error, audit, launch_env, make_corpus, mismatch_lines, script, share_secret
+from tiny import (TINY, assert_one_line_error, audit, chain_records, copy_run, launch_env, make_corpus, mismatch_lines,
+                  reseal, script, share_secret, write_chain)
 
 assert_bits, T, N = TK.assert_bits, TK.T, TK.N
 ops = torch.ops.repops
@@ -201,3 +202,115 @@ def test_accuracy_against_float64_attention(window):
     err = np.abs(o - ref).max() / np.abs(ref).max()
     assert err < 2e-2, err                 # two 8-bit operands: about 1% of the output's range
     assert err > 1e-6                      # it really went through int8
+
+
+# ------------------------------------------------------------------------------ 3. runs
+STEPS = 4
+# layer 0 windowed (W = 5 < T = 16), layer 1 (the last) full: both forms of int8 P·V in one run
+PV = [*TINY, "--quant=int8", "--int8_pv=1", "--attn_window=5", f"--max_steps={STEPS}", "--checkpoint_every=2",
+      "--eval_every=0", "--sample_tokens=0", "--threads=1", "--dist_timeout=30"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"), seed=7, lines=1500)
+
+
+def launcher(world):
+    if world == 1:
+        return [sys.executable, str(train.__file__)]
+    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
+    return base + ["--standalone", f"--nproc_per_node={world}", str(train.__file__)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus):
+    base = tmp_path_factory.mktemp("pv")
+    out = {}
+    for world in (1, 2):
+        run = base / f"r{world}" / "run"
+        if world > 1:
+            share_secret(out[1], run)
+        run.parent.mkdir(exist_ok=True)
+        proc = subprocess.run(launcher(world) + [f"--run_dir={run}", f"--data_dir={corpus}", *PV], env=launch_env(),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        out[world] = run
+    return out
+
+
+def test_chains_identical_for_1_and_2_ranks(runs):
+    chain = (runs[1] / "chain.jsonl").read_bytes()
+    genesis = json.loads(chain.splitlines()[0])["config"]
+    assert genesis["int8_pv"] is True and genesis["quant"] == "int8" and genesis["attn_window"] == 5
+    assert (runs[2] / "chain.jsonl").read_bytes() == chain
+    for ckpt in sorted((runs[1] / "checkpoints").iterdir()):
+        assert (runs[2] / "checkpoints" / ckpt.name).read_bytes() == ckpt.read_bytes(), ckpt.name
+
+
+def test_audit_match_and_a_forged_int8_pv_is_a_mismatch(runs, corpus, tmp_path):
+    proc = audit(runs[1], "--step", 3, corpus=corpus)
+    assert proc.returncode == 0 and "MATCH: steps 3..3" in proc.stdout, proc.stdout + proc.stderr
+    run = copy_run(runs[1], tmp_path / "run")
+    records = chain_records(run)
+    records[0]["config"]["int8_pv"] = False                 # the key left out, as a run without it
+    write_chain(run, reseal(records))
+    cfg = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**cfg, "int8_pv": False}, indent=2))
+    proc = audit(run, "--step", 3, corpus=corpus)
+    assert proc.returncode == 1 and mismatch_lines(proc), proc.stdout + proc.stderr
+    # the genesis state (the calibration forward runs int8 P·V: its s_x differ) and the step
+    lines = mismatch_lines(proc)
+    assert lines[0].startswith("MISMATCH at step 0: genesis record") and "_sx" in lines[0], proc.stdout
+    assert any(line.startswith("MISMATCH at step 3: field state_hash") for line in lines), proc.stdout
+
+
+def test_the_default_path_is_unchanged(corpus, tmp_path):
+    """int8_pv false is the int8 run as it was: the genesis holds no int8_pv key, and the same
+    states; with int8_pv on the states differ (it acts)."""
+    base = ["--quant=int8", "--max_steps=2", "--checkpoint_every=2", "--eval_every=0", "--sample_tokens=0"]
+    chains = {}
+    for name, extra in (("absent", []), ("off", ["--int8_pv=0"]), ("on", ["--int8_pv=1"])):
+        run = share_secret(tmp_path / "absent" / "run", tmp_path / name / "run") if name != "absent" else tmp_path / name / "run"
+        proc = script("train.py", f"--run_dir={run}", f"--data_dir={corpus}", *TINY, *base, *extra)
+        assert proc.returncode == 0, proc.stderr
+        chains[name] = (run / "chain.jsonl").read_bytes()
+    assert chains["off"] == chains["absent"]
+    assert b"int8_pv" not in chains["absent"].splitlines()[0]
+    states = {k: [json.loads(line)["state_hash"] for line in v.splitlines()[1:]] for k, v in chains.items()}
+    assert states["on"][0] != states["absent"][0]
+
+
+@pytest.mark.parametrize("flags,named", [(["--int8_pv=1"], "--int8_pv=True and --quant='none'"),
+                                         (["--quant=int8", "--int8_pv=1", "--seq_len=133145"], "--seq_len=133145"),
+                                         (["--quant=int8", "--int8_pv=1", "--device=mps"], "--device")])
+def test_config_rules_are_one_line_errors(flags, named, corpus, tmp_path):
+    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *flags)
+    assert_one_line_error(proc, "train.py")
+    assert named in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_head_whose_probabilities_round_to_zero_stops_the_run(corpus, tmp_path, monkeypatch, capsys):
+    """A step size so large that every probability of key/value head 0 rounds to 0: that head's
+    output is 0, so its value rows of wqkv and its columns of wo get exactly zero gradients
+    while both tensors as a whole still learn. The per-head check stops the run (one line)."""
+    real = quant_pv.quantize_blocks
+
+    def head0_rounds_to_zero(x2):
+        q, s = real(x2)
+        if bool((x2 >= 0).all()) and x2.shape[1] == 16:      # the full layer's P rows (V has signs)
+            dead = (torch.arange(x2.shape[0]) // 16) % 2 == 0  # block b = batch * Hkv + j: head j = 0
+            s = torch.where(dead, torch.full_like(s, 1e30), s)
+            q = repops.ops.int8_quantize(x2, s)
+        return q, s
+
+    monkeypatch.setattr(quant_pv, "quantize_blocks", head0_rounds_to_zero)
+    argv = [f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY, "--quant=int8", "--int8_pv=1",
+            "--max_steps=6", "--dead_tensor_steps=3", "--eval_every=0", "--sample_tokens=0"]
+    assert train.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("train.py: error (rank 0): step 3: the gradient of layers."), err
+    assert "(value head 0)" in err[0] or "(query head 0)" in err[0], err[0]
+    assert "wqkv rows" in err[0] or "wo columns" in err[0], err[0]
