@@ -16,6 +16,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -24,14 +25,11 @@ import pytest
 import torch
 
 import config
-import data
-import deadcheck
 import quant_pv
 import reference as R
 import repops
 import test_kernels as TK
 import train
-from model import Llama, ModelConfig
 from tiny import (TINY, assert_one_line_error, audit, chain_records, copy_run, launch_env, make_corpus, mismatch_lines,
                   reseal, script, share_secret, write_chain)
 
@@ -282,14 +280,19 @@ def test_the_default_path_is_unchanged(corpus, tmp_path):
     assert states["on"][0] != states["absent"][0]
 
 
-@pytest.mark.parametrize("flags,named", [(["--int8_pv=1"], "--int8_pv=True and --quant='none'"),
-                                         (["--quant=int8", "--int8_pv=1", "--seq_len=133145"], "--seq_len=133145"),
-                                         (["--quant=int8", "--int8_pv=1", "--device=mps"], "--device")])
-def test_config_rules_are_one_line_errors(flags, named, corpus, tmp_path):
-    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *flags)
+def test_int8_pv_needs_quant_int8_one_line_error(corpus, tmp_path):
+    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", "--int8_pv=1")
     assert_one_line_error(proc, "train.py")
-    assert named in proc.stderr, proc.stderr
+    assert "--int8_pv=True and --quant='none'" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags,named", [(["--seq_len=133145"], "--seq_len=133145"),
+                                         (["--device=mps"], "--int8_pv=True and --device='mps'")])
+def test_config_rules(flags, named):
+    cfg = config.parse_config(["--quant=int8", "--int8_pv=1", *flags])
+    with pytest.raises(config.UsageError, match=re.escape(named)):
+        config.validate(cfg)
 
 
 def test_a_head_whose_probabilities_round_to_zero_stops_the_run(corpus, tmp_path, monkeypatch, capsys):
@@ -314,3 +317,21 @@ def test_a_head_whose_probabilities_round_to_zero_stops_the_run(corpus, tmp_path
     assert len(err) == 1 and err[0].startswith("train.py: error (rank 0): step 3: the gradient of layers."), err
     assert "(value head 0)" in err[0] or "(query head 0)" in err[0], err[0]
     assert "wqkv rows" in err[0] or "wo columns" in err[0], err[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA GPU on this machine (CPU = CUDA bits)")
+@pytest.mark.parametrize("batch,G,Tn,D,W", [(2, 1, 9, 8, 4), (1, 3, 37, 6, 8), (2, 2, 33, 16, 40)])
+def test_cpu_equals_cuda(batch, G, Tn, D, W):
+    rng = np.random.default_rng(G + Tn + W)
+    v = values(rng, batch, Tn, D, "large")
+    g = rng.standard_normal((batch, G * Tn, D)).astype(np.float32)
+    for fn, p in ((quant_pv.matmul_pv, causal_p(rng, batch, G, Tn)), (quant_pv.band_mix, band_p(rng, batch, G, Tn, W))):
+        cpu = _grads(fn, p, v, g)
+        pt, vt = T(p).cuda().requires_grad_(), T(v).cuda().requires_grad_()
+        o = fn(pt, vt)
+        o.backward(T(g).cuda())
+        for name, a, b in zip(("o", "gP", "gV"), cpu, (o, pt.grad, vt.grad)):
+            assert b.is_cuda
+            assert_bits(b, N(a), f"{fn.__name__} {name}")
+    x = TK.adversarial(rng, (7, 50), nonfinite=False)
+    assert_bits(ops.int8_absmax_step(T(x).cuda()), N(ops.int8_absmax_step(T(x))), "step rule")
