@@ -109,8 +109,8 @@ def test_int32_sum_exact_at_the_largest_k():
         v[0, ::2, 1] = -sign
         o = quant_pv.matmul_pv(T(p), T(v))
         assert_bits(o, R.int8_pv_full(p, v), "largest K")
-        sc = np.float32(R.mul(R.mul(np.float32(1.0), R.recip(np.float32(127.0))), R.mul(np.float32(1.0), R.recip(np.float32(127.0)))))
-        assert N(o)[0, 0, 0] == R.mul(np.float32(sign * K * 127 * 127), sc)
+        step = R.mul(np.float32(1.0), R.recip(np.float32(127.0)))     # both blocks' max is 1.0
+        assert N(o)[0, 0, 0] == R.mul(np.float32(sign * K * 127 * 127), R.mul(step, step))
     band = torch.zeros((1, 1, K + 1), dtype=torch.int8)
     with pytest.raises(RuntimeError, match="W <= 133144"):
         ops.int8_band_mix(band, torch.zeros((1, 1, 2), dtype=torch.int8), torch.ones(1), torch.ones(1))
@@ -253,7 +253,7 @@ def test_audit_match_and_a_forged_int8_pv_is_a_mismatch(runs, corpus, tmp_path):
     assert proc.returncode == 0 and "MATCH: steps 3..3" in proc.stdout, proc.stdout + proc.stderr
     run = copy_run(runs[1], tmp_path / "run")
     records = chain_records(run)
-    records[0]["config"]["int8_pv"] = False                 # the key left out, as a run without it
+    del records[0]["config"]["int8_pv"]                     # the genesis of a run without it
     write_chain(run, reseal(records))
     cfg = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**cfg, "int8_pv": False}, indent=2))
