@@ -10,7 +10,7 @@
 2. The float-shadow backward bit for bit (gP = gO Vh^T, gV = Ph^T gO; band_scores and band_mix_t
    for bands), a window >= T gives the bits of the full int8 path, accuracy vs float64 torch.
 3. Whole runs (tiny model, a windowed layer 0 and the full last layer): chains byte-identical for
-   R = 1 and 2, audit MATCH, a tampered record MISMATCH; the default path unchanged; the config
+   R = 1, 2 and 4, audit MATCH, a forged int8_pv MISMATCH; the default path unchanged; the config
    rules (one-line errors); the per-head dead-tensor check stops a run whose head's P rounds to 0.
 """
 import json
@@ -227,7 +227,7 @@ def launcher(world):
 def runs(tmp_path_factory, corpus):
     base = tmp_path_factory.mktemp("pv")
     out = {}
-    for world in (1, 2):
+    for world in (1, 2, 4):
         run = base / f"r{world}" / "run"
         if world > 1:
             share_secret(out[1], run)
@@ -239,13 +239,14 @@ def runs(tmp_path_factory, corpus):
     return out
 
 
-def test_chains_identical_for_1_and_2_ranks(runs):
+def test_chains_identical_for_1_2_and_4_ranks(runs):
     chain = (runs[1] / "chain.jsonl").read_bytes()
     genesis = json.loads(chain.splitlines()[0])["config"]
     assert genesis["int8_pv"] is True and genesis["quant"] == "int8" and genesis["attn_window"] == 5
-    assert (runs[2] / "chain.jsonl").read_bytes() == chain
-    for ckpt in sorted((runs[1] / "checkpoints").iterdir()):
-        assert (runs[2] / "checkpoints" / ckpt.name).read_bytes() == ckpt.read_bytes(), ckpt.name
+    for world in (2, 4):
+        assert (runs[world] / "chain.jsonl").read_bytes() == chain, f"R = {world}"
+        for ckpt in sorted((runs[1] / "checkpoints").iterdir()):
+            assert (runs[world] / "checkpoints" / ckpt.name).read_bytes() == ckpt.read_bytes(), (world, ckpt.name)
 
 
 def test_audit_match_and_a_forged_int8_pv_is_a_mismatch(runs, corpus, tmp_path):
