@@ -7,7 +7,8 @@
 
 SPEC §3-§4 (the state's parameters and their init) and §6-§8 (the forward pass as contract
 operators, its backward, dropout, the int8 path and int8 P·V), every float operation through
-numpy_contract.py (int8 P·V: numpy_int8_pv.py). Like the rest of the replay it imports nothing from the project.
+numpy_contract.py (int8 P·V: numpy_int8_pv.py). Like the rest of the replay it imports nothing
+from the project.
 """
 import hashlib
 import math
