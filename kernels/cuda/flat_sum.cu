@@ -79,7 +79,7 @@ norm_stream_kernel(const float* __restrict__ g, float max_norm, float* __restric
       const int real = left >= CHUNK ? CHUNK : (int)left;
       for (int j = lane; j < real; j += LANES) p = fadd(p, fmul(src[j], src[j]));  // i = c CHUNK + j
       if ((c + 1) % PER_CHUNK == 0 && c + 1 < chunks) {  // a chunk ends here, another follows
-        lanes[lane] = p;  // thread 0 folds it after the next barrier, 15 blocks before the next write
+        lanes[lane] = p;  // thread 0 folds it after the next barrier, before any later write
         p = 0.0f;
       }
     } else if (c + STAGES - 1 < chunks) {
@@ -87,6 +87,7 @@ norm_stream_kernel(const float* __restrict__ g, float max_norm, float* __restric
     }
     cp_async_commit();
   }
+  __syncthreads();                 // thread 0 has folded a chunk that ended with the last block but one
   if (warp == 0) lanes[lane] = p;  // the last chunk (1..L terms; none when n = 0)
   __syncthreads();
   if (tid == 0) {
