@@ -139,7 +139,8 @@ def test_a_run_of_another_contract_is_refused(reference, records, corpus, tmp_pa
     forged = json.loads(json.dumps(records))
     edit(forged[0])
     run = copy_run(reference, tmp_path / "run")
-    write_chain(run, reseal(forged))
+    sealed = reseal(forged)
+    write_chain(run, sealed)
     expect = f"error: this run was made under arithmetic contract v{made}; this code implements v2"
     proc = audit_cli(run, "--step", "1")
     assert_one_line_error(proc, "audit.py")
@@ -147,7 +148,7 @@ def test_a_run_of_another_contract_is_refused(reference, records, corpus, tmp_pa
     proc = script("train.py", *train_args(run, corpus, f"--max_steps={STEPS + 1}"))
     assert_one_line_error(proc, "train.py")
     assert expect in proc.stderr, proc.stderr
-    assert chain_records(run) == forged                  # nothing written
+    assert chain_records(run) == sealed                  # nothing written
 
 
 @pytest.mark.parametrize("edit,expect", [
