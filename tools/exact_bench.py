@@ -3,7 +3,7 @@ and its speed against RepOps fp32 (§4.1) and torch.
 
     python -m tools.exact_bench                      # both sections (needs python data.py)
     python -m tools.exact_bench --accuracy --warm 20 # only accuracy, after 20 default steps
-    python -m tools.exact_bench --speed --threads 2  # only speed
+    python -m tools.exact_bench --speed --threads 1  # only speed (CPU time; --clock wall)
     REPOPS_CPU_ARCH=x86-64-v3 python -m tools.exact_bench --speed   # the AVX2 build (vpmaddwd)
 
 Accuracy: trains the default config (train.py's, fp32) for --warm steps, then records the
@@ -100,18 +100,20 @@ def accuracy(warm):
               f" {r['nw_exact']:15.2e} {r['nw_fp32']:14.2e}")
 
 
-def timed(fn, repeats):
+def timed(fn, repeats, clock):
     fn()
     ts = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        ts.append(time.perf_counter() - t0)
+        ts.append(clock() - t0)
     return statistics.median(ts)
 
 
-def speed(repeats):
-    print(f"speed: {repops.ops.cpu_path()}; torch threads {torch.get_num_threads()}; median of {repeats}")
+def speed(repeats, clock_name):
+    clock = time.process_time if clock_name == "cpu" else time.perf_counter
+    print(f"speed: {repops.ops.cpu_path()}; torch threads {torch.get_num_threads()}; median of {repeats}; "
+          f"{clock_name} time")
     R, d, h, V, T, Dh, BH = 1024, 128, 384, 256, 128, 32, 32
     shapes = [("qkv fwd [1024,128]x[128,384]", (R, d), (d, 3 * d)), ("down fwd [1024,384]x[384,128]", (R, h), (h, d)),
               ("gate_up grad_W [768,1024]x[1024,128]", (2 * h, R), (R, d)), ("lm_head fwd [1024,128]x[128,256]", (R, d), (d, V)),
@@ -123,9 +125,9 @@ def speed(repeats):
         a, b = torch.randn(*sa, generator=g), torch.randn(*sb, generator=g)
         n = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
         reps = max(1, min(repeats, int(2e10 / n)))
-        te = timed(lambda: repops.ops.exact_matmul(a, b), reps)
-        tf = timed(lambda: repops.ops.matmul(a, b), reps)
-        tt = timed(lambda: torch.matmul(a, b), reps)
+        te = timed(lambda: repops.ops.exact_matmul(a, b), reps, clock)
+        tf = timed(lambda: repops.ops.matmul(a, b), reps, clock)
+        tt = timed(lambda: torch.matmul(a, b), reps, clock)
         print(f"{name:40} {te * 1e3:9.2f} {tf * 1e3:9.2f} {tt * 1e3:9.2f} {te / tf:11.2f} {te / tt:12.2f} {n / te / 1e9:14.1f}")
 
 
@@ -136,6 +138,8 @@ def main():
     ap.add_argument("--warm", type=int, default=20, help="default-config steps before recording")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="cpu: process CPU time (stable on a shared machine; all threads summed)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -143,7 +147,7 @@ def main():
     if args.accuracy or both:
         accuracy(args.warm)
     if args.speed or both:
-        speed(args.repeats)
+        speed(args.repeats, args.clock)
 
 
 if __name__ == "__main__":

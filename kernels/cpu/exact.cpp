@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -32,14 +33,37 @@ constexpr uint32_t inverse(uint32_t a, uint32_t p) {  // a^-1 mod p by search (c
   while ((a % p) * x % p != 1) ++x;
   return x;
 }
-struct Inverses {
-  uint32_t v[kMod][kMod] = {};
-  constexpr Inverses() {
-    for (int s = 0; s < kMod; ++s)
-      for (int t = s + 1; t < kMod; ++t) v[s][t] = inverse(kP[s], kP[t]);
+// Garner's digits in one reduction each: with P_s = p_0 ... p_{s-1} and Q_t = P_t^-1 mod p_t,
+// v_t = (u_t - sum_{s<t} v_s P_s) Q_t mod p_t = (sum_{s<=t} x_s coef[t][s]) mod p_t, x_t = u_t,
+// x_s = v_s (s < t), coef[t][t] = Q_t, coef[t][s] = (-P_s Q_t) mod p_t: every term is below
+// 255^2 and the sum of at most 8 below 2^19, so uint32 holds it unreduced.
+struct Garner {
+  uint32_t coef[kMod][kMod] = {};
+  constexpr Garner() {
+    for (int t = 0; t < kMod; ++t) {
+      uint32_t Ps[kMod] = {}, P = 1;   // P_s mod p_t
+      for (int s = 0; s < t; ++s) {
+        Ps[s] = P;
+        P = P * kP[s] % kP[t];
+      }
+      const uint32_t Q = inverse(P, kP[t]);
+      coef[t][t] = Q;
+      for (int s = 0; s < t; ++s) coef[t][s] = (kP[t] - Ps[s]) % kP[t] * Q % kP[t];
+    }
   }
 };
-constexpr Inverses kInv;
+constexpr Garner kGarner;
+
+// f(std::integral_constant<int, t>) for t = 0 .. kMod-1: every modulus a compile-time constant,
+// so each % below is a multiply and shift, not a division instruction.
+template <class F, int... T>
+inline void each_mod(const F& f, std::integer_sequence<int, T...>) {
+  (f(std::integral_constant<int, T>{}), ...);
+}
+template <class F>
+inline void each_mod(const F& f) {
+  each_mod(f, std::make_integer_sequence<int, kMod>{});
+}
 
 // beta = (62 - ceil(log2 K)) / 2 for K >= 1 (§11 step 2).
 inline int beta_of(int64_t K) {
@@ -69,68 +93,84 @@ inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
 
 // Values [k0, k0 + kc) of a row with exponent e: q = m 2^(E - e + beta - 24) rounded half away
 // from zero (|q| <= 2^beta <= 2^31, held as a uint32 magnitude and a sign), then its residues
-// into planes[t][k - k0] (the symmetric representative in [-(p-1)/2, (p-1)/2]).
+// into planes[t][k - k0] (the symmetric representative in [-(p-1)/2, (p-1)/2]). In blocks of
+// kSplit values: the integers first, then one plane at a time (each loop vectorizes).
+constexpr int64_t kSplit = 256;
 inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int beta, int8_t* const* planes) {
-  for (int64_t k = 0; k < kc; ++k) {
-    const uint32_t u = fbits(x[k0 + k]);
-    const int32_t E = (int32_t)((u >> 23) & 0xFF);
-    const uint32_t m = (E == 0 || E == 255) ? 0u : ((u & 0x7FFFFFu) | 0x800000u);
-    const int32_t sh = e - E + 24 - beta;                 // >= 24 - beta >= -7 for a live value
-    const uint32_t left = m << (uint32_t)std::clamp(-sh, 0, 7);
-    const int32_t s = std::clamp(sh, 1, 31);
-    const uint32_t right = sh > 24 ? 0u : (m + (1u << (s - 1))) >> s;
-    const uint32_t q = sh <= 0 ? left : right;
-    const bool neg = (u >> 31) != 0;
-#pragma GCC unroll 8
-    for (int t = 0; t < kMod; ++t) {
-      const int32_t r0 = (int32_t)(q % kP[t]);
-      const int32_t r1 = r0 > (int32_t)(kP[t] / 2) ? r0 - (int32_t)kP[t] : r0;
-      planes[t][k] = (int8_t)(neg ? -r1 : r1);
+  uint32_t q[kSplit], neg[kSplit];
+  for (int64_t b = 0; b < kc; b += kSplit) {
+    const int64_t n = std::min(kSplit, kc - b);
+    for (int64_t k = 0; k < n; ++k) {
+      const uint32_t u = fbits(x[k0 + b + k]);
+      const int32_t E = (int32_t)((u >> 23) & 0xFF);
+      const uint32_t m = (E == 0 || E == 255) ? 0u : ((u & 0x7FFFFFu) | 0x800000u);
+      const int32_t sh = e - E + 24 - beta;               // >= 24 - beta >= -7 for a live value
+      const uint32_t left = m << (uint32_t)std::clamp(-sh, 0, 7);
+      const int32_t s = std::clamp(sh, 1, 31);
+      const uint32_t right = sh > 24 ? 0u : (m + (1u << (s - 1))) >> s;
+      q[k] = sh <= 0 ? left : right;
+      neg[k] = u >> 31;
     }
+    each_mod([&](auto t) {
+      constexpr int32_t p = (int32_t)kP[t];
+      int8_t* out = planes[t] + b;
+      for (int64_t k = 0; k < n; ++k) {
+        const int32_t r0 = (int32_t)(q[k] % (uint32_t)p);
+        const int32_t r1 = r0 > p / 2 ? r0 - p : r0;
+        out[k] = (int8_t)(neg[k] ? -r1 : r1);
+      }
+    });
   }
 }
 
-// §11 step 7: the integer c times 2^ex rounded to float32 once, as its bit pattern.
+// §11 step 7: the integer c times 2^ex rounded to float32 once, as its bit pattern. Branch-free
+// (selects only), so the loop over a block of outputs vectorizes.
 inline uint32_t to_float_bits(int64_t c, int32_t ex) {
-  if (c == 0) return 0;
-  const uint32_t sign = c < 0 ? 0x80000000u : 0u;
-  const uint64_t u = c < 0 ? (uint64_t)0 - (uint64_t)c : (uint64_t)c;   // |c| <= 2^62
-  const int n = 64 - __builtin_clzll(u);                                 // bit length
-  uint64_t q;
-  if (n > 24) {
-    const int sh = n - 24;
-    q = u >> sh;
-    const uint64_t rem = u & ((uint64_t(1) << sh) - 1), half = uint64_t(1) << (sh - 1);
-    q += (rem > half) || (rem == half && (q & 1));
-  } else {
-    q = u << (24 - n);
-  }
-  int32_t E = n - 1 + ex;
-  if (q == (uint64_t(1) << 24)) {   // the rounding carried into a new bit
-    q >>= 1;
-    ++E;
-  }
-  if (E > 127) return sign | 0x7F800000u;
-  if (E < -126) return sign;        // the §3 flush: tininess after rounding, the sign kept
-  return sign | ((uint32_t)(E + 127) << 23) | ((uint32_t)q & 0x7FFFFFu);
+  // (float)c is the int64 -> float32 conversion, correctly rounded to nearest even (IEEE; the
+  // rounding mode every kernel chunk sets, §3): exactly the 24-bit rounding of step 7, carry
+  // included, and exact for |c| < 2^24. Its exponent is then moved by ex in the bits.
+  const float fc = (float)c;
+  uint32_t b;
+  std::memcpy(&b, &fc, 4);
+  const uint32_t sign = b & 0x80000000u;
+  const int32_t E = (int32_t)((b >> 23) & 0xFF) - 127 + ex;     // c != 0: a normal float >= 1
+  uint32_t f = sign | ((uint32_t)(E + 127) << 23) | (b & 0x7FFFFFu);
+  f = E > 127 ? (sign | 0x7F800000u) : f;
+  f = E < -126 ? sign : f;       // the §3 flush: tininess after rounding, the sign kept
+  return c == 0 ? 0u : f;        // C' = 0: +0.0
 }
 
-// One output from its eight residue sums (any integers congruent to C' mod p_t).
-inline uint32_t reconstruct(const int32_t* res, int64_t stride, int32_t ex) {
-  uint32_t v[kMod];
-#pragma GCC unroll 8
-  for (int t = 0; t < kMod; ++t) {
-    const int32_t r = res[t * stride] % (int32_t)kP[t];
-    uint32_t w = (uint32_t)(r < 0 ? r + (int32_t)kP[t] : r);
-#pragma GCC unroll 8
-    for (int s = 0; s < t; ++s) w = ((w + 2 * kP[t] - v[s]) * kInv.v[s][t]) % kP[t];  // v[s] < 256 < 2 p_t
-    v[t] = w;
+// Outputs [j0, j0 + nj) of one row (nj <= kBlock) from their eight residue sums res[t * stride + j]
+// (any integers congruent to C' mod p_t): Garner's digits for the whole block modulus by modulus
+// (uint32 lanes), then C' in uint64 and its rounding. exb[j] = the column's part of the exponent.
+constexpr int64_t kBlock = 64;
+inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t exa, const int32_t* exb,
+                        const uint8_t* bad_b, bool bad_a, float* out) {
+  uint32_t v[kMod][kBlock];
+  each_mod([&](auto t) {
+    constexpr uint32_t p = kP[t];
+    uint32_t* vt = v[t];
+    const int32_t* rt = res + t * stride;
+    for (int64_t j = 0; j < nj; ++j) {
+      const int32_t r = rt[j] % (int32_t)p;
+      uint32_t acc = (uint32_t)(r < 0 ? r + (int32_t)p : r) * kGarner.coef[t][t];
+      each_mod([&](auto s) {
+        if constexpr (s < t) acc += v[s][j] * kGarner.coef[t][s];
+      });
+      vt[j] = acc % p;
+    }
+  });
+  uint32_t f[kBlock];
+  for (int64_t j = 0; j < nj; ++j) {
+    uint64_t X = v[kMod - 1][j];
+    each_mod([&](auto t) {
+      if constexpr (t < kMod - 1) X = X * kP[kMod - 2 - t] + v[kMod - 2 - t][j];   // < kProduct
+    });
+    const int64_t c = X > kHalf ? (int64_t)(X - kProduct) : (int64_t)X;             // wraps to C' < 0
+    const uint32_t b = to_float_bits(c, exa + exb[j]);
+    f[j] = (bad_a || bad_b[j]) ? 0x7FC00000u : b;
   }
-  uint64_t X = v[kMod - 1];
-#pragma GCC unroll 8
-  for (int t = kMod - 2; t >= 0; --t) X = X * kP[t] + v[t];                        // < kProduct
-  const int64_t c = X > kHalf ? (int64_t)(X - kProduct) : (int64_t)X;               // wraps to C' < 0
-  return to_float_bits(c, ex);
+  std::memcpy(out, f, sizeof(uint32_t) * nj);
 }
 
 // Rows [r0, r1) of x [rows, K], values [k0, k0 + kc): planes [kMod][rows][kc].
@@ -141,6 +181,18 @@ void split_rows(const float* x, int64_t K, int64_t k0, int64_t kc, const int32_t
     for (int t = 0; t < kMod; ++t) p[t] = planes + (t * rows + r) * kc;
     split_row(x + r * K, k0, kc, e[r], beta, p);
   }
+}
+
+// The planes and residue sums, kept between calls by the calling thread (no allocation and no page
+// faults per call at the model's shapes); above kKeepBytes they are released after the call.
+constexpr size_t kKeepBytes = size_t(64) << 20;
+struct Buffers {
+  std::vector<int8_t> pa, pb;
+  std::vector<int32_t> res, part;
+};
+Buffers& buffers() {
+  static thread_local Buffers b;
+  return b;
 }
 
 }  // namespace
@@ -161,8 +213,13 @@ void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64
     for (int64_t j = b; j < e; ++j) row_exponent(Bt + j * K, K, &eb[j], &bad_b[j]);
   });
   const int64_t kc0 = std::min(K, kChunk);
-  std::vector<int8_t> pa(kMod * M * kc0), pb(kMod * N * kc0);
-  std::vector<int32_t> res(kMod * M * N), part(K > kChunk ? M * N : 0);
+  Buffers& buf = buffers();
+  std::vector<int8_t>&pa = buf.pa, &pb = buf.pb;
+  std::vector<int32_t>&res = buf.res, &part = buf.part;
+  pa.resize(kMod * M * kc0);
+  pb.resize(kMod * N * kc0);
+  res.resize(kMod * M * N);
+  part.resize(K > kChunk ? M * N : 0);
   for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
     const int64_t kc = std::min(kChunk, K - k0);
     rp::parallel_for(M, 4, [&](int64_t b, int64_t e) { split_rows(A, K, k0, kc, ea.data(), beta, pa.data(), M, b, e); });
@@ -181,16 +238,15 @@ void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64
       });
     }
   }
-  rp::parallel_for(M, 4, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float* out = C + i * N;
-      const int32_t exa = ea[i] - 126 - beta;
-      for (int64_t j = 0; j < N; ++j) {
-        const bool nan = bad_a[i] || bad_b[j];
-        const uint32_t f = reconstruct(res.data() + i * N + j, M * N, exa + (eb[j] - 126 - beta));
-        const uint32_t u = nan ? 0x7FC00000u : f;
-        std::memcpy(out + j, &u, 4);
-      }
+  std::vector<int32_t> exb(N);
+  for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
+  const int64_t nblocks = (N + kBlock - 1) / kBlock;
+  rp::parallel_for(M * nblocks, 16, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
+      reconstruct(res.data() + i * N + j0, M * N, nj, ea[i] - 126 - beta, exb.data() + j0, bad_b.data() + j0,
+                  bad_a[i] != 0, C + i * N + j0);
     }
   });
+  if ((pa.capacity() + pb.capacity()) + 4 * (res.capacity() + part.capacity()) > kKeepBytes) buf = Buffers();
 }
