@@ -314,8 +314,6 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     unsupported = [k for k, off in recipe.items() if cfg.get(k, off) != off]
     if unsupported:
         raise ValueError(f"this replay does not implement {', '.join(unsupported)} (SPEC §6.2, §9.5, §10)")
-    if cfg.get("matmul", "fp32") != "fp32":   # the exact matmul is tests/numpy_exact.py, not wired in here yet
-        raise ValueError(f"this replay does not implement matmul={cfg['matmul']} (SPEC §19)")
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
     init = json.loads(lines[0]).get("init")             # §17: an imported state is checkpoint 0's
