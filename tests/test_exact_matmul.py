@@ -263,6 +263,16 @@ def test_kernel_k_beyond_one_residue_gemm():
     assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
 
 
+def test_kernel_output_panels():
+    """A wide output (N = 70000) is computed in panels of 14 rows (the residue sums of a panel
+    stay near 32 MB): 17 rows = panels of 14 and 3, the reference's bits."""
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((17, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 70000)).astype(np.float32)
+    a[16, 2] = np.nan
+    assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
+
+
 def test_kernel_bits_do_not_depend_on_threads():
     rng = np.random.default_rng(9)
     a = rng.standard_normal((70, 300)).astype(np.float32)

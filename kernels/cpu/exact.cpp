@@ -186,6 +186,7 @@ void split_rows(const float* x, int64_t K, int64_t k0, int64_t kc, const int32_t
 // The planes and residue sums, kept between calls by the calling thread (no allocation and no page
 // faults per call at the model's shapes); above kKeepBytes they are released after the call.
 constexpr size_t kKeepBytes = size_t(64) << 20;
+constexpr int64_t kResBytes = int64_t(32) << 20;   // one panel's residue sums
 struct Buffers {
   std::vector<int8_t> pa, pb;
   std::vector<int32_t> res, part;
@@ -212,41 +213,53 @@ void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64
   rp::parallel_for(N, 16, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) row_exponent(Bt + j * K, K, &eb[j], &bad_b[j]);
   });
-  const int64_t kc0 = std::min(K, kChunk);
+  // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
+  // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
+  const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
+  const int64_t mp = std::min(M, std::max<int64_t>(8, kResBytes / (4 * kMod * N)));
   Buffers& buf = buffers();
   std::vector<int8_t>&pa = buf.pa, &pb = buf.pb;
   std::vector<int32_t>&res = buf.res, &part = buf.part;
-  pa.resize(kMod * M * kc0);
+  pa.resize(kMod * mp * kc0);
   pb.resize(kMod * N * kc0);
-  res.resize(kMod * M * N);
-  part.resize(K > kChunk ? M * N : 0);
-  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-    const int64_t kc = std::min(kChunk, K - k0);
-    rp::parallel_for(M, 4, [&](int64_t b, int64_t e) { split_rows(A, K, k0, kc, ea.data(), beta, pa.data(), M, b, e); });
+  res.resize(kMod * mp * N);
+  part.resize(nchunks > 1 ? mp * N : 0);
+  auto split_b = [&](int64_t k0, int64_t kc) {
     rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, k0, kc, eb.data(), beta, pb.data(), N, b, e); });
-    for (int t = 0; t < kMod; ++t) {
-      int32_t* rt = res.data() + t * M * N;
-      if (k0 == 0) {
-        rp_int8_matmul(pa.data() + t * M * kc, pb.data() + t * N * kc, rt, M, N, kc);
-        continue;
-      }
-      // a later chunk: its exact sum, then both reduced mod p so the total stays in int32
-      rp_int8_matmul(pa.data() + t * M * kc, pb.data() + t * N * kc, part.data(), M, N, kc);
-      const int32_t p = (int32_t)kP[t];
-      rp::parallel_for(M * N, 4096, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) rt[i] = rt[i] % p + part[i] % p;
-      });
-    }
-  }
+  };
+  if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
   for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
   const int64_t nblocks = (N + kBlock - 1) / kBlock;
-  rp::parallel_for(M * nblocks, 16, [&](int64_t b, int64_t e) {
-    for (int64_t w = b; w < e; ++w) {
-      const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
-      reconstruct(res.data() + i * N + j0, M * N, nj, ea[i] - 126 - beta, exb.data() + j0, bad_b.data() + j0,
-                  bad_a[i] != 0, C + i * N + j0);
+  for (int64_t i0 = 0; i0 < M; i0 += mp) {
+    const int64_t m = std::min(mp, M - i0);
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const int64_t kc = std::min(kChunk, K - k0);
+      if (nchunks > 1) split_b(k0, kc);
+      rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
+        split_rows(A + i0 * K, K, k0, kc, ea.data() + i0, beta, pa.data(), m, b, e);
+      });
+      for (int t = 0; t < kMod; ++t) {
+        int32_t* rt = res.data() + t * m * N;
+        if (k0 == 0) {
+          rp_int8_matmul(pa.data() + t * m * kc, pb.data() + t * N * kc, rt, m, N, kc);
+          continue;
+        }
+        // a later chunk: its exact sum, then both reduced mod p so the total stays in int32
+        rp_int8_matmul(pa.data() + t * m * kc, pb.data() + t * N * kc, part.data(), m, N, kc);
+        const int32_t p = (int32_t)kP[t];
+        rp::parallel_for(m * N, 4096, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) rt[i] = rt[i] % p + part[i] % p;
+        });
+      }
     }
-  });
+    rp::parallel_for(m * nblocks, 16, [&](int64_t b, int64_t e) {
+      for (int64_t w = b; w < e; ++w) {
+        const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
+        reconstruct(res.data() + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb.data() + j0,
+                    bad_b.data() + j0, bad_a[i0 + i] != 0, C + (i0 + i) * N + j0);
+      }
+    });
+  }
   if ((pa.capacity() + pb.capacity()) + 4 * (res.capacity() + part.capacity()) > kKeepBytes) buf = Buffers();
 }
