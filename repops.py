@@ -7,6 +7,7 @@ the kernels are built on first use (or by repops.load()) and checked with a runt
 
     import repops
     y = repops.linear(x, w)                  # x [R, in], w [out, in]
+    y = repops.linear(x, w, exact=True)      # the exact integer matmul (contract §11), CPU
     loss = repops.cross_entropy(logits, targets)
     loss.backward()                           # backward passes are RepOps kernels too
 
