@@ -137,6 +137,7 @@ def trace_step(state, data, cfg, path, record):
 class Audit:
     def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None):
         self.run = rundir.Run(run_dir)          # reads only: repair=False
+        self.run.check_contract(repops.CONTRACT)
         self.device = device
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found

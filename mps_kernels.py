@@ -22,6 +22,7 @@ METAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", 
 GROUP = 256            # threads per group of the elementwise and matmul kernels
 LANES = 32             # threads per group of the row kernels (the contract's 32 lanes, §4.2)
 MAX_GROUPS = 1 << 16   # grids stop growing here; the kernels' loops take the rest
+FLAT_CHUNK = 32768     # the chunked sum's chunk length L (contract §4.5; kFlatChunk in optim.metal)
 DEVICE_TYPE = "mps"   # where the kernels run (tests/test_metal_emulated.py runs them on the CPU shim)
 RPFN = {"exp": 0, "log": 1, "recip": 2, "rsqrt": 3, "sqrt": 4, "sin": 5, "cos": 6}   # RpFn, ids.h
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.utils.cpp_extension
 
+CONTRACT = 2  # the arithmetic contract's version (kernels/README.md); a run's genesis names it
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CPU_DIR = os.path.join(ROOT, "kernels", "cpu")
 CPU_SOURCES = sorted(

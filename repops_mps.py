@@ -312,7 +312,11 @@ def adamw_(p, g, m, v, lr, b1, b2, omb1, omb2, eps, decay, bc1, bc2):
 def clip_grad(g, max_norm):
     g = mk.check_f32(g, "grad")
     out, norm, coef = torch.empty_like(g), torch.empty((), device=g.device), torch.empty(1, device=g.device)
-    mk.launch("optim", "rp_grad_norm", g, norm, coef, float(max_norm), g.numel(), threads=mk.LANES, group=mk.LANES)
+    chunks = -(-g.numel() // mk.FLAT_CHUNK)                  # the norm is the chunked sum (§4.5)
+    sums = torch.empty(max(chunks, 1), device=g.device)      # [chunks] chunk sums (one spare when n = 0)
+    if chunks:
+        mk.launch("optim", "rp_grad_norm_chunks", g, sums, g.numel(), threads=mk.rows(chunks), group=mk.LANES)
+    mk.launch("optim", "rp_grad_norm", sums, norm, coef, float(max_norm), chunks, threads=mk.LANES, group=mk.LANES)
     if g.numel():
         mk.launch("optim", "rp_apply_coef", g, coef, out, g.numel(), threads=mk.flat(g.numel()), group=mk.GROUP)
     return out, norm

@@ -133,6 +133,14 @@ class Run:
             raise UsageError(f"{self.chain.path} has no genesis record")
         return self.chain.records[0]
 
+    def check_contract(self, implemented):
+        """A run made under another arithmetic contract (the genesis `contract`; none: v1) cannot
+        be resumed or replayed by this code, whose kernels implement contract `implemented`."""
+        made = self.genesis.get("contract", 1)
+        if made != implemented or isinstance(made, bool):
+            raise UsageError(f"this run was made under arithmetic contract v{made}; this code implements "
+                             f"v{implemented}")
+
     @property
     def cfg(self):
         """The run's Config: the genesis record's decisive fields, bookkeeping defaults."""

@@ -99,7 +99,7 @@ cudaError_t rpc_matmul(const float*, int64_t, int64_t, int64_t, const float*, in
 }
 // Nor are optim.cu's kernels: version 1 of the norm, and applying the coefficient (only the norm
 // and the coefficient are compared).
-cudaError_t rpc_clip_grad(const float*, float, float*, float*, float*, int64_t, cudaStream_t) {
+cudaError_t rpc_clip_grad(const float*, float, float*, float*, float*, float*, int64_t, cudaStream_t) {
   return cudaErrorNotSupported;
 }
 cudaError_t rpc_clip_apply(const float*, const float*, float*, int64_t, cudaStream_t) { return cudaSuccess; }
@@ -115,7 +115,8 @@ int clip_main(FILE* in, FILE* out) {
     if (std::fread(g.data(), 4, h[2], in) != (size_t)h[2]) return 2;
     g_deferred = (int)h[3];
     float res[2] = {std::nanf(""), std::nanf("")};
-    const cudaError_t err = rpc_clip_grad_v(2, g.data() + h[1], max_norm, nullptr, &res[0], &res[1], h[0], nullptr);
+    const cudaError_t err = rpc_clip_grad_v(2, g.data() + h[1], max_norm, nullptr, &res[0], &res[1], nullptr, h[0],
+                                            nullptr);
     if (err != cudaSuccess) return 1;
     std::fwrite(res, 4, 2, out);
   }

@@ -141,22 +141,43 @@ def _qnan_like(x):
 # §4 reductions
 # ----------------------------------------------------------------------------------------------
 
-def csum(t, axis=-1):
+def csum(t, axis=-1, where=None):
     """§4.2 canonical sum over `axis`: 32 lane-strided sequential sums, then the fixed tree.
 
     Lane l accumulates t[l], t[l+32], t[l+64], ... in increasing index order (the 32 lanes are
     independent accumulators, so they are updated side by side; that does not reorder any sum).
+    `where` (a mask broadcastable to t): the terms to sum, the others are skipped, not added as
+    +0.0 -- a lane can hold -0.0 under FTZ and -0.0 + +0.0 is +0.0 (kernels sum only real terms).
     """
-    t = np.moveaxis(ftz(t), axis, -1)
+    t = ftz(t)
+    keep = None if where is None else np.moveaxis(np.broadcast_to(where, np.shape(t)), axis, -1)
+    t = np.moveaxis(t, axis, -1)
     n = t.shape[-1]
     p = np.zeros(t.shape[:-1] + (32,), dtype=np.float32)
     for i0 in range(0, n, 32):
         blk = t[..., i0:i0 + 32]          # term i0 + l goes to lane l
         w = blk.shape[-1]
-        p[..., :w] = add(p[..., :w], blk)
+        s = add(p[..., :w], blk)
+        p[..., :w] = s if keep is None else np.where(keep[..., i0:i0 + 32], s, p[..., :w])
     for w in (16, 8, 4, 2, 1):
         p[..., :w] = add(p[..., :w], p[..., w:2 * w])
     return np.array(p[..., 0], dtype=np.float32)[()]
+
+
+FLAT_CHUNK = 32768  # §4.5: the chunk length L of the chunked sum
+
+
+def csum_chunked(t):
+    """§4.5 chunked sum of a flat vector t [n]: the §4.2 canonical sum of each chunk of L terms
+    (rows of the [C-1, L] view, then the short last chunk on its own, never padded), then the
+    canonical sum of the C = ceil(n / L) chunk sums. n = 0: C = 0, the csum of nothing, +0.0."""
+    t = ftz(np.asarray(t, dtype=np.float32).reshape(-1))
+    n = t.size
+    full = max(-(-n // FLAT_CHUNK) - 1, 0)                            # C - 1 whole chunks
+    sums = [np.atleast_1d(csum(t[:full * FLAT_CHUNK].reshape(full, FLAT_CHUNK)))] if full else []
+    if n:
+        sums.append(np.atleast_1d(csum(t[full * FLAT_CHUNK:])))     # the last chunk, 1..L terms
+    return csum(np.concatenate(sums) if sums else np.zeros(0, np.float32))
 
 
 def cmax(t, axis=-1):
@@ -522,14 +543,14 @@ def _causal_mask(T):
 
 
 def causal_softmax(s, scale):
-    """s [BH, T, T] -> P. Row t uses columns j <= t only; the masked tail is padded with -inf
-    (max) and +0.0 (sum) terms, which §4.2 states is exact, and set to +0.0 in the output."""
+    """s [BH, T, T] -> P. Row t uses columns j <= t only: the masked tail is padded with -inf
+    for the max (exact: no lane ever prefers -inf) and skipped by the sum, and is +0.0 in the output."""
     T = s.shape[-1]
     mask = _causal_mask(T)
     z = mul(s, f32(scale))
     m = cmax(select(mask, z, F32(-np.inf)))
     e = exp(sub(z, m[..., None]))
-    ssum = csum(select(mask, e, F32(0.0)))
+    ssum = csum(e, where=mask)
     inv = recip(ssum)
     P = mul(e, inv[..., None])
     return select(mask, P, F32(0.0))
@@ -538,7 +559,7 @@ def causal_softmax(s, scale):
 def causal_softmax_backward(gp, p, scale):
     T = p.shape[-1]
     mask = _causal_mask(T)
-    dot = csum(select(mask, mul(p, gp), F32(0.0)))
+    dot = csum(mul(p, gp), where=mask)
     gs = mul(mul(sub(gp, dot[..., None]), p), f32(scale))
     return select(mask, gs, F32(0.0))
 
@@ -642,8 +663,8 @@ def adamw_(p, g, m, v, lr, b1, b2, omb1, omb2, eps, decay, bc1, bc2):
 
 
 def clip_grad(g, max_norm):
-    """g flat [P] -> (g * c, norm)."""
-    norm = sqrt(csum(mul(g, g)))
+    """g flat [P] -> (g * c, norm); the sum of squares is the chunked sum (§4.5)."""
+    norm = sqrt(csum_chunked(mul(g, g)))
     x = mul(f32(max_norm), recip(add(norm, f32(1e-6))))
     # min(1.0, x) as a select, read as C++ std::min(a, b) = (b < a) ? b : a, i.e.
     # (x < 1.0) ? x : 1.0 -- a NaN x gives 1.0 (the contract does not spell out the operand order).

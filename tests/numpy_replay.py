@@ -33,6 +33,7 @@ import numpy as np
 import numpy_contract as C
 from numpy_model import backward, forward, full_state, init_params, repin, trained
 
+CONTRACT = 2                                        # the contract version written here (SPEC §12.2)
 DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
 
@@ -264,7 +265,8 @@ def code_digest(root):
 
 def genesis_fields(cfg, corpus, code_root):
     """§12.2 without the state hash."""
-    return {"kind": "genesis", "step": 0, "config": cfg, "code_digest": code_digest(code_root),
+    return {"kind": "genesis", "step": 0, "contract": CONTRACT, "config": cfg,
+            "code_digest": code_digest(code_root),
             **corpus.commitments(), "tokenizer": corpus.manifest["tokenizer"],
             "vocab_size": corpus.manifest["tokenizer"]["vocab_size"]}
 
@@ -307,7 +309,11 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().splitlines()
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
-    cfg = json.loads(lines[0])["config"]
+    genesis = json.loads(lines[0])
+    if genesis.get("contract", 1) != CONTRACT:          # §12.2: none is v1 (its flat sums differ)
+        raise ValueError(f"this run was made under arithmetic contract v{genesis.get('contract', 1)}; "
+                         f"this replay implements v{CONTRACT}")
+    cfg = genesis["config"]
     # the OPEN-1B recipe options (SPEC §6.2, §9.5, §10) are not written here yet: refuse them
     recipe = {"attn_window": 0, "qk_norm": False, "emb_norm": False, "lr_schedule": "linear",
               "micro_batch_phases": ""}
@@ -316,7 +322,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
         raise ValueError(f"this replay does not implement {', '.join(unsupported)} (SPEC §6.2, §9.5, §10)")
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
-    init = json.loads(lines[0]).get("init")             # §17: an imported state is checkpoint 0's
+    init = genesis.get("init")                          # §17: an imported state is checkpoint 0's
     if start == 0:
         params = ({n[len("params."):]: t for n, t in read_checkpoint(checkpoint_path(run_dir, 0)).items()
                    if n.startswith("params.")} if init else init_params(cfg))

@@ -88,7 +88,7 @@ def window_softmax(s, scale):
     z, valid, w0 = _window_terms(mul(s, f32(scale)), W, -np.inf)
     m = cmax(z)
     e = exp(sub(z, m[..., None]))
-    inv = recip(csum(select(valid, e, F32(0.0))))
+    inv = recip(csum(e, where=valid))
     return _window_back(select(valid, mul(e, inv[..., None]), F32(0.0)), w0, W)
 
 
@@ -96,6 +96,6 @@ def window_softmax_backward(gp, p, scale):
     W = p.shape[-1]
     pt, valid, w0 = _window_terms(p, W, 0.0)
     gt_, _, _ = _window_terms(gp, W, 0.0)
-    dot = csum(select(valid, mul(pt, gt_), F32(0.0)))
+    dot = csum(mul(pt, gt_), where=valid)
     gs = mul(mul(sub(gt_, dot[..., None]), pt), f32(scale))
     return _window_back(select(valid, gs, F32(0.0)), w0, W)

@@ -453,7 +453,7 @@ def test_matmul_versions_bits(ops, version):
 @needs_gpu
 def test_clip_grad_versions_bits(ops):
     """Both gradient-norm kernels (repops.ops.clip_grad_v) on tools/matmul_versions.py's quick
-    lengths (around 32 and 2048, specials, flushing squares, a misaligned start)."""
+    lengths (around 32, 2048 and the chunk of §4.5, specials, flushing squares, a misaligned start)."""
     bad = MV.verify_clip(DEV, quick=True)
     assert not any(bad.values()), f"clip_grad versions differ from the CPU on: {bad}"
 
@@ -607,7 +607,7 @@ def test_dropout_bits(ops, p, shape):
 
 
 @needs_gpu
-@pytest.mark.parametrize("n", [1, 33, 10007, 100_003])
+@pytest.mark.parametrize("n", [1, 33, 10007, 32768, 65613, 100_003])   # clip: 1, 2, 3 chunks + 77, 4 (§4.5)
 def test_adamw_and_clip_bits(ops, n):
     rng = np.random.default_rng(n)
     p, g, m = (TK.adversarial(rng, (n,), frac=0.05, nonfinite=False) for _ in range(3))

@@ -10,8 +10,9 @@ tools/matmul_versions.py's quick cases: odd sizes, K = 0 and 1, the four transpo
 step-2 slices and a misaligned base (the 4-byte staging path), batch broadcast, specials and
 values whose products flush. Every output must equal the CPU kernel's bit for bit: the tiling,
 the staging layouts, the double buffering, the edge tiles and the k order are those of the GPU
-build. The same for clip_grad version 2 (flat_sum.cu): its norm on lengths around its chunk of
-2048 and its 32 lanes, 16- and 4-byte copies, both copy timings, against the CPU's clip_grad.
+build. The same for clip_grad version 2 (flat_sum.cu): its norm on lengths around its staging
+block of 2048, its 32 lanes and the chunk of §4.5 (32768), 16- and 4-byte copies, both copy
+timings, against the CPU's clip_grad.
 What only a GPU can show (the real FADD/FMUL units, the grid limits, speed) is
 tools/matmul_versions.py's and tests/test_cuda.py's job on a GPU.
 """
@@ -98,7 +99,8 @@ def test_tiled_versions_emulated_give_the_cpu_bits(emulator, tmp_path):
 @needs_nvcc
 def test_streamed_norm_emulated_gives_the_cpu_bits(emulator, tmp_path):
     """flat_sum.cu's norm (clip_grad version 2) against the CPU clip_grad's norm: lengths around
-    the chunk (2048) and the lanes (32), normal values, specials, values whose squares flush;
+    the staging block (2048), the lanes (32) and §4.5's chunk (32768: one to three chunks, a short
+    last one), normal values, specials, values whose squares flush;
     the 16-byte path (aligned) and the 4-byte one (one float into the storage); copies made at
     once and at the wait, alternately."""
     repops.load()
@@ -107,7 +109,7 @@ def test_streamed_norm_emulated_gives_the_cpu_bits(emulator, tmp_path):
              lambda n: MV.awkward(rng, (n,)).numpy(),
              lambda n: (rng.standard_normal(n) * 1.1e-19).astype(np.float32))
     cases, blob = [], b""
-    for i, n in enumerate((0, 1, 31, 33, 2047, 2048, 2049, 6149, 8192, 20011)):
+    for i, n in enumerate((0, 1, 31, 33, 2047, 2048, 2049, 6149, 8192, 20011, 32767, 32768, 32769, 65613, 98304)):
         for k, kind in enumerate(kinds):
             off = (i + k) % 2
             data = np.concatenate([np.float32([7.0] * off), kind(n)]).astype(np.float32)

@@ -662,6 +662,53 @@ def test_clip_grad_bits(ops, P, kind):
         assert_bits(gc, egc, f"clip_grad g {kind} max_norm={max_norm}")
 
 
+L = R.FLAT_CHUNK  # §4.5's chunk length
+
+
+@pytest.mark.parametrize("n", [0, 1, 31, 32, 33, L - 1, L, L + 1, 2 * L + 77, 3 * L])
+def test_clip_grad_chunked_sum(ops, n):
+    """§4.5: the norm's sum of squares is the chunked sum. CPU = reference bit for bit at lengths
+    around the lanes and the chunks (a short last chunk), and within 1e-5 of float64."""
+    rng = np.random.default_rng(n + 3)
+    g = (rng.standard_normal(n) * np.exp2(rng.integers(-6, 6, n))).astype(np.float32)
+    for max_norm in (0.5, 1e30):
+        gc, norm = ops.clip_grad(T(g), max_norm)
+        egc, enorm = R.clip_grad(g, max_norm)
+        assert_bits(norm, enorm, f"clip_grad norm n={n}")
+        assert_bits(gc, egc, f"clip_grad g n={n} max_norm={max_norm}")
+    exact = math.sqrt(float(np.sum(g.astype(np.float64) ** 2)))
+    assert abs(float(norm) - exact) <= 1e-5 * exact, (float(norm), exact)
+
+
+def test_chunked_sum_is_not_the_flat_sum():
+    """The two definitions differ on long vectors (so the tests above can tell them apart)."""
+    differ = 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        g = (rng.standard_normal(2 * L + 77) * np.exp2(rng.integers(-6, 6, 2 * L + 77))).astype(np.float32)
+        sq = R.mul(g, g)
+        differ += int(R.bits(R.csum_chunked(sq))) != int(R.bits(R.csum(sq)))
+    assert differ >= 2, differ
+
+
+def test_chunked_sum_ftz_last_chunk_flushes_to_minus_zero(ops):
+    """§4.5 under FTZ: a last chunk of 64 terms where every lane adds 1.25 * 2^-126, then
+    -1.5 * 2^-126 (exact sum -2^-128, subnormal) flushes to -0.0 in all 32 lanes, so the chunk's
+    sum is -0.0; padded with +0.0 terms to L it would be +0.0 (hence: never padded). The chunked
+    sum composed from the CPU's canonical row sums ([C-1, L] rows, the last chunk, the chunk sums)
+    equals the reference's bit for bit. (clip_grad's terms are squares, >= +0.0, so its chunk
+    sums are never -0.0; this checks the definition itself.)"""
+    head = np.random.default_rng(2).standard_normal(L).astype(np.float32)
+    tail = np.concatenate([np.full(32, 1.25 * 2.0**-126), np.full(32, -1.5 * 2.0**-126)]).astype(np.float32)
+    t = np.concatenate([head, tail])
+    last = ops.csum(T(tail))
+    assert int(R.bits(last.numpy())) == int(R.bits(R.csum(tail))) == 0x80000000
+    padded = np.concatenate([tail, np.zeros(L - tail.size, np.float32)])
+    assert int(R.bits(R.csum(padded))) == 0
+    sums = torch.cat([ops.csum(T(head).view(1, L)), last.reshape(1)])
+    assert_bits(ops.csum(sums), R.csum_chunked(t), "chunked sum from the CPU's row sums")
+
+
 # ------------------------------------------------------------------------------------------------
 # 2b. bit-for-bit through the autograd wrappers (forward and gradients)
 # ------------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ is the finite adversarial table with big value b, SPEC the table for the canonic
 | csum_rows_long          | csum(x)                                                | x 101 [3,1000] -3,8,16,FIN(2^20)                     |
 | adamw                   | adamw_(p, g, m, v, ADAMW...) -> p, m, v                | p 90 -3,8; g 91 -12,14; m 92 -12,10; v = abs(93 -24,20); [10007], 16, FIN(2^20) |
 | clip_grad               | clip_grad(g, 0.5) -> out, norm                         | g 94 [10007] -4,8,16,FIN(2^10)                       |
+| clip_grad_chunks        | clip_grad(g, 0.5) -> out, norm (chunks L, L, 77)       | g 95 [65613] -4,8,16,FIN(2^10)                       |
 | exp                     | exp(x)                                                 | x 110 [20011] -20,28,8,SPEC                          |
 | log, recip, rsqrt, sqrt | fn(x)                                                  | bitsgen 111, 112, 113, 114 [20011] 8,SPEC            |
 | sin, cos                | fn(x)                                                  | x 115, 116 [20011] -20,38,8,SPEC                     |
@@ -580,7 +581,7 @@ EXPECTED_NAMES = [
     "matmul_bcast_a", "matmul_big", "rmsnorm", "rmsnorm_backward", "rope_tables_long", "rope_tables",
     "rope", "rope_backward", "causal_softmax", "causal_softmax_backward", "swiglu", "swiglu_backward",
     "cross_entropy", "cross_entropy_backward", "embedding", "embedding_backward", "add", "mul", "scale",
-    "dropout", "csum_rows", "csum_rows_long", "adamw", "clip_grad", "exp", "log", "recip", "rsqrt",
+    "dropout", "csum_rows", "csum_rows_long", "adamw", "clip_grad", "clip_grad_chunks", "exp", "log", "recip", "rsqrt",
     "sqrt", "sin", "cos", "philox", "uniform", "normal", "canary", "int8_matmul", "int8_linear",
     "int8_quantize", "int8_dequantize", "lsq_init", "lsq_backward"]
 # The exact matmul's lines (contract §11), printed last; a CPU kernel only so far (the CUDA and
@@ -686,6 +687,7 @@ def torch_digests(device="cpu", ops=None, suffix=None):
     ops.adamw_(p, g, m, v, *hp)
     d["adamw"] = _digest(p, m, v)
     d["clip_grad"] = _digest(*ops.clip_grad(T(gen(94, (10007,), -4, 8, 16, _fin(2.0**10))), 0.5))
+    d["clip_grad_chunks"] = _digest(*ops.clip_grad(T(gen(95, (65613,), -4, 8, 16, _fin(2.0**10))), 0.5))
 
     # canonical functions
     n = 20011

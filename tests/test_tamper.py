@@ -24,7 +24,7 @@ import checkpoint
 import hashchain
 import receipts
 from tiny import (STEPS, assert_one_line_error, audit as audit_cli, chain_records, copy_run,
-                  mismatch_lines, reseal, script, write_chain)
+                  mismatch_lines, reseal, script, train_args, write_chain)
 
 STEP = 11             # a step record to tamper with: replayed from the checkpoint at step 10
 
@@ -104,6 +104,8 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
     missed, checked = [], 0
     for step, audited in ((0, 1), (STEP, STEP)):
         for path in field_paths(records[step]):
+            if path == ("contract",):                # refused before any replay (the test below)
+                continue
             commitment = path in (("step_commit",), ("secret_commit",))
             for malformed in ((False, True) if commitment else (False,)):
                 forged = json.loads(json.dumps(records))
@@ -126,6 +128,27 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
     (workdir / "chain.jsonl").write_text(original)
     assert checked > 40, checked                 # config keys, tensor leaves, record fields
     assert not missed, missed
+
+
+@pytest.mark.parametrize("edit,made", [(lambda g: g.pop("contract"), 1), (lambda g: g.update(contract=3), 3)],
+                         ids=["v1_without_the_field", "v3"])
+def test_a_run_of_another_contract_is_refused(reference, records, corpus, tmp_path, edit, made):
+    """The genesis record's `contract` (SPEC §12.2): a run made under another arithmetic contract
+    (no field: v1, whose flat sums differ) is refused by audit.py and by train.py's resume with
+    one line, exit 2 -- not a MISMATCH: its steps are not this code's to replay."""
+    forged = json.loads(json.dumps(records))
+    edit(forged[0])
+    run = copy_run(reference, tmp_path / "run")
+    sealed = reseal(forged)
+    write_chain(run, sealed)
+    expect = f"error: this run was made under arithmetic contract v{made}; this code implements v2"
+    proc = audit_cli(run, "--step", "1")
+    assert_one_line_error(proc, "audit.py")
+    assert expect in proc.stderr, proc.stderr
+    proc = script("train.py", *train_args(run, corpus, f"--max_steps={STEPS + 1}"))
+    assert_one_line_error(proc, "train.py")
+    assert expect in proc.stderr, proc.stderr
+    assert chain_records(run) == sealed                  # nothing written
 
 
 @pytest.mark.parametrize("edit,expect", [

@@ -21,9 +21,10 @@ mma.sync GEMM (path=0) and the CPU kernel on +-127 at the largest K the binding 
 grids at the model's shapes, shapes cuBLASLt cannot take (path 1 falls back), and -128 with the
 grid check off where K * 128^2 < 2^31; int8_linear (the dequantizing epilogue) the same way.
 
-clip_grad (contract §4.2 over a flat vector, §8 clip_grad): versions 1 (kernels/cuda/optim.cu) and
+clip_grad (contract §4.5's chunked sum, §8 clip_grad): versions 1 (kernels/cuda/optim.cu) and
 2 (flat_sum.cu) of repops.ops.clip_grad_v against the CPU op (the norm and the clipped gradient)
-on lengths around 32 and 2048, specials and flushing squares, misaligned starts, 27.5M and 100M
+on lengths around 32, 2048 and the chunk L = 32768 (a short last chunk), specials and flushing
+squares, misaligned starts, 27.5M and 100M
 terms; then timed at 27.5M and at the 1.23B model's 1.23e9 (the two versions compared there).
 
 The last lines (SUMMARY, PROMOTE) say which versions verified, which is fastest, and what to promote
@@ -286,7 +287,8 @@ def time_int8(quick):
 def verify_clip(device, quick):
     """{version: [labels where clip_grad_v differs from the CPU op]}; prints one line per case."""
     rng = np.random.default_rng(12)
-    lengths = [0, 1, 31, 32, 33, 2047, 2048, 2049, 65537, 1_000_003] + ([] if quick else [27_500_000, 100_000_000])
+    lengths = ([0, 1, 31, 32, 33, 2047, 2048, 2049, 32767, 32768, 32769, 65537, 65613, 98304, 1_000_003]
+               + ([] if quick else [27_500_000, 100_000_000]))
     bad = {v: [] for v in CLIP_VERSIONS}
     for i, n in enumerate(lengths):
         kind = i % 3

@@ -12,3 +12,8 @@ enum class RpFn { Exp, Log, Recip, Rsqrt, Sqrt, Sin, Cos };
 // purposes never share a counter. repops.PURPOSE_* pass the same numbers from Python
 // (tests/test_kernels.py checks that they agree).
 enum RpPurpose : uint32_t { kPurposeInit = 1, kPurposeDropout = 2, kPurposeData = 3, kPurposeSample = 4 };
+
+// The chunk length L of the chunked sum (contract §4.5): a flat sum of n terms is the canonical
+// sum of each chunk of L terms (the last one shorter, never padded), then the canonical sum of
+// the ceil(n / L) chunk sums. Part of the contract: changing it changes the bits.
+constexpr int64_t kFlatChunk = 32768;

@@ -1,5 +1,10 @@
 // optim.cpp -- AdamW with decoupled weight decay and global-norm gradient clipping,
-// contract §8 adamw and clip_grad. All host scalars arrive already rounded to float32.
+// contract §8 adamw and clip_grad (its norm: the chunked sum, §4.5). All host scalars arrive
+// already rounded to float32.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "kernels.h"
 
 void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
@@ -19,11 +24,42 @@ void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr,
   });
 }
 
+namespace {
+// The canonical sum (§4.2) of g[i] * g[i] for i in [0, len), the 32 lanes held as vectors (lane l
+// is lane l % VL of vector l / VL, as in int8.cpp's LSQ sum): whole blocks of 32 terms, then the
+// tail into lanes 0, 1, ... one by one (no padding), then the fixed fold -- csum's adds in order.
+float csum_squares(const float* g, int64_t len) {
+  constexpr int NV = rp::kLanes / rp::VL;
+  rp::vf p[NV];
+  for (int u = 0; u < NV; ++u) p[u] = rp::vf{};
+  int64_t i = 0;
+  for (; i + rp::kLanes <= len; i += rp::kLanes)
+    for (int u = 0; u < NV; ++u) {
+      const rp::vf x = rp::loadn(g + i + u * rp::VL);
+      p[u] = rp::add(p[u], rp::mul(x, x));
+    }
+  float ps[rp::kLanes];
+  std::memcpy(ps, p, sizeof(ps));
+  for (int l = 0; i + l < len; ++l) ps[l] = rp::add(ps[l], rp::mul(g[i + l], g[i + l]));
+  for (int w = rp::kLanes / 2; w >= 1; w >>= 1)
+    for (int l = 0; l < w; ++l) ps[l] = rp::add(ps[l], ps[l + w]);
+  return ps[0];
+}
+}  // namespace
+
+// norm = sqrt(the chunked sum (§4.5) of g[i] * g[i]): chunk c of kFlatChunk terms (the last one
+// shorter) summed on its own -- the chunks in parallel, each one's sum fixed -- then the
+// canonical sum of the C = ceil(n / L) chunk sums (n = 0: C = 0, +0.0).
 void rp_clip_grad(const float* g, float max_norm, float* out, float* norm, int64_t n) {
+  const int64_t C = (n + kFlatChunk - 1) / kFlatChunk;
+  std::vector<float> sums(C);  // [C]
+  rp::parallel_for(C, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) sums[c] = csum_squares(g + c * kFlatChunk, std::min(kFlatChunk, n - c * kFlatChunk));
+  });
   float c;
   {
-    rp::FpModeGuard guard;  // one scalar sum over the whole vector, in the calling thread
-    const float nrm = rp::sqrt(rp::csum(n, [g](int64_t i) { return rp::mul(g[i], g[i]); }));
+    rp::FpModeGuard guard;  // the sum of the chunk sums and the coefficient, in the calling thread
+    const float nrm = rp::sqrt(rp::csum_array(sums.data(), C));
     const float coef = rp::mul(max_norm, rp::recip(rp::add(nrm, 1e-6f)));
     c = (coef < 1.0f) ? coef : 1.0f;
     *norm = nrm;

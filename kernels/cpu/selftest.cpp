@@ -415,6 +415,13 @@ void run_optim() {
   std::vector<float> out(n), norm(1);
   rp_clip_grad(gc.data(), 0.5f, out.data(), norm.data(), n);
   emit2("clip_grad", out, norm);
+
+  // Two whole chunks of the chunked sum (§4.5, L = 32768) and a short last chunk of 77.
+  const int64_t nl = 2 * kFlatChunk + 77;
+  auto gl = gen(95, nl, -4, 8, 16, finite(0x1p10f));
+  std::vector<float> outl(nl);
+  rp_clip_grad(gl.data(), 0.5f, outl.data(), norm.data(), nl);
+  emit2("clip_grad_chunks", outl, norm);
 }
 
 void run_unary() {

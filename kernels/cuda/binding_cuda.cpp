@@ -287,8 +287,10 @@ std::tuple<Tensor, Tensor> clip_grad_v(const Tensor& g_, double max_norm, int64_
   Tensor g = rpb::contig(kDev, g_, "grad");
   c10::cuda::CUDAGuard guard(g.device());
   Tensor out = at::empty_like(g), norm = at::empty({}, g.options()), coef = at::empty({1}, g.options());
+  Tensor sums = at::empty({(g.numel() + kFlatChunk - 1) / kFlatChunk}, g.options());  // §4.5's chunk sums
   check(rpc_clip_grad_v((int)version, g.data_ptr<float>(), (float)max_norm, out.data_ptr<float>(),
-                        norm.data_ptr<float>(), coef.data_ptr<float>(), g.numel(), stream()), "clip_grad");
+                        norm.data_ptr<float>(), coef.data_ptr<float>(), sums.data_ptr<float>(), g.numel(), stream()),
+        "clip_grad");
   return {out, norm};
 }
 std::tuple<Tensor, Tensor> clip_grad(const Tensor& g, double max_norm) { return clip_grad_v(g, max_norm, g_clip_version); }

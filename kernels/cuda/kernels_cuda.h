@@ -82,17 +82,18 @@ cudaError_t rpc_dropout(const float* x, float* y, int64_t n, uint32_t threshold,
 // subnormal product survived (-ftz missing), as in rp_canary.
 cudaError_t rpc_canary(float* out, cudaStream_t st);
 
-// optim.cu (§8 adamw, clip_grad). coef: one float of device scratch.
+// optim.cu (§8 adamw, clip_grad; the norm by §4.5). coef: one float of device scratch; sums:
+// ceil(n / kFlatChunk) floats of device scratch (the chunk sums).
 cudaError_t rpc_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
                       float omb1, float omb2, float eps, float decay, float bc1, float bc2, cudaStream_t st);
-cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* norm, float* coef, int64_t n,
-                          cudaStream_t st);
+cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* norm, float* coef, float* sums,
+                          int64_t n, cudaStream_t st);
 // out = g * coef[0]: clip_grad's second kernel on its own.
 cudaError_t rpc_clip_apply(const float* g, const float* coef, float* out, int64_t n, cudaStream_t st);
 // flat_sum.cu: clip_grad by version 1 (rpc_clip_grad) or 2 (the norm streamed through one block);
 // both give the same bits. cudaErrorInvalidValue for another version.
 cudaError_t rpc_clip_grad_v(int version, const float* g, float max_norm, float* out, float* norm, float* coef,
-                            int64_t n, cudaStream_t st);
+                            float* sums, int64_t n, cudaStream_t st);
 
 // random.cu (§6). words: n uint32 values stored as int64 (as the CPU op returns them).
 cudaError_t rpc_philox(uint64_t seed, uint32_t c1, uint32_t c2, uint32_t purpose, uint32_t block_offset,

@@ -1,16 +1,17 @@
 // optim.cu -- AdamW with decoupled weight decay and global-norm gradient clipping, contract §8
 // adamw and clip_grad. AdamW: one thread per element, host scalars already float32. The
-// gradient norm is the canonical sum (§4.2) over the whole flat vector: one warp, lane l adding
-// elements l, l+32, ... in order (the contract's order has exactly 32 independent chains);
-// that warp also computes the clip coefficient (clip.cuh), which a second kernel applies. That
-// warp waits on memory; flat_sum.cu is version 2 of the norm (same bits, docs/cuda-speed.md).
+// gradient norm's sum of squares is the chunked sum (§4.5): one warp per chunk of kFlatChunk
+// terms (the last one shorter, not padded) writes the chunk's canonical sum (§4.2, warp_csum: the
+// row sum of rmsnorm and the LSQ kernels), then one warp sums the C chunk sums canonically and
+// computes the clip coefficient (clip.cuh), which a third kernel applies. flat_sum.cu is
+// version 2 of the norm (same bits, docs/cuda-speed.md).
 #include "canonical.cuh"
 #include "clip.cuh"
 #include "kernels_cuda.h"
 
 namespace rpc {
 namespace {
-constexpr int THREADS = 256;
+constexpr int THREADS = 256, WARPS = 8;  // WARPS: chunks per block of the norm
 
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                              float* __restrict__ v, int64_t n, float lr, float b1, float b2, float omb1, float omb2,
@@ -27,9 +28,22 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
   }
 }
 
-__global__ void grad_norm_kernel(const float* __restrict__ g, float max_norm, float* __restrict__ norm,
-                                 float* __restrict__ coef, int64_t n) {
-  const float ss = warp_csum(n, threadIdx.x, [&](int64_t i) { return fmul(g[i], g[i]); });
+// sums[c] = csum of g[i]^2 over chunk c, i in [c L, min((c + 1) L, n)): one warp per chunk.
+__global__ void chunk_squares_kernel(const float* __restrict__ g, float* __restrict__ sums, int64_t chunks,
+                                     int64_t n) {
+  const int lane = threadIdx.x % kLanes;
+  const int64_t c = (int64_t)blockIdx.x * WARPS + threadIdx.x / kLanes;
+  if (c >= chunks) return;
+  const float* gc = g + c * kFlatChunk;
+  const int64_t len = n - c * kFlatChunk < kFlatChunk ? n - c * kFlatChunk : kFlatChunk;
+  const float s = warp_csum(len, lane, [&](int64_t i) { return fmul(gc[i], gc[i]); });
+  if (lane == 0) sums[c] = s;
+}
+
+// One warp: the canonical sum of the chunk sums (chunks = 0: +0.0), then norm and coefficient.
+__global__ void grad_norm_kernel(const float* __restrict__ sums, float max_norm, float* __restrict__ norm,
+                                 float* __restrict__ coef, int64_t chunks) {
+  const float ss = warp_csum(chunks, threadIdx.x, [&](int64_t c) { return sums[c]; });
   if (threadIdx.x == 0) clip_finish(ss, max_norm, norm, coef);
 }
 
@@ -56,9 +70,13 @@ cudaError_t rpc_clip_apply(const float* g, const float* coef, float* out, int64_
   return cudaGetLastError();
 }
 
-cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* norm, float* coef, int64_t n,
-                          cudaStream_t st) {
-  grad_norm_kernel<<<1, kLanes, 0, st>>>(g, max_norm, norm, coef, n);
-  const cudaError_t err = cudaGetLastError();
+cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* norm, float* coef, float* sums,
+                          int64_t n, cudaStream_t st) {
+  const int64_t chunks = (n + kFlatChunk - 1) / kFlatChunk;
+  if (chunks > 0) chunk_squares_kernel<<<row_blocks(chunks, WARPS), WARPS * kLanes, 0, st>>>(g, sums, chunks, n);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  grad_norm_kernel<<<1, kLanes, 0, st>>>(sums, max_norm, norm, coef, chunks);
+  err = cudaGetLastError();
   return err != cudaSuccess ? err : rpc_clip_apply(g, coef, out, n, st);
 }

@@ -13,6 +13,7 @@
 // same host scalars), but with small, odd grids (a few groups), so the grid-stride loops and the
 // threadgroup loops over rows take several turns: the bits must not depend on the grid.
 #include <cstdlib>
+#include <vector>
 
 #include "kernels.h"  // before the shim: its headers must not see the Metal keyword macros
 #include "metal_shim.h"
@@ -134,7 +135,10 @@ void rp_adamw(float* p_, const float* g, float* m, float* v, int64_t n, float lr
 }
 void rp_clip_grad(const float* g, float max_norm, float* out, float* norm, int64_t n) {
   float coef = 0.0f;
-  one_group([&](const Pos& p) { msl::rp_grad_norm(g, norm, &coef, max_norm, n, AT); });
+  const int64_t chunks = (n + msl::kFlatChunk - 1) / msl::kFlatChunk;
+  std::vector<float> sums(chunks);  // §4.5's chunk sums
+  rows([&](const Pos& p) { msl::rp_grad_norm_chunks(g, sums.data(), n, AT); });
+  one_group([&](const Pos& p) { msl::rp_grad_norm(sums.data(), norm, &coef, max_norm, chunks, AT); });
   flat([&](const Pos& p) { msl::rp_apply_coef(g, &coef, out, n, AT); });
 }
 

@@ -78,9 +78,9 @@ const std::map<std::string, Kernel>& kernels() {
       K(rp_int8_quantize), K(rp_int8_dequantize), K(rp_int8_gemm), K(rp_int8_linear), K(rp_lsq_init),
       K(rp_lsq_gx), K(rp_lsq_gs), K(rp_cross_entropy_rows), K(rp_cross_entropy_mean),
       K(rp_cross_entropy_backward), K(rp_matmul), K(rp_swiglu), K(rp_swiglu_backward), K(rp_rmsnorm),
-      K(rp_rmsnorm_backward), K(rp_rmsnorm_gw), K(rp_adamw), K(rp_grad_norm), K(rp_apply_coef), K(rp_philox),
-      K(rp_uniform), K(rp_normal), K(rp_rope_tables), K(rp_rope), K(rp_band_scores),
-      K(rp_band_mix), K(rp_band_mix_t), K(rp_window_softmax), K(rp_window_softmax_backward)};
+      K(rp_rmsnorm_backward), K(rp_rmsnorm_gw), K(rp_adamw), K(rp_grad_norm_chunks), K(rp_grad_norm),
+      K(rp_apply_coef), K(rp_philox), K(rp_uniform), K(rp_normal), K(rp_rope_tables), K(rp_rope),
+      K(rp_band_scores), K(rp_band_mix), K(rp_band_mix_t), K(rp_window_softmax), K(rp_window_softmax_backward)};
   return table;
 }
 }  // namespace
