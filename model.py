@@ -27,6 +27,9 @@ against their key head, so the gradient of the key (and value) head sums the gro
 contributions inside the matmul's canonical k-ordered sum (query head g, then position t;
 contract §8 attention), never in autograd's accumulation.
 
+matmul="exact" makes every matmul above (the linears with both backward products, lm_head,
+QK^T and P V) the exact integer matmul of contract §11 (docs/exact-matmul.md).
+
 Recipe options (all off by default; docs/open1b-recipe.md): attn_window W > 0 makes a layer
 attend over its last W keys in O(T*W) (repops.window_attention; every full_attn_every-th layer
 and the last stay full, `windowed`); qk_norm is a gain-free RMSNorm of each q and k head before
@@ -69,6 +72,7 @@ class ModelConfig:
     qk_norm: bool = False      # gain-free RMSNorm of each query and key head before RoPE
     emb_norm: bool = False     # RMSNorm (weight emb_norm [d]) of the token embeddings
     tie_embeddings: bool = False  # lm_head is tok_emb (no lm_head parameter)
+    matmul: str = "fp32"       # "exact": every matmul is the exact integer matmul (contract §11)
 
 
 def param_stream_id(name):
@@ -104,6 +108,9 @@ class Llama(nn.Module):
             raise ValueError("d_model must split into n_head heads of even size")
         if cfg.n_head % (cfg.n_kv_head or cfg.n_head):
             raise ValueError("n_kv_head must divide n_head")
+        if cfg.matmul not in ("fp32", "exact") or (cfg.matmul == "exact" and (cfg.quant != "none" or cfg.attn_window)):
+            raise ValueError("matmul must be fp32 or exact, and exact has no int8 or windowed form yet")
+        self.exact = cfg.matmul == "exact"
         self.cfg = cfg
         self.seed = seed
         self.n_kv_head = cfg.n_kv_head or cfg.n_head
@@ -149,7 +156,7 @@ class Llama(nn.Module):
         """The block linear `name` of `layer` applied to x: fp32 RepOps, or int8 (quant.py)."""
         w = getattr(layer, name)
         if self.cfg.quant != "int8":       # "none" (config.validate refuses anything else)
-            return repops.linear(x, w)
+            return repops.linear(x, w, self.exact)
         return quant.linear(x, w, getattr(layer, name + "_sx"), getattr(layer, name + "_sw"), self.calibrating)
 
     def _attention(self, i, layer, h, B, T):
@@ -172,9 +179,9 @@ class Llama(nn.Module):
         if windowed(cfg, i):                                      # bands [B*Hkv, G*T, W]: O(T*W)
             o = repops.window_attention(q, k, v, cfg.attn_window, 1.0 / math.sqrt(Dh))
         else:
-            s = repops.matmul(q, k.transpose(1, 2)).view(B * H, T, T)
+            s = repops.matmul(q, k.transpose(1, 2), self.exact).view(B * H, T, T)
             p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))      # [B*H, T, T]
-            o = repops.matmul(p.view(B * Hkv, G * T, T), v)       # [B*Hkv, G*T, Dh]
+            o = repops.matmul(p.view(B * Hkv, G * T, T), v, self.exact)   # [B*Hkv, G*T, Dh]
         o = o.view(B, H, T, Dh).permute(0, 2, 1, 3).reshape(B, T, H * Dh)
         return self._linear(layer, "wo", o)
 
@@ -221,13 +228,13 @@ class Llama(nn.Module):
     def logits(self, idx):
         B, T = idx.shape
         emb, head = self.embeddings()
-        return repops.linear(self.hidden(idx, emb=emb), head).view(B, T, -1)
+        return repops.linear(self.hidden(idx, emb=emb), head, self.exact).view(B, T, -1)
 
     def forward(self, idx, targets, zloss=0.0, rng=None):
         """Mean cross-entropy (+ zloss * logsumexp^2) over all B*T positions."""
         B, T = idx.shape
         emb, head = self.embeddings()
-        logits = repops.linear(self.hidden(idx, rng, emb), head).view(B * T, -1)
+        logits = repops.linear(self.hidden(idx, rng, emb), head, self.exact).view(B * T, -1)
         return repops.cross_entropy(logits, targets.reshape(-1), zloss)
 
     @torch.no_grad()

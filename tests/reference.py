@@ -8,3 +8,4 @@ here for the kernel tests.
 from numpy_contract import *  # noqa: F401,F403  (every public name of the contract)
 from numpy_contract import _sincos  # noqa: F401  (test_kernels checks the shared sin/cos core)
 from numpy_window import *  # noqa: F401,F403  (the window attention kernels, §8)
+from numpy_exact import *  # noqa: F401,F403  (the exact matmul, §11)

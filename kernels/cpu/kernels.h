@@ -93,3 +93,7 @@ void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw,
 void rp_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c);
 void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                      int64_t R, int64_t C);
+
+// exact.cpp (§11 the exact matmul). A [M, K], Bt [N, K] (B transposed), C [M, N], contiguous;
+// integer arithmetic only (K < 2^31).
+void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K);
