@@ -56,6 +56,7 @@ class Config:
     full_attn_every: int = 0            # with a window, layers i with (i+1) % this == 0 stay full; the last always
     qk_norm: bool = False               # gain-free RMSNorm of each query and key head, before RoPE
     emb_norm: bool = False              # RMSNorm (learned weight emb_norm [d]) after the token embedding
+    matmul: str = "fp32"                # "exact": every model matmul is the exact integer matmul (contract §11)
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
     micro_batches: int = 4
     # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (schedule.py);
@@ -105,7 +106,7 @@ BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_ba
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 # Decisive keys added after the genesis format was fixed: left out of the genesis record at
 # their default, so a run that does not use them keeps its genesis bytes (and older runs audit).
-OPTIONAL = {"tie_embeddings": False, "int8_pv": False}
+OPTIONAL = {"tie_embeddings": False, "int8_pv": False, "matmul": "fp32"}
 # Named recipes (--preset=NAME). open1b: the OPEN-1B reference run (gensyn-ai/open-transformers,
 # configs/train/1b_repop_v2.yaml; docs/open1b-recipe.md lists what still differs): its model
 # (1.61B parameters; sliding window 512 with every 5th and the last layer full, gain-free QK-norm,
@@ -254,6 +255,13 @@ def validate(cfg, world=1):
     need(cfg.hash_async in ("on", "off", "auto"), "hash_async", "must be on, off or auto")
     need(cfg.quant in ("none", "int8"), "quant", "must be none or int8")
     need(cfg.lr_schedule in ("linear", "cosine"), "lr_schedule", "must be linear or cosine")
+    need(cfg.matmul in ("fp32", "exact"), "matmul", "must be fp32 or exact")
+    if cfg.matmul == "exact":   # the combinations the exact matmul has no kernel for yet (docs/exact-matmul.md)
+        need(cfg.quant == "none", "matmul", "exact has no int8 form (the int8 block linears are their own GEMM)", "quant")
+        need(cfg.attn_window == 0, "matmul", "exact has no windowed attention kernels (band products) yet",
+             "attn_window")
+        need(cfg.device == "cpu", "matmul", "exact runs on the cpu only until a GPU has verified its CUDA kernels",
+             "device")
     try:
         schedule.parse_phases(cfg.micro_batch_phases)
     except schedule.ScheduleError as e:

@@ -27,6 +27,9 @@ against their key head, so the gradient of the key (and value) head sums the gro
 contributions inside the matmul's canonical k-ordered sum (query head g, then position t;
 contract §8 attention), never in autograd's accumulation.
 
+matmul="exact" makes every matmul above (the linears with both backward products, lm_head,
+QK^T and P V) the exact integer matmul of contract §11 (docs/exact-matmul.md).
+
 Recipe options (all off by default; docs/open1b-recipe.md): attn_window W > 0 makes a layer
 attend over its last W keys in O(T*W) (repops.window_attention; every full_attn_every-th layer
 and the last stay full, `windowed`); qk_norm is a gain-free RMSNorm of each q and k head before
@@ -72,6 +75,7 @@ class ModelConfig:
     emb_norm: bool = False     # RMSNorm (weight emb_norm [d]) of the token embeddings
     tie_embeddings: bool = False  # lm_head is tok_emb (no lm_head parameter)
     int8_pv: bool = False      # with quant="int8": attention's P·V in int8 (quant_pv.py)
+    matmul: str = "fp32"       # "exact": every matmul is the exact integer matmul (contract §11)
 
 
 def param_stream_id(name):
@@ -107,6 +111,9 @@ class Llama(nn.Module):
             raise ValueError("d_model must split into n_head heads of even size")
         if cfg.n_head % (cfg.n_kv_head or cfg.n_head):
             raise ValueError("n_kv_head must divide n_head")
+        if cfg.matmul not in ("fp32", "exact") or (cfg.matmul == "exact" and (cfg.quant != "none" or cfg.attn_window)):
+            raise ValueError("matmul must be fp32 or exact, and exact has no int8 or windowed form yet")
+        self.exact = cfg.matmul == "exact"
         self.cfg = cfg
         self.seed = seed
         self.n_kv_head = cfg.n_kv_head or cfg.n_head
@@ -152,7 +159,7 @@ class Llama(nn.Module):
         """The block linear `name` of `layer` applied to x: fp32 RepOps, or int8 (quant.py)."""
         w = getattr(layer, name)
         if self.cfg.quant != "int8":       # "none" (config.validate refuses anything else)
-            return repops.linear(x, w)
+            return repops.linear(x, w, self.exact)
         return quant.linear(x, w, getattr(layer, name + "_sx"), getattr(layer, name + "_sw"), self.calibrating)
 
     def _attention(self, i, layer, h, B, T):
@@ -176,10 +183,12 @@ class Llama(nn.Module):
             o = repops.window_attention(q, k, v, cfg.attn_window, 1.0 / math.sqrt(Dh),
                                         mix=quant_pv.band_mix if cfg.int8_pv else None)
         else:
-            s = repops.matmul(q, k.transpose(1, 2)).view(B * H, T, T)
+            s = repops.matmul(q, k.transpose(1, 2), self.exact).view(B * H, T, T)
             p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))      # [B*H, T, T]
-            pv = quant_pv.matmul_pv if cfg.int8_pv else repops.matmul
-            o = pv(p.view(B * Hkv, G * T, T), v)                  # [B*Hkv, G*T, Dh]
+            if cfg.int8_pv:                                       # quant="int8" (exact is fp32-only)
+                o = quant_pv.matmul_pv(p.view(B * Hkv, G * T, T), v)
+            else:
+                o = repops.matmul(p.view(B * Hkv, G * T, T), v, self.exact)   # [B*Hkv, G*T, Dh]
         o = o.view(B, H, T, Dh).permute(0, 2, 1, 3).reshape(B, T, H * Dh)
         return self._linear(layer, "wo", o)
 
@@ -226,13 +235,13 @@ class Llama(nn.Module):
     def logits(self, idx):
         B, T = idx.shape
         emb, head = self.embeddings()
-        return repops.linear(self.hidden(idx, emb=emb), head).view(B, T, -1)
+        return repops.linear(self.hidden(idx, emb=emb), head, self.exact).view(B, T, -1)
 
     def forward(self, idx, targets, zloss=0.0, rng=None):
         """Mean cross-entropy (+ zloss * logsumexp^2) over all B*T positions."""
         B, T = idx.shape
         emb, head = self.embeddings()
-        logits = repops.linear(self.hidden(idx, rng, emb), head).view(B * T, -1)
+        logits = repops.linear(self.hidden(idx, rng, emb), head, self.exact).view(B * T, -1)
         return repops.cross_entropy(logits, targets.reshape(-1), zloss)
 
     @torch.no_grad()

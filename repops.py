@@ -7,6 +7,7 @@ the kernels are built on first use (or by repops.load()) and checked with a runt
 
     import repops
     y = repops.linear(x, w)                  # x [R, in], w [out, in]
+    y = repops.linear(x, w, exact=True)      # the exact integer matmul (contract §11), CPU
     loss = repops.cross_entropy(logits, targets)
     loss.backward()                           # backward passes are RepOps kernels too
 
@@ -223,29 +224,33 @@ def normal(seed, c1, c2, purpose, n):
 
 # ------------------------------------------------------------------ differentiable operators
 class _MatMul(torch.autograd.Function):
+    """The contract's matmul (§4.1), or with exact the exact matmul (§11): forward and both
+    backward products alike."""
+
     @staticmethod
-    def forward(ctx, a, b):
+    def forward(ctx, a, b, exact):
         ctx.save_for_backward(a, b)
-        return ops.matmul(a, b)
+        ctx.op = ops.exact_matmul if exact else ops.matmul
+        return ctx.op(a, b)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        ga = ops.matmul(g, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
-        gb = ops.matmul(a.transpose(-1, -2), g) if ctx.needs_input_grad[1] else None
-        return ga, gb
+        ga = ctx.op(g, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        gb = ctx.op(a.transpose(-1, -2), g) if ctx.needs_input_grad[1] else None
+        return ga, gb, None
 
 
-def matmul(a, b):
-    """a @ b for 2-D or equally batched 3-D operands (any strides)."""
+def matmul(a, b, exact=False):
+    """a @ b for 2-D or equally batched 3-D operands (any strides); exact: contract §11."""
     if a.dim() != b.dim():
         raise ValueError("repops.matmul: operands must have the same number of dims for autograd")
-    return _MatMul.apply(a, b)
+    return _MatMul.apply(a, b, exact)
 
 
-def linear(x, w):
-    """x @ w.T with w [out, in]; leading dims of x are flattened to rows."""
-    y = _MatMul.apply(x.reshape(-1, x.shape[-1]), w.t())
+def linear(x, w, exact=False):
+    """x @ w.T with w [out, in]; leading dims of x are flattened to rows; exact: contract §11."""
+    y = _MatMul.apply(x.reshape(-1, x.shape[-1]), w.t(), exact)
     return y.view(*x.shape[:-1], w.shape[0])
 
 

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 import numpy_contract as C
+import numpy_exact as E
 import numpy_int8_pv as PV
 
 F32 = np.float32
@@ -86,11 +87,17 @@ def full_state(cfg, params, m, v, step):
 
 
 # ------------------------------------------------------------------ §6-§8 the model
-def linear(a, w, q, tape):
-    """y = a @ w^T (§6 lin), fp32 or through int8 (§8.1) when q = (sx, sw, calibrate)."""
+def matmul_of(cfg):
+    """The matrix product of every lin and attention product: the contract's §4.1 matmul, or
+    with matmul = "exact" its exact integer matmul §11 (SPEC §19)."""
+    return E.exact_matmul if cfg.get("matmul", "fp32") == "exact" else C.matmul
+
+
+def linear(a, w, q, tape, mm=C.matmul):
+    """y = a @ w^T (§6 lin; mm: matmul_of(cfg)), or through int8 (§8.1) when q = (sx, sw, calibrate)."""
     if q is None:
         tape.append((a, w, None))
-        return C.matmul(a, w.T)
+        return mm(a, w.T)
     sx, sw, calibrate = q
     if calibrate:
         sx[...] = C.lsq_init(a, 1)
@@ -99,11 +106,11 @@ def linear(a, w, q, tape):
     return C.int8_linear(qa, qw, sx, sw)
 
 
-def linear_backward(g, saved):
+def linear_backward(g, saved, mm=C.matmul):
     """(ga, gw, g_sx, g_sw) of linear (§6.1, §8.2)."""
     a, w, q = saved
     if q is None:
-        return C.matmul(g, w), C.matmul(g.T, a), None, None
+        return mm(g, w), mm(g.T, a), None, None
     sx, sw, qa, qw = q
     ah, wh = C.int8_dequantize(qa, sx), C.int8_dequantize(qw, sw)
     gah, gwh = C.matmul(g, wh), C.matmul(g.T, ah)
@@ -136,9 +143,10 @@ def attention(cfg, qkv, B, T, cos, sin):
     q = q.transpose(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)          # row g*T + t of group j
     k, v = (t.transpose(0, 2, 1, 3).reshape(B * Hkv, T, Dh) for t in (k, v))
     scale = 1.0 / math.sqrt(Dh)
-    p = C.causal_softmax(C.matmul(q, k.transpose(0, 2, 1)).reshape(B * H, T, T), scale)
+    mm = matmul_of(cfg)
+    p = C.causal_softmax(mm(q, k.transpose(0, 2, 1)).reshape(B * H, T, T), scale)
     p = p.reshape(B * Hkv, G * T, T)
-    o = PV.int8_pv_full(p, v) if cfg.get("int8_pv") else C.matmul(p, v)   # §8.4 int8 P·V
+    o = PV.int8_pv_full(p, v) if cfg.get("int8_pv") else mm(p, v)        # §8.4 int8 P·V
     o = o.reshape(B, H, T, Dh).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
     return o, (q, k, v, p, scale)
 
@@ -147,14 +155,15 @@ def attention_backward(cfg, go, saved, B, T, cos, sin):
     H, Hkv, G, Dh = dims(cfg)
     q, k, v, p, scale = saved
     go = go.reshape(B, T, H, Dh).transpose(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)
+    mm = matmul_of(cfg)
     if cfg.get("int8_pv"):                                         # §8.4: the dequantized Ph, Vh
         gp, gv = PV.int8_pv_full_backward(go, p, v)
     else:
-        gp = C.matmul(go, v.transpose(0, 2, 1))
-        gv = C.matmul(p.transpose(0, 2, 1), go)                    # sum over the group's G*T rows
+        gp = mm(go, v.transpose(0, 2, 1))
+        gv = mm(p.transpose(0, 2, 1), go)                          # sum over the group's G*T rows
     gs = C.causal_softmax_backward(gp.reshape(B * H, T, T), p.reshape(B * H, T, T), scale)
     gs = gs.reshape(B * Hkv, G * T, T)
-    gq, gk = C.matmul(gs, k), C.matmul(gs.transpose(0, 2, 1), q)
+    gq, gk = mm(gs, k), mm(gs.transpose(0, 2, 1), q)
     gq = gq.reshape(B, H, T, Dh).transpose(0, 2, 1, 3)
     gk, gv = (t.reshape(B, Hkv, T, Dh).transpose(0, 2, 1, 3) for t in (gk, gv))
     gq, gk = C.rope(gq, cos, sin, backward=True), C.rope(gk, cos, sin, backward=True)
@@ -166,7 +175,7 @@ def forward(cfg, params, x, rng, calibrate=False, y=None):
     B, T = x.shape
     eps, H = C.f32(cfg["norm_eps"]), cfg["n_head"]
     cos, sin = C.rope_tables(cfg["seq_len"], cfg["d_model"] // H, C.f32(cfg["rope_theta"]))
-    int8 = cfg["quant"] == "int8"
+    int8, mm = cfg["quant"] == "int8", matmul_of(cfg)
     e = C.embedding(params["tok_emb"], x.reshape(-1))
     tape = {"x": x, "blocks": [], "cos": cos, "sin": sin}
     for i in range(cfg["n_layer"]):
@@ -176,12 +185,12 @@ def forward(cfg, params, x, rng, calibrate=False, y=None):
         lin = []
         blk = {"e1": e}
         a, blk["rstd1"] = C.rmsnorm(e, layer["attn_norm"], eps)
-        o, blk["att"] = attention(cfg, linear(a, layer["wqkv"], q["wqkv"], lin), B, T, cos, sin)
-        e = C.add(e, dropout(cfg, linear(o, layer["wo"], q["wo"], lin), rng, 2 * i))
+        o, blk["att"] = attention(cfg, linear(a, layer["wqkv"], q["wqkv"], lin, mm), B, T, cos, sin)
+        e = C.add(e, dropout(cfg, linear(o, layer["wo"], q["wo"], lin, mm), rng, 2 * i))
         blk["e2"] = e
         a, blk["rstd2"] = C.rmsnorm(e, layer["mlp_norm"], eps)
-        u = linear(a, layer["w_gate_up"], q["w_gate_up"], lin)
-        f = linear(C.swiglu(u), layer["w_down"], q["w_down"], lin)
+        u = linear(a, layer["w_gate_up"], q["w_gate_up"], lin, mm)
+        f = linear(C.swiglu(u), layer["w_down"], q["w_down"], lin, mm)
         e = C.add(e, dropout(cfg, f, rng, 2 * i + 1))
         blk.update(u=u, lin=lin, layer=layer)
         tape["blocks"].append(blk)
@@ -190,7 +199,7 @@ def forward(cfg, params, x, rng, calibrate=False, y=None):
         return None, None
     head = params["tok_emb" if cfg.get("tie_embeddings") else "lm_head"]   # §18: tied, tok_emb
     tape["e_f"], tape["head"] = e, (hf, head, None)
-    z = C.matmul(hf, head.T)
+    z = mm(hf, head.T)
     loss, tape["lse"] = C.cross_entropy(z, y.reshape(-1), C.f32(cfg["zloss"]))
     tape["z"], tape["y"] = z, y.reshape(-1)
     return loss, tape
@@ -200,21 +209,22 @@ def backward(cfg, params, tape, rng):
     """§6.1: {parameter: gradient} of the loss (upstream 1.0)."""
     grads = {}
     B, T = tape["x"].shape
+    mm = matmul_of(cfg)
     gz = C.cross_entropy_backward(1.0, tape["z"], tape["y"], tape["lse"], C.f32(cfg["zloss"]))
-    ghf, g_head, _, _ = linear_backward(gz, tape["head"])
+    ghf, g_head, _, _ = linear_backward(gz, tape["head"], mm)
     ge, grads["norm"] = C.rmsnorm_backward(ghf, tape["e_f"], params["norm"], tape["rstd_f"])
     for i in reversed(range(cfg["n_layer"])):
         blk, name = tape["blocks"][i], f"layers.{i}."
         l_qkv, l_o, l_gu, l_down = blk["lin"]
         gf = dropout(cfg, ge, rng, 2 * i + 1)
-        gs, *g_down = linear_backward(gf, l_down)
+        gs, *g_down = linear_backward(gf, l_down, mm)
         gu = C.swiglu_backward(gs, blk["u"])
-        ga, *g_gu = linear_backward(gu, l_gu)
+        ga, *g_gu = linear_backward(gu, l_gu, mm)
         gn, grads[name + "mlp_norm"] = C.rmsnorm_backward(ga, blk["e2"], blk["layer"]["mlp_norm"], blk["rstd2"])
         ge = C.add(ge, gn)                                           # rmsnorm_fork: g_res + g_norm
-        go, *g_o = linear_backward(dropout(cfg, ge, rng, 2 * i), l_o)
+        go, *g_o = linear_backward(dropout(cfg, ge, rng, 2 * i), l_o, mm)
         gqkv = attention_backward(cfg, go, blk["att"], B, T, tape["cos"], tape["sin"])
-        ga, *g_qkv = linear_backward(gqkv, l_qkv)
+        ga, *g_qkv = linear_backward(gqkv, l_qkv, mm)
         gn, grads[name + "attn_norm"] = C.rmsnorm_backward(ga, blk["e1"], blk["layer"]["attn_norm"], blk["rstd1"])
         ge = C.add(ge, gn)
         for lin, (gw, g_sx, g_sw) in zip(LINEARS, (g_qkv, g_o, g_gu, g_down)):

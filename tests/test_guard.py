@@ -103,11 +103,12 @@ def corpus(tmp_path_factory):
 # name -> the flags of one guarded step (int8: the quantized linears, their LSQ backward, re-pin)
 # recipe: the OPEN-1B options (window, QK-norm, embedding norm, the cosine schedule's canonical cos)
 # tied: tok_emb is the embedding and the output linear (its two gradients meet in repops.tie's add)
+# exact: every matmul is the exact integer matmul (contract §11)
 # int8_pv: attention's P·V in int8 (quant_pv.py), windowed and full layers
 STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"],
          "recipe": ["--attn_window=4", "--qk_norm=true", "--emb_norm=true", "--lr_schedule=cosine",
                     "--warmup_steps=0"],
-         "tied": ["--tie_embeddings=true"],
+         "tied": ["--tie_embeddings=true"], "exact": ["--matmul=exact"],
          # int8 P·V: a windowed layer (band mix) and the full last layer (int8 linear on P, V)
          "int8_pv": ["--quant=int8", "--int8_pv=1", "--attn_window=4"]}
 
@@ -131,9 +132,10 @@ def step_ops(corpus):
 def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
     counts = step_ops[name]
     # The recorder really sees the step: its forward, backward, fold and optimizer kernels.
-    needed = {"repops::matmul", "repops::cross_entropy_backward", "repops::add",
+    matmul = "repops::exact_matmul" if name == "exact" else "repops::matmul"
+    needed = {matmul, "repops::cross_entropy_backward", "repops::add",
               "repops::clip_grad", "repops::adamw_"}
-    needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(), "tied": set(),
+    needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(), "tied": set(), "exact": set(),
                "int8": {"repops::int8_quantize", "repops::int8_linear", "repops::lsq_backward",
                         "repops::int8_dequantize", "repops::lsq_init_"},
                "recipe": {"repops::band_scores", "repops::band_mix", "repops::band_mix_t",
@@ -142,6 +144,7 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
                            "repops::int8_quantize", "repops::int8_dequantize", "repops::band_scores",
                            "repops::band_mix_t"}}[name]
     assert needed <= set(counts), report(counts)
+    assert name != "exact" or "repops::matmul" not in counts, "an fp32 matmul in an exact step:\n" + report(counts)
     assert not violations(counts), (f"floating-point work outside RepOps: {violations(counts)}\n"
                                     + report(counts))
 

@@ -64,6 +64,10 @@ is the finite adversarial table with big value b, SPEC the table for the canonic
 | int8_dequantize         | dequantize(q, s)                                       | q from int8_quantize                                  |
 | lsq_init                | lsq_init(x) per row (inv_c = f32(1/129))               | x 123                                                 |
 | lsq_backward            | lsq_backward(x, s, gxh, f32(1/sqrt(129*127))) -> gx, gs | gxh 125 [37,129] -3,8,16,FIN(2^10)                  |
+| exact_matmul            | exact_matmul(A, Bt.T) (contract §11)                   | A 130 [37,129], Bt 131 [45,129] -20,40,16,FIN(2^20)  |
+| exact_matmul_special    | exact_matmul(A, Bt.T)                                  | A 132 [19,70], Bt 133 [33,70] -60,120,512,SPEC       |
+| exact_matmul_k1031      | exact_matmul(A, Bt.T)                                  | A 134 [9,1031], Bt 135 [7,1031] -2,4,16,FIN(2^20)    |
+| exact_matmul_chunks     | exact_matmul(A, Bt.T), two residue chunks of K         | A 136 [2,140000], Bt 137 [3,140000] -2,4,0           |
 
 seed = 0x5EED2024, seed64 = (mix(seed ^ 0x01234567) << 32) | mix(seed). Multiple outputs are
 hashed concatenated in the order listed; int8 and int32 outputs as sign-extended int32 words.
@@ -177,7 +181,7 @@ def results(binaries):
 def test_o0_runs_fast_and_clean(results):
     lines, digests, stderr, elapsed = results["gcc_O0"]
     assert stderr == "", stderr  # no canary complaint under the contract's flags
-    assert len(digests) == len(EXPECTED_NAMES) and list(digests) == EXPECTED_NAMES
+    assert list(digests) == EXPECTED_NAMES + EXACT_NAMES
     assert elapsed < 10.0, f"the -O0 self-test took {elapsed:.1f} s (meant to be < 2 s)"
 
 
@@ -580,6 +584,9 @@ EXPECTED_NAMES = [
     "dropout", "csum_rows", "csum_rows_long", "adamw", "clip_grad", "clip_grad_chunks", "exp", "log", "recip", "rsqrt",
     "sqrt", "sin", "cos", "philox", "uniform", "normal", "canary", "int8_matmul", "int8_linear",
     "int8_quantize", "int8_dequantize", "lsq_init", "lsq_backward"]
+# The exact matmul's lines (contract §11), printed last; a CPU kernel only so far (the CUDA and
+# Metal comparisons above check EXPECTED_NAMES).
+EXACT_NAMES = ["exact_matmul", "exact_matmul_special", "exact_matmul_k1031", "exact_matmul_chunks"]
 
 
 def torch_digests(device="cpu", ops=None, suffix=None):
@@ -732,6 +739,21 @@ def int8_digests(device="cpu", ops=None):
     return d
 
 
+def exact_digests(ops=None):
+    """The exact matmul's lines (contract §11) through torch.ops.repops (or `ops`) on the CPU."""
+    ops = ops or torch.ops.repops
+    d = {}
+    for name, M, N, K, s, emin, erange, period, table in (
+            ("exact_matmul", 37, 45, 129, 130, -20, 40, 16, _fin(2.0**20)),
+            ("exact_matmul_special", 19, 33, 70, 132, -60, 120, 512, SPEC),
+            ("exact_matmul_k1031", 9, 7, 1031, 134, -2, 4, 16, _fin(2.0**20)),
+            ("exact_matmul_chunks", 2, 3, 140000, 136, -2, 4, 0, None)):
+        A = to_tensor(gen(s, (M, K), emin, erange, period, table))
+        Bt = to_tensor(gen(s + 1, (N, K), emin, erange, period, table))
+        d[name] = _digest(ops.exact_matmul(A, Bt.t()))
+    return d
+
+
 def test_numpy_generator_is_exact():
     """The NumPy generator's float steps are exact, so it cannot depend on FTZ or rounding."""
     x = gen(20, (4096,), -3, 8)
@@ -747,3 +769,6 @@ def test_selftest_matches_torch_extension(results):
     assert list(ours) == EXPECTED_NAMES
     bad = [f"{n}: selftest {program[n][:16]}.. torch {ours[n][:16]}.." for n in EXPECTED_NAMES if program[n] != ours[n]]
     assert not bad, "self-test digests differ from the torch extension's:\n" + "\n".join(bad)
+    exact = exact_digests()
+    bad = [f"{n}: selftest {program[n][:16]}.. torch {exact[n][:16]}.." for n in EXACT_NAMES if program[n] != exact[n]]
+    assert not bad, "exact matmul digests differ from the torch extension's:\n" + "\n".join(bad)

@@ -313,6 +313,20 @@ Tensor int8_band_mix(const Tensor& qp_, const Tensor& qv_, const Tensor& sp_, co
   return o;
 }
 
+// Contract §11. The kernel reads K-contiguous rows of A and of B^T: a copy (data movement, no
+// arithmetic) makes them so, and gives a 2-D operand of a batched product its batch.
+Tensor exact_matmul(const Tensor& a, const Tensor& b) {
+  const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
+  TORCH_CHECK(s.K < (int64_t(1) << 31), "repops.exact_matmul: K must be < 2^31");
+  const Tensor a3 = (a.dim() == 2 ? a.unsqueeze(0) : a).expand({s.batch, s.M, s.K}).contiguous();
+  const Tensor bt = (b.dim() == 2 ? b.unsqueeze(0) : b).expand({s.batch, s.K, s.N}).transpose(1, 2).contiguous();
+  Tensor c = at::empty(s.out, a.options());
+  for (int64_t i = 0; i < s.batch; ++i)
+    rp_exact_matmul(a3.data_ptr<float>() + i * s.M * s.K, bt.data_ptr<float>() + i * s.N * s.K,
+                    c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K);
+  return c;
+}
+
 Tensor canary() {
   Tensor out = at::empty({2}, at::TensorOptions().dtype(at::kFloat));
   rp_canary(out.data_ptr<float>());
@@ -364,6 +378,7 @@ TORCH_LIBRARY(repops, m) {
   // int8 P·V (§10): a block's step size from its largest |value|; the windowed layers' int8 band mix.
   m.def("int8_absmax_step(Tensor x) -> Tensor");
   m.def("int8_band_mix(Tensor qp, Tensor qv, Tensor sp, Tensor sv) -> Tensor");
+  m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CPU only until a GPU verifies CUDA's
   RPB_DEF_TENSORLESS_OPS(m, );
 }
 
@@ -377,6 +392,7 @@ void check_index(const Tensor& idx_, int64_t hi, c10::string_view what) {
 TORCH_LIBRARY_IMPL(repops, CPU, m) {
   RPB_IMPL_TENSOR_OPS(m);
   m.impl("check_index", check_index);
+  m.impl("exact_matmul", exact_matmul);
 }
 
 // Ops with no tensor inputs cannot be dispatched by device: they are CPU-only backend-select.

@@ -99,3 +99,7 @@ void rp_int8_band_mix(const int8_t* qp, const int8_t* qv, const float* sp, const
                       int64_t M, int64_t T, int64_t D, int64_t W);
 void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                      int64_t R, int64_t C);
+
+// exact.cpp (§11 the exact matmul). A [M, K], Bt [N, K] (B transposed), C [M, N], contiguous;
+// integer arithmetic only (K < 2^31).
+void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K);

@@ -501,6 +501,23 @@ void run_int8() {
   emit2("lsq_backward", gx, gs);
 }
 
+void run_exact() {
+  // Contract §11. C = A @ Bt^T through the integer path: wide exponent ranges, the FINITE table
+  // (zeros, subnormals, the smallest normal), the SPECIAL table (NaN and infinities: NaN rows and
+  // columns), a K over several int8 GEMM k blocks and a K over two residue chunks (> 131072).
+  auto run = [](const char* name, int64_t M, int64_t N, int64_t K, uint32_t s, int emin, int erange,
+                uint32_t period, const Table& t) {
+    auto A = gen(s, M * K, emin, erange, period, t), Bt = gen(s + 1, N * K, emin, erange, period, t);
+    std::vector<float> C(M * N);
+    rp_exact_matmul(A.data(), Bt.data(), C.data(), M, N, K);
+    emit1(name, C);
+  };
+  run("exact_matmul", 37, 45, 129, 130, -20, 40, 16, finite(0x1p20f));
+  run("exact_matmul_special", 19, 33, 70, 132, -60, 120, 512, kSpecial);
+  run("exact_matmul_k1031", 9, 7, 1031, 134, -2, 4, 16, finite(0x1p20f));
+  run("exact_matmul_chunks", 2, 3, 140000, 136, -2, 4, 0, kNone);
+}
+
 }  // namespace
 
 int main() {
@@ -525,5 +542,6 @@ int main() {
     if (c[1] != 0.0f) std::fprintf(stderr, "selftest: canary: flush-to-zero missing in worker threads\n");
   }
   run_int8();
+  run_exact();
   return 0;
 }

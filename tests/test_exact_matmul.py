@@ -1,0 +1,288 @@
+"""The exact matmul (contract §11, Ozaki scheme II): the NumPy reference against an independent
+exact computation of the same definition, the reference's accuracy against float64 next to the
+fp32-sequential matmul's, and the CPU kernel (torch.ops.repops.exact_matmul, kernels/cpu/exact.cpp)
+against the reference bit for bit.
+
+    .venv/bin/python -m pytest tests/test_exact_matmul.py -q -x
+
+The independent computation uses Python integers and fractions only: each operand is the exact
+rational its float32 bits denote, the row/column grid step 2^(floor(log2 max|x|) + 1 - beta), the
+integer product summed in Python ints, the result rounded to float32 by exact rational
+arithmetic. It shares no code with tests/numpy_exact.py (no residues, no CRT there).
+"""
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+import reference as ref
+import repops
+
+
+def same_bits(a, b):
+    """Equal float32 bit patterns, every NaN equal to every NaN."""
+    a = np.asarray(a, dtype=np.float32).reshape(-1)
+    b = np.asarray(b, dtype=np.float32).reshape(-1)
+    if a.shape != b.shape:
+        return False
+    both_nan = np.isnan(a) & np.isnan(b)
+    return bool(np.all((a.view(np.uint32) == b.view(np.uint32)) | both_nan))
+
+
+# ------------------------------------------------------------------ the independent definition
+def _value(x):
+    """The exact rational of a float32, DAZ applied (a subnormal reads as zero)."""
+    f = float(x)
+    return Fraction(0) if abs(f) < 2.0 ** -126 else Fraction(f)
+
+
+def _grid(values, beta):
+    """The grid step of a row (or column): 2^(floor(log2 max|x|) + 1 - beta); None if all zero."""
+    top = max((abs(v) for v in values), default=Fraction(0))
+    if top == 0:
+        return None
+    k = math.frexp(float(top))[1] - 1          # floor(log2 top): top is a float32 value
+    return Fraction(2) ** (k + 1 - beta)
+
+
+def _round_half_away(f):
+    n = math.floor(abs(f) + Fraction(1, 2))
+    return n if f >= 0 else -n
+
+
+def _to_f32(v):
+    """The exact rational v rounded to float32 once (24 bits, half to even), with the §3 flush
+    (a rounded value below 2^-126 becomes a zero of v's sign) and overflow to +-inf."""
+    if v == 0:
+        return np.float32(0.0)
+    a = abs(v)
+    k = math.floor(math.log2(a))
+    while Fraction(2) ** k > a:
+        k -= 1
+    while Fraction(2) ** (k + 1) <= a:
+        k += 1
+    q = round(a / Fraction(2) ** (k - 23))     # Python rounds a Fraction half to even
+    if q == 1 << 24:
+        q, k = 1 << 23, k + 1
+    if k > 127:
+        r = np.float32(np.inf)
+    elif k < -126:
+        r = np.float32(0.0)
+    else:
+        r = np.float32(q * 2.0 ** (k - 23))    # exact: 24 bits in the normal range
+    return -r if v < 0 else r
+
+
+def independent_exact(a, b):
+    """§11 from its meaning: C = fl32(sum_k a'_ik b'_kj * step_i * step_j)."""
+    M, K = a.shape
+    N = b.shape[1]
+    out = np.zeros((M, N), dtype=np.float32)
+    if K == 0:
+        return out
+    beta = (62 - max(0, (K - 1).bit_length())) // 2
+    bad_a = [not np.all(np.isfinite(a[i])) for i in range(M)]
+    bad_b = [not np.all(np.isfinite(b[:, j])) for j in range(N)]
+    va = [[_value(x) if np.isfinite(x) else Fraction(0) for x in a[i]] for i in range(M)]
+    vb = [[_value(x) if np.isfinite(x) else Fraction(0) for x in b[:, j]] for j in range(N)]
+    ga, gb = [_grid(r, beta) for r in va], [_grid(c, beta) for c in vb]
+    ia = [[_round_half_away(x / g) for x in r] if g else [0] * K for r, g in zip(va, ga)]
+    ib = [[_round_half_away(x / g) for x in c] if g else [0] * K for c, g in zip(vb, gb)]
+    for i in range(M):
+        for j in range(N):
+            if bad_a[i] or bad_b[j]:
+                out[i, j] = np.nan
+                continue
+            c = sum(x * y for x, y in zip(ia[i], ib[j]))
+            out[i, j] = _to_f32(Fraction(c) * ga[i] * gb[j]) if c else np.float32(0.0)
+    return out
+
+
+def adversarial(rng, M, K, N):
+    """Operands with zeros, subnormals, +-0, tiny and huge exponents, exact ties of the rounding
+    and whole zero rows/columns."""
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    a[::3, ::2] *= np.float32(2.0 ** -60)
+    b[1::4, :] *= np.float32(2.0 ** 50)
+    a[0, :] = 0.0
+    if N > 1:
+        b[:, 1] = -0.0
+    a.reshape(-1)[5::7] = np.float32(1e-40)          # subnormal: reads as zero
+    b.reshape(-1)[3::11] = np.float32(-3e-39)
+    return a, b
+
+
+CASES = [(1, 1, 1), (2, 3, 1), (3, 5, 4), (4, 2, 7), (5, 6, 3), (7, 9, 8), (3, 33, 2)]
+
+
+@pytest.mark.parametrize("M,K,N", CASES)
+def test_reference_is_the_definition(M, K, N):
+    rng = np.random.default_rng(M * 100 + K * 10 + N)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    assert same_bits(ref.exact_matmul(a, b), independent_exact(a, b))
+    a, b = adversarial(rng, M, K, N)
+    assert same_bits(ref.exact_matmul(a, b), independent_exact(a, b))
+
+
+def test_reference_special_values():
+    """Non-finite rows/columns give NaN, K = 0 gives +0.0, results that round below 2^-126 flush
+    to a signed zero, results above the float range overflow to +-inf."""
+    a = np.array([[1.0, np.inf], [1.0, 2.0], [np.nan, 0.0]], np.float32)
+    b = np.array([[1.0, 1.0], [1.0, np.float32(-np.inf)]], np.float32)
+    c = ref.exact_matmul(a, b)
+    assert np.isnan(c[0]).all() and np.isnan(c[2]).all() and np.isnan(c[:, 1]).all()
+    assert c[1, 0] == 3.0
+    z = ref.exact_matmul(np.zeros((2, 0), np.float32), np.zeros((0, 3), np.float32))
+    assert z.shape == (2, 3) and np.all(z.view(np.uint32) == 0)
+    tiny = np.float32(2.0 ** -70)
+    c = ref.exact_matmul(np.array([[tiny, -tiny]], np.float32), np.array([[tiny], [2 * tiny]], np.float32))
+    assert c.view(np.uint32)[0, 0] == 0x80000000            # -2^-140: flushed, sign kept
+    big = np.float32(2.0 ** 100)
+    c = ref.exact_matmul(np.array([[big]], np.float32), np.array([[-big]], np.float32))
+    assert c[0, 0] == -np.inf
+    # 2^-126 (1 - 2^-25) exactly (a tie) rounds to 2^-126 and is kept (tininess after rounding);
+    # 2^-126 (1 - 2^-24) rounds to itself, below 2^-126: flushed
+    a = np.full((1, 2), np.float32(2.0 ** -63))
+    for low, want in ((2.0 ** -88, 2.0 ** -126), (2.0 ** -87, 0.0)):
+        b = np.array([[2.0 ** -63], [-low]], np.float32)
+        c = ref.exact_matmul(a, b)
+        assert c[0, 0] == np.float32(want) and same_bits(c, independent_exact(a, b))
+
+
+def test_crt_recovers_every_integer_of_the_range():
+    """Garner gives back C' from its residues at the ends of [-HALF, HALF] and inside."""
+    rng = np.random.default_rng(3)
+    vals = [0, 1, -1, ref.HALF, -ref.HALF, 2**62, -(2**62)] + [int(v) for v in rng.integers(-(2**62), 2**62, 200)]
+    c = np.array(vals, dtype=np.int64)
+    res = [np.array([v % p for v in vals], dtype=np.int64) - p * 3 for p in ref.MODULI]   # any representative
+    assert np.array_equal(ref.crt(res), c)
+
+
+def test_integer_product_is_recovered_exactly_at_the_bound():
+    """The largest |C'| the width allows (every |a'| = |b'| = 2^beta, K = 2^c) is recovered: the
+    reference's C' equals the direct Python-integer product."""
+    for K in (1, 2, 3, 1000, 4096):
+        beta = ref.beta_of(K)
+        assert K * 4**beta <= 2**62 < ref.PRODUCT // 2
+        a = np.full((2, K), np.float32(1.0))
+        a[1, ::2] = -1.0
+        b = np.full((K, 1), np.float32(1.0))
+        qa, _, _ = ref.exact_split(a, beta)
+        qb, _, _ = ref.exact_split(b, beta, axis=0)
+        assert qa.max() == 2**(beta - 1)      # 1.0 is the row max: 2^(beta-1), below the bound
+        res = [ref.residue(qa, p) @ ref.residue(qb, p) for p in ref.MODULI]
+        direct = [[sum(int(x) * int(y) for x, y in zip(qa[i], qb[:, 0]))] for i in range(2)]
+        assert ref.crt(res).tolist() == direct
+
+
+# ------------------------------------------------------------------ accuracy against float64
+def rel_err(c, exact):
+    return np.abs(c.astype(np.float64) - exact) / np.maximum(np.abs(exact), 1e-300)
+
+
+@pytest.mark.parametrize("K", [128, 384, 1024])
+def test_reference_at_least_as_accurate_as_fp32_sequential(K):
+    """Median and max elementwise relative error against float64 at the model's K: exact <= fp32."""
+    rng = np.random.default_rng(K)
+    a = rng.standard_normal((24, K)).astype(np.float32)
+    b = (rng.standard_normal((K, 20)) * rng.exponential(1.0, (K, 1))).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    e_ex, e_fp = rel_err(ref.exact_matmul(a, b), exact), rel_err(ref.matmul(a, b), exact)
+    assert np.median(e_ex) <= np.median(e_fp) and e_ex.max() <= e_fp.max()
+    assert np.median(e_ex) < 1e-7
+
+
+# ------------------------------------------------------------------ the CPU kernel = the reference
+def kernel(a, b):
+    return repops.ops.exact_matmul(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b))).numpy()
+
+
+SHAPES = [(1, 1, 1), (1, 7, 1), (5, 1, 9), (3, 0, 4), (17, 33, 31), (8, 128, 32), (33, 129, 65), (40, 384, 24),
+          (9, 1030, 70), (64, 64, 64)]
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_kernel_matches_reference(M, K, N):
+    rng = np.random.default_rng(M + 7 * K + 13 * N)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = (rng.standard_normal((K, N)) * rng.exponential(1.0, (K, 1))).astype(np.float32)
+    assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
+    if min(M, K, N) > 0:
+        a, b = adversarial(rng, M, K, N)
+        assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
+
+
+def test_kernel_special_values_and_exponent_extremes():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((12, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 10)).astype(np.float32)
+    a[1, 3], a[4, 0], b[7, 2], b[0, 6] = np.nan, np.inf, -np.inf, np.nan
+    a[2] *= np.float32(2.0 ** 120)             # overflow to inf with the big column
+    b[:, 3] *= np.float32(2.0 ** 100)
+    a[5] *= np.float32(2.0 ** -100)            # products far below 2^-126: flushed
+    b[:, 4] *= np.float32(2.0 ** -60)
+    a[6, ::2] = np.float32(2.0 ** -126)        # the smallest normal next to ordinary values
+    a[7] = np.float32(3e-39)                   # an all-subnormal row reads as zero
+    a[8] = np.float32(np.finfo(np.float32).max)
+    for x, y in ((a, b), (-a, b), (a, -b)):
+        c = kernel(x, y)
+        assert same_bits(c, ref.exact_matmul(x, y))
+    assert np.isinf(c[2, 3]) and np.all(c[7, [0, 1, 3, 4, 5, 7, 8, 9]].view(np.uint32) == 0)
+    assert np.isnan(c[:, 2]).all() and np.isnan(c[1]).all()
+
+
+def test_kernel_views_batches_and_grad_shapes():
+    """Transposed views, a batch against a 2-D operand (broadcast) and the batched 3-D products of
+    attention give the reference's bits."""
+    rng = np.random.default_rng(6)
+    at = torch.from_numpy(rng.standard_normal((20, 13)).astype(np.float32))
+    bt = torch.from_numpy(rng.standard_normal((9, 20)).astype(np.float32))
+    got = repops.ops.exact_matmul(at.t(), bt.t()).numpy()
+    assert same_bits(got, ref.exact_matmul(at.numpy().T, bt.numpy().T))
+    a3 = rng.standard_normal((3, 6, 11)).astype(np.float32)
+    b2 = rng.standard_normal((11, 5)).astype(np.float32)
+    assert same_bits(kernel(a3, b2), ref.exact_matmul(a3, b2))
+    b3 = rng.standard_normal((3, 11, 4)).astype(np.float32)
+    got = repops.ops.exact_matmul(torch.from_numpy(a3), torch.from_numpy(b3).transpose(1, 2).contiguous().transpose(1, 2)).numpy()
+    assert same_bits(got, ref.exact_matmul(a3, b3))
+
+
+def test_kernel_k_beyond_one_residue_gemm():
+    """K > 131072 takes two chunks of residue GEMMs whose sums add up: the reference's bits (it
+    sums the int64 products in one piece)."""
+    rng = np.random.default_rng(8)
+    K = 131072 + 999
+    a = rng.standard_normal((2, K)).astype(np.float32)
+    b = rng.standard_normal((K, 3)).astype(np.float32)
+    b[:, 1] = np.abs(b[:, 1])
+    a[1] = np.abs(a[1])                       # all-positive sums: large |C'| near the bound
+    assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
+
+
+def test_kernel_output_panels():
+    """A wide output (N = 70000) is computed in panels of 14 rows (the residue sums of a panel
+    stay near 32 MB): 17 rows = panels of 14 and 3, the reference's bits."""
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((17, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 70000)).astype(np.float32)
+    a[16, 2] = np.nan
+    assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
+
+
+def test_kernel_bits_do_not_depend_on_threads():
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((70, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 90)).astype(np.float32)
+    saved = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(kernel(a, b))
+    finally:
+        torch.set_num_threads(saved)
+    assert same_bits(outs[0], outs[1]) and same_bits(outs[0], ref.exact_matmul(a, b))
