@@ -358,7 +358,7 @@ TORCH_LIBRARY(repops, m) {
   m.def("int8_linear(Tensor a, Tensor b, Tensor sx, Tensor sw, bool check=True) -> Tensor");
   m.def("lsq_init_(Tensor x, Tensor(a!) s) -> ()");
   m.def("lsq_backward(Tensor x, Tensor s, Tensor gxh, float g) -> (Tensor, Tensor)");
-  m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CPU only until a GPU verifies CUDA's
+  m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CUDA: exact.cu, opt-in until a GPU verifies it
   RPB_DEF_TENSORLESS_OPS(m, );
 }
 
