@@ -18,6 +18,7 @@ record and may differ when resuming or auditing.
 import dataclasses
 import inspect
 import math
+import os
 import textwrap
 from dataclasses import dataclass
 
@@ -260,8 +261,9 @@ def validate(cfg, world=1):
         need(cfg.quant == "none", "matmul", "exact has no int8 form (the int8 block linears are their own GEMM)", "quant")
         need(cfg.attn_window == 0, "matmul", "exact has no windowed attention kernels (band products) yet",
              "attn_window")
-        need(cfg.device == "cpu", "matmul", "exact runs on the cpu only until a GPU has verified its CUDA kernels",
-             "device")
+        cuda_opt_in = cfg.device == "cuda" and os.environ.get("REPOPS_CUDA_EXACT", "") == "1"
+        need(cfg.device == "cpu" or cuda_opt_in, "matmul", "exact runs on the cpu only until a GPU has verified its "
+             "CUDA kernels (REPOPS_CUDA_EXACT=1 opts in for that check; docs/exact-matmul.md)", "device")
     try:
         schedule.parse_phases(cfg.micro_batch_phases)
     except schedule.ScheduleError as e:

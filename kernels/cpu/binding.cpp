@@ -378,7 +378,7 @@ TORCH_LIBRARY(repops, m) {
   // int8 P·V (§10): a block's step size from its largest |value|; the windowed layers' int8 band mix.
   m.def("int8_absmax_step(Tensor x) -> Tensor");
   m.def("int8_band_mix(Tensor qp, Tensor qv, Tensor sp, Tensor sv) -> Tensor");
-  m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CPU only until a GPU verifies CUDA's
+  m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CUDA: exact.cu, opt-in until a GPU verifies it
   RPB_DEF_TENSORLESS_OPS(m, );
 }
 

@@ -424,6 +424,23 @@ Tensor int8_band_mix(const Tensor& qp_, const Tensor& qv_, const Tensor& sp_, co
   return o;
 }
 
+// Contract §11 (exact.cu), as kernels/cpu/binding.cpp: K-contiguous copies of A and B^T (data
+// movement only) with the batch made explicit, and one workspace for every product of the batch.
+Tensor exact_matmul(const Tensor& a, const Tensor& b) {
+  const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
+  TORCH_CHECK(s.K < (int64_t(1) << 31), "repops.exact_matmul: K must be < 2^31");
+  c10::cuda::CUDAGuard guard(a.device());
+  const Tensor a3 = (a.dim() == 2 ? a.unsqueeze(0) : a).expand({s.batch, s.M, s.K}).contiguous();
+  const Tensor bt = (b.dim() == 2 ? b.unsqueeze(0) : b).expand({s.batch, s.K, s.N}).transpose(1, 2).contiguous();
+  Tensor c = at::empty(s.out, a.options());
+  Tensor work = at::empty({rpc_exact_workspace_bytes(s.M, s.N, s.K)}, a.options().dtype(at::kByte));
+  for (int64_t i = 0; i < s.batch; ++i)
+    check(rpc_exact_matmul(a3.data_ptr<float>() + i * s.M * s.K, bt.data_ptr<float>() + i * s.N * s.K,
+                           c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K, work.data_ptr(), stream()),
+          "exact_matmul");
+  return c;
+}
+
 // ------------------------------------------------------------ ops without tensor inputs
 at::TensorOptions on_cuda(at::ScalarType t) {
   return at::TensorOptions().dtype(t).device(at::kCUDA, c10::cuda::current_device());
@@ -483,6 +500,7 @@ TORCH_LIBRARY_IMPL(repops, CUDA, m) {
   m.impl("int8_matmul_v", int8_matmul_v);
   m.impl("int8_linear_v", int8_linear_v);
   m.impl("clip_grad_v", clip_grad_v);
+  m.impl("exact_matmul", exact_matmul);
 }
 
 // No tensor inputs: nothing to dispatch on, so these run wherever they are called.

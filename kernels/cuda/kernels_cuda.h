@@ -124,3 +124,9 @@ cudaError_t rpc_int8_band_mix(const int8_t* qp, const int8_t* qv, const float* s
 cudaError_t rpc_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c, cudaStream_t st);
 cudaError_t rpc_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                              int64_t R, int64_t C, cudaStream_t st);
+
+// exact.cu (§11). A [M, K], Bt [N, K] float32 (K-contiguous rows, K < 2^31), C [M, N]; work:
+// rpc_exact_workspace_bytes(M, N, K) bytes of device memory (planes, residue sums, exponents).
+int64_t rpc_exact_workspace_bytes(int64_t M, int64_t N, int64_t K);
+cudaError_t rpc_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, void* work,
+                             cudaStream_t st);
