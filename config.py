@@ -52,6 +52,7 @@ class Config:
     init_from: str = ""
     quant: str = "none"                 # "int8": W8A8 block linears with LSQ step sizes (quant.py)
     lsq_repin: bool = True              # int8: re-pin weight step sizes after every step (else learned)
+    int8_pv: bool = False               # int8: attention's P·V in int8, per-block steps (quant_pv.py)
     attn_window: int = 0                # > 0: sliding-window attention over the last W keys (0: full)
     full_attn_every: int = 0            # with a window, layers i with (i+1) % this == 0 stay full; the last always
     qk_norm: bool = False               # gain-free RMSNorm of each query and key head, before RoPE
@@ -106,7 +107,7 @@ BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_ba
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 # Decisive keys added after the genesis format was fixed: left out of the genesis record at
 # their default, so a run that does not use them keeps its genesis bytes (and older runs audit).
-OPTIONAL = {"tie_embeddings": False, "matmul": "fp32"}
+OPTIONAL = {"tie_embeddings": False, "int8_pv": False, "matmul": "fp32"}
 # Named recipes (--preset=NAME). open1b: the OPEN-1B reference run (gensyn-ai/open-transformers,
 # configs/train/1b_repop_v2.yaml; docs/open1b-recipe.md lists what still differs): its model
 # (1.61B parameters; sliding window 512 with every 5th and the last layer full, gain-free QK-norm,
@@ -270,6 +271,11 @@ def validate(cfg, world=1):
     if cfg.quant == "int8":
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
             need(getattr(cfg, key) <= 133144, key, "must be <= 133144 with --quant=int8 (K * 127^2 < 2^31)")
+    need(not cfg.int8_pv or cfg.quant == "int8", "int8_pv", "needs --quant=int8 (int8 P·V is part of the int8 path)",
+         "quant")
+    if cfg.int8_pv:   # the K of the int8 P·V sums: T keys (full layers) or W' <= T (windowed)
+        need(cfg.seq_len <= 133144, "seq_len", "must be <= 133144 with --int8_pv (T * 127^2 < 2^31)")
+        need(cfg.device != "mps", "int8_pv", "has no Metal kernels (docs/metal.md): use cpu or cuda", "device")
     need(not (cfg.offload and cfg.device != "cpu"), "offload", "offloads the state of a cpu run only",
          "device")
     need(not (cfg.offload and cfg.hash_async == "on"), "hash_async",

@@ -372,17 +372,18 @@ class _WindowSoftmax(torch.autograd.Function):
         return ops.window_softmax_backward(g, p, ctx.scale), None
 
 
-def window_attention(q, k, v, window, scale):
+def window_attention(q, k, v, window, scale, mix=None):
     """Causal attention of each query over the last `window` keys (its own position included),
     in O(T * window) memory and time (contract §8 window attention). q [batch, G*T, Dh] (the G
     query heads of a key/value head, g-major), k, v [batch, T, Dh]; returns o [batch, G*T, Dh].
     Band [batch, G*T, W], W = min(window, T): column w is key t - (W-1) + w. With W = T it gives
-    the bits of full causal attention (matmul, causal_softmax, matmul)."""
+    the bits of full causal attention (matmul, causal_softmax, matmul). mix(p, v): the band mix
+    (default the fp32 band_mix; quant_pv.band_mix with int8_pv)."""
     T = k.shape[1]
     W = min(window, T)
     s = _BandScores.apply(q, k, W)                                     # [batch, G*T, W]
     p = _WindowSoftmax.apply(s.view(-1, T, W), f32(scale)).view(s.shape)
-    return _BandMix.apply(p, v)
+    return (mix or _BandMix.apply)(p, v)
 
 
 class _SwiGLU(torch.autograd.Function):

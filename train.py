@@ -78,7 +78,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py", "repops_mps.py", "mps_kernels.py", "schedule.py"]
+             "checkpoint.py", "quant.py", "quant_pv.py", "repops_mps.py", "mps_kernels.py", "schedule.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -108,7 +108,8 @@ class TrainState:
             self.m = {n: torch.zeros_like(self.params[n]) for n in trained}
             self.v = {n: torch.zeros_like(self.params[n]) for n in trained}
         self.step = 0
-        self.dead = deadcheck.DeadTensors(trained, cfg.dead_tensor_steps)
+        heads = (cfg.n_head, self.model.n_kv_head, cfg.d_model // cfg.n_head)   # per-head units too
+        self.dead = deadcheck.DeadTensors(trained, cfg.dead_tensor_steps, heads)
         self.copy_done = None    # CUDA event: an asynchronous host copy of the state (snapshot.py)
         self.grad_leaf = snapshot.LeafLater(overlap=hash_overlaps(cfg))   # the steps' grad_root
 

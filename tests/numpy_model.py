@@ -6,8 +6,9 @@
     grads = M.backward(cfg, params, tape, rng=(step, micro))         # {parameter: gradient}
 
 SPEC §3-§4 (the state's parameters and their init) and §6-§8 (the forward pass as contract
-operators, its backward, dropout, the int8 path), every float operation through
-numpy_contract.py. Like the rest of the replay it imports nothing from the project.
+operators, its backward, dropout, the int8 path and int8 P·V), every float operation through
+numpy_contract.py (int8 P·V: numpy_int8_pv.py). Like the rest of the replay it imports nothing
+from the project.
 """
 import hashlib
 import math
@@ -16,6 +17,7 @@ import numpy as np
 
 import numpy_contract as C
 import numpy_exact as E
+import numpy_int8_pv as PV
 
 F32 = np.float32
 INIT = 1                                            # Philox purpose tag (contract §6)
@@ -144,7 +146,8 @@ def attention(cfg, qkv, B, T, cos, sin):
     mm = matmul_of(cfg)
     p = C.causal_softmax(mm(q, k.transpose(0, 2, 1)).reshape(B * H, T, T), scale)
     p = p.reshape(B * Hkv, G * T, T)
-    o = mm(p, v).reshape(B, H, T, Dh).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
+    o = PV.int8_pv_full(p, v) if cfg.get("int8_pv") else mm(p, v)        # §8.4 int8 P·V
+    o = o.reshape(B, H, T, Dh).transpose(0, 2, 1, 3).reshape(B * T, H * Dh)
     return o, (q, k, v, p, scale)
 
 
@@ -153,8 +156,11 @@ def attention_backward(cfg, go, saved, B, T, cos, sin):
     q, k, v, p, scale = saved
     go = go.reshape(B, T, H, Dh).transpose(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)
     mm = matmul_of(cfg)
-    gp = mm(go, v.transpose(0, 2, 1))
-    gv = mm(p.transpose(0, 2, 1), go)                        # sum over the group's G*T rows
+    if cfg.get("int8_pv"):                                         # §8.4: the dequantized Ph, Vh
+        gp, gv = PV.int8_pv_full_backward(go, p, v)
+    else:
+        gp = mm(go, v.transpose(0, 2, 1))
+        gv = mm(p.transpose(0, 2, 1), go)                          # sum over the group's G*T rows
     gs = C.causal_softmax_backward(gp.reshape(B * H, T, T), p.reshape(B * H, T, T), scale)
     gs = gs.reshape(B * Hkv, G * T, T)
     gq, gk = mm(gs, k), mm(gs.transpose(0, 2, 1), q)

@@ -9,3 +9,4 @@ from numpy_contract import *  # noqa: F401,F403  (every public name of the contr
 from numpy_contract import _sincos  # noqa: F401  (test_kernels checks the shared sin/cos core)
 from numpy_window import *  # noqa: F401,F403  (the window attention kernels, §8)
 from numpy_exact import *  # noqa: F401,F403  (the exact matmul, §11)
+from numpy_int8_pv import *  # noqa: F401,F403  (int8 P·V, §10)

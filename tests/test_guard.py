@@ -104,10 +104,13 @@ def corpus(tmp_path_factory):
 # recipe: the OPEN-1B options (window, QK-norm, embedding norm, the cosine schedule's canonical cos)
 # tied: tok_emb is the embedding and the output linear (its two gradients meet in repops.tie's add)
 # exact: every matmul is the exact integer matmul (contract §11)
+# int8_pv: attention's P·V in int8 (quant_pv.py), windowed and full layers
 STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"],
          "recipe": ["--attn_window=4", "--qk_norm=true", "--emb_norm=true", "--lr_schedule=cosine",
                     "--warmup_steps=0"],
-         "tied": ["--tie_embeddings=true"], "exact": ["--matmul=exact"]}
+         "tied": ["--tie_embeddings=true"], "exact": ["--matmul=exact"],
+         # int8 P·V: a windowed layer (band mix) and the full last layer (int8 linear on P, V)
+         "int8_pv": ["--quant=int8", "--int8_pv=1", "--attn_window=4"]}
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +139,10 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
                "int8": {"repops::int8_quantize", "repops::int8_linear", "repops::lsq_backward",
                         "repops::int8_dequantize", "repops::lsq_init_"},
                "recipe": {"repops::band_scores", "repops::band_mix", "repops::band_mix_t",
-                          "repops::window_softmax", "repops::window_softmax_backward", "repops::cos"}}[name]
+                          "repops::window_softmax", "repops::window_softmax_backward", "repops::cos"},
+               "int8_pv": {"repops::int8_absmax_step", "repops::int8_band_mix", "repops::int8_linear",
+                           "repops::int8_quantize", "repops::int8_dequantize", "repops::band_scores",
+                           "repops::band_mix_t"}}[name]
     assert needed <= set(counts), report(counts)
     assert name != "exact" or "repops::matmul" not in counts, "an fp32 matmul in an exact step:\n" + report(counts)
     assert not violations(counts), (f"floating-point work outside RepOps: {violations(counts)}\n"

@@ -8,7 +8,7 @@
 2. The lists SPEC.md spells out (bookkeeping fields, the config table, the parameter table)
    equal the code's.
 3. The NumPy replay, which imports nothing from the project, reproduces the genesis record,
-   steps 1-3 and their checkpoints byte for byte, fp32 and int8, with dropout, grouped-query
+   steps 1-3 and their checkpoints byte for byte, fp32, int8 and int8 P·V, with dropout, grouped-query
    attention and 3 micro-batches, also from a checkpoint and on a mix of two corpora, and
    reports a tampered run as a MISMATCH.
 """
@@ -245,9 +245,9 @@ def test_code_digest_file_list():
 # ----------------------------------------------------------------------------- 3. the replay
 def test_replay_imports_nothing_from_the_project():
     allowed = {"argparse", "fractions", "hashlib", "hmac", "json", "math", "os", "sys", "numpy",
-               "numpy_contract", "numpy_model", "numpy_exact"}
-    for path in (REPLAY, ROOT / "tests" / "numpy_model.py", ROOT / "tests" / "numpy_contract.py",
-                 ROOT / "tests" / "numpy_exact.py"):
+               "numpy_contract", "numpy_model", "numpy_exact", "numpy_int8_pv", "numpy_window"}
+    for path in (REPLAY, *(ROOT / "tests" / f"numpy_{name}.py" for name in ("model", "contract", "exact", "int8_pv",
+                                                                              "window"))):
         tree = ast.parse(path.read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -280,7 +280,12 @@ def int8_run(corpus, tmp_path_factory):
     return train_replay_run(corpus, tmp_path_factory.mktemp("int8"), "--quant=int8")
 
 
-@pytest.mark.parametrize("which", ["fp32_run", "int8_run"])
+@pytest.fixture(scope="module")
+def int8_pv_run(corpus, tmp_path_factory):
+    return train_replay_run(corpus, tmp_path_factory.mktemp("int8_pv"), "--quant=int8", "--int8_pv=1")
+
+
+@pytest.mark.parametrize("which", ["fp32_run", "int8_run", "int8_pv_run"])
 def test_numpy_replay_reproduces_the_run(which, corpus, request):
     run = request.getfixturevalue(which)
     proc = replay(run, corpus)
@@ -291,7 +296,8 @@ def test_numpy_replay_reproduces_the_run(which, corpus, request):
     assert len(records) == REPLAY_STEPS + 1 and len(checkpoints) == 3, proc.stdout
     genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])["config"]
     assert genesis["n_kv_head"] < genesis["n_head"] and genesis["dropout"] > 0
-    assert genesis["micro_batches"] == 3 and genesis["quant"] == ("int8" if which == "int8_run" else "none")
+    assert genesis["micro_batches"] == 3 and genesis["quant"] == ("none" if which == "fp32_run" else "int8")
+    assert genesis.get("int8_pv", False) == (which == "int8_pv_run")
 
 
 def test_numpy_replay_from_a_checkpoint(fp32_run, corpus):

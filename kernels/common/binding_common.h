@@ -302,6 +302,28 @@ inline std::tuple<Tensor, Tensor> int8_scales_args(at::DeviceType dev, const Ten
   TORCH_CHECK(sx.numel() == 1 && sw.dim() == 1 && sw.size(0) == b.size(0), "repops.int8_linear: sx [1], sw [N]");
   return {sx, sw};
 }
+// int8 P·V (§10): the step rule over the rows of x [R, C]; the band mix of qp [batch, M, W] int8
+// (M = G*T) with qv [batch, T, D] int8, sp [batch * M], sv [batch].
+inline Tensor int8_absmax_step_args(at::DeviceType dev, const Tensor& x_) {
+  Tensor x = contig(dev, x_, "x");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) >= 1, "repops.int8_absmax_step: x [R, C] with C >= 1");
+  return x;
+}
+inline std::tuple<Tensor, Tensor, Tensor, Tensor, BandShape> int8_band_mix_args(at::DeviceType dev, const Tensor& qp_,
+                                                                               const Tensor& qv_, const Tensor& sp_,
+                                                                               const Tensor& sv_) {
+  for (const Tensor* t : {&qp_, &qv_})
+    TORCH_CHECK(t->device().type() == dev && t->scalar_type() == at::kChar && t->dim() == 3,
+                "repops.int8_band_mix: qp and qv must be 3-D int8 ", c10::DeviceTypeName(dev), " tensors");
+  Tensor qp = qp_.contiguous(), qv = qv_.contiguous(), sp = contig(dev, sp_, "sp"), sv = contig(dev, sv_, "sv");
+  for (const Tensor* t : {&qv, &sp, &sv}) same_device(qp, *t, "int8_band_mix");
+  BandShape sh = band_shape(qp, qv, qp.size(2), "int8_band_mix");
+  TORCH_CHECK(sp.dim() == 1 && sp.size(0) == sh.batch * sh.M && sv.dim() == 1 && sv.size(0) == sh.batch,
+              "repops.int8_band_mix: sp [batch * M], sv [batch]");
+  TORCH_CHECK(sh.W <= kMaxInt8K, "repops.int8_band_mix: W = ", sh.W, " is too large for exact int32 sums "
+              "(W * 127^2 must be < 2^31, so W <= ", kMaxInt8K, ")");
+  return {qp, qv, sp, sv, sh};
+}
 inline Tensor lsq_gxh_args(at::DeviceType dev, const Tensor& x, const Tensor& gxh_) {
   Tensor gxh = contig(dev, gxh_, "gxh");
   same_device(x, gxh, "lsq_backward");
@@ -377,6 +399,8 @@ inline PhiloxStream philox_args(const char* op, int64_t seed, int64_t c1, int64_
   m.impl("int8_matmul", int8_matmul);                         \
   m.impl("int8_linear", int8_linear);                         \
   m.impl("lsq_init_", lsq_init_);                             \
+  m.impl("int8_absmax_step", int8_absmax_step);               \
+  m.impl("int8_band_mix", int8_band_mix);                     \
   m.impl("lsq_backward", lsq_backward)
 
 // The ops without tensor inputs: nothing to dispatch on, so each backend defines its own op,

@@ -296,6 +296,23 @@ std::tuple<Tensor, Tensor> lsq_backward(const Tensor& x_, const Tensor& s_, cons
   return {gx, gs};
 }
 
+// ---- int8 P·V (contract §10; quant_pv.py)
+Tensor int8_absmax_step(const Tensor& x_) {
+  Tensor x = rpb::int8_absmax_step_args(kDev, x_);
+  Tensor s = at::empty({x.size(0)}, x.options());
+  rp_int8_absmax_step(x.data_ptr<float>(), s.data_ptr<float>(), x.size(0), x.size(1));
+  return s;
+}
+
+// The operands come from int8_quantize (on the grid by construction).
+Tensor int8_band_mix(const Tensor& qp_, const Tensor& qv_, const Tensor& sp_, const Tensor& sv_) {
+  auto [qp, qv, sp, sv, sh] = rpb::int8_band_mix_args(kDev, qp_, qv_, sp_, sv_);
+  Tensor o = at::empty({sh.batch, sh.M, sh.D}, sp.options());
+  rp_int8_band_mix(qp.data_ptr<int8_t>(), qv.data_ptr<int8_t>(), sp.data_ptr<float>(), sv.data_ptr<float>(),
+                   o.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D, sh.W);
+  return o;
+}
+
 // Contract §11. The kernel reads K-contiguous rows of A and of B^T: a copy (data movement, no
 // arithmetic) makes them so, and gives a 2-D operand of a batched product its batch.
 Tensor exact_matmul(const Tensor& a, const Tensor& b) {
@@ -358,6 +375,9 @@ TORCH_LIBRARY(repops, m) {
   m.def("int8_linear(Tensor a, Tensor b, Tensor sx, Tensor sw, bool check=True) -> Tensor");
   m.def("lsq_init_(Tensor x, Tensor(a!) s) -> ()");
   m.def("lsq_backward(Tensor x, Tensor s, Tensor gxh, float g) -> (Tensor, Tensor)");
+  // int8 P·V (§10): a block's step size from its largest |value|; the windowed layers' int8 band mix.
+  m.def("int8_absmax_step(Tensor x) -> Tensor");
+  m.def("int8_band_mix(Tensor qp, Tensor qv, Tensor sp, Tensor sv) -> Tensor");
   m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CUDA: exact.cu, opt-in until a GPU verifies it
   RPB_DEF_TENSORLESS_OPS(m, );
 }

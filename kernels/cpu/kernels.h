@@ -91,6 +91,12 @@ void rp_int8_matmul(const int8_t* A, const int8_t* B, int32_t* C, int64_t M, int
 void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw, float* Y, int64_t M,
                     int64_t N, int64_t K);
 void rp_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c);
+// int8_pv.cpp (§10 int8 P·V): the block step rule over rows of x [R, C] -> s [R]; the int8 band
+// mix qp [batch, M, W] (band layout of window.cpp) x qv [batch, T, D] -> o [batch, M, D] float,
+// sp [batch * M] per query row, sv [batch] per value block.
+void rp_int8_absmax_step(const float* x, float* s, int64_t R, int64_t C);
+void rp_int8_band_mix(const int8_t* qp, const int8_t* qv, const float* sp, const float* sv, float* o, int64_t batch,
+                      int64_t M, int64_t T, int64_t D, int64_t W);
 void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                      int64_t R, int64_t C);
 

@@ -404,6 +404,26 @@ std::tuple<Tensor, Tensor> lsq_backward(const Tensor& x_, const Tensor& s_, cons
   return {gx, gs};
 }
 
+// ---- int8 P·V (contract §10; quant_pv.py)
+Tensor int8_absmax_step(const Tensor& x_) {
+  Tensor x = rpb::int8_absmax_step_args(kDev, x_);
+  c10::cuda::CUDAGuard guard(x.device());
+  Tensor s = at::empty({x.size(0)}, x.options());
+  check(rpc_int8_absmax_step(x.data_ptr<float>(), s.data_ptr<float>(), x.size(0), x.size(1), stream()),
+        "int8_absmax_step");
+  return s;
+}
+
+// The operands come from int8_quantize (on the grid by construction).
+Tensor int8_band_mix(const Tensor& qp_, const Tensor& qv_, const Tensor& sp_, const Tensor& sv_) {
+  auto [qp, qv, sp, sv, sh] = rpb::int8_band_mix_args(kDev, qp_, qv_, sp_, sv_);
+  c10::cuda::CUDAGuard guard(qp.device());
+  Tensor o = at::empty({sh.batch, sh.M, sh.D}, sp.options());
+  check(rpc_int8_band_mix(qp.data_ptr<int8_t>(), qv.data_ptr<int8_t>(), sp.data_ptr<float>(), sv.data_ptr<float>(),
+                          o.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D, sh.W, stream()), "int8_band_mix");
+  return o;
+}
+
 // Contract §11 (exact.cu), as kernels/cpu/binding.cpp: K-contiguous copies of A and B^T (data
 // movement only) with the batch made explicit, and one workspace for every product of the batch.
 Tensor exact_matmul(const Tensor& a, const Tensor& b) {

@@ -116,6 +116,11 @@ cudaError_t rpc_int8_gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N
 // Y [M, N] = float(C32) * (sx[0] * sw[j]), the same operations as rpc_int8_gemm's epilogue.
 cudaError_t rpc_int8_dequantize_cols(const int32_t* C32, const float* sx, const float* sw, float* Y, int64_t M,
                                      int64_t N, cudaStream_t st);
+// int8_pv.cu (§10 int8 P·V): the block step rule over the rows of x [R, C] -> s [R]; the int8
+// band mix qp [batch, M, W] x qv [batch, T, D] -> o [batch, M, D], sp [batch * M], sv [batch].
+cudaError_t rpc_int8_absmax_step(const float* x, float* s, int64_t R, int64_t C, cudaStream_t st);
+cudaError_t rpc_int8_band_mix(const int8_t* qp, const int8_t* qv, const float* sp, const float* sv, float* o,
+                              int64_t batch, int64_t M, int64_t T, int64_t D, int64_t W, cudaStream_t st);
 cudaError_t rpc_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c, cudaStream_t st);
 cudaError_t rpc_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                              int64_t R, int64_t C, cudaStream_t st);
