@@ -16,11 +16,10 @@ import sys
 import pytest
 
 from config import UsageError, decisive_config, parse_config, validate
-from tiny import (TINY, assert_one_line_error, chain_records, copy_run, launch_env as env, make_corpus,
+from tiny import (TINY, launcher, assert_one_line_error, chain_records, copy_run, launch_env as env, make_corpus,
                   mismatch_lines, reseal, script, share_secret, write_chain)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "train.py")
 STEPS = 4
 
 
@@ -33,13 +32,6 @@ def args(corpus, *extra):
     return ["--run_dir=run", f"--data_dir={corpus}", *TINY, f"--max_steps={STEPS}", "--checkpoint_every=2",
             "--eval_every=0", "--sample_tokens=0", "--threads=1", "--dist_timeout=30", *extra]
 
-
-def launcher(world):
-    if world == 1:
-        return [sys.executable, TRAIN]
-    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
-    return base + ["--standalone", f"--nproc_per_node={world}", TRAIN]
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ import repops
 import test_kernels as TK
 import train
 from model import Llama, ModelConfig
-from tiny import (TINY, assert_one_line_error, audit, chain_records, copy_run, launch_env, make_corpus, mismatch_lines,
+from tiny import (TINY, launcher, assert_one_line_error, audit, chain_records, copy_run, launch_env, make_corpus, mismatch_lines,
                   reseal, script, share_secret, write_chain)
 
 assert_bits, T, N = TK.assert_bits, TK.T, TK.N
@@ -214,13 +214,6 @@ PV = [*TINY, "--quant=int8", "--int8_pv=1", "--attn_window=5", f"--max_steps={ST
 def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"), seed=7, lines=1500)
 
-
-def launcher(world):
-    if world == 1:
-        return [sys.executable, str(train.__file__)]
-    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
-    return base + ["--standalone", f"--nproc_per_node={world}", str(train.__file__)]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ import receipts
 from config import UsageError, parse_config, validate
 from model import windowed
 from schedule import lr_at, micro_batches_at, phase_counts
-from tiny import TINY, assert_one_line_error, launch_env as env, make_corpus, script, share_secret
+from tiny import TINY, assert_one_line_error, launch_env as env, launcher, make_corpus, script, share_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
@@ -50,13 +50,6 @@ def args(corpus, *extra):
     return ["--run_dir=run", f"--data_dir={corpus}", *RECIPE, f"--max_steps={STEPS}", "--checkpoint_every=2",
             "--eval_every=0", "--sample_tokens=0", "--threads=1", "--dist_timeout=30", *extra]
 
-
-def launcher(world):
-    if world == 1:
-        return [sys.executable, TRAIN]
-    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
-    return base + ["--standalone", f"--nproc_per_node={world}", TRAIN]
 
 
 @pytest.fixture(scope="module")

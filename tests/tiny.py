@@ -43,6 +43,16 @@ def launch_env():
     return e
 
 
+def launcher(world):
+    """The command that starts train.py on `world` ranks: plain python for one, torchrun otherwise."""
+    train_py = str(ROOT / "train.py")
+    if world == 1:
+        return [sys.executable, train_py]
+    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "torch.distributed.run"]
+    return base + ["--standalone", f"--nproc_per_node={world}", train_py]
+
+
 def make_corpus(base, seed=7, lines=600, chunk_bytes=dataprep.CHUNK_BYTES):
     """Seeded random sentences under `base`, prepared with the byte tokenizer."""
     base = Path(base)
