@@ -259,8 +259,8 @@ def validate(cfg, world=1):
     need(cfg.matmul in ("fp32", "exact"), "matmul", "must be fp32 or exact")
     if cfg.matmul == "exact":   # the combinations the exact matmul has no kernel for yet (docs/exact-matmul.md)
         need(cfg.quant == "none", "matmul", "exact has no int8 form (the int8 block linears are their own GEMM)", "quant")
-        need(cfg.attn_window == 0, "matmul", "exact has no windowed attention kernels (band products) yet",
-             "attn_window")
+        need(cfg.attn_window == 0 or cfg.device == "cpu", "matmul", "exact's windowed attention (its band "
+             "products) has CPU kernels only", "attn_window", "device")
         cuda_opt_in = cfg.device == "cuda" and os.environ.get("REPOPS_CUDA_EXACT", "") == "1"
         need(cfg.device == "cpu" or cuda_opt_in, "matmul", "exact runs on the cpu only until a GPU has verified its "
              "CUDA kernels (REPOPS_CUDA_EXACT=1 opts in for that check; docs/exact-matmul.md)", "device")

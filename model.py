@@ -28,7 +28,8 @@ contributions inside the matmul's canonical k-ordered sum (query head g, then po
 contract §8 attention), never in autograd's accumulation.
 
 matmul="exact" makes every matmul above (the linears with both backward products, lm_head,
-QK^T and P V) the exact integer matmul of contract §11 (docs/exact-matmul.md).
+QK^T and P V, or with a window its band products) the exact integer matmul of contract §11
+(docs/exact-matmul.md).
 
 Recipe options (all off by default; docs/open1b-recipe.md): attn_window W > 0 makes a layer
 attend over its last W keys in O(T*W) (repops.window_attention; every full_attn_every-th layer
@@ -111,8 +112,8 @@ class Llama(nn.Module):
             raise ValueError("d_model must split into n_head heads of even size")
         if cfg.n_head % (cfg.n_kv_head or cfg.n_head):
             raise ValueError("n_kv_head must divide n_head")
-        if cfg.matmul not in ("fp32", "exact") or (cfg.matmul == "exact" and (cfg.quant != "none" or cfg.attn_window)):
-            raise ValueError("matmul must be fp32 or exact, and exact has no int8 or windowed form yet")
+        if cfg.matmul not in ("fp32", "exact") or (cfg.matmul == "exact" and cfg.quant != "none"):
+            raise ValueError("matmul must be fp32 or exact, and exact has no int8 form")
         self.exact = cfg.matmul == "exact"
         self.cfg = cfg
         self.seed = seed
@@ -181,7 +182,7 @@ class Llama(nn.Module):
         k, v = (t.permute(0, 2, 1, 3).reshape(B * Hkv, T, Dh) for t in (k, v))
         if windowed(cfg, i):                                      # bands [B*Hkv, G*T, W]: O(T*W)
             o = repops.window_attention(q, k, v, cfg.attn_window, 1.0 / math.sqrt(Dh),
-                                        mix=quant_pv.band_mix if cfg.int8_pv else None)
+                                        mix=quant_pv.band_mix if cfg.int8_pv else None, exact=self.exact)
         else:
             s = repops.matmul(q, k.transpose(1, 2), self.exact).view(B * H, T, T)
             p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))      # [B*H, T, T]

@@ -328,34 +328,46 @@ def causal_softmax(s, scale):
     return _CausalSoftmax.apply(s, f32(scale))
 
 
+def _band_ops(exact):
+    """(band_scores, band_mix, band_mix_t): the §8 window kernels, or with exact their §11 band
+    products (CPU only)."""
+    if exact:
+        return ops.exact_band_scores, ops.exact_band_mix, ops.exact_band_mix_t
+    return ops.band_scores, ops.band_mix, ops.band_mix_t
+
+
 class _BandScores(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, W):
+    def forward(ctx, a, b, W, exact):
         ctx.save_for_backward(a, b)
-        return ops.band_scores(a, b, W)
+        ctx.ops = _band_ops(exact)
+        return ctx.ops[0](a, b, W)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
+        _, mix, mix_t = ctx.ops
         g = g.contiguous()
-        ga = ops.band_mix(g, b) if ctx.needs_input_grad[0] else None
-        gb = ops.band_mix_t(g, a, b.shape[1]) if ctx.needs_input_grad[1] else None
-        return ga, gb, None
+        ga = mix(g, b) if ctx.needs_input_grad[0] else None
+        gb = mix_t(g, a, b.shape[1]) if ctx.needs_input_grad[1] else None
+        return ga, gb, None, None
 
 
 class _BandMix(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, p, b):
+    def forward(ctx, p, b, exact):
         ctx.save_for_backward(p, b)
-        return ops.band_mix(p, b)
+        ctx.ops = _band_ops(exact)
+        return ctx.ops[1](p, b)
 
     @staticmethod
     def backward(ctx, g):
         p, b = ctx.saved_tensors
+        scores, _, mix_t = ctx.ops
         g = g.contiguous()
-        gp = ops.band_scores(g, b, p.shape[2]) if ctx.needs_input_grad[0] else None
-        gb = ops.band_mix_t(p, g, b.shape[1]) if ctx.needs_input_grad[1] else None
-        return gp, gb
+        gp = scores(g, b, p.shape[2]) if ctx.needs_input_grad[0] else None
+        gb = mix_t(p, g, b.shape[1]) if ctx.needs_input_grad[1] else None
+        return gp, gb, None
 
 
 class _WindowSoftmax(torch.autograd.Function):
@@ -372,18 +384,19 @@ class _WindowSoftmax(torch.autograd.Function):
         return ops.window_softmax_backward(g, p, ctx.scale), None
 
 
-def window_attention(q, k, v, window, scale, mix=None):
+def window_attention(q, k, v, window, scale, mix=None, exact=False):
     """Causal attention of each query over the last `window` keys (its own position included),
     in O(T * window) memory and time (contract §8 window attention). q [batch, G*T, Dh] (the G
     query heads of a key/value head, g-major), k, v [batch, T, Dh]; returns o [batch, G*T, Dh].
     Band [batch, G*T, W], W = min(window, T): column w is key t - (W-1) + w. With W = T it gives
     the bits of full causal attention (matmul, causal_softmax, matmul). mix(p, v): the band mix
-    (default the fp32 band_mix; quant_pv.band_mix with int8_pv)."""
+    (default the fp32 band_mix; quant_pv.band_mix with int8_pv). exact: the band products are
+    §11's (contract §11 "Band products"), whose W = T gives the bits of exact full attention."""
     T = k.shape[1]
     W = min(window, T)
-    s = _BandScores.apply(q, k, W)                                     # [batch, G*T, W]
+    s = _BandScores.apply(q, k, W, exact)                              # [batch, G*T, W]
     p = _WindowSoftmax.apply(s.view(-1, T, W), f32(scale)).view(s.shape)
-    return (mix or _BandMix.apply)(p, v)
+    return mix(p, v) if mix else _BandMix.apply(p, v, exact)
 
 
 class _SwiGLU(torch.autograd.Function):

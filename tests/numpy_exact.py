@@ -7,6 +7,7 @@ NumPy int64/uint64 only; no float arithmetic at all. Re-exported by tests/refere
     import reference as R
     c = R.exact_matmul(a, b)      # a [..., M, K] @ b [..., K, N] float32 -> float32 (batch broadcasts)
     ints = R.exact_split(a)       # (a' int64 [M, K], e [M] row exponents, bad [M] non-finite rows)
+    s = R.exact_band_scores(q, k, W)   # window attention's band products (also _mix, _mix_t)
 """
 import numpy as np
 
@@ -145,3 +146,40 @@ def exact_matmul(a, b):
     out = [exact_matmul_2d(a[i], b[i]) for i in range(a.shape[0])]
     shape = batch + (a.shape[-2], b.shape[-1])
     return np.stack(out).reshape(shape) if out else np.zeros(shape, dtype=np.float32)
+
+
+def _band_to_full(p, T):
+    """A band p [batch, M, W] (row r at position t = r % T, column w: key t - (W-1) + w) written
+    out as P_full [batch, M, T], +0.0 outside the window (§11 "Band products")."""
+    batch, M, W = p.shape
+    t = np.arange(M) % T
+    full = np.zeros((batch, M, T), dtype=np.float32)
+    for w in range(W):
+        j = t - (W - 1) + w
+        ok = j >= 0
+        full[:, np.nonzero(ok)[0], j[ok]] = p[:, ok, w]
+    return full
+
+
+def exact_band_scores(a, b, W):
+    """a [batch, M, D], b [batch, T, D] -> the band [batch, M, W] of the §11 product a @ b^T
+    (+0.0 where the key j = t - (W-1) + w is < 0)."""
+    T, M = b.shape[1], a.shape[1]
+    full = exact_matmul(a, np.swapaxes(b, 1, 2))          # [batch, M, T]
+    t = np.arange(M) % T
+    out = np.zeros(a.shape[:2] + (W,), dtype=np.float32)
+    for w in range(W):
+        j = t - (W - 1) + w
+        ok = j >= 0
+        out[:, ok, w] = full[:, np.nonzero(ok)[0], j[ok]]
+    return out
+
+
+def exact_band_mix(p, b):
+    """p [batch, M, W], b [batch, T, D] -> the §11 product P_full @ b [batch, M, D] (K = T)."""
+    return exact_matmul(_band_to_full(p, b.shape[1]), b)
+
+
+def exact_band_mix_t(p, a, T):
+    """p [batch, M, W], a [batch, M, D] -> the §11 product P_full^T @ a [batch, T, D] (K = M)."""
+    return exact_matmul(np.swapaxes(_band_to_full(p, T), 1, 2), a)

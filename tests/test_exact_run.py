@@ -84,7 +84,7 @@ def test_a_genesis_that_claims_fp32_is_a_mismatch(runs, corpus, tmp_path):
     assert any(line.startswith("MISMATCH at step 1: field state_hash") for line in lines), proc.stdout
 
 
-@pytest.mark.parametrize("flags", [["--matmul=exact", "--quant=int8"], ["--matmul=exact", "--attn_window=4"],
+@pytest.mark.parametrize("flags", [["--matmul=exact", "--quant=int8"], ["--matmul=exact", "--attn_window=4", "--device=cuda"],
                                    ["--matmul=exact", "--device=mps"], ["--matmul=bf16"]])
 def test_combinations_without_a_kernel_are_refused(flags):
     with pytest.raises(UsageError, match="matmul"):
@@ -93,7 +93,7 @@ def test_combinations_without_a_kernel_are_refused(flags):
 
 def test_refusal_is_one_line_and_creates_nothing(corpus, tmp_path):
     proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", "--matmul=exact",
-                  "--attn_window=4")
+                  "--quant=int8")
     assert_one_line_error(proc, "train.py")
     assert not (tmp_path / "run").exists()
 

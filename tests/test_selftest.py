@@ -68,6 +68,8 @@ is the finite adversarial table with big value b, SPEC the table for the canonic
 | exact_matmul_special    | exact_matmul(A, Bt.T)                                  | A 132 [19,70], Bt 133 [33,70] -60,120,512,SPEC       |
 | exact_matmul_k1031      | exact_matmul(A, Bt.T)                                  | A 134 [9,1031], Bt 135 [7,1031] -2,4,16,FIN(2^20)    |
 | exact_matmul_chunks     | exact_matmul(A, Bt.T), two residue chunks of K         | A 136 [2,140000], Bt 137 [3,140000] -2,4,0           |
+| exact_band_scores, _mix, _mix_t | the §11 band products, batch 2, G 2, T 150, D 5, W 70 | a 138 [2,300,5], b 139 [2,150,5] -20,40,16,FIN(2^20); p 210 [2,300,70] -30,30,16,FIN(2^20), +0.0 before key 0 |
+| exact_band_*_wide       | the same, W 200 (> T)                                  | p 340 [2,300,200]                                     |
 
 seed = 0x5EED2024, seed64 = (mix(seed ^ 0x01234567) << 32) | mix(seed). Multiple outputs are
 hashed concatenated in the order listed; int8 and int32 outputs as sign-extended int32 words.
@@ -586,7 +588,9 @@ EXPECTED_NAMES = [
     "int8_quantize", "int8_dequantize", "lsq_init", "lsq_backward"]
 # The exact matmul's lines (contract §11), printed last; a CPU kernel only so far (the CUDA and
 # Metal comparisons above check EXPECTED_NAMES).
-EXACT_NAMES = ["exact_matmul", "exact_matmul_special", "exact_matmul_k1031", "exact_matmul_chunks"]
+EXACT_NAMES = ["exact_matmul", "exact_matmul_special", "exact_matmul_k1031", "exact_matmul_chunks",
+               "exact_band_scores", "exact_band_mix", "exact_band_mix_t",
+               "exact_band_scores_wide", "exact_band_mix_wide", "exact_band_mix_t_wide"]
 
 
 def torch_digests(device="cpu", ops=None, suffix=None):
@@ -751,6 +755,17 @@ def exact_digests(ops=None):
         A = to_tensor(gen(s, (M, K), emin, erange, period, table))
         Bt = to_tensor(gen(s + 1, (N, K), emin, erange, period, table))
         d[name] = _digest(ops.exact_matmul(A, Bt.t()))
+    batch, G, Tn, D = 2, 2, 150, 5                       # the band products: three row blocks, GQA 2
+    a = to_tensor(gen(138, (batch, G * Tn, D), -20, 40, 16, _fin(2.0**20)))
+    b = to_tensor(gen(139, (batch, Tn, D), -20, 40, 16, _fin(2.0**20)))
+    for W, tag in ((70, ""), (200, "_wide")):
+        p = gen(140 + W, (batch, G * Tn, W), -30, 30, 16, _fin(2.0**20))
+        t = np.arange(G * Tn) % Tn
+        p[:, np.arange(W)[None, :] < (W - 1 - t)[:, None]] = 0.0   # +0.0 before key 0, as a band is
+        p = to_tensor(p)
+        d["exact_band_scores" + tag] = _digest(ops.exact_band_scores(a, b, W))
+        d["exact_band_mix" + tag] = _digest(ops.exact_band_mix(p, b))
+        d["exact_band_mix_t" + tag] = _digest(ops.exact_band_mix_t(p, a, Tn))
     return d
 
 

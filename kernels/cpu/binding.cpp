@@ -327,6 +327,30 @@ Tensor exact_matmul(const Tensor& a, const Tensor& b) {
   return c;
 }
 
+// The band products with matmul = "exact" (§11 "Band products"): window attention's shapes.
+Tensor exact_band_scores(const Tensor& a_, const Tensor& b_, int64_t W) {
+  auto [a, b, sh] = rpb::band_scores_args(kDev, a_, b_, W);
+  Tensor s = at::empty({sh.batch, sh.M, sh.W}, a.options());
+  rp_exact_band_scores(a.data_ptr<float>(), b.data_ptr<float>(), s.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D,
+                       sh.W);
+  return s;
+}
+
+Tensor exact_band_mix(const Tensor& p_, const Tensor& b_) {
+  auto [p, b, sh] = rpb::band_mix_args(kDev, p_, b_);
+  Tensor o = at::empty({sh.batch, sh.M, sh.D}, p.options());
+  rp_exact_band_mix(p.data_ptr<float>(), b.data_ptr<float>(), o.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D, sh.W);
+  return o;
+}
+
+Tensor exact_band_mix_t(const Tensor& p_, const Tensor& a_, int64_t T) {
+  auto [p, a, sh] = rpb::band_mix_t_args(kDev, p_, a_, T);
+  Tensor o = at::empty({sh.batch, sh.T, sh.D}, p.options());
+  rp_exact_band_mix_t(p.data_ptr<float>(), a.data_ptr<float>(), o.data_ptr<float>(), sh.batch, sh.M, sh.T, sh.D,
+                      sh.W);
+  return o;
+}
+
 Tensor canary() {
   Tensor out = at::empty({2}, at::TensorOptions().dtype(at::kFloat));
   rp_canary(out.data_ptr<float>());
@@ -379,6 +403,10 @@ TORCH_LIBRARY(repops, m) {
   m.def("int8_absmax_step(Tensor x) -> Tensor");
   m.def("int8_band_mix(Tensor qp, Tensor qv, Tensor sp, Tensor sv) -> Tensor");
   m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CUDA: exact.cu, opt-in until a GPU verifies it
+  // §11 band products (window attention with matmul = "exact"): CPU only (config.validate)
+  m.def("exact_band_scores(Tensor a, Tensor b, int W) -> Tensor");
+  m.def("exact_band_mix(Tensor p, Tensor b) -> Tensor");
+  m.def("exact_band_mix_t(Tensor p, Tensor a, int T) -> Tensor");
   RPB_DEF_TENSORLESS_OPS(m, );
 }
 
@@ -393,6 +421,9 @@ TORCH_LIBRARY_IMPL(repops, CPU, m) {
   RPB_IMPL_TENSOR_OPS(m);
   m.impl("check_index", check_index);
   m.impl("exact_matmul", exact_matmul);
+  m.impl("exact_band_scores", exact_band_scores);
+  m.impl("exact_band_mix", exact_band_mix);
+  m.impl("exact_band_mix_t", exact_band_mix_t);
 }
 
 // Ops with no tensor inputs cannot be dispatched by device: they are CPU-only backend-select.

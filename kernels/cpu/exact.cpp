@@ -2,6 +2,7 @@
 // arithmetic at all, so its bits do not depend on any order, tiling or instruction set.
 //
 //   rp_exact_matmul(A, Bt, C, M, N, K)    C[i,j] = fl32(sum_k A[i,k] * Bt[j,k]) per §11
+//   rp_exact_band_scores / _band_mix / _band_mix_t   window attention's band products (end of file)
 //
 // A [M, K] and Bt [N, K] (B transposed: each output column's operand is a K-contiguous row) are
 // float32, C [M, N] float32, all contiguous. The steps, each over independent rows or outputs:
@@ -198,24 +199,20 @@ Buffers& buffers() {
 
 }  // namespace
 
-void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K) {
+int rp_exact_beta(int64_t K) { return beta_of(K); }
+
+void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad) {
+  rp::parallel_for(rows, 16, [&](int64_t b, int64_t end) {
+    for (int64_t i = b; i < end; ++i) row_exponent(x + i * K, K, &e[i], &bad[i]);
+  });
+}
+
+void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
+                      const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {
-    std::memset(C, 0, sizeof(float) * M * N);   // +0.0
-    return;
-  }
-  const int beta = beta_of(K);
-  std::vector<int32_t> ea(M), eb(N);
-  std::vector<uint8_t> bad_a(M), bad_b(N);
-  rp::parallel_for(M, 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) row_exponent(A + i * K, K, &ea[i], &bad_a[i]);
-  });
-  rp::parallel_for(N, 16, [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j) row_exponent(Bt + j * K, K, &eb[j], &bad_b[j]);
-  });
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
-  const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
+  const int64_t kc0 = std::max<int64_t>(1, std::min(K, kChunk)), nchunks = (K + kChunk - 1) / kChunk;
   const int64_t mp = std::min(M, std::max<int64_t>(8, kResBytes / (4 * kMod * N)));
   Buffers& buf = buffers();
   std::vector<int8_t>&pa = buf.pa, &pb = buf.pb;
@@ -225,7 +222,7 @@ void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64
   res.resize(kMod * mp * N);
   part.resize(nchunks > 1 ? mp * N : 0);
   auto split_b = [&](int64_t k0, int64_t kc) {
-    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, k0, kc, eb.data(), beta, pb.data(), N, b, e); });
+    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, k0, kc, eb, beta, pb.data(), N, b, e); });
   };
   if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
@@ -233,11 +230,12 @@ void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64
   const int64_t nblocks = (N + kBlock - 1) / kBlock;
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
     const int64_t m = std::min(mp, M - i0);
+    if (K == 0) std::fill(res.begin(), res.end(), 0);   // C' = 0 (a band product's empty dot)
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);
       rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-        split_rows(A + i0 * K, K, k0, kc, ea.data() + i0, beta, pa.data(), m, b, e);
+        split_rows(A + i0 * K, K, k0, kc, ea + i0, beta, pa.data(), m, b, e);
       });
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res.data() + t * m * N;
@@ -257,9 +255,158 @@ void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64
       for (int64_t w = b; w < e; ++w) {
         const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
         reconstruct(res.data() + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb.data() + j0,
-                    bad_b.data() + j0, bad_a[i0 + i] != 0, C + (i0 + i) * N + j0);
+                    bad_b + j0, bad_a[i0 + i] != 0, C + (i0 + i) * N + j0);
       }
     });
   }
   if ((pa.capacity() + pb.capacity()) + 4 * (res.capacity() + part.capacity()) > kKeepBytes) buf = Buffers();
+}
+
+void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    std::memset(C, 0, sizeof(float) * M * N);   // +0.0
+    return;
+  }
+  std::vector<int32_t> ea(M), eb(N);
+  std::vector<uint8_t> bad_a(M), bad_b(N);
+  rp_exact_exponents(A, M, K, ea.data(), bad_a.data());
+  rp_exact_exponents(Bt, N, K, eb.data(), bad_b.data());
+  rp_exact_product(A, Bt, C, M, N, K, beta_of(K), ea.data(), bad_a.data(), eb.data(), bad_b.data());
+}
+
+// ------------------------------------------------------------ the band products (§11 "Band products")
+// Sliding-window attention's products with matmul = "exact", in O(T*W). Layouts as in window.cpp:
+// a [batch, M, D] (row r = (g, t), t = r % T), b [batch, T, D], bands p and s [batch, M, W]
+// (column w: key j = t - (W-1) + w, valid when j >= 0); P_full [M, T] is the band written out
+// with +0.0 outside the window.
+//   rp_exact_band_scores(a, b, s)    s[r,w] = (a @ b^T)[r, j]       K = D
+//   rp_exact_band_mix(p, b, o)       o = P_full @ b                 K = T
+//   rp_exact_band_mix_t(p, a, o)     o = P_full^T @ a               K = M = G*T
+// Each is the §11 product of the full operands, so its scales are the full operands' (a column
+// of b over all T keys, a column of a over all M rows) and its beta the full K's; only the dot
+// products are cut to the window, which is exact because the left-out terms are integer zeros.
+// So W >= T gives the bits of full exact attention, with no exception. The work: blocks of up
+// to kRows query rows (keys, for band_mix_t) against the key (query) range their windows reach,
+// written as small dense operands with explicit zeros, each one rp_exact_product with the full
+// operands' scales; parallel over the blocks (the products inside run on the calling thread).
+namespace {
+
+constexpr int64_t kRows = 64;
+
+// The full operands' scales: per row of x [rows, K] (band_scores: rows of a and b) or per
+// column of x [K, cols] (band_mix/_t: columns of b and a, over their K), for every batch.
+struct Scales {
+  std::vector<int32_t> e;
+  std::vector<uint8_t> bad;
+};
+Scales row_scales(const float* x, int64_t rows, int64_t K) {
+  Scales s{std::vector<int32_t>(rows), std::vector<uint8_t>(rows)};
+  rp_exact_exponents(x, rows, K, s.e.data(), s.bad.data());
+  return s;
+}
+// x [batch, K, cols] -> xt [batch, cols, K] (a copy, no arithmetic) and the scales of its rows.
+Scales col_scales(const float* x, int64_t batch, int64_t K, int64_t cols, std::vector<float>& xt) {
+  xt.resize(batch * cols * K);
+  rp::parallel_for(batch * cols, 16, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      const int64_t bi = q / cols, c = q % cols;
+      for (int64_t k = 0; k < K; ++k) xt[q * K + k] = x[(bi * K + k) * cols + c];
+    }
+  });
+  return row_scales(xt.data(), batch * cols, K);
+}
+
+inline int64_t first_key(int64_t t, int64_t W) { return t >= W - 1 ? t - (W - 1) : 0; }
+
+}  // namespace
+
+void rp_exact_band_scores(const float* a, const float* b, float* s, int64_t batch, int64_t M, int64_t T, int64_t D,
+                          int64_t W) {
+  const int beta = rp_exact_beta(D);
+  const Scales sa = row_scales(a, batch * M, D), sb = row_scales(b, batch * T, D);
+  const int64_t G = M / T, nblk = (T + kRows - 1) / kRows;
+  rp::parallel_for(batch * G * nblk, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> c;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t bi = w / (G * nblk), g = w / nblk % G, t0 = w % nblk * kRows;
+      const int64_t nq = std::min(kRows, T - t0), j0 = first_key(t0, W), nk = t0 + nq - j0;
+      const int64_t r0 = bi * M + g * T + t0, k0 = bi * T + j0;
+      c.resize(nq * nk);
+      rp_exact_product(a + r0 * D, b + k0 * D, c.data(), nq, nk, D, beta, sa.e.data() + r0, sa.bad.data() + r0,
+                       sb.e.data() + k0, sb.bad.data() + k0);
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t t = t0 + i;
+        float* sr = s + (r0 + i) * W;
+        for (int64_t col = 0; col < W; ++col) {
+          const int64_t j = t - (W - 1) + col;
+          sr[col] = j >= 0 ? c[i * nk + (j - j0)] : 0.0f;   // invalid columns +0.0 (window.cpp)
+        }
+      }
+    }
+  });
+}
+
+void rp_exact_band_mix(const float* p, const float* b, float* o, int64_t batch, int64_t M, int64_t T, int64_t D,
+                       int64_t W) {
+  const int beta = rp_exact_beta(T);
+  std::vector<float> bt;                              // [batch, D, T]: b's columns as rows
+  const Scales sb = col_scales(b, batch, T, D, bt);
+  const int64_t G = M / T, nblk = (T + kRows - 1) / kRows;
+  rp::parallel_for(batch * G * nblk, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> pa, bs;
+    std::vector<int32_t> ea;
+    std::vector<uint8_t> bad;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t bi = w / (G * nblk), g = w / nblk % G, t0 = w % nblk * kRows;
+      const int64_t nq = std::min(kRows, T - t0), j0 = first_key(t0, W), nk = t0 + nq - j0;
+      const int64_t r0 = bi * M + g * T + t0;
+      pa.assign(nq * nk, 0.0f);                       // P_full's rows r0.., keys j0..: the band, zeros
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t t = t0 + i;
+        for (int64_t j = first_key(t, W); j <= t; ++j) pa[i * nk + (j - j0)] = p[(r0 + i) * W + (j - t + W - 1)];
+      }
+      bs.resize(D * nk);                              // b's columns over those keys
+      for (int64_t d = 0; d < D; ++d)
+        std::copy_n(bt.data() + (bi * D + d) * T + j0, nk, bs.data() + d * nk);
+      ea.resize(nq);
+      bad.resize(nq);
+      rp_exact_exponents(pa.data(), nq, nk, ea.data(), bad.data());   // a row's entries all lie here
+      rp_exact_product(pa.data(), bs.data(), o + r0 * D, nq, D, nk, beta, ea.data(), bad.data(),
+                       sb.e.data() + bi * D, sb.bad.data() + bi * D);
+    }
+  });
+}
+
+void rp_exact_band_mix_t(const float* p, const float* a, float* o, int64_t batch, int64_t M, int64_t T, int64_t D,
+                         int64_t W) {
+  const int beta = rp_exact_beta(M);
+  std::vector<float> at;                              // [batch, D, M]: a's columns as rows
+  const Scales sa = col_scales(a, batch, M, D, at);
+  const int64_t G = M / T, nblk = (T + kRows - 1) / kRows;
+  rp::parallel_for(batch * nblk, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> pa, as;
+    std::vector<int32_t> ea;
+    std::vector<uint8_t> bad;
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t bi = w / nblk, j0 = w % nblk * kRows, nk = std::min(kRows, T - j0);
+      const int64_t t1 = std::min(T - 1, j0 + nk - 1 + W - 1), nt = t1 - j0 + 1, K = G * nt;
+      pa.assign(nk * K, 0.0f);                        // P_full^T's rows j0..: column (g, t) at g*nt + t-j0
+      for (int64_t i = 0; i < nk; ++i) {
+        const int64_t j = j0 + i;
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t t = j; t <= std::min(T - 1, j + W - 1); ++t)
+            pa[i * K + g * nt + (t - j0)] = p[(bi * M + g * T + t) * W + (j - t + W - 1)];
+      }
+      as.resize(D * K);                               // a's columns over those rows, the same order
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t g = 0; g < G; ++g)
+          std::copy_n(at.data() + (bi * D + d) * M + g * T + j0, nt, as.data() + d * K + g * nt);
+      ea.resize(nk);
+      bad.resize(nk);
+      rp_exact_exponents(pa.data(), nk, K, ea.data(), bad.data());
+      rp_exact_product(pa.data(), as.data(), o + (bi * T + j0) * D, nk, D, K, beta, ea.data(), bad.data(),
+                       sa.e.data() + bi * D, sa.bad.data() + bi * D);
+    }
+  });
 }

@@ -103,3 +103,19 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
 // exact.cpp (§11 the exact matmul). A [M, K], Bt [N, K] (B transposed), C [M, N], contiguous;
 // integer arithmetic only (K < 2^31).
 void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K);
+// Its parts, for products whose scales come from operands larger than the ones multiplied (the
+// band products of exact_band.cpp): beta of a K; each row's exponent and bad flag (§11 steps
+// 2-3) of x [rows, K]; and steps 4-8 for A [M, K] and Bt [N, K] with given beta and scales
+// (K = 0: C' = 0 everywhere, so +0.0 unless a row or column is bad).
+int rp_exact_beta(int64_t K);
+void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad);
+void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
+                      const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b);
+// The band products of window attention as §11 products of the full (masked) operands, in
+// O(T*W); shapes and layouts as rp_band_scores / rp_band_mix / rp_band_mix_t above.
+void rp_exact_band_scores(const float* a, const float* b, float* s, int64_t batch, int64_t M, int64_t T, int64_t D,
+                          int64_t W);
+void rp_exact_band_mix(const float* p, const float* b, float* o, int64_t batch, int64_t M, int64_t T, int64_t D,
+                       int64_t W);
+void rp_exact_band_mix_t(const float* p, const float* a, float* o, int64_t batch, int64_t M, int64_t T, int64_t D,
+                         int64_t W);

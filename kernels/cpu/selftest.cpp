@@ -519,6 +519,21 @@ void run_exact() {
   run("exact_matmul_special", 19, 33, 70, 132, -60, 120, 512, kSpecial);
   run("exact_matmul_k1031", 9, 7, 1031, 134, -2, 4, 16, finite(0x1p20f));
   run("exact_matmul_chunks", 2, 3, 140000, 136, -2, 4, 0, kNone);
+  // §11 band products: T = 150 (three row blocks of the kernel), G = 2, W = 70 and 200 (> T).
+  const int64_t batch = 2, G = 2, T = 150, D = 5, M = G * T;
+  auto a = gen(138, batch * M * D, -20, 40, 16, finite(0x1p20f)), b = gen(139, batch * T * D, -20, 40, 16, finite(0x1p20f));
+  for (int64_t W : {int64_t(70), int64_t(200)}) {
+    auto p = gen(140 + W, batch * M * W, -30, 30, 16, finite(0x1p20f));
+    for (int64_t r = 0; r < batch * M; ++r)   // the columns before key 0 are +0.0 (window_softmax's band)
+      for (int64_t w = 0; w < W - 1 - r % T; ++w) p[r * W + w] = 0.0f;
+    std::vector<float> s(batch * M * W), o(batch * M * D), ot(batch * T * D);
+    rp_exact_band_scores(a.data(), b.data(), s.data(), batch, M, T, D, W);
+    rp_exact_band_mix(p.data(), b.data(), o.data(), batch, M, T, D, W);
+    rp_exact_band_mix_t(p.data(), a.data(), ot.data(), batch, M, T, D, W);
+    emit1(W < T ? "exact_band_scores" : "exact_band_scores_wide", s);
+    emit1(W < T ? "exact_band_mix" : "exact_band_mix_wide", o);
+    emit1(W < T ? "exact_band_mix_t" : "exact_band_mix_t_wide", ot);
+  }
 }
 #endif
 
