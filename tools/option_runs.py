@@ -11,7 +11,8 @@ median wall time of a step, the CPU seconds per step (user + system of the train
 load of a shared machine inflates less than the wall time), and the state hash at the last step.
 The options on the default model (seq_len 128): a window of 32 keys (a quarter of the context;
 `full_attn_every=0`, so layers 0-2 are windowed and the last is full), and micro-batch phases
-4 then 8 per step from step 150.
+4 then 8 per step from step 150. The exact rows are the same runs with `--matmul=exact`
+(contract §11; docs/exact-matmul.md).
 """
 import argparse
 import re
@@ -40,6 +41,9 @@ RUNS = {   # name: options on top of the default config
     "int8_pv": ["--quant=int8", "--int8_pv=1"],
     "int8_all": ["--quant=int8"] + ALL,
     "int8_all_pv": ["--quant=int8", "--int8_pv=1"] + ALL,
+    "exact": ["--matmul=exact"],
+    "exact_window": ["--matmul=exact"] + WINDOW,
+    "exact_all": ["--matmul=exact"] + ALL,
 }
 STEP = re.compile(r"^step\s+(\d+) \| loss .*\|\s+(\d+) ms \|.*\| state ([0-9a-f]{12})")
 VAL = re.compile(r"^step\s+(\d+) \| val loss ([0-9.]+)")
