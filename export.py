@@ -82,12 +82,7 @@ def export(run_dir, step, out, data_dir=None):
     if extra:
         raise UsageError(f"a run with --{extra[0]}={getattr(cfg, extra[0])} cannot be represented: "
                          "LlamaForCausalLM has no sliding window, QK-norm or embedding norm")
-    ckpts = dict(run.checkpoints())
-    in_chain = [s for s in ckpts if s < run.chain.lines]
-    step = max(in_chain, default=None) if step is None else step
-    if step not in ckpts:
-        raise UsageError(f"no checkpoint for step {step} in {run_dir} (have {sorted(ckpts)})")
-    tensors = run.verified_checkpoint(step, ckpts[step])
+    step, tensors = run.checkpoint_for_reader(step)
     params = {n[len("params."):]: t for n, t in tensors.items() if n.startswith("params.")}
     tok = run.genesis.get("tokenizer") or {}
     folder = None

@@ -178,6 +178,17 @@ class Run:
                                           "from the chain record")
         return tensors
 
+    def checkpoint_for_reader(self, step):
+        """(step, tensors) of a reader's checkpoint (sample.py, export.py): the one of `step`, or
+        with None the latest whose step has a record, verified as verified_checkpoint does.
+        UsageError when there is none."""
+        ckpts = dict(self.checkpoints())
+        if step is None:
+            step = max((s for s in ckpts if s < self.chain.lines), default=None)
+        if step not in ckpts:
+            raise UsageError(f"no checkpoint for step {step} in {self.dir} (have {sorted(ckpts)})")
+        return step, self.verified_checkpoint(step, ckpts[step])
+
     def latest_checkpoint(self, upto, on_bad, mmap=False):
         """(step, tensors) of the latest checkpoint at or before `upto` that verifies, or
         (0, None) if none does (the caller re-creates the genesis state). Each checkpoint that

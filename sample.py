@@ -25,12 +25,7 @@ from train import TrainState
 def load_model(run_dir, step, device="cpu"):
     """(model on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
     run = rundir.Run(run_dir)
-    ckpts = dict(run.checkpoints())
-    in_chain = [s for s in ckpts if s < run.chain.lines]
-    step = max(in_chain, default=None) if step is None else step
-    if step not in ckpts:
-        raise UsageError(f"no checkpoint for step {step} in {run_dir} (have {sorted(ckpts)})")
-    tensors = run.verified_checkpoint(step, ckpts[step])
+    step, tensors = run.checkpoint_for_reader(step)
     state = TrainState(run.cfg, run.vocab_size, device)
     state.load(tensors)
     tokenizer = run.genesis.get("tokenizer")
