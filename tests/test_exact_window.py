@@ -8,15 +8,14 @@ matmul = "exact" in O(T * W).
    operands written out with zeros outside the window, then cut to the band), on plain,
    adversarial (specials, FTZ territory) and non-finite inputs, windows narrower and wider than
    the sequence, GQA groups of 1 and 3, and blocks of the kernel's tiling (T > 64).
-2. The definition's consequences: the scales are the full operands' (a value far outside every
-   window still decides a column's scale), and W >= T gives the bits of exact full attention,
-   forward and every gradient, with no exception.
-3. Accuracy against float64 attention with the window mask, with tolerances.
-4. The model: --matmul=exact with --attn_window trains; the run's chain is the same for R = 1
+2. The definition's consequence: the scales are the full operands' (a value far outside every
+   window still decides a column's scale). W >= T = exact full attention (forward and every
+   gradient), accuracy against float64 and O(T * W) memory are tests/test_window.py's, run with
+   exact=True there.
+3. The model: --matmul=exact with --attn_window trains; the run's chain is the same for R = 1
    and 2; audit.py replays it to MATCH. The config refuses it on CUDA with one line (no CUDA band
    kernels; exact on CUDA is opt-in until a GPU verifies it).
 """
-import math
 import subprocess
 
 import numpy as np
@@ -24,7 +23,7 @@ import pytest
 import torch
 
 import reference as R
-import repops
+import repops  # noqa: F401  (loads the kernels behind torch.ops.repops)
 import test_kernels as TK
 from numpy_exact import _band_to_full
 from tiny import TINY, assert_one_line_error, audit, chain_records, launch_env, launcher, script, share_secret
@@ -77,62 +76,6 @@ def test_scales_are_the_full_operands():
     own = R.exact_matmul(_band_to_full(p, Tn)[:, :2, :2], b[:, :2, :])   # rows 0-1 against their own keys
     assert not np.array_equal(got[:, :2].view(np.uint32), own.view(np.uint32)), \
         "rows 0-1 were computed with their own keys' scales, not the whole columns'"
-
-
-def _full_attention(q, k, v, scale, G):
-    Tn = k.shape[1]
-    s = repops.matmul(q, k.transpose(1, 2), True).view(-1, Tn, Tn)
-    p = repops.causal_softmax(s, scale)
-    return repops.matmul(p.view(q.shape[0], G * Tn, Tn), v, True)
-
-
-def _grads(fn, *xs):
-    xs = [x.clone().requires_grad_(True) for x in xs]
-    out = fn(*xs)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
-    out.backward(g)
-    return out.detach(), [x.grad for x in xs]
-
-
-@pytest.mark.parametrize("G,Tn", [(1, 24), (2, 24), (1, 100)])
-def test_full_width_window_is_exact_full_attention(G, Tn):
-    gen = torch.Generator().manual_seed(G + Tn)
-    Dh = 8
-    q, k, v = (torch.randn(3, n * Tn, Dh, generator=gen) for n in (G, 1, 1))
-    scale = 1.0 / math.sqrt(Dh)
-    o1, g1 = _grads(lambda q, k, v: repops.window_attention(q, k, v, Tn, scale, exact=True), q, k, v)
-    o2, g2 = _grads(lambda q, k, v: _full_attention(q, k, v, scale, G), q, k, v)
-    assert_bits(o1, N(o2), "output")
-    for name, a, b in zip("qkv", g1, g2):
-        assert_bits(a, N(b), f"grad {name}")
-
-
-def test_exact_window_attention_vs_float64():
-    gen = torch.Generator().manual_seed(11)
-    G, Tn, Dh, W = 2, 90, 16, 8
-    q, k, v = (torch.randn(2, n * Tn, Dh, generator=gen) for n in (G, 1, 1))
-    scale = 1.0 / math.sqrt(Dh)
-    o1, g1 = _grads(lambda q, k, v: repops.window_attention(q, k, v, W, scale, exact=True), q, k, v)
-
-    def torch_ref(q, k, v):
-        t = torch.arange(Tn)
-        keep = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - W)
-        s = (q.double() @ k.double().transpose(1, 2)).view(2, G, Tn, Tn) * scale
-        p = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1).view(2, G * Tn, Tn)
-        return (p @ v.double()).float()
-    o2, g2 = _grads(torch_ref, q, k, v)
-    torch.testing.assert_close(o1, o2, rtol=1e-5, atol=1e-6)
-    for a, b in zip(g1, g2):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-
-
-def test_exact_window_memory_is_t_times_w():
-    Tn, W = 256, 16
-    q, k, v = (torch.randn(1, Tn, 8, requires_grad=True) for _ in range(3))
-    sizes = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-        repops.window_attention(q, k, v, W, 0.3, exact=True).sum().backward()
-    assert sizes and max(sizes) <= Tn * max(W, 8), sizes
 
 
 # ------------------------------------------------------------------ the model

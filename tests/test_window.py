@@ -6,9 +6,12 @@
    equals the NumPy reference bit for bit, on plain and adversarial inputs (specials, FTZ
    territory), windows narrower and wider than the sequence, GQA groups of 1 and 3.
 2. repops.window_attention with W = T gives the bits of the full causal path (matmul,
-   causal_softmax, matmul), forward and every gradient: skipping the masked terms is exact.
-3. Accuracy against stock PyTorch (float64 attention with the window mask), with tolerances.
-4. Memory is O(T * W): no tensor autograd saves for a window layer has T x T elements.
+   causal_softmax, matmul), forward and every gradient: skipping the masked terms is exact;
+   with exact=True (contract §11 band products) likewise against exact full attention.
+3. Accuracy against stock PyTorch (float64 attention with the window mask), with tolerances,
+   fp32 and exact.
+4. Memory is O(T * W): no tensor autograd saves for a window layer has T x T elements, fp32 and
+   exact.
 5. The model's options: which layers are windowed, qk_norm is gain-free RMSNorm before RoPE
    (rmsnorm with w = 1), emb_norm adds one weight, and the defaults leave the model unchanged.
 """
@@ -77,11 +80,11 @@ def test_window_softmax_full_width_is_causal_softmax():
         assert_bits(got[:, t, 44 - t:], full[:, t, :t + 1], f"row {t}")
 
 
-def _full_attention(q, k, v, scale, G):
+def _full_attention(q, k, v, scale, G, exact=False):
     Tn = k.shape[1]
-    s = repops.matmul(q, k.transpose(1, 2)).view(-1, Tn, Tn)
+    s = repops.matmul(q, k.transpose(1, 2), exact).view(-1, Tn, Tn)
     p = repops.causal_softmax(s, scale)
-    return repops.matmul(p.view(q.shape[0], G * Tn, Tn), v)
+    return repops.matmul(p.view(q.shape[0], G * Tn, Tn), v, exact)
 
 
 def _grads(fn, *xs):
@@ -92,25 +95,28 @@ def _grads(fn, *xs):
     return out.detach(), [x.grad for x in xs]
 
 
-@pytest.mark.parametrize("G", [1, 2])
-def test_full_width_window_is_full_attention(G):
-    gen = torch.Generator().manual_seed(G)
-    Tn, Dh = 24, 8
+# exact: the §11 band products against exact full attention (no exception there: integer sums
+# have no signed zero); T = 100 spans two of the CPU kernel's row blocks.
+@pytest.mark.parametrize("G,Tn,exact", [(1, 24, False), (2, 24, False), (1, 24, True), (2, 24, True), (1, 100, True)])
+def test_full_width_window_is_full_attention(G, Tn, exact):
+    gen = torch.Generator().manual_seed(G + (Tn if exact else 0))
+    Dh = 8
     q, k, v = (torch.randn(3, n * Tn, Dh, generator=gen) for n in (G, 1, 1))
     scale = 1.0 / math.sqrt(Dh)
-    o1, g1 = _grads(lambda q, k, v: repops.window_attention(q, k, v, Tn, scale), q, k, v)
-    o2, g2 = _grads(lambda q, k, v: _full_attention(q, k, v, scale, G), q, k, v)
+    o1, g1 = _grads(lambda q, k, v: repops.window_attention(q, k, v, Tn, scale, exact=exact), q, k, v)
+    o2, g2 = _grads(lambda q, k, v: _full_attention(q, k, v, scale, G, exact), q, k, v)
     assert_bits(o1, N(o2), "output")
     for name, a, b in zip("qkv", g1, g2):
         assert_bits(a, N(b), f"grad {name}")
 
 
-def test_window_attention_vs_torch():
+@pytest.mark.parametrize("exact,Tn", [(False, 33), (True, 90)])
+def test_window_attention_vs_torch(exact, Tn):
     gen = torch.Generator().manual_seed(11)
-    G, Tn, Dh, W = 2, 33, 16, 8
+    G, Dh, W = 2, 16, 8
     q, k, v = (torch.randn(2, n * Tn, Dh, generator=gen) for n in (G, 1, 1))
     scale = 1.0 / math.sqrt(Dh)
-    o1, g1 = _grads(lambda q, k, v: repops.window_attention(q, k, v, W, scale), q, k, v)
+    o1, g1 = _grads(lambda q, k, v: repops.window_attention(q, k, v, W, scale, exact=exact), q, k, v)
 
     def torch_ref(q, k, v):
         t = torch.arange(Tn)
@@ -124,13 +130,14 @@ def test_window_attention_vs_torch():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_window_memory_is_t_times_w():
+@pytest.mark.parametrize("exact", [False, True])
+def test_window_memory_is_t_times_w(exact):
     """Every tensor a window layer keeps for backward has O(T * W) elements, never T x T."""
     Tn, W = 256, 16
     q, k, v = (torch.randn(1, Tn, 8, requires_grad=True) for _ in range(3))
     sizes = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-        repops.window_attention(q, k, v, W, 0.3).sum().backward()
+        repops.window_attention(q, k, v, W, 0.3, exact=exact).sum().backward()
     assert sizes and max(sizes) <= Tn * max(W, 8), sizes
 
 
