@@ -212,7 +212,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
   if (M == 0 || N == 0) return;
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
-  const int64_t kc0 = std::max<int64_t>(1, std::min(K, kChunk)), nchunks = (K + kChunk - 1) / kChunk;
+  const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
   const int64_t mp = std::min(M, std::max<int64_t>(8, kResBytes / (4 * kMod * N)));
   Buffers& buf = buffers();
   std::vector<int8_t>&pa = buf.pa, &pb = buf.pb;
@@ -230,7 +230,6 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
   const int64_t nblocks = (N + kBlock - 1) / kBlock;
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
     const int64_t m = std::min(mp, M - i0);
-    if (K == 0) std::fill(res.begin(), res.end(), 0);   // C' = 0 (a band product's empty dot)
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);

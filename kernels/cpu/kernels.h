@@ -104,9 +104,9 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
 // integer arithmetic only (K < 2^31).
 void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K);
 // Its parts, for products whose scales come from operands larger than the ones multiplied (the
-// band products of exact_band.cpp): beta of a K; each row's exponent and bad flag (§11 steps
+// band products, end of exact.cpp): beta of a K; each row's exponent and bad flag (§11 steps
 // 2-3) of x [rows, K]; and steps 4-8 for A [M, K] and Bt [N, K] with given beta and scales
-// (K = 0: C' = 0 everywhere, so +0.0 unless a row or column is bad).
+// (K >= 1: every band product's dot has at least the query's own key).
 int rp_exact_beta(int64_t K);
 void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad);
 void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
