@@ -52,7 +52,7 @@ class Config:
     init_from: str = ""
     quant: str = "none"                 # "int8": W8A8 block linears with LSQ step sizes (quant.py)
     lsq_repin: bool = True              # int8: re-pin weight step sizes after every step (else learned)
-    int8_pv: bool = False               # int8: attention's P·V in int8, per-block steps (quant_pv.py)
+    int8_pv: bool = False               # int8: attention's P·V in int8, per-block steps (quant.py)
     attn_window: int = 0                # > 0: sliding-window attention over the last W keys (0: full)
     full_attn_every: int = 0            # with a window, layers i with (i+1) % this == 0 stay full; the last always
     qk_norm: bool = False               # gain-free RMSNorm of each query and key head, before RoPE

@@ -390,7 +390,7 @@ def window_attention(q, k, v, window, scale, mix=None, exact=False):
     query heads of a key/value head, g-major), k, v [batch, T, Dh]; returns o [batch, G*T, Dh].
     Band [batch, G*T, W], W = min(window, T): column w is key t - (W-1) + w. With W = T it gives
     the bits of full causal attention (matmul, causal_softmax, matmul). mix(p, v): the band mix
-    (default the fp32 band_mix; quant_pv.band_mix with int8_pv). exact: the band products are
+    (default the fp32 band_mix; quant.band_mix with int8_pv). exact: the band products are
     §11's (contract §11 "Band products"), whose W = T gives the bits of exact full attention."""
     T = k.shape[1]
     W = min(window, T)
