@@ -1,4 +1,5 @@
-"""The run's configuration: one commented block, a strict command-line parser, full validation.
+"""The run's configuration: one commented block, a strict command-line parser, full validation,
+and the per-step schedules (learning rate, micro-batches per step) that it decides.
 
     from config import Config, parse_config, validate
     cfg = parse_config(["--max_steps=50", "--run_dir", "runs/x"])   # UsageError on bad input
@@ -8,12 +9,31 @@
 
     parse_config(["--preset=open1b", "--seq_len=1024"])   # a preset, then any override
 
+    lr_at(cfg, 120)              # float64 learning rate of step 120 (1-based); adamw_ rounds it once
+    micro_batches_at(cfg, 120)   # N of step 120: cfg.micro_batches, or its micro_batch_phases entry
+    phase_counts(cfg)            # every N the run uses (the ranks must divide each one)
+
 Every field can be overridden as --key=value or --key value (dashes or underscores). Unknown
 keys, wrong types and out-of-range values are refused with one line (UsageError); nothing is
 created before the whole config is valid. --preset=NAME (PRESETS) sets a group of keys first,
-wherever it stands on the line; every other key overrides it. Bookkeeping fields (where files live, how often to
-checkpoint, threads, device) do not decide any step's bits, so they stay out of the genesis
-record and may differ when resuming or auditing.
+wherever it stands on the line; every other key overrides it. Bookkeeping fields (where files
+live, how often to checkpoint, threads, device) do not decide any step's bits, so they stay out
+of the genesis record and may differ when resuming or auditing.
+
+The per-step schedules (lr_at, micro_batches_at) are decisive (in the genesis config) and are
+written as exactly specified arithmetic:
+
+* lr_schedule "linear" (the default): linear warmup to lr over warmup_steps, then linear decay
+  to min_lr at max_steps, float64 + - * / only (contract §1).
+* lr_schedule "cosine": the same warmup, then lr(s) = min_lr + (lr - min_lr) * 0.5 * (1 + c)
+  with c = cos(x) the contract's canonical float32 cos (§5.5, ops.cos on one value, the same
+  bits on every machine), x = f32(pi * progress) (math.pi is the float64 nearest pi; one
+  float64 product, rounded once to float32), progress = min((s - warmup) / (max_steps -
+  warmup), 1); the rest in float64 + - * (math.cos is not used: it is not correctly rounded
+  everywhere).
+* micro-batch phases: micro_batch_phases "N1@S1,N2@S2,..." (S strictly increasing, S1 >= 1):
+  steps 1..S1 take cfg.micro_batches, steps S1+1..S2 take N1, and so on. On the command line
+  --micro_batches=192@0,288@S1,576@S2 sets both keys (micro_batches=192 and the rest).
 """
 import dataclasses
 import inspect
@@ -21,10 +41,6 @@ import math
 import os
 import textwrap
 from dataclasses import dataclass
-
-import torch
-
-import schedule
 
 
 @dataclass
@@ -60,11 +76,11 @@ class Config:
     matmul: str = "fp32"                # "exact": every model matmul is the exact integer matmul (contract §11)
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
     micro_batches: int = 4
-    # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (schedule.py);
+    # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (micro_batches_at below);
     # --micro_batches=192@0,288@S1 sets micro_batches=192 and this to "288@S1"
     micro_batch_phases: str = ""
     micro_batch_size: int = 8
-    # optimizer: AdamW, linear warmup then decay to min_lr at max_steps (schedule.py)
+    # optimizer: AdamW, linear warmup then decay to min_lr at max_steps (lr_at below)
     max_steps: int = 300
     lr_schedule: str = "linear"         # the decay: linear, or cosine (the contract's canonical cos)
     lr: float = 3e-3
@@ -265,8 +281,8 @@ def validate(cfg, world=1):
         need(cfg.device == "cpu" or cuda_opt_in, "matmul", "exact runs on the cpu only until a GPU has verified its "
              "CUDA kernels (REPOPS_CUDA_EXACT=1 opts in for that check; docs/exact-matmul.md)", "device")
     try:
-        schedule.parse_phases(cfg.micro_batch_phases)
-    except schedule.ScheduleError as e:
+        parse_phases(cfg.micro_batch_phases)
+    except ScheduleError as e:
         raise UsageError(f"--micro_batch_phases={cfg.micro_batch_phases!r} is out of range: {e}") from None
     if cfg.quant == "int8":
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
@@ -281,6 +297,8 @@ def validate(cfg, world=1):
     need(not (cfg.offload and cfg.hash_async == "on"), "hash_async",
          "an overlapped hash copies the whole state to memory, which --offload is there to avoid",
          "offload")
+    if cfg.device in ("cuda", "mps"):
+        import torch        # here, not at the top: config.py (train.py --help) loads without torch
     if cfg.device == "cuda":
         need(torch.cuda.is_available(), "device", "this machine has no CUDA GPU that torch can use")
         need(torch.cuda.device_count() >= world, "device",
@@ -344,3 +362,52 @@ def differences(mine, theirs):
     missing from one stands for its default)."""
     return [k for k in sorted(set(mine) | set(theirs))
             if mine.get(k, OPTIONAL.get(k)) != theirs.get(k, OPTIONAL.get(k))]
+
+
+# ----------------------------------------------------------------------------- the per-step schedules
+class ScheduleError(ValueError):
+    """A micro_batch_phases string that is not N@S,N@S,... with increasing S."""
+
+
+def parse_phases(text):
+    """[(N, S), ...] of a micro_batch_phases string ("" -> [])."""
+    if text == "":
+        return []
+    phases = []
+    for part in text.split(","):
+        n, at, s = part.strip().partition("@")
+        if not at or not n.isdigit() or not s.isdigit():
+            raise ScheduleError(f"phase {part!r} is not N@S (N micro-batches from step S+1 on)")
+        phases.append((int(n), int(s)))
+    starts = [s for _, s in phases]
+    if any(n < 1 for n, _ in phases) or starts[0] < 1 or any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ScheduleError(f"phases {text!r}: every N >= 1, and each S >= 1 and larger than the one before")
+    return phases
+
+
+def micro_batches_at(cfg, step):
+    """N, the micro-batch count of step (1-based): the last phase whose start S is below step."""
+    n = cfg.micro_batches
+    for count, start in parse_phases(cfg.micro_batch_phases):
+        if step > start:
+            n = count
+    return n
+
+
+def phase_counts(cfg):
+    """Every micro-batch count the run's steps use, in phase order."""
+    return [cfg.micro_batches] + [n for n, _ in parse_phases(cfg.micro_batch_phases)]
+
+
+def lr_at(cfg, step):
+    """Learning rate of step (1-based), as the module docstring specifies."""
+    if step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    span = max(cfg.max_steps - cfg.warmup_steps, 1)
+    progress = min((step - cfg.warmup_steps) / span, 1.0)
+    if cfg.lr_schedule == "cosine":
+        import repops       # here, not at the top: config.py (train.py --help) loads without torch
+        import torch
+        c = repops.ops.cos(torch.tensor([repops.f32(math.pi * progress)], dtype=torch.float32)).tolist()[0]
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + c)
+    return cfg.lr - (cfg.lr - cfg.min_lr) * progress

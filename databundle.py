@@ -28,8 +28,8 @@ import shutil
 
 import hashchain
 import rundir
+from config import micro_batches_at
 from data import BUNDLE, MANIFEST, DataError, DataMismatch, TokenData, chunk_file
-from schedule import micro_batches_at
 
 
 def _write_corpus(corpus, out_dir, needed, steps):

@@ -20,9 +20,8 @@ import time
 
 import receipts
 import rundir
-from config import Config, UsageError, validate
+from config import Config, UsageError, micro_batches_at, validate
 from data import TokenData
-from schedule import micro_batches_at
 from train import TrainState, train_step
 
 

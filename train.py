@@ -52,10 +52,9 @@ import receipts
 import repops
 import rundir
 import snapshot
-from schedule import lr_at, micro_batches_at, phase_counts
 import treefold
-from config import (UsageError, decisive_config, differences, given_keys, parse_config, resolve, usage,
-                    validate)
+from config import (UsageError, decisive_config, differences, given_keys, lr_at, micro_batches_at, parse_config,
+                    phase_counts, resolve, usage, validate)
 from data import DataError, TokenData, batch_digest, get_tokenizer
 from model import Llama, ModelConfig
 
@@ -78,7 +77,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py", "repops_mps.py", "schedule.py"]
+             "checkpoint.py", "quant.py", "repops_mps.py", "config.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
