@@ -57,7 +57,6 @@ import resource
 import sys
 import time
 
-import checkpoint
 import hashchain
 import hfllama
 import optrace
@@ -225,7 +224,7 @@ class Audit:
         except hashchain.ChainError as e:       # the chain breaks before this checkpoint
             self.find(e.line - 1, e.message)
             return None
-        except checkpoint.CheckpointError as e:
+        except rundir.CheckpointError as e:
             raise UsageError(str(e)) from None
         self.bytes_read += os.path.getsize(path)
         return tensors

@@ -1,7 +1,7 @@
 """Canonical hashing of the training state, and the hash chain.
 
 Two pieces, both plain files a third party can check with a few lines of any language
-(checkpoint files, which hold the state, are checkpoint.py; SPEC.md §11-§13 specifies every byte):
+(checkpoint files, which hold the state, are rundir.py; SPEC.md §11-§13 specifies every byte):
 
     import hashchain as hc
 

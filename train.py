@@ -42,7 +42,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import checkpoint
 import deadcheck
 import hashchain
 import hfllama
@@ -77,7 +76,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py", "repops_mps.py", "config.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -292,14 +291,6 @@ def evaluate(state, data, cfg):
 
 
 # ----------------------------------------------------------------------------- run directory
-def save_checkpoint(run_dir, tensors, record):
-    """Checkpoint of the state `tensors` whose record (genesis or step) is `record`."""
-    step = record["step"]
-    checkpoint.save_checkpoint(checkpoint.checkpoint_path(rundir.checkpoint_dir(run_dir), step),
-                              tensors, {"step": step, "state_hash": record["state_hash"],
-                                        "tensor_hashes": record["tensor_hashes"]})
-
-
 def check_identity(cfg, data, genesis, secret, init):
     """A resumed run must be the run its chain started: same decisive config, data, code,
     secret (the genesis record's secret_commit) and imported source (init)."""
@@ -322,14 +313,13 @@ def check_identity(cfg, data, genesis, secret, init):
                          + "; resume with the same --init_from")
 
 
-def restore(run, state, upto, log, writer):
+def restore(run, state, upto, log):
     """Load the latest checkpoint at or before `upto` that verifies; returns its step (0: the
     genesis state, re-created from the config and checked against the genesis record). The
     writer moves a checkpoint that fails verification to rejected/ (evidence, never overwritten)."""
     def on_bad(step, path, error):
-        if writer:
-            log(f"warning: skipping checkpoint {path}: {error}; moved to "
-                f"{rundir.reject_checkpoint(run.dir, path)}")
+        if run.writer:
+            log(f"warning: skipping checkpoint {path}: {error}; moved to {run.reject_checkpoint(path)}")
 
     step, tensors = run.latest_checkpoint(upto, on_bad, mmap=state.offloaded)
     if tensors is not None:
@@ -351,7 +341,7 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         chain_path.touch()
     if world > 1 and not writer:
         dist.barrier()                  # rank 0 has written or repaired everything
-    run = rundir.Run(cfg.run_dir, repair=writer)
+    run = rundir.Run(cfg.run_dir, writer=writer)
     if run.chain.note:
         log("resume: " + run.chain.note)
     run.chain.verify()
@@ -366,25 +356,13 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         secret = receipts.read_secret(run.dir, "the chain's commitments (step_commit) cannot be "
                                       "continued without it; restore it, or start a new --run_dir")
         check_identity(cfg, data, run.genesis, secret, init)
-        start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
+        start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
-    if writer and start == 0 and not checkpoint.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
-        save_checkpoint(run.dir, state.tensors(), run.chain.records[0])
+    if writer and start == 0 and 0 not in dict(run.checkpoints()):
+        run.save_checkpoint(state.tensors(), run.chain.records[0])
     if world > 1 and writer:
         dist.barrier()
-    return run.chain, start, secret
-
-
-def prepare_run_dir(run_dir):
-    """Create the run directory and take its lock (held until this process exits); only then
-    remove leftover checkpoint temp files, which no one else can be writing."""
-    try:
-        os.makedirs(rundir.checkpoint_dir(run_dir), exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
-    lock = rundir.hold_lock(run_dir)
-    checkpoint.remove_temp_files(rundir.checkpoint_dir(run_dir))
-    return lock
+    return run, start, secret
 
 
 class Logger:
@@ -455,9 +433,10 @@ def run(cfg, rank, world):
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
-    lock = prepare_run_dir(cfg.run_dir) if writer else None
+    lock = rundir.hold_lock(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    chain, start, secret = open_run(cfg, data, state, rank, world, log, init)
+    run, start, secret = open_run(cfg, data, state, rank, world, log, init)
+    chain = run.chain
     tokens_per_step = micro_batches_at(cfg, start + 1) * cfg.micro_batch_size * cfg.seq_len
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
         f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
@@ -480,7 +459,7 @@ def run(cfg, rank, world):
         if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
             receipts.append_anchor(cfg.run_dir, step, chain.records[step]["record_hash"])
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
-            save_checkpoint(cfg.run_dir, hashed.tensors, record)
+            run.save_checkpoint(hashed.tensors, record)
         now = time.perf_counter()
         ms, last_log[0] = (now - last_log[0]) * 1000, now
         tokens_per_step = micro_batches_at(cfg, step) * cfg.micro_batch_size * cfg.seq_len

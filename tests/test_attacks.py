@@ -33,7 +33,6 @@ import pytest
 import torch
 
 import audit
-import checkpoint
 import config
 import databundle
 import dataprep
@@ -242,7 +241,7 @@ def data_py(argv):
 
 def output_cases(run, out):
     """(option given, argv) of every output path of every reading tool, aimed at the run."""
-    chain, ckpt = run / "chain.jsonl", checkpoint.checkpoint_path(run / "checkpoints", 10)
+    chain, ckpt = run / "chain.jsonl", rundir.checkpoint_path(run / "checkpoints", 10)
     (out / "chain_link").symlink_to(chain)
     os.link(chain, out / "chain_hard")
     os.link(run / "train.log", out / "log_hard")

@@ -27,7 +27,6 @@ import torch
 
 import audit as audit_module
 import config
-import checkpoint
 import receipts
 import rundir
 import train
@@ -121,7 +120,7 @@ HOSTILE = {  # damage -> what the one line must say (it names the file and what 
 @pytest.mark.parametrize("damage", HOSTILE)
 def test_audit_hostile_files_one_line_exit_2(reference, corpus, tmp_path, damage):
     run = copy_run(reference, tmp_path / "run")
-    ckpt = checkpoint.checkpoint_path(run / "checkpoints", 10)
+    ckpt = rundir.checkpoint_path(run / "checkpoints", 10)
     records = chain_records(run)
     if damage == "chain_fifo":
         _fifo(run / "chain.jsonl")
@@ -303,13 +302,13 @@ def test_resume_with_another_corpus_is_refused(reference, tmp_path):
 
 def test_resume_moves_a_bad_checkpoint_aside_and_rederives_it(reference, corpus, tmp_path):
     run = copy_run(reference, tmp_path / "run")
-    path = checkpoint.checkpoint_path(run / "checkpoints", STEPS)
+    path = rundir.checkpoint_path(run / "checkpoints", STEPS)
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0x01                              # the last byte of the last tensor
     path.write_bytes(raw)
     train_run(run, corpus)                       # resumes from step 20, re-derives 21..30
     assert (run / "rejected" / path.name).read_bytes() == bytes(raw)
-    assert path.read_bytes() == checkpoint.checkpoint_path(reference / "checkpoints", STEPS).read_bytes()
+    assert path.read_bytes() == rundir.checkpoint_path(reference / "checkpoints", STEPS).read_bytes()
     assert "moved to" in (run / "train.log").read_text()
 
 

@@ -27,7 +27,6 @@ import torch
 
 import audit
 import data
-import checkpoint
 import hashchain
 import receipts
 import repops
@@ -104,7 +103,7 @@ def test_step_commit_opens_with_the_documented_bytes(run40, monkeypatch):
     cfg = opened.cfg
     tokens = data.TokenData(opened.recorded_data_dir(), cfg.seed)
     state = train.TrainState(cfg, tokens.vocab_size)
-    state.load(opened.verified_checkpoint(step - 1, checkpoint.checkpoint_path(run40 / "checkpoints", step - 1)))
+    state.load(opened.verified_checkpoint(step - 1, rundir.checkpoint_path(run40 / "checkpoints", step - 1)))
     clipped, clip = [], repops.clip_grad
     monkeypatch.setattr(repops, "clip_grad", lambda g, m: clipped.append(clip(g, m)) or clipped[-1])
     fields = train.train_step(state, tokens, cfg)
@@ -125,7 +124,7 @@ def test_secret_is_private_kept_and_required(run40, corpus, tmp_path):
     run = copy_run(run40, tmp_path / "run")
     assert len(secret_of(run)) == 32 and stat.S_IMODE(os.stat(run40 / "secret").st_mode) == 0o600
     chain = (run / "chain.jsonl").read_bytes()
-    final = checkpoint.checkpoint_path(run / "checkpoints", STEPS)
+    final = rundir.checkpoint_path(run / "checkpoints", STEPS)
 
     final.unlink()                                   # resume from step 30: re-derives 31..40
     train_run(run, corpus, *RUN_FLAGS)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-import checkpoint
+import rundir
 import quant
 
 
@@ -24,8 +24,8 @@ def rows(run):
     run = Path(run)
     records = [json.loads(line) for line in (run / "chain.jsonl").read_text().splitlines()]
     out = []
-    for step, path in checkpoint.list_checkpoints(run / "checkpoints"):
-        tensors, _ = checkpoint.load_checkpoint(path)
+    for step, path in rundir.list_checkpoints(run / "checkpoints"):
+        tensors, _ = rundir.load_checkpoint(path)
         ratios = []
         for name in (n for n in tensors if n.startswith("params.") and n.endswith("_sw")):
             w = tensors[name[:-3]].numpy().astype(np.float64)
