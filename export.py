@@ -8,7 +8,7 @@
 
 OUT gets config.json, model.safetensors (the parameters only, never the Adam moments, with HF
 names: hfllama.py's mapping, fused matrices split, RoPE rows permuted), the tokenizer files when
-the corpus's tokenizer is a Hugging Face one (hftok.py; for "bytes" and tiktoken encodings there
+the corpus's tokenizer is a Hugging Face one (tokenizer.py; for "bytes" and tiktoken encodings there
 is none), and README.md, a model card naming the run, step, state hash, genesis record hash and
 code digest, and how to audit it. The checkpoint is exported only after the chain up to its step
 and the checkpoint itself verify, as sample.py does. Export is a reader: it writes nothing in
@@ -32,7 +32,8 @@ import hfllama
 import repops
 import rundir
 from config import UsageError
-from data import DataError, get_tokenizer
+from data import DataError
+from tokenizer import TokenizerError, get_tokenizer
 from train import code_digest
 
 CARD = """# {name}: step {step} of an auditable RepOps run
@@ -127,7 +128,7 @@ def main(argv):
     args = ap.parse_args(argv)
     try:
         step = export(args.run_dir, args.step, args.out, args.data_dir)
-    except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
+    except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"export.py: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

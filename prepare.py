@@ -20,6 +20,7 @@ import hashchain
 from config import UsageError
 from data import DataError, manifest_digest
 from dataprep import CHUNK_BYTES, make_mix, prepare
+from tokenizer import TokenizerError
 
 
 def main(argv=None, prog=None):
@@ -70,7 +71,7 @@ def main(argv=None, prog=None):
         manifest, out_dir = prepare(
             args.input, args.data_dir, args.tokenizer, args.val_fraction, args.chunk_bytes,
             progress=lambda line: print(line, flush=True))
-    except (DataError, UsageError, OSError, hashchain.HashChainError) as e:  # OSError: not writable
+    except (DataError, TokenizerError, UsageError, OSError, hashchain.HashChainError) as e:  # OSError: not writable
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
     s = manifest["splits"]

@@ -18,7 +18,8 @@ import hashchain
 import repops
 import rundir
 from config import UsageError
-from data import DataError, get_tokenizer
+from data import DataError
+from tokenizer import TokenizerError, get_tokenizer
 from train import TrainState
 
 
@@ -57,7 +58,7 @@ def main(argv):
             raise UsageError("--device mps: this machine has no Apple GPU (MPS) that torch can use")
         model, enc = load_model(args.run_dir, args.step, args.device)
         ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
-    except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
+    except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
         return 2
     print(enc.decode(ids))

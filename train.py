@@ -54,8 +54,9 @@ import snapshot
 import treefold
 from config import (UsageError, decisive_config, differences, given_keys, lr_at, micro_batches_at, parse_config,
                     phase_counts, resolve, usage, validate)
-from data import DataError, TokenData, batch_digest, get_tokenizer
+from data import DataError, TokenData, batch_digest
 from model import Llama, ModelConfig
+from tokenizer import TokenizerError, get_tokenizer
 
 
 class StepRefused(Exception):
@@ -513,7 +514,7 @@ def main(argv):
             backend = "cpu:gloo,cuda:nccl" if cfg.device == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.dist_timeout))
         run(cfg, rank, world)
-    except (UsageError, DataError, treefold.TopologyError, hashchain.HashChainError,
+    except (UsageError, DataError, TokenizerError, treefold.TopologyError, hashchain.HashChainError,
             repops.RepOpsBuildError) as e:
         if rank == 0:
             print(f"train.py: error: {e}", file=sys.stderr)

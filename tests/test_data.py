@@ -28,9 +28,10 @@ sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
 import dataprep  # noqa: E402
 import hashchain  # noqa: E402
-from data import (DataError, DataMismatch, TokenData, batch_digest, get_tokenizer,  # noqa: E402
-                  manifest_digest, mix_thresholds)
+import tokenizer  # noqa: E402
+from data import DataError, DataMismatch, TokenData, batch_digest, manifest_digest, mix_thresholds  # noqa: E402
 from dataprep import make_mix, prepare  # noqa: E402
+from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
 
 M32 = 0xFFFFFFFF
 
@@ -289,13 +290,13 @@ def test_unigram_entropy(tmp_path):
 
 
 def test_tokenizer_errors(monkeypatch):
-    with pytest.raises(DataError, match="unknown tokenizer"):
+    with pytest.raises(TokenizerError, match="unknown tokenizer"):
         get_tokenizer("no_such_encoding")
 
     def offline(name):
         raise ConnectionError("network unreachable")
-    monkeypatch.setattr(data.tiktoken, "get_encoding", offline)
-    with pytest.raises(DataError, match="not available offline"):
+    monkeypatch.setattr(tokenizer.tiktoken, "get_encoding", offline)
+    with pytest.raises(TokenizerError, match="not available offline"):
         get_tokenizer("gpt2")
 
 

@@ -21,14 +21,15 @@ import audit as audit_py  # noqa: E402
 import dataprep  # noqa: E402
 import export  # noqa: E402
 import hfllama  # noqa: E402
-import hftok  # noqa: E402
+import tokenizer  # noqa: E402
 import numpy_replay  # noqa: E402
 import prepare as prepare_cli  # noqa: E402
 import sample  # noqa: E402
 import repops  # noqa: E402
 import train  # noqa: E402
 from config import Config, UsageError  # noqa: E402
-from data import TokenData, get_tokenizer  # noqa: E402
+from data import TokenData  # noqa: E402
+from tokenizer import get_tokenizer  # noqa: E402
 from tiny import ROOT, WORDS, audit, chain_records, script  # noqa: E402
 from tools import hf_tiny  # noqa: E402
 
@@ -91,14 +92,14 @@ def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monk
     folder = str(tmp_path / "tok")
     hf_tiny.train_tokenizer(text, folder, pre=pre)
     enc = get_tokenizer(f"hf:{folder}")
-    assert hftok.streaming_safe(enc) == (pre == "bytelevel")
+    assert tokenizer.streaming_safe(enc) == (pre == "bytelevel")
     monkeypatch.setattr(dataprep, "BLOCK", 97)      # many cuts (for the ByteLevel tokenizer)
     manifest, out = dataprep.prepare([str(base / "corpus.txt")], str(tmp_path / "c"),
                                      tokenizer=f"hf:{folder}", val_fraction=0.1)
     stored = np.concatenate([np.fromfile(os.path.join(out, f), "<u2") for f in ("train.bin", "val.bin")])
     assert stored.tolist() == enc.encode(text)
     assert manifest["tokenizer"] == {"name": "hf", "vocab_size": enc.n_vocab,
-                                     "files": {"tokenizer.json": hftok.file_hashes(folder)["tokenizer.json"]}}
+                                     "files": {"tokenizer.json": tokenizer.file_hashes(folder)["tokenizer.json"]}}
     copy = get_tokenizer("hf", out, manifest["tokenizer"]["files"])     # the corpus's own copy
     assert copy.decode(copy.encode("Thou fair lord.")) == "Thou fair lord."
     with open(os.path.join(out, "tokenizer", "tokenizer.json"), "a") as f:
