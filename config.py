@@ -35,10 +35,12 @@ written as exactly specified arithmetic:
   steps 1..S1 take cfg.micro_batches, steps S1+1..S2 take N1, and so on. On the command line
   --micro_batches=192@0,288@S1,576@S2 sets both keys (micro_batches=192 and the rest).
 """
+import argparse
 import dataclasses
 import inspect
 import math
 import os
+import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -362,6 +364,73 @@ def differences(mine, theirs):
     missing from one stands for its default)."""
     return [k for k in sorted(set(mine) | set(theirs))
             if mine.get(k, OPTIONAL.get(k)) != theirs.get(k, OPTIONAL.get(k))]
+
+
+
+# ----------------------------------------------------------------------------- command lines
+class CommandLine(argparse.ArgumentParser):
+    """The command line of every command but train.py (whose keys are the Config block above:
+    parse_config, usage). One convention:
+
+    * one spelling per option, with underscores (--run_dir, --data_dir, --check_receipts): no
+      aliases, no abbreviations (allow_abbrev=False), no subcommands;
+    * the run is named by --run_dir, the corpus by --data_dir;
+    * a command with modes (audit.py, data.py) declares them as one group of mutually exclusive
+      flags (add_modes), and every other option that belongs to some modes in an argument group
+      whose title names them (options_for); parse_args refuses such an option given with
+      another mode (UsageError, one line), so the groups in --help are the rule itself;
+    * every option's help says what it does and its default (set here, in argparse).
+
+    Commands build it before they import torch, so `--help` answers at once.
+    """
+
+    def __init__(self, prog, description):
+        super().__init__(prog=prog, description=description, allow_abbrev=False)
+        self.mode_flags, self.mode_groups = None, []
+
+    def add_modes(self, title, required=True):
+        """The group of mutually exclusive mode flags, titled `title` in --help."""
+        group = self.add_argument_group(title).add_mutually_exclusive_group(required=required)
+        self.mode_flags = _Recorded(group, None)
+        return self.mode_flags
+
+    def options_for(self, modes, title):
+        """An argument group, titled `title` in --help, of options that go only with the mode
+        flags `modes` (their dests; None: no mode flag given)."""
+        group = _Recorded(self.add_argument_group(title), tuple(modes))
+        self.mode_groups.append(group)
+        return group
+
+    def mode(self, args):
+        """The dest of the mode flag given in parsed `args` (None: none)."""
+        for action in self.mode_flags.actions if self.mode_flags else ():
+            if getattr(args, action.dest) not in (None, False):
+                return action.dest
+        return None
+
+    def parse_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        parsed = super().parse_args(argv, namespace)
+        mode = self.mode(parsed)
+        given = {a.partition("=")[0] for a in argv if a.startswith("--")}
+        for group in self.mode_groups:
+            for action in group.actions:
+                if mode not in group.modes and given & set(action.option_strings):
+                    allowed = " or ".join("--" + m if m else "no mode flag" for m in group.modes)
+                    raise UsageError(f"{action.option_strings[0]} goes with {allowed}")
+        return parsed
+
+
+class _Recorded:
+    """An argparse group that remembers the actions added to it (CommandLine's mode rule)."""
+
+    def __init__(self, group, modes):
+        self.group, self.modes, self.actions = group, modes, []
+
+    def add_argument(self, *args, **kwargs):
+        action = self.group.add_argument(*args, **kwargs)
+        self.actions.append(action)
+        return action
 
 
 # ----------------------------------------------------------------------------- the per-step schedules

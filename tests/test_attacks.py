@@ -34,8 +34,7 @@ import torch
 
 import audit
 import config
-import databundle
-import dataprep
+import data
 import optrace
 import prepare
 import hashchain
@@ -236,7 +235,7 @@ def test_names_paths_and_findings_are_printed_escaped(reference, honest, tmp_pat
 
 # ----------------------------------------------------------------------------- 3. readers never write
 def data_py(argv):
-    return prepare.main(argv, prog="data.py")
+    return data.main(argv)
 
 
 def output_cases(run, out):
@@ -286,7 +285,7 @@ def test_a_token_id_beyond_the_vocabulary_is_one_line(corpus, tmp_path):
     shutil.copytree(corpus, bad)
     tokens = np.fromfile(bad / "train.bin", "<u2")
     tokens[::7] = 300                                # the byte tokenizer has 256 tokens
-    prepared = dataprep.ChunkHasher                  # recompute the manifest as a publisher would
+    prepared = prepare.ChunkHasher                  # recompute the manifest as a publisher would
     manifest = json.loads((bad / "manifest.json").read_text())
     rec = manifest["splits"]["train"]
     fold, leaves = hashchain.MerkleFold(), []
@@ -318,7 +317,8 @@ def no_hang(seconds=20):
 @pytest.fixture(scope="module")
 def bundle(reference, tmp_path_factory):
     out = tmp_path_factory.mktemp("bundle") / "b3"
-    databundle.write_bundle(str(out), str(reference), 3)
+    run = rundir.Run(reference)
+    prepare.write_bundle(str(out), run, TokenData(run.recorded_data_dir(), run.cfg.seed), 3)
     return out
 
 
@@ -391,7 +391,7 @@ def test_a_starting_trainer_removes_every_temp_file(tmp_path):
              ".step_00000020.safetensors.tmp123", "step_00000000.safetensors"]
     for name in names:
         (ckpts / name).write_bytes(b"x")
-    lock = train.prepare_run_dir(tmp_path / "run")
+    lock = rundir.hold_lock(tmp_path / "run")
     lock.close()
     assert sorted(os.listdir(ckpts)) == ["step_00000000.safetensors"]
 

@@ -34,7 +34,7 @@ import time
 import pytest
 
 import treefold
-from dataprep import make_mix
+from prepare import make_mix
 from tiny import TINY, launch_env as env, make_corpus, share_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,12 +18,12 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"      # before transformers is imported: never the network
 
 import audit as audit_py  # noqa: E402
-import dataprep  # noqa: E402
+import data  # noqa: E402
 import export  # noqa: E402
 import hfllama  # noqa: E402
 import tokenizer  # noqa: E402
 import numpy_replay  # noqa: E402
-import prepare as prepare_cli  # noqa: E402
+import prepare  # noqa: E402
 import sample  # noqa: E402
 import repops  # noqa: E402
 import train  # noqa: E402
@@ -64,8 +64,8 @@ def source(tmp_path_factory):
     return base, folder
 
 
-def prepare(base, folder, name="tokens"):
-    return dataprep.prepare([str(base / "corpus.txt")], str(base / name), tokenizer=f"hf:{folder}")
+def prepare_with(base, folder, name="tokens"):
+    return prepare.prepare([str(base / "corpus.txt")], str(base / name), tokenizer=f"hf:{folder}")
 
 
 def logits_ours(model, ids):
@@ -93,8 +93,8 @@ def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monk
     hf_tiny.train_tokenizer(text, folder, pre=pre)
     enc = get_tokenizer(f"hf:{folder}")
     assert tokenizer.streaming_safe(enc) == (pre == "bytelevel")
-    monkeypatch.setattr(dataprep, "BLOCK", 97)      # many cuts (for the ByteLevel tokenizer)
-    manifest, out = dataprep.prepare([str(base / "corpus.txt")], str(tmp_path / "c"),
+    monkeypatch.setattr(prepare, "BLOCK", 97)      # many cuts (for the ByteLevel tokenizer)
+    manifest, out = prepare.prepare([str(base / "corpus.txt")], str(tmp_path / "c"),
                                      tokenizer=f"hf:{folder}", val_fraction=0.1)
     stored = np.concatenate([np.fromfile(os.path.join(out, f), "<u2") for f in ("train.bin", "val.bin")])
     assert stored.tolist() == enc.encode(text)
@@ -111,7 +111,7 @@ def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monk
 # ----------------------------------------------------------------------------- end to end
 def test_finetune_audit_export_round_trip(source, tmp_path):
     base, folder = source
-    _, corpus = prepare(base, folder)
+    _, corpus = prepare_with(base, folder)
     run, out = tmp_path / "run", tmp_path / "export"
     proc = script("train.py", f"--init_from={folder}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN)
     assert proc.returncode == 0, proc.stderr
@@ -178,7 +178,7 @@ def test_tied_embeddings_import_train_export(source, tmp_path, capsys):
     tied.mkdir()
     (tied / "tokenizer.json").write_bytes((base / "model" / "tokenizer.json").read_bytes())
     save_random_llama(str(tied), HF_vocab(folder), tied=True, seed=1)
-    _, corpus = prepare(base, folder, "tokens_tied")
+    _, corpus = prepare_with(base, folder, "tokens_tied")
     run, out = tmp_path / "run", tmp_path / "export"
     assert train.main([f"--init_from={tied}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN[:3],
                        "--max_steps=2", *RUN[4:]]) == 0
@@ -237,7 +237,7 @@ def one_line_error(capsys, code, prog):
 
 def test_refusals_are_one_line(source, tmp_path, capsys):
     base, folder = source
-    _, corpus = prepare(base, folder, "tokens_refusals")
+    _, corpus = prepare_with(base, folder, "tokens_refusals")
     common = [f"--init_from={folder}", f"--data_dir={corpus}", *RUN]
     line = one_line_error(capsys, train.main([*common, "--n_layer=3", f"--run_dir={tmp_path / 'a'}"]), "train.py")
     assert "--n_layer=3 contradicts" in line and not (tmp_path / "a").exists()
@@ -254,8 +254,8 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     with pytest.raises(UsageError, match="mlp.gate_proj.weight would be|has no place|missing"):
         hfllama.from_hf({"model.embed_tokens.weight": torch.zeros(3)}, Config(), {}, "x")
 
-    line = one_line_error(capsys, prepare_cli.main(["--input", str(base / "corpus.txt"), "--data_dir",
-                                                    str(tmp_path / "c"), "--tokenizer", f"hf:{tmp_path}"], "data.py"), "data.py")
+    line = one_line_error(capsys, data.main(["--input", str(base / "corpus.txt"), "--data_dir",
+                                             str(tmp_path / "c"), "--tokenizer", f"hf:{tmp_path}"]), "data.py")
     assert "no tokenizer.json there" in line and not (tmp_path / "c").exists()
     run = tmp_path / "ok"
     one_line_error(capsys, export.main([str(run), "--to", "hf", str(run / "inside")]), "export.py")
