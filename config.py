@@ -378,10 +378,12 @@ class CommandLine(argparse.ArgumentParser):
     * a command with modes (audit.py, data.py) declares them as one group of mutually exclusive
       flags (add_modes), and every other option that belongs to some modes in an argument group
       whose title names them (options_for); parse_args refuses such an option given with
-      another mode (UsageError, one line), so the groups in --help are the rule itself;
+      another mode (UsageError), so the groups in --help are the rule itself;
+    * bad input is one line `PROG: error: ...` and exit 2;
     * every option's help says what it does and its default (set here, in argparse).
 
-    Commands build it before they import torch, so `--help` answers at once.
+    A command defines its parser before it imports torch and calls answer_early() there, so
+    `--help` answers at once.
     """
 
     def __init__(self, prog, description):
@@ -404,7 +406,8 @@ class CommandLine(argparse.ArgumentParser):
     def mode(self, args):
         """The dest of the mode flag given in parsed `args` (None: none)."""
         for action in self.mode_flags.actions if self.mode_flags else ():
-            if getattr(args, action.dest) not in (None, False):
+            value = getattr(args, action.dest)
+            if value is not None and value is not False:      # --step 0 is a mode too
                 return action.dest
         return None
 
@@ -419,6 +422,18 @@ class CommandLine(argparse.ArgumentParser):
                     allowed = " or ".join("--" + m if m else "no mode flag" for m in group.modes)
                     raise UsageError(f"{action.option_strings[0]} goes with {allowed}")
         return parsed
+
+    def answer_early(self):
+        """Parse sys.argv at the top of a command's file, before it imports torch: `--help` and
+        bad input answer at once (main parses again, and reports the rest)."""
+        try:
+            self.parse_args()
+        except UsageError as e:
+            self.exit(2, f"{self.prog}: error: {e}\n")
+
+    def error(self, message):
+        """Bad input is one line and exit 2 (argparse would print the usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 class _Recorded:

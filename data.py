@@ -99,7 +99,7 @@ def parser():
 
 
 if __name__ == "__main__":
-    parser().parse_args()       # --help and a malformed line answer here, before torch is imported
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
 
 import torch  # noqa: E402  (below the command line's first answer, above)
 
@@ -480,8 +480,8 @@ class TokenData:
 def main(argv=None):
     """`python data.py ...`: prepare a corpus, mix corpora, or cut a bundle (the docstring)."""
     ap = parser()
-    args = ap.parse_args(argv)
     try:
+        args = ap.parse_args(argv)
         if args.bundle:
             print(bundle_command(args))
         elif args.mix is not None:

@@ -18,7 +18,6 @@ train, audit or sample.
     run = Run("runs/default", writer=True) # the lock holder: repairs a torn chain tail, writes
     run.save_checkpoint(tensors, record)   # checkpoints/step_<record step>.safetensors, atomically
     check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is the run's
-    first, last = chain_steps(run, "1:40")  # steps A:B of the chain (default all), refused if not in it
 
     save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
     tensors, meta = load_checkpoint(path)              # strict; mmap=True maps each tensor when read
@@ -439,26 +438,3 @@ class Run:
     def recorded_data_dir(self):
         """The corpus the run was trained on, as config.json names it."""
         return self.recorded("data_dir", str, config.Config.data_dir)
-
-
-# ----------------------------------------------------------------------------- step ranges
-def parse_range(text, flag):
-    """(first, last) of a command line's A:B step range (UsageError unless 1 <= A <= B)."""
-    a, _, b = text.partition(":")
-    try:
-        first, last = int(a), int(b)
-    except ValueError:
-        raise UsageError(f"{flag} expects A:B, got {text!r}") from None
-    if not 1 <= first <= last:
-        raise UsageError(f"{flag} {text}: steps start at 1 and a range runs forward")
-    return first, last
-
-
-def chain_steps(run, steps, flag="--steps"):
-    """(first, last) of `steps` (A:B, default: every step), refused unless in the chain."""
-    run.chain.verify()
-    last_step = len(run.chain) - 1
-    first, last = parse_range(steps, flag) if steps else (1, last_step)
-    if last > last_step:
-        raise UsageError(f"{flag}: steps {first}..{last} are not in the chain (it holds steps 1..{last_step})")
-    return first, last

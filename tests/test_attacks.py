@@ -228,7 +228,7 @@ def test_names_paths_and_findings_are_printed_escaped(reference, honest, tmp_pat
     (forged / "b.json").write_text(json.dumps({**honest, "verdict": "MISMATCH", "auditor": "carol",
                                                "findings": ["x\naccepted  /fake: step 4 by bob"]}))
     (forged / "c\naccepted  fake.json").write_text(json.dumps({**honest, "auditor": "dave"}))
-    code, out, _ = call(audit.main, ["--run_dir", reference, "--check-receipts", forged])
+    code, out, _ = call(audit.main, ["--run_dir", reference, "--check_receipts", forged])
     assert code == 2 and "/fake" in out, out
     assert [line.split()[0] for line in out.splitlines()] == ["malformed", "rejected", "accepted", "receipts"], out
 
@@ -254,8 +254,8 @@ def output_cases(run, out):
         ("--trace", (audit.main, step + ["--trace", out / "run_link" / "new.jsonl"])),
         ("--receipt", (audit.main, step + ["--receipt", run / "r.json", "--auditor", "a"])),
         ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--auditor", "a"])),
-        ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", run / "s.json"])),
-        ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", out / "chain_hard"])),
+        ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", run / "s.json"])),
+        ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", out / "chain_hard"])),
         ("-o", (report.main, [run, "-o", run / "report.html"])),
         ("-o", (report.main, [run, "-o", out / "log_hard"])),
         ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run, "--data_dir", run / "b"])),
