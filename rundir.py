@@ -40,6 +40,7 @@ is a CheckpointError (a hashchain.HashChainError) with a one-line message.
 """
 import datetime
 import fcntl
+import functools
 import json
 import math
 import os
@@ -404,12 +405,13 @@ class Run:
         os.rename(path, dest)
         return dest
 
-    def config_json_differences(self):
-        """Decisive keys on which config.json disagrees with the genesis record ([] if equal or
-        absent). config.json is for people; the genesis record is what counts."""
+    @functools.cached_property
+    def _config_json(self):
+        """(config.json as a dict, or None when it is missing; the error that makes it unusable,
+        or None), read once: config.json is for people, the genesis record is what counts."""
         path = self.dir / "config.json"
         if not path.exists():
-            return []
+            return None, None
         try:
             with hashchain.open_regular(path, "config") as f:
                 raw = f.read(MAX_CONFIG_JSON + 1)
@@ -419,20 +421,25 @@ class Run:
             if not isinstance(recorded, dict):
                 raise ValueError("not a JSON object")
         except (UnicodeDecodeError, ValueError) as e:
-            raise UsageError(f"{path} is not a config file: {e}") from None
-        decisive = {k: v for k, v in recorded.items() if k not in config.BOOKKEEPING}
-        return config.differences(decisive, self.genesis.get("config", {}))
+            return None, UsageError(f"{path} is not a config file: {e}")
+        except hashchain.HashChainError as e:
+            return None, e
+        return recorded, None
+
+    def config_json_differences(self):
+        """Decisive keys on which config.json disagrees with the genesis record ([] if equal or
+        absent); UsageError (HashChainError) if it is there but not a config file."""
+        recorded, error = self._config_json
+        if error:
+            raise error
+        decisive = {k: v for k, v in (recorded or {}).items() if k not in config.BOOKKEEPING}
+        return config.differences(decisive, self.genesis.get("config", {})) if recorded is not None else []
 
     def recorded(self, key, kind, default):
         """A bookkeeping value as config.json records it (where the data lives, whether the
         trainer recomputed activations): not part of what is audited; `default` when
         config.json is missing, unreadable or has no such value of type `kind`."""
-        path = self.dir / "config.json"
-        try:
-            with hashchain.open_regular(path, "config") as f:
-                value = hashchain.strict_json(f.read(MAX_CONFIG_JSON).decode("utf-8")).get(key)
-        except (hashchain.HashChainError, UnicodeDecodeError, ValueError, AttributeError):
-            value = None
+        value = (self._config_json[0] or {}).get(key)
         return value if isinstance(value, kind) and value != "" else default
 
     def recorded_data_dir(self):
