@@ -13,7 +13,7 @@ and the per-step schedules (learning rate, micro-batches per step) that it decid
     micro_batches_at(cfg, 120)   # N of step 120: cfg.micro_batches, or its micro_batch_phases entry
     phase_counts(cfg)            # every N the run uses (the ranks must divide each one)
 
-Every field can be overridden as --key=value or --key value (dashes or underscores). Unknown
+Every field can be overridden as --key=value or --key value, spelled as in Config. Unknown
 keys, wrong types and out-of-range values are refused with one line (UsageError); nothing is
 created before the whole config is valid. --preset=NAME (PRESETS) sets a group of keys first,
 wherever it stands on the line; every other key overrides it. Bookkeeping fields (where files
@@ -53,16 +53,16 @@ class Config:
     seed: int = 1337                    # init, data order and dropout all derive from it
     # model
     vocab_size: int = 0                 # 0: the corpus tokenizer's; larger pads (rows no data indexes)
-    n_layer: int = 4
-    n_head: int = 4
+    n_layer: int = 4                    # transformer blocks
+    n_head: int = 4                     # query heads per block
     n_kv_head: int = 0                  # 0: n_head; fewer: grouped-query attention (divides n_head)
-    d_model: int = 128
-    d_hidden: int = 384
-    seq_len: int = 128
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    init_std: float = 0.02
+    d_model: int = 128                  # the residual stream's width
+    d_hidden: int = 384                 # SwiGLU's hidden width
+    seq_len: int = 128                  # tokens per sequence (the context)
+    rope_theta: float = 10000.0         # RoPE's base
+    norm_eps: float = 1e-5              # RMSNorm's epsilon
+    dropout: float = 0.0                # residual dropout (Philox masks, replayable)
+    init_std: float = 0.02              # standard deviation of the initial weights
     tie_embeddings: bool = False        # one tensor tok_emb is the input and output embedding
     # A Hugging Face Llama folder (hfllama.py): the initial parameters are its weights, mapped;
     # its config.json sets the model keys. Bookkeeping: the genesis record commits to the files'
@@ -77,27 +77,27 @@ class Config:
     emb_norm: bool = False              # RMSNorm (learned weight emb_norm [d]) after the token embedding
     matmul: str = "fp32"                # "exact": every model matmul is the exact integer matmul (contract §11)
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
-    micro_batches: int = 4
-    # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (micro_batches_at below);
+    micro_batches: int = 4              # N, the micro-batches of a step (the first phase's)
+    # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (config.micro_batches_at);
     # --micro_batches=192@0,288@S1 sets micro_batches=192 and this to "288@S1"
     micro_batch_phases: str = ""
-    micro_batch_size: int = 8
-    # optimizer: AdamW, linear warmup then decay to min_lr at max_steps (lr_at below)
-    max_steps: int = 300
+    micro_batch_size: int = 8           # sequences per micro-batch
+    # optimizer: AdamW, linear warmup then decay to min_lr at max_steps (config.lr_at)
+    max_steps: int = 300                # the run's last step
     lr_schedule: str = "linear"         # the decay: linear, or cosine (the contract's canonical cos)
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 20
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
+    lr: float = 3e-3                    # peak learning rate, reached after warmup
+    min_lr: float = 3e-4                # the learning rate at max_steps
+    warmup_steps: int = 20              # steps of linear warmup from 0
+    beta1: float = 0.9                  # AdamW's first-moment decay
+    beta2: float = 0.95                 # AdamW's second-moment decay
+    adam_eps: float = 1e-8              # AdamW's epsilon
     weight_decay: float = 0.1           # on matrices only
-    grad_clip: float = 1.0
-    zloss: float = 1e-4
+    grad_clip: float = 1.0              # the gradient's largest L2 norm (clipped above it)
+    zloss: float = 1e-4                 # weight of the z-loss (logsumexp^2) in the loss
     # bookkeeping (does not change the chain)
-    checkpoint_every: int = 50
-    eval_every: int = 100
-    eval_batches: int = 4
+    checkpoint_every: int = 50          # a checkpoint every N steps (and at max_steps)
+    eval_every: int = 100               # validation loss every N steps (0: never)
+    eval_batches: int = 4               # micro-batches of validation data per evaluation
     sample_tokens: int = 200            # printed at the end (0: none)
     threads: int = 0                    # torch threads per process (0: torch's default)
     device: str = "cpu"                 # "cuda" / "mps": same bits on the GPU kernels (rank r uses GPU r)
@@ -197,7 +197,6 @@ def _arguments(argv):
             if i + 1 >= len(argv):
                 raise UsageError(f"--{key} needs a value")
             value, i = argv[i + 1], i + 1
-        key = key.replace("-", "_")
         if key == "preset":
             if value not in PRESETS:
                 raise UsageError(f"unknown preset {value!r} (known: {', '.join(PRESETS)})")
@@ -328,8 +327,8 @@ def usage(prog="train.py"):
     a "*" marks the decisive keys (the genesis record holds them)."""
     lines = [f"usage: {prog} [--preset=NAME] [--KEY=VALUE | --KEY VALUE ...]",
              "",
-             "Every key of config.Config; --key_name and --key-name are the same key. --preset sets",
-             f"a group of keys first ({', '.join(PRESETS)}), any other key overrides it.",
+             "Every key of config.Config, spelled as below (underscores). --preset sets a group of keys",
+             f"first ({', '.join(PRESETS)}), any other key overrides it.",
              "* decisive: in the genesis record; a resume or an audit must use the same value.",
              "  (unmarked: bookkeeping, may differ when resuming or auditing)"]
     defaults = dataclasses.asdict(Config())
@@ -350,6 +349,15 @@ def usage(prog="train.py"):
         lines += textwrap.wrap(doc, 100, initial_indent=f"{key:<32} ", subsequent_indent=" " * 33) or [key]
         comment = []
     return "\n".join(lines) + "\n"
+
+
+def answered_help(argv, prog="train.py"):
+    """Print usage() and return True when argv asks for it (-h, --help). train.py asks at the top
+    of its file, before it imports torch, so that --help answers at once, and in main."""
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(usage(prog), end="")
+        return True
+    return False
 
 
 def decisive_config(cfg):

@@ -39,10 +39,16 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+from config import (UsageError, answered_help, decisive_config, differences, given_keys, lr_at, micro_batches_at,
+                    parse_config, phase_counts, resolve, validate)
 
-import deadcheck
+if __name__ == "__main__" and answered_help(sys.argv[1:]):
+    sys.exit(0)                 # --help answers here, before torch is imported
+
+import torch  # noqa: E402  (below --help's answer, above)
+import torch.distributed as dist  # noqa: E402
+
+import deadcheck  # noqa: E402
 import hashchain
 import hfllama
 import offload
@@ -52,8 +58,6 @@ import repops
 import rundir
 import snapshot
 import treefold
-from config import (UsageError, decisive_config, differences, given_keys, lr_at, micro_batches_at, parse_config,
-                    phase_counts, resolve, usage, validate)
 from data import DataError, TokenData, batch_digest
 from model import Llama, ModelConfig
 from tokenizer import TokenizerError, get_tokenizer
@@ -498,8 +502,7 @@ def run(cfg, rank, world):
 
 
 def main(argv):
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(usage(), end="")          # every config key, its default and comment (config.py)
+    if answered_help(argv):      # every config key, its default and comment (config.py)
         return 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

@@ -140,7 +140,7 @@ def test_finetune_audit_export_round_trip(source, tmp_path):
     params["layers.1.wqkv"][3, 0] = torch.nextafter(params["layers.1.wqkv"][3, 0], torch.tensor(1.0))
     assert "layers.1.wqkv differs" in hfllama.source_difference(folder, genesis["init"], params, start.cfg)
 
-    proc = script("export.py", run, "--step", STEPS, "--to", "hf", out)
+    proc = script("export.py", "--run_dir", run, "--step", STEPS, "--to", "hf", "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
     card = (out / "README.md").read_text()
@@ -202,9 +202,9 @@ def test_tied_embeddings_import_train_export(source, tmp_path, capsys):
     # the NumPy replay written from SPEC.md (§17 the imported state, §18 the tied gradient) agrees
     said = []
     assert numpy_replay.replay(str(run), str(corpus), 2, str(ROOT), said.append), said
-    assert export.main([str(run), "--step", "2", "--to", "hf", str(out)]) == 0
+    assert export.main(["--run_dir", str(run), "--step", "2", "--to", "hf", "--out", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
-    assert export.main([str(run), "--step", "2", "--to", "hf", str(tmp_path / "again")]) == 0
+    assert export.main(["--run_dir", str(run), "--step", "2", "--to", "hf", "--out", str(tmp_path / "again")]) == 0
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == \
         {f: (tmp_path / "again" / f).read_bytes() for f in os.listdir(tmp_path / "again")}   # byte for byte
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
@@ -258,14 +258,14 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
                                              str(tmp_path / "c"), "--tokenizer", f"hf:{tmp_path}"]), "data.py")
     assert "no tokenizer.json there" in line and not (tmp_path / "c").exists()
     run = tmp_path / "ok"
-    one_line_error(capsys, export.main([str(run), "--to", "hf", str(run / "inside")]), "export.py")
+    one_line_error(capsys, export.main(["--run_dir", str(run), "--to", "hf", "--out", str(run / "inside")]), "export.py")
     drop = tmp_path / "drop"
     assert train.main([*common, f"--run_dir={drop}", "--max_steps=1", "--dropout=0.1"]) == 0
     capsys.readouterr()
-    line = one_line_error(capsys, export.main([str(drop), "--to", "hf", str(tmp_path / "out")]), "export.py")
+    line = one_line_error(capsys, export.main(["--run_dir", str(drop), "--to", "hf", "--out", str(tmp_path / "out")]), "export.py")
     assert "dropout" in line and not (tmp_path / "out").exists()
     qk = tmp_path / "qk"
     assert train.main([*common, f"--run_dir={qk}", "--max_steps=1", "--qk_norm=true"]) == 0
     capsys.readouterr()
-    line = one_line_error(capsys, export.main([str(qk), "--to", "hf", str(tmp_path / "out")]), "export.py")
+    line = one_line_error(capsys, export.main(["--run_dir", str(qk), "--to", "hf", "--out", str(tmp_path / "out")]), "export.py")
     assert "qk_norm" in line and not (tmp_path / "out").exists()

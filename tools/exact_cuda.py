@@ -14,11 +14,26 @@ Speed: median time of 4096^3 and 8192^3 as TFLOP/s-equivalent (2 M N K / time) n
 fp32 (TF32 off) and RepOps fp32 (repops.ops.matmul, the selected version). The EXACT lines are what
 .ci/gpu's summary collects. Exit status 1 on any mismatch.
 """
-import argparse
 import sys
 import time
 
-import numpy as np
+from config import CommandLine
+
+
+def parser():
+    ap = CommandLine("python -m tools.exact_cuda", "The exact matmul's CUDA kernels (contract §11) checked bit "
+                     "for bit against the CPU kernel, then timed.")
+    ap.add_argument("--quick", action="store_true", help="the small cases only, and 1024^3 timed")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cuda, or cpu: a dry run of the check (the CPU against itself), no timing "
+                         "(default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import numpy as np  # noqa: E402  (below the command line's first answer, above)
 import torch
 
 import config
@@ -73,11 +88,8 @@ def timing(sizes):
         print(f"EXACT speed {n:6d} {ex:8.2f} {cb:8.2f} {rp:8.2f} {ex / cb:13.2f} {ex / rp:13.2f}", flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small cases only; time 1024^3")
-    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the check (the CPU against itself), no timing")
-    args = ap.parse_args()
+def main(argv=None):
+    args = parser().parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("exact_cuda: error: no CUDA device")
     repops.load()

@@ -33,13 +33,32 @@ geometric mean of its speed over the timed shapes, becomes the default (repops.p
 REPOPS_CUDA_MATMUL / REPOPS_CUDA_INT8 / REPOPS_CUDA_CLIP defaults); no other. Exit status 1 when any version or path
 differed from the CPU anywhere (it must stay opt-in), 0 otherwise.
 """
-import argparse
 import math
 import statistics
 import sys
 import time
 
-import numpy as np
+from config import CommandLine
+
+VERSIONS = (1, 2, 3, 4)          # the fp32 matmul versions (repops.ops.matmul_v)
+
+
+def parser():
+    ap = CommandLine("python -m tools.matmul_versions", "The CUDA kernel versions (kernels/cuda/ and dev/cuda/) "
+                     "checked bit for bit against the CPU backend, then timed; needs a CUDA GPU.")
+    ap.add_argument("--fp32", action="store_true", help="only the fp32 matmul versions (default: every section)")
+    ap.add_argument("--int8", action="store_true", help="only the int8 GEMM paths (default: every section)")
+    ap.add_argument("--clip", action="store_true", help="only the gradient-norm versions (default: every section)")
+    ap.add_argument("--quick", action="store_true", help="fewer and smaller cases (a smoke run)")
+    ap.add_argument("--versions", default=",".join(map(str, VERSIONS)), metavar="V,...",
+                    help="the fp32 versions to check, e.g. 1,3 after one crashed the process (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import numpy as np  # noqa: E402  (below the command line's first answer, above)
 import torch
 
 import config
@@ -47,7 +66,7 @@ import repops
 from tools.bench_cuda import SHAPES_1B, SHAPES_27M, gpu_time
 from tools.torch_llama import model_shapes
 
-VERSIONS = (1, 2, 3, 4)
+
 CLIP_VERSIONS = (1, 2)
 INT8_PATHS = {0: "mma", 1: "cublaslt"}
 MAX_INT8_K = 133144          # the binding's bound: K * 127^2 < 2^31
@@ -328,15 +347,9 @@ def time_clip(quick):
     return speeds
 
 
-def main():
-    ap = argparse.ArgumentParser(description="verify and time the CUDA kernel versions")
-    ap.add_argument("--fp32", action="store_true", help="the fp32 matmul versions")
-    ap.add_argument("--int8", action="store_true", help="the int8 GEMM paths")
-    ap.add_argument("--clip", action="store_true", help="the gradient-norm versions")
-    ap.add_argument("--quick", action="store_true", help="fewer and smaller cases")
-    ap.add_argument("--versions", default=",".join(map(str, VERSIONS)),
-                    help="fp32 versions to check, e.g. 1,3 (after one crashed the process)")
-    args = ap.parse_args()
+def main(argv=None):
+    ap = parser()
+    args = ap.parse_args(argv)
     try:
         versions = tuple(int(v) for v in args.versions.split(","))
     except ValueError:
