@@ -278,9 +278,10 @@ def validate(cfg, world=1):
         need(cfg.quant == "none", "matmul", "exact has no int8 form (the int8 block linears are their own GEMM)", "quant")
         need(cfg.attn_window == 0 or cfg.device == "cpu", "matmul", "exact's windowed attention (its band "
              "products) has CPU kernels only", "attn_window", "device")
-        cuda_opt_in = cfg.device == "cuda" and os.environ.get("REPOPS_CUDA_EXACT", "") == "1"
-        need(cfg.device == "cpu" or cuda_opt_in, "matmul", "exact runs on the cpu only until a GPU has verified its "
-             "CUDA kernels (REPOPS_CUDA_EXACT=1 opts in for that check; docs/exact-matmul.md)", "device")
+        # its CUDA kernels are in dev/cuda until a GPU has verified them: built only with REPOPS_CUDA_DEV=1
+        cuda_dev = cfg.device == "cuda" and os.environ.get("REPOPS_CUDA_DEV", "") == "1"
+        need(cfg.device == "cpu" or cuda_dev, "matmul", "exact runs on the cpu only until a GPU has verified its "
+             "CUDA kernels (dev/cuda; REPOPS_CUDA_DEV=1 builds them for that check; docs/exact-matmul.md)", "device")
     try:
         parse_phases(cfg.micro_batch_phases)
     except ScheduleError as e:

@@ -8,7 +8,7 @@
     python -m tools.matmul_versions --fp32 --versions 1,3   # some versions (one crashed the process)
 
 fp32 (contract §4.1): every version of repops.ops.matmul_v (1: kernels/cuda/matmul.cu, 2, 3 and
-4: kernels/cuda/matmul_tiled.cu; 4 picks 2 or 3 by size) against the CPU kernel on odd sizes,
+4: dev/cuda/matmul_tiled.cu; 4 picks 2 or 3 by size) against the CPU kernel on odd sizes,
 K = 0 and K = 1, transposed views and step-2 slices, batch broadcast, the attention products,
 the forward and both backward products of the default, 27.5M and 1.23B models, and 4096^3 and
 8192^3. Where the CPU would take
@@ -357,8 +357,9 @@ def main(argv=None):
     if not versions or not set(versions) <= set(VERSIONS):
         ap.error(f"--versions must be a comma-separated subset of {','.join(map(str, VERSIONS))}")
     if not torch.cuda.is_available():
-        print("matmul_versions.py: error: needs a CUDA GPU that torch can use", file=sys.stderr)
-        sys.exit(2)
+        ap.error("needs a CUDA GPU that torch can use")
+    if not repops.CUDA_DEV:
+        ap.error("the versions under verification are in dev/cuda: run with REPOPS_CUDA_DEV=1 (as .ci/gpu does)")
     repops.load()
     props = torch.cuda.get_device_properties(0)
     print(f"GPU: {props.name}, {props.multi_processor_count} SMs | torch {torch.__version__} | CUDA {torch.version.cuda}"
