@@ -427,6 +427,82 @@ def device_of(cfg, world):
 
 
 # ----------------------------------------------------------------------------- the loop
+def step_line(step, fields, record, tokens, seconds):
+    """The log line of a published step: loss, learning rate, gradient norm, the wall time since
+    the previous step's line, throughput and the state hash's prefix."""
+    ms = seconds * 1000
+    return (f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
+            f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens / ms * 1000:7.0f} tok/s | "
+            f"state {record['state_hash'][:12]}")
+
+
+class Publisher:
+    """Publishes each step from its finished hash job, in order: refuses a non-finite state,
+    checks that the ranks agree, appends the record, anchors, checkpoints (from the hashed copy)
+    and logs the step's line (step_line)."""
+
+    def __init__(self, run, data, cfg, secret, log, world):
+        self.run, self.data, self.cfg, self.secret, self.log, self.world = run, data, cfg, secret, log, world
+        self.last_line = time.perf_counter()       # when the previous step's line was logged
+
+    def __call__(self, fields, job):
+        cfg, writer = self.cfg, self.run.writer
+        hashed = job.result()
+        step = hashed.step
+        if hashed.nonfinite:
+            raise StepRefused(f"step {step}: the update left non-finite values in {hashed.nonfinite[0]}; "
+                              "the step is refused and nothing of it is written")
+        record = step_record(step, hashed.root, hashed.leaves, self.data, cfg, fields, self.secret,
+                             hashed.result_root)
+        if self.world > 1:
+            check_same_state(record["state_hash"], self.world)
+        publish(self.run.chain, record, writer)
+        if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
+            receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"])
+        if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
+            self.run.save_checkpoint(hashed.tensors, record)
+        now = time.perf_counter()
+        seconds, self.last_line = now - self.last_line, now
+        self.log(step_line(step, fields, record, tokens_at(cfg, step), seconds))
+
+
+def tokens_at(cfg, step):
+    """Tokens of step `step`: its micro-batches (its phase's N) x micro_batch_size x seq_len."""
+    return micro_batches_at(cfg, step) * cfg.micro_batch_size * cfg.seq_len
+
+
+def train_steps(state, data, cfg, rank, world, start, publish, log):
+    """Steps start+1 .. max_steps, each published by `publish` (a Publisher). With an overlapped
+    hash (hash_overlaps), step N is published after step N+1 has computed, its hash running
+    meanwhile; an evaluation, the last step or a refused step publishes what is pending first."""
+    hasher = snapshot.StateHasher(overlap=hash_overlaps(cfg))
+    pending = None
+    for step in range(start + 1, cfg.max_steps + 1):
+        try:
+            fields = train_step(state, data, cfg, rank, world)
+        except StepRefused:
+            if pending:
+                publish(*pending)
+            raise
+        if pending:
+            publish(*pending)
+        pending = (fields, hasher.submit(state, fields["grad_root"]))   # keyed by grad_root: result_root
+        evaluate_now = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps)
+        if not hasher.overlap or evaluate_now or step == cfg.max_steps:
+            publish(*pending)
+            pending = None
+        if evaluate_now:
+            log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")  # every rank evaluates
+
+
+def log_sample(state, data, cfg, log):
+    """A sample of cfg.sample_tokens tokens from the final model, decoded with the corpus's tokenizer."""
+    tok = data.manifest["tokenizer"]
+    enc = get_tokenizer(tok["name"], data.path, tok.get("files"))
+    ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
+    log("sample:\n" + enc.decode(ids))
+
+
 def run(cfg, rank, world):
     """Train (or resume) cfg.run_dir up to cfg.max_steps; returns the final state."""
     if cfg.threads:
@@ -440,62 +516,13 @@ def run(cfg, rank, world):
     init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
     lock = rundir.hold_lock(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    run, start, secret = open_run(cfg, data, state, rank, world, log, init)
-    chain = run.chain
-    tokens_per_step = micro_batches_at(cfg, start + 1) * cfg.micro_batch_size * cfg.seq_len
-    log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
+    opened, start, secret = open_run(cfg, data, state, rank, world, log, init)
+    log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_at(cfg, start + 1)} tokens/step | "
         f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
-    hasher = snapshot.StateHasher(overlap=hash_overlaps(cfg))
-    last_log = [time.perf_counter()]
-
-    def finish(fields, job):
-        """Publish a step from its finished hash job: refuse a non-finite state, check the ranks
-        agree, append the record, anchor, checkpoint (from the hashed copy), log."""
-        hashed = job.result()
-        step = hashed.step
-        if hashed.nonfinite:
-            raise StepRefused(f"step {step}: the update left non-finite values in {hashed.nonfinite[0]}; "
-                              "the step is refused and nothing of it is written")
-        record = step_record(step, hashed.root, hashed.leaves, data, cfg, fields, secret, hashed.result_root)
-        if world > 1:
-            check_same_state(record["state_hash"], world)
-        publish(chain, record, writer)
-        if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
-            receipts.append_anchor(cfg.run_dir, step, chain.records[step]["record_hash"])
-        if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
-            run.save_checkpoint(hashed.tensors, record)
-        now = time.perf_counter()
-        ms, last_log[0] = (now - last_log[0]) * 1000, now
-        tokens_per_step = micro_batches_at(cfg, step) * cfg.micro_batch_size * cfg.seq_len
-        log(f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
-            f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens_per_step / ms * 1000:7.0f} tok/s | "
-            f"state {record['state_hash'][:12]}")
-
-    # With overlap, step N is published after step N+1 has computed (its hash ran meanwhile);
-    # an evaluation, the last step or a refused step publishes what is pending first.
-    pending = None
-    for step in range(start + 1, cfg.max_steps + 1):
-        try:
-            fields = train_step(state, data, cfg, rank, world)
-        except StepRefused:
-            if pending:
-                finish(*pending)
-            raise
-        if pending:
-            finish(*pending)
-        pending = (fields, hasher.submit(state, fields["grad_root"]))   # keyed by grad_root: result_root
-        evaluate_now = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps)
-        if not hasher.overlap or evaluate_now or step == cfg.max_steps:
-            finish(*pending)
-            pending = None
-        if evaluate_now:
-            log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")  # every rank evaluates
+    train_steps(state, data, cfg, rank, world, start, Publisher(opened, data, cfg, secret, log, world), log)
     if writer and cfg.sample_tokens:
-        tok = data.manifest["tokenizer"]
-        enc = get_tokenizer(tok["name"], data.path, tok.get("files"))
-        ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
-        log("sample:\n" + enc.decode(ids))
+        log_sample(state, data, cfg, log)
     if lock:
         lock.close()
     return state
