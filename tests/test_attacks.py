@@ -1,4 +1,4 @@
-"""Round 2's attacks (issue 24) as tests: each failed on the code before its fix.
+"""Attacks on the data, the receipts and the readers, as tests: each names what it forges and what refuses it.
 
     python -m pytest tests/test_attacks.py -q
 
