@@ -1,5 +1,6 @@
 """The run's configuration: one commented block, a strict command-line parser, full validation,
-and the per-step schedules (learning rate, micro-batches per step) that it decides.
+the per-step schedules (learning rate, micro-batches per step) that it decides, and the
+command-line convention of every other command. It loads without torch (so does --help).
 
     from config import Config, parse_config, validate
     cfg = parse_config(["--max_steps=50", "--run_dir", "runs/x"])   # UsageError on bad input
@@ -12,6 +13,11 @@ and the per-step schedules (learning rate, micro-batches per step) that it decid
     lr_at(cfg, 120)              # float64 learning rate of step 120 (1-based); adamw_ rounds it once
     micro_batches_at(cfg, 120)   # N of step 120: cfg.micro_batches, or its micro_batch_phases entry
     phase_counts(cfg)            # every N the run uses (the ranks must divide each one)
+
+    ap = CommandLine("audit.py", "Replay steps ...")   # every other command's line (CommandLine)
+    ap.add_modes("modes (exactly one)").add_argument("--plan", action="store_true", help="...")
+    ap.options_for(("plan",), "the plan (--plan)").add_argument("--auditors", type=int, help="...")
+    args = ap.parse_args(argv)      # UsageError for an option given with another mode
 
 Every field can be overridden as --key=value or --key value, spelled as in Config. Unknown
 keys, wrong types and out-of-range values are refused with one line (UsageError); nothing is

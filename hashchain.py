@@ -21,9 +21,9 @@ strict JSON (no duplicate keys, no NaN or Infinity, bounded nesting and size). E
 raised here derives from HashChainError and has a one-line message, so a CLI can catch
 HashChainError and print str(e).
 
-Why over ~450 lines: the canonical bytes of every published hash (leaf, Merkle, record, chain
-links) and the one bounded reader of the files an audit accepts sit together, so a verifier
-reads every rule that decides a hash in one file (SPEC.md §11-§12 follows its order).
+The canonical bytes of every published hash (leaf, Merkle, record, chain links) and the one
+bounded reader of the files an audit accepts are in this one file, so a verifier reads every rule
+that decides a hash in one place (SPEC.md §11-§12 follows its order). It loads without torch.
 """
 
 import hashlib

@@ -19,9 +19,9 @@ Backends: CPU (kernels/cpu, C++); CUDA (kernels/cuda) registers the same op name
 implementations where torch has CUDA; Metal (kernels/metal, registered by repops_mps.py) where
 torch has MPS (an Apple GPU).
 
-Why over ~450 lines: the whole Python face of the contract is here, every operator with its
-autograd rule next to its forward, so a reader checks a backward against its forward without
-leaving the file; the kernels themselves are in kernels/.
+Every operator's autograd rule stands next to its forward, so a backward is checked against its
+forward in one place; the kernels are in kernels/, and the CUDA kernel versions that no GPU has
+verified yet in dev/cuda/ (built, selectable and hashed only with REPOPS_CUDA_DEV=1).
 """
 import hashlib
 import os

@@ -17,17 +17,17 @@ at any moment, `python train.py` resumes from the latest checkpoint that verifie
 re-derives the same chain; it refuses a run directory that another trainer holds
 or that was started with another config, corpus or code. Each step record also commits to the
 step's final gradient and its post-step state with the run's secret (step_commit, receipts.py),
-so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain head is appended to
-anchors.jsonl, for the publisher to copy out of the run. The config block is config.py.
+so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain
+head is appended to anchors.jsonl, for the publisher to copy out of the run.
 A state larger than memory (--preset=open1b) trains and replays with recompute and offload
 (docs/scale.md): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
 
-Why over ~450 lines: this file is what a run is (the step, the records it publishes, the loop
-and resume that publish them), and its bytes are part of code_digest; the step and its records
-stay with the loop that calls them so a reader sees the whole of what a record vouches for.
-Checkpoint files (checkpoint.py), the run directory (rundir.py), hashing (hashchain.py,
-snapshot.py) and the config (config.py) already live apart.
+The step, the records it publishes, and the loop and resume that publish them are this one file,
+so a reader sees the whole of what a record vouches for: run() opens the run (open_run), then
+train_steps runs the steps and a Publisher publishes each (step_line is the per-step log line).
+Checkpoint files and the run directory are rundir.py, hashing hashchain.py and snapshot.py, the
+config and its schedules config.py.
 """
 import dataclasses
 import datetime
