@@ -240,6 +240,13 @@ def test_repops_mps_argument_errors(mps_on_shim):
     assert ops.canary_mps().tolist() == [0.0, 0.0]
 
 
+def test_csum_partial_block_is_not_padded_on_the_shim(mps_on_shim):
+    """Contract §4.2's unpadded partial block (test_kernels.unpadded_csum_rows) through
+    repops_mps on the shim: the threadgroup sum adds only real terms."""
+    for what, t, want in TK.unpadded_csum_rows():
+        assert int(TK.N(mps_on_shim.csum(TK.T(t))).view(np.uint32)) == want, what
+
+
 # The window attention ops (contract §8) are not in the self-test: checked here against the CPU
 # ops directly. (batch, G, T, D, W): W = 1, W < T, W = T, W > T, rows of more than 32 and of more
 # than 64 valid terms (every lane and the tree; lanes with 3 terms, whose order shows), GQA groups
