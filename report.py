@@ -30,6 +30,7 @@ import sys
 
 import hashchain
 import receipts
+import repops
 import rundir
 from config import UsageError
 
@@ -292,6 +293,7 @@ def main(argv):
         except hashchain.ChainError as e:
             print(f"MISMATCH at step {e.line - 1}: {e.message}")
             return 1
+        run.check_contract(repops.CONTRACT)     # a well-formed chain of another contract: not ours to report
         own = run.dir / receipts.ANCHORS
         args.anchors_used = args.anchors or (str(own) if own.exists() else None)
         anchors = receipts.read_anchors(args.anchors_used) if args.anchors_used else []

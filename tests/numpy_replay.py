@@ -324,7 +324,10 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     genesis = json.loads(lines[0])
-    if genesis.get("contract", 1) != CONTRACT:          # §12.2: none is v1 (its flat sums differ)
+    made = genesis.get("contract", 1)
+    if type(made) is not int or made < 1:               # §12.2: a positive integer
+        raise ValueError(f"the genesis record's contract {json.dumps(made)[:40]} is not an arithmetic contract version")
+    if made != CONTRACT:                                # §12.2: none is v1 (its flat sums differ)
         raise ValueError(f"this run was made under arithmetic contract v{genesis.get('contract', 1)}; "
                          f"this replay implements v{CONTRACT}")
     cfg = genesis["config"]
