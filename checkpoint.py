@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import offload
-from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, fsync_dir, is_int,
+from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, fsync_dir, is_int, kill_point,
                        open_regular, strict_json, write_all)
 
 
@@ -90,6 +90,7 @@ def save_checkpoint(path, tensors, meta):
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)  # make the rename itself durable
+    kill_point(f"rename:{path.name}")   # REPOPS_KILL_AT: the SIGKILL tests' moment
 
 
 def load_checkpoint(path, mmap=False):
