@@ -88,6 +88,7 @@ def export(run_dir, step, out, data_dir=None):
     if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
         raise UsageError(f"OUT {out} exists and is not an empty directory")
     run = rundir.Run(run_dir)
+    run.check_contract(repops.CONTRACT)      # another contract's weights are not this code's to vouch for
     cfg = run.cfg
     if cfg.quant != "none":
         raise UsageError("a --quant=int8 run cannot be represented: its linears quantize the "

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -99,6 +100,19 @@ def write_all(f, data):
             time.sleep(float(delay))
         f.write(data[begin:end])
         f.flush()
+
+
+KILL_AT_ENV = "REPOPS_KILL_AT"
+
+
+def kill_point(name):
+    """A named moment between the trainer's durable writes: "append:<step>" right after a chain
+    line is on disk, "rename:<file name>" right after a checkpoint's rename is. With the
+    environment variable REPOPS_KILL_AT equal to that name (set only by the SIGKILL tests for
+    their trainer) the process SIGKILLs itself there, so the test gets exactly what a kill -9 at
+    that moment leaves. Unset (always, outside the tests), it does nothing."""
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _no_duplicates(pairs):
@@ -471,6 +485,7 @@ class Chain:
             os.fsync(f.fileno())
         self.records.append(sealed)
         self.lines += 1
+        kill_point(f"append:{sealed['step']}")   # REPOPS_KILL_AT: the SIGKILL tests' moment
         return sealed
 
     def verify(self, upto=None):

@@ -76,6 +76,64 @@ def row_grid(n):
     return min(max(n, 1), MAX_GROUPS) * LANES
 
 
+# ------------------------------------------------------------------ the compiler's settings
+# What the shim cannot see (docs/metal.md), checked on a Mac by .ci/mac's "fast math off" line and
+# tests/test_mps.py: compile_shader must compile with fast math off. canonical.h's product flush
+# computes da * (db * 2^24) as written, and NaN tests x != x; fast math may reassociate the first
+# (to (da * db) * 2^24, whose da * db is already flushed) and fold the second to false. The probe
+# reads its inputs from buffers, so nothing is folded at compile time. out: [1 if the compiler
+# defines __FAST_MATH__, (x != x) for x = NaN, the bits of a * (b * 2^24) for a = 2^-100 and
+# b = 2^-40 (2^-116 as written, 0 reassociated), the bits of (float) of the int32 2^24 + 3 (2^24 + 4
+# rounding to nearest even, 2^24 + 2 toward zero: reported only, no kernel converts an int whose
+# float rounds, canonical.h i32_to_float)].
+COMPILER_PROBE = """#pragma METAL fp contract(off)
+#if defined(__METAL_VERSION__)
+#include <metal_stdlib>
+using namespace metal;
+#endif
+kernel void rp_compiler_probe(device const float* x, device const int* n, device uint* out,
+                              uint tid [[thread_position_in_grid]]) {
+  if (tid != 0) return;
+#if defined(__FAST_MATH__)
+  out[0] = 1u;
+#else
+  out[0] = 0u;
+#endif
+  const float nan_value = x[0];
+  out[1] = (nan_value != nan_value) ? 1u : 0u;
+  out[2] = as_type<uint>(x[1] * (x[2] * 16777216.0f));
+  out[3] = as_type<uint>((float)n[0]);
+}
+"""
+PROBE_INPUTS = ([float("nan"), 2.0 ** -100, 2.0 ** -40], [2 ** 24 + 3])
+PROBE_FAST_MATH_OFF = [0, 1, 0x05800000, None]        # 0x05800000 = 2^-116; the last is reported only
+
+
+def compiler_probe():
+    """The probe's four words (COMPILER_PROBE) as torch.mps.compile_shader compiles it here."""
+    x = torch.tensor(PROBE_INPUTS[0], dtype=torch.float32, device=DEVICE_TYPE)
+    n = torch.tensor(PROBE_INPUTS[1], dtype=torch.int32, device=DEVICE_TYPE)
+    out = torch.zeros(4, dtype=torch.int32, device=DEVICE_TYPE)
+    torch.mps.compile_shader(COMPILER_PROBE).rp_compiler_probe(x, n, out, threads=[1, 1, 1], group_size=[1, 1, 1])
+    return [v & 0xFFFFFFFF for v in out.cpu().tolist()]
+
+
+def check_fast_math_off(words=None):
+    """One line saying how compile_shader compiles (the probe's words, default: run it now);
+    RuntimeError if fast math is on in any way the kernels would notice."""
+    fast, nan_ne, product, to_float = compiler_probe() if words is None else words
+    bad = [what for what, wrong in (("__FAST_MATH__ is defined", fast != 0),
+                                    ("x != x is false for a NaN", nan_ne != 1),
+                                    (f"a * (b * 2^24) gave 0x{product:08x}, not 2^-116 (reassociated)",
+                                     product != PROBE_FAST_MATH_OFF[2])) if wrong]
+    if bad:
+        raise RuntimeError("torch.mps.compile_shader compiles with fast math on (" + "; ".join(bad)
+                           + "): the Metal kernels cannot give the contract's bits")
+    mode = {0x4B800001: "toward zero", 0x4B800002: "to nearest even"}.get(to_float, f"0x{to_float:08x}")
+    return (f"compile_shader: fast math off (no __FAST_MATH__, NaN != NaN, no reassociation); "
+            f"(float) of an int rounds {mode}")
+
+
 # ------------------------------------------------------------------ argument checks (binding_common.h's)
 def need(cond, msg):
     if not cond:

@@ -48,6 +48,7 @@ if __name__ == "__main__":
 
 import hashchain  # noqa: E402  (below the command line's first answer, above)
 import receipts
+import repops
 import rundir
 
 
@@ -303,6 +304,7 @@ def main(argv=None):
         except hashchain.ChainError as e:
             print(f"MISMATCH at step {e.line - 1}: {e.message}")
             return 1
+        run.check_contract(repops.CONTRACT)     # a well-formed chain of another contract: not ours to report
         own = run.dir / receipts.ANCHORS
         args.anchors_used = args.anchors or (str(own) if own.exists() else None)
         anchors = receipts.read_anchors(args.anchors_used) if args.anchors_used else []

@@ -56,7 +56,7 @@ import config
 import hashchain
 import offload
 from config import UsageError
-from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, fsync_dir, is_int,
+from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, fsync_dir, is_int, kill_point,
                        open_regular, strict_json, write_all)
 
 
@@ -119,6 +119,7 @@ def save_checkpoint(path, tensors, meta):
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)  # make the rename itself durable
+    kill_point(f"rename:{path.name}")   # REPOPS_KILL_AT: the SIGKILL tests' moment
 
 
 def load_checkpoint(path, mmap=False):
@@ -317,9 +318,16 @@ class Run:
 
     def check_contract(self, implemented):
         """A run made under another arithmetic contract (the genesis `contract`; none: v1) cannot
-        be resumed or replayed by this code, whose kernels implement contract `implemented`."""
+        be resumed, replayed, sampled, exported or reported by this code, whose kernels implement
+        contract `implemented`. A `contract` that is not a positive integer (SPEC §12.2) names no
+        contract at all."""
         made = self.genesis.get("contract", 1)
-        if made != implemented or isinstance(made, bool):
+        if not isinstance(made, int) or isinstance(made, bool) or made < 1:
+            shown = json.dumps(made)
+            raise UsageError(f"{self.chain.path}: the genesis record's contract "
+                             f"{shown if len(shown) <= 40 else shown[:37] + '...'} is not an arithmetic "
+                             "contract version (a positive integer, SPEC §12.2)")
+        if made != implemented:
             raise UsageError(f"this run was made under arithmetic contract v{made}; this code implements "
                              f"v{implemented}")
 

@@ -10,9 +10,14 @@ HARDWARE ("hardware: "), in pytest.skip(...) and in skipif(reason=...) alike:
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA GPU on this machine")
 
 Every other skip (a compiler, qemu-user or nvcc that is not installed) is a tool that CI installs,
-so under REPOPS_STRICT=1 it is reported as a failure with its reason (pytest_runtest_makereport
-below); without the flag it stays a skip, so a developer's machine without the cross tools still
-runs the rest. Write new skips the same way: no helper to import, only the reason's prefix.
+so under REPOPS_STRICT=1 it is reported as a failure with its reason; without the flag it stays a
+skip, so a developer's machine without the cross tools still runs the rest. Write new skips the
+same way: no helper to import, only the reason's prefix. The rule holds wherever the skip
+happens: in a test, a fixture or a skipif mark (pytest_runtest_makereport below), and at
+collection, where a module-level `pytest.importorskip(...)` or `pytest.skip(...,
+allow_module_level=True)` skips a whole file (pytest_make_collect_report: under the flag the
+module collects one test, `<file>::skipped_at_collection`, that fails with the reason).
+tests/test_conftest.py checks the rule on generated test files.
 """
 import os
 import sys
@@ -49,6 +54,34 @@ def pytest_runtest_makereport(item, call):
         if not reason.startswith(HARDWARE):
             report.outcome = "failed"
             report.longrepr = f"REPOPS_STRICT=1: this check must run here, but it skipped: {reason}"
+
+
+class SkippedAtCollection(pytest.Item):
+    """Under REPOPS_STRICT=1, what a module that skipped at collection without a hardware reason
+    collects instead of nothing: one test that fails with that reason."""
+
+    def __init__(self, *, reason, **kwargs):
+        super().__init__(**kwargs)
+        self.reason = reason
+
+    def runtest(self):
+        pytest.fail(f"REPOPS_STRICT=1: this module must run here, but it skipped at collection: {self.reason}",
+                    pytrace=False)
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """Under REPOPS_STRICT=1, a module skipped at collection with a reason that does not start with
+    HARDWARE collects one failing test (SkippedAtCollection) instead of being skipped."""
+    report = (yield).get_result()
+    if STRICT and report.skipped and isinstance(collector, pytest.Module):
+        reason = skip_reason(report)
+        if not reason.startswith(HARDWARE):
+            report.outcome, report.longrepr = "passed", None
+            report.result = [SkippedAtCollection.from_parent(collector, name="skipped_at_collection", reason=reason)]
 
 
 @pytest.fixture(scope="module")

@@ -174,6 +174,20 @@ def lr_at(cfg, s):
     return cfg["lr"] - (cfg["lr"] - cfg["min_lr"]) * min((s - cfg["warmup_steps"]) / span, 1.0)
 
 
+def micro_batches_at(cfg, s):
+    """§9.5: N(s) is N_k of the largest k with S_k < s in "N1@S1,N2@S2,..."; micro_batches for
+    the steps s <= S1 that no phase has reached (the first phase starts after step S1)."""
+    phases = [part.split("@") for part in cfg.get("micro_batch_phases", "").split(",") if part]
+    begun = [k for k, (_, start) in enumerate(phases) if int(start) < s]
+    return int(phases[max(begun)][0]) if begun else cfg["micro_batches"]
+
+
+def weight_decay_factor(lr, wd):
+    """§9.3: decay = f32(1 - lr * wd) with lr the binary64 lr(s) (not f32(lr(s))): one binary64
+    multiply and subtract, rounded once."""
+    return C.f32(1.0 - lr * wd)
+
+
 def powi(x, n):
     result = 1.0
     while n:
@@ -195,7 +209,7 @@ def tree_sum(bufs):
 def train_step(cfg, corpus, params, m, v, s):
     """§9: advance (params, m, v) to step s in place; returns (record fields, grad_root)."""
     names = [n for n in sorted(params) if trained(cfg, n)]          # canonical order (§3)
-    B, T, N = cfg["micro_batch_size"], cfg["seq_len"], cfg["micro_batches"]
+    B, T, N = cfg["micro_batch_size"], cfg["seq_len"], micro_batches_at(cfg, s)
     bufs = []
     for micro in range(N):
         w = corpus.window("train", s, micro, B, T)
@@ -214,7 +228,7 @@ def train_step(cfg, corpus, params, m, v, s):
         p = params[n]
         g = grad[offset:offset + p.size].reshape(p.shape)
         offset += p.size
-        decay = C.f32(1.0 - lr * (wd if p.ndim >= 2 else 0.0))
+        decay = weight_decay_factor(lr, wd if p.ndim >= 2 else 0.0)
         params[n], m[n], v[n] = C.adamw_(p, g, m[n], v[n], C.f32(lr), C.f32(b1), C.f32(b2), C.f32(1.0 - b1),
                                          C.f32(1.0 - b2), C.f32(cfg["adam_eps"]), decay,
                                          C.f32(1.0 / (1.0 - powi(b1, s))), C.f32(1.0 / (1.0 - powi(b2, s))))
@@ -310,16 +324,18 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     genesis = json.loads(lines[0])
-    if genesis.get("contract", 1) != CONTRACT:          # §12.2: none is v1 (its flat sums differ)
+    made = genesis.get("contract", 1)
+    if type(made) is not int or made < 1:               # §12.2: a positive integer
+        raise ValueError(f"the genesis record's contract {json.dumps(made)[:40]} is not an arithmetic contract version")
+    if made != CONTRACT:                                # §12.2: none is v1 (its flat sums differ)
         raise ValueError(f"this run was made under arithmetic contract v{genesis.get('contract', 1)}; "
                          f"this replay implements v{CONTRACT}")
     cfg = genesis["config"]
-    # the OPEN-1B recipe options (SPEC §6.2, §9.5, §10) are not written here yet: refuse them
-    recipe = {"attn_window": 0, "qk_norm": False, "emb_norm": False, "lr_schedule": "linear",
-              "micro_batch_phases": ""}
+    # the OPEN-1B recipe options of SPEC §6.2 and §10 are not written here yet: refuse them
+    recipe = {"attn_window": 0, "qk_norm": False, "emb_norm": False, "lr_schedule": "linear"}
     unsupported = [k for k, off in recipe.items() if cfg.get(k, off) != off]
     if unsupported:
-        raise ValueError(f"this replay does not implement {', '.join(unsupported)} (SPEC §6.2, §9.5, §10)")
+        raise ValueError(f"this replay does not implement {', '.join(unsupported)} (SPEC §6.2, §10)")
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
     init = genesis.get("init")                          # §17: an imported state is checkpoint 0's

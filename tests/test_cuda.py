@@ -399,6 +399,16 @@ def test_csum_bits(ops, n):
 
 
 @needs_gpu
+def test_csum_partial_block_is_not_padded(ops):
+    """Contract §4.2's unpadded partial block (test_kernels.unpadded_csum_rows): the GPU sum has the
+    expected sign of zero, where a sum padded with +0.0 (or lanes started at -0.0) differs."""
+    for what, t, want in TK.unpadded_csum_rows():
+        cpu, gpu = both(ops, "csum", t)
+        assert int(TK.N(gpu).view(np.uint32)) == want, what
+        same(cpu, gpu, what)
+
+
+@needs_gpu
 @pytest.mark.parametrize("M", [1, 7, 33, 65, 129])
 @pytest.mark.parametrize("N_", [1, 7, 64, 129])
 @pytest.mark.parametrize("K", [0, 1, 15, 16, 17, 129, 300])

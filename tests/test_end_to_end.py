@@ -240,6 +240,36 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
         hashchain.verify_state(tensors, records[step]["state_hash"], records[step]["tensor_hashes"])
 
 
+# A step's record is appended to the chain, then its checkpoint renamed into place: the kills
+# land in that gap, on each side of it (and after the genesis record, before checkpoint 0).
+GAP_KILLS = {"append:0": (1, []), "append:10": (11, [0]), "rename:step_00000010.safetensors": (11, [0, 10])}
+
+
+@pytest.mark.parametrize("kill_at", GAP_KILLS)
+def test_sigkill_between_the_chain_and_a_checkpoint_then_resume(corpus, reference, tmp_path, kill_at):
+    """kill -9 in the gap between the chain's append and a checkpoint's rename: the trainer kills
+    itself (REPOPS_KILL_AT, hashchain.kill_point) right after record 10 is on disk (checkpoint 10
+    not yet begun), right after checkpoint 10's rename (record 11 not yet appended), or right
+    after the genesis record (checkpoint 0 not yet begun). What the kill leaves: the chain's first
+    lines byte for byte, and only the checkpoints renamed before it (no temp file). A resume
+    then gives the uninterrupted run's chain and checkpoints byte for byte, and the audit of
+    every step MATCHes."""
+    lines, checkpoints = GAP_KILLS[kill_at]
+    run = share_secret(reference, tmp_path / "run")     # the reference's chain bytes need its secret
+    proc = script("train.py", *train_args(run, corpus), env={**os.environ, hashchain.KILL_AT_ENV: kill_at})
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)
+    chain = (run / "chain.jsonl").read_bytes()
+    assert chain == b"".join((reference / "chain.jsonl").read_bytes().splitlines(keepends=True)[:lines])
+    left = checkpoint_files(run)
+    assert sorted(left) == [rundir.checkpoint_path("", s).name for s in checkpoints], sorted(left)
+    assert all(left[name] == checkpoint_files(reference)[name] for name in left)
+    train(run, corpus)
+    assert_same_chain(run, reference)
+    assert checkpoint_files(run) == checkpoint_files(reference)
+    proc = audit(run, "--all")
+    assert proc.returncode == 0 and "MATCH" in proc.stdout and not mismatch_lines(proc), proc.stdout + proc.stderr
+
+
 # ----------------------------------------------------------------------------- tampering
 def test_bit_flip_in_checkpoint_tensor_is_named(reference, tmp_path):
     run = copy_run(reference, tmp_path / "run")

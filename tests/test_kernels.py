@@ -355,6 +355,36 @@ def test_csum_bits(ops, n):
     assert_bits(ops.csum(T(x)), R.csum(x), "csum 1-D")
 
 
+def unpadded_csum_rows():
+    """[(what, terms, expected bits)]: canonical sums (contract §4.2) whose bits show whether a
+    partial block of 32 is padded. 64 terms first leave every lane at -0.0 (1.25 * 2^-126 then
+    -1.5 * 2^-126: the exact -2^-128 flushes to -0.0), then a partial block of r terms, all -0.0:
+    lanes 0..r-1 add -0.0 and stay -0.0, lanes r..31 get no term, so the sum is -0.0; padding the
+    block with +0.0 would turn lanes r..31 to +0.0 (-0.0 + +0.0) and the sum to +0.0. A lone
+    partial block of -0.0 terms sums to +0.0: the lanes start at +0.0, and +0.0 + -0.0 = +0.0
+    (lanes started at -0.0, or loaded with the first terms and padded with -0.0, give -0.0)."""
+    lanes_negative_zero = np.concatenate([np.full(32, 1.25 * 2.0**-126), np.full(32, -1.5 * 2.0**-126)])
+    rows = [(f"64 terms to -0.0 lanes, then {r} -0.0 terms",
+             np.concatenate([lanes_negative_zero, np.full(r, -0.0)]).astype(np.float32), 0x80000000)
+            for r in (1, 5, 31)]
+    rows += [(f"{n} -0.0 terms", np.full(n, -0.0, np.float32), 0x00000000) for n in (1, 7, 31, 33)]
+    return rows
+
+
+def test_csum_partial_block_is_not_padded(ops):
+    """The reference and the CPU kernel sum only the real terms of a partial block (the cases of
+    unpadded_csum_rows, one row each and as rows of one tensor); a sum padded with +0.0 gives
+    other bits there."""
+    cases = unpadded_csum_rows()
+    for what, t, want in cases:
+        assert int(R.bits(R.csum(t))) == want, what
+        if t.size > 64:
+            padded = np.concatenate([t, np.zeros(-t.size % 32, np.float32)])
+            assert int(R.bits(R.csum(padded))) == 0, what          # padded: another sum
+        assert int(R.bits(N(ops.csum(T(t))))) == want, f"CPU kernel: {what}"
+        assert_bits(ops.csum(T(np.stack([t, -t]))), R.csum(np.stack([t, -t])), f"rows: {what}")
+
+
 SIZES = [1, 7, 33, 129]
 
 

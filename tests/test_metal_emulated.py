@@ -19,7 +19,12 @@ arithmetic, real SIMD-group timing). On that emulation:
    through its ops on CPU tensors: its argument order, host scalars and grids are checked too;
 3. the check can fail: a Metal tree without the product flush gives other digests;
 4. the sources follow the contract's rules that a scan can see, every op of the bindings has an
-   MPS implementation, and every family's source compiles alone, as compile_shader gets it.
+   MPS implementation, and every family's source compiles alone, as compile_shader gets it;
+5. threadgroup memory is poisoned (NaN bytes) before each group, so a read before the group's
+   write shows (a probe kernel checks the poisoning);
+6. with every (float) cast rounding toward zero (a conversion mode Metal's compiler options
+   allow) the kernels still give the CPU's bits: no int to float conversion of theirs rounds;
+7. the fast-math probe .ci/mac runs on a Mac tells g++'s -ffast-math from its default.
 
 The same kernels on a real Apple GPU: tests/test_mps.py (skipped without MPS), .ci/mac.
 """
@@ -30,6 +35,7 @@ import platform
 import re
 import shutil
 import subprocess
+import textwrap
 import types
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
@@ -196,16 +202,19 @@ class ShimLibrary:
         return call
 
 
-@pytest.fixture(scope="module")
-def pyshim(tmp_path_factory):
-    so_path = tmp_path_factory.mktemp("metal_pyshim") / "metal_pyshim.so"
-    _run(["g++", *FLAGS, "-shared", "-fPIC", "-I", METAL_DIR, SHIM_DIR / "metal_pyshim.cpp", "-o", so_path],
+def _pyshim(metal_dir, so_path):
+    _run(["g++", *FLAGS, "-shared", "-fPIC", "-I", metal_dir, SHIM_DIR / "metal_pyshim.cpp", "-o", so_path],
          timeout=600)
     so = ctypes.CDLL(str(so_path))
     so.rp_signature.restype = ctypes.c_char_p
     so.rp_signature.argtypes = [ctypes.c_char_p]
     so.rp_launch.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
     return so
+
+
+@pytest.fixture(scope="module")
+def pyshim(tmp_path_factory):
+    return _pyshim(METAL_DIR, tmp_path_factory.mktemp("metal_pyshim") / "metal_pyshim.so")
 
 
 @pytest.fixture()
@@ -225,6 +234,109 @@ def test_repops_mps_on_the_shim_gives_the_cpu_digests(mps_on_shim, cpu_digests):
     assert not bad, "repops_mps.py on the emulated kernels differs from the CPU:\n" + "\n".join(bad)
 
 
+@pytest.fixture(scope="module")
+def pyshim_toward_zero(tmp_path_factory):
+    """The shim built from a copy of kernels/metal in which every (float) cast is
+    (metal_shim::FloatTowardZero): Metal's conversions rounding toward zero, a mode its compiler
+    options allow (MTLCompileOptions.floatingPointConversionRoundingMode)."""
+    base = tmp_path_factory.mktemp("metal_toward_zero")
+    shutil.copytree(METAL_DIR, base / "metal")
+    casts = 0
+    for path in (base / "metal").iterdir():
+        text, n = re.subn(r"\(float\)", "(metal_shim::FloatTowardZero)", path.read_text())
+        path.write_text(text)
+        casts += n
+    assert casts >= 5, casts
+    return _pyshim(base / "metal", base / "metal_pyshim.so")
+
+
+def test_no_int_to_float_conversion_rounds(pyshim_toward_zero, pyshim, monkeypatch, cpu_digests):
+    """Metal's (float) of an int above 2^24 rounds by a mode the compiler options decide (to
+    nearest even by default, or toward zero): no kernel may depend on it. With every (float) cast
+    rounding toward zero, int8_linear whose int32 sums pass 2^24 (K = 2000, |C| up to 3.2e7, odd
+    sums that need rounding) still gives the CPU's bits, and so do all the self-test's digests
+    through repops_mps. (canonical.h's i32_to_float converts exact pieces and rounds once, in
+    fadd; a plain (float) of the sum gives other bits here.)"""
+    rng = np.random.default_rng(5)
+    M, N, K = 3, 5, 2000
+    a = rng.integers(100, 128, (M, K)).astype(np.int8)
+    b = rng.integers(100, 128, (N, K)).astype(np.int8)
+    a[1] = -a[1]
+    b[:, 0] = 127 - (np.arange(N) % 2)                  # odd and even sums alike
+    sx, sw = torch.tensor([0.5]), torch.ones(N)
+    C = a.astype(np.int64) @ b.astype(np.int64).T
+    assert np.abs(C).min() > 2**24 and (C % 2 != 0).any()
+    want = torch.ops.repops.int8_linear(torch.from_numpy(a), torch.from_numpy(b), sx, sw)
+    ops = {}
+    for name, so in (("toward_zero", pyshim_toward_zero), ("nearest", pyshim)):
+        monkeypatch.setattr(repops_mps, "DEVICE_TYPE", "cpu")
+        monkeypatch.setattr(repops_mps, "_libs", {})
+        monkeypatch.setattr(torch.mps, "compile_shader", lambda source, so=so: ShimLibrary(so, source), raising=False)
+        got = repops_mps.TENSOR_OPS["int8_linear"](torch.from_numpy(a), torch.from_numpy(b), sx, sw)
+        TK.assert_bits(got, TK.N(want), f"int8_linear, (float) rounding {name}")
+        if name == "toward_zero":
+            tensorless = {schema.split("(")[0]: fn for schema, fn in repops_mps.TENSORLESS_OPS.items()}
+            ops = types.SimpleNamespace(**repops_mps.TENSOR_OPS, **tensorless)
+            mine = ST.torch_digests("cpu", ops=ops, suffix="_mps")
+            bad = [n for n in ST.EXPECTED_NAMES if mine[n] != cpu_digests[n]]
+            assert not bad, f"with (float) rounding toward zero these digests differ from the CPU's: {bad}"
+
+
+def test_threadgroup_memory_is_poisoned_before_each_group(tmp_path):
+    """Threadgroup memory starts undefined on a GPU; the shim fills it with 0xFF bytes (NaN) before
+    each group. A kernel that reads its array before writing it reads NaN in every group, not the
+    zeros of static memory or the previous group's values; what the group wrote it reads back."""
+    src = tmp_path / "probe.cpp"
+    src.write_text(textwrap.dedent("""
+        #include <cstdio>
+        kernel void probe(device float* before, device float* after, uint tid, uint lid, uint gid) {
+          RP_THREADGROUP float sh[4];
+          before[tid] = sh[lid];                      // read before the group wrote it
+          threadgroup_barrier(mem_flags::mem_threadgroup);
+          sh[lid] = (float)(gid + 1);
+          threadgroup_barrier(mem_flags::mem_threadgroup);
+          after[tid] = sh[(lid + 1) % 4];
+        }
+        int main() {
+          static float before[12], after[12];
+          metal_shim::launch(12, 4, [&](const metal_shim::Pos& p) { probe(before, after, p.tid, p.lid, p.gid); });
+          for (int i = 0; i < 12; ++i) std::printf("%08x %g\\n", as_type<uint>(before[i]), after[i]);
+        }
+    """))
+    exe = tmp_path / "probe"
+    _run(["g++", *FLAGS, "-include", SHIM_DIR / "metal_shim.h", src, "-o", exe], timeout=300)
+    lines = [line.split() for line in _run([exe], timeout=60).stdout.splitlines()]
+    assert [b for b, _ in lines] == ["ffffffff"] * 12, lines
+    assert [float(a) for _, a in lines] == [1.0] * 4 + [2.0] * 4 + [3.0] * 4
+
+
+def test_compiler_probe_tells_fast_math_on_from_off(tmp_path):
+    """repops_mps.COMPILER_PROBE, which .ci/mac runs on a Mac's compile_shader (fast math must be
+    off), compiled here through the shim by g++ without and with -ffast-math (g++'s fast math
+    defines __FAST_MATH__ and folds x != x like Metal's): off passes check_fast_math_off, on is
+    refused."""
+    src = tmp_path / "probe.cpp"
+    src.write_text(repops_mps.COMPILER_PROBE + textwrap.dedent("""
+        #include <cstdio>
+        int main(int argc, char**) {
+          float x[3] = {__builtin_nanf(""), 0x1p-100f, 0x1p-40f};
+          int n[1] = {16777219};
+          uint out[4];
+          rp_compiler_probe(x, n, out, (uint)(argc - 1));
+          std::printf("%u %u %u %u\\n", out[0], out[1], out[2], out[3]);
+        }
+    """))
+    words = {}
+    for mode, extra in (("off", []), ("on", ["-ffast-math"])):
+        exe = tmp_path / f"probe_{mode}"
+        _run(["g++", *FLAGS, *extra, "-include", SHIM_DIR / "metal_shim.h", src, "-o", exe], timeout=300)
+        words[mode] = [int(w) for w in _run([exe], timeout=60).stdout.split()]
+    assert words["off"][:3] == repops_mps.PROBE_FAST_MATH_OFF[:3] and words["off"][3] == 0x4B800002, words
+    assert "fast math off" in repops_mps.check_fast_math_off(words["off"])
+    with pytest.raises(RuntimeError, match="fast math on .*__FAST_MATH__"):
+        repops_mps.check_fast_math_off(words["on"])
+
+
 def test_repops_mps_argument_errors(mps_on_shim):
     ops = mps_on_shim
     with pytest.raises(RuntimeError, match="inner sizes differ"):
@@ -237,6 +349,13 @@ def test_repops_mps_argument_errors(mps_on_shim):
         ops.int8_matmul(torch.full((2, 3), -128, dtype=torch.int8), torch.zeros(2, 3, dtype=torch.int8))
     # and the canary passes on the emulation
     assert ops.canary_mps().tolist() == [0.0, 0.0]
+
+
+def test_csum_partial_block_is_not_padded_on_the_shim(mps_on_shim):
+    """Contract §4.2's unpadded partial block (test_kernels.unpadded_csum_rows) through
+    repops_mps on the shim: the threadgroup sum adds only real terms."""
+    for what, t, want in TK.unpadded_csum_rows():
+        assert int(TK.N(mps_on_shim.csum(TK.T(t))).view(np.uint32)) == want, what
 
 
 # The window attention ops (contract §8) are not in the self-test: checked here against the CPU

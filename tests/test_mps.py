@@ -104,6 +104,14 @@ def test_sampling_on_mps_gives_the_cpu_text(mps_run):
     assert sample("mps") == sample("cpu")
 
 
+@needs_mps
+def test_compile_shader_compiles_with_fast_math_off():
+    """repops_mps.COMPILER_PROBE on this Mac's compile_shader: no __FAST_MATH__, NaN != NaN, and
+    a * (b * 2^24) not reassociated (the product flush depends on it); .ci/mac prints the same line."""
+    import repops_mps
+    print(repops_mps.check_fast_math_off())
+
+
 def test_mps_is_refused_with_one_line_where_absent(corpus, tmp_path):  # noqa: F811
     """Without MPS (every CI machine): --device mps is one line and exit 2, no traceback."""
     if torch.backends.mps.is_available():

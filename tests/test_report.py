@@ -14,6 +14,7 @@ import pytest
 import hashchain
 import receipts
 import report
+import repops
 from tiny import assert_one_line_error, script
 
 STEPS = 81_000
@@ -26,7 +27,8 @@ def fake_hash(*parts):
 
 def write_chain(run, n_steps, secret):
     """A sealed chain of n_steps step records shaped like train.py's (no tensors behind it)."""
-    genesis = {"kind": "genesis", "step": 0, "config": {"seed": 1337, "n_layer": 4, "lr": 0.003},
+    genesis = {"kind": "genesis", "step": 0, "contract": repops.CONTRACT,
+               "config": {"seed": 1337, "n_layer": 4, "lr": 0.003},
                "code_digest": fake_hash("code"), "data_manifest": fake_hash("data"),
                "tokenizer": {"name": "bytes", "vocab_size": 256}, "vocab_size": 256,
                "state_hash": fake_hash("state", 0), "tensor_hashes": {}}

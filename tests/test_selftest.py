@@ -75,11 +75,13 @@ seed = 0x5EED2024, seed64 = (mix(seed ^ 0x01234567) << 32) | mix(seed). Multiple
 hashed concatenated in the order listed; int8 and int32 outputs as sign-extended int32 words.
 """
 
+import functools
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from fractions import Fraction
 from concurrent.futures import ThreadPoolExecutor
@@ -101,12 +103,14 @@ M32 = 0xFFFFFFFF
 
 
 def _cpu_flags():
+    """The CPU's feature flags (/proc/cpuinfo), less those REPOPS_TEST_CPU_LACKS names (a
+    comma-separated list: tests/test_selftest.py's own check of what a CPU without them reports)."""
     try:
         with open("/proc/cpuinfo") as f:
             line = next((l for l in f if l.startswith(("flags", "Features"))), "")
     except OSError:
         line = ""
-    return set(line.split(":", 1)[-1].split())
+    return set(line.split(":", 1)[-1].split()) - set(os.environ.get("REPOPS_TEST_CPU_LACKS", "").split(","))
 
 
 def _has_fma():
@@ -404,76 +408,103 @@ def window_pairs():
     return signed
 
 
-def window_builds():
-    """[(name, compiler, flags, runner, kind)]: every self-test build under the contract's flags
-    (VARIANTS without the deliberately fused one, then the two cross builds), and the names of
-    those this machine cannot make, with the reason (a hardware reason starts with "hardware: ")."""
-    builds, missing = [], []
-    for name, (cxx, flags) in VARIANTS.items():
-        if name == "gcc_O2_fma_contract":
-            continue
-        if cxx is None:
-            reason = "clang++ is not installed" if name == "clang_O2" else "hardware: this CPU cannot run it"
-            missing.append(f"{name} ({reason})")
-        else:
-            builds.append((name, cxx, flags, [], "soft" if "-DRP_SOFT_FLUSH" in flags else "native"))
-    for isa, (cxx, flags, runner, packages) in CROSS.items():
+# Every self-test build under the contract's flags: VARIANTS without the deliberately fused one,
+# then the two cross builds. Each is its own case of test_ftz_window_gives_x86_bits_everywhere, so
+# the test report names every build that ran and every one that could not (its own skip).
+WINDOW_BUILDS = [name for name in VARIANTS if name != "gcc_O2_fma_contract"] + list(CROSS)
+
+
+def window_build(name):
+    """(compiler, flags, runner, kind) of a window build, or the reason this machine cannot make
+    it (a hardware reason starts with "hardware: ", a missing tool's does not)."""
+    if name in CROSS:
+        cxx, flags, runner, packages = CROSS[name]
         if platform.machine() != "x86_64":
-            missing.append(f"{isa} (hardware: cross-checked from an x86-64 machine only)")
-        elif not (cxx and runner[0]):
-            missing.append(f"{isa} (needs {packages})")
-        else:
-            builds.append((isa, cxx, flags + CONTRACT, runner, isa))
-    return builds, missing
+            return f"hardware: the {name} window build is cross-checked from an x86-64 machine only"
+        if not (cxx and runner[0]):
+            return f"the {name} window build needs {packages}"
+        return cxx, flags + CONTRACT, runner, name
+    cxx, flags = VARIANTS[name]
+    if cxx is None:
+        return ("clang++ is not installed (Debian/Ubuntu package: clang)" if name == "clang_O2" else
+                f"hardware: this CPU cannot run the {name} window build ({' '.join(flags[:2])})")
+    return cxx, flags, [], "soft" if "-DRP_SOFT_FLUSH" in flags else "native"
 
 
-def test_ftz_window_gives_x86_bits_everywhere(tmp_path):
-    """Contract §3 with no exception: products whose exact value lies around 2^-126 (the AArch64
-    window, both sides of its edges, the double-rounding band below it) give the contract's bits
-    through rp::mul (scalar and SIMD), the elementwise kernel and the matmul, on every build the
-    self-test makes (g++ -O0 / -O3 native / AVX2 / AVX-512 without VNNI, clang++, the
-    software-flush build, and under qemu-user AArch64 (FPCR.FZ + fix-up) and riscv64 (no hardware
-    flush)). The expected bits are computed here with exact rationals. The plain hardware
-    product is printed too: on AArch64 it must differ in the window (else the inputs miss it)."""
+@functools.lru_cache(maxsize=None)
+def window_case():
+    """(pairs, contract bits, in the AArch64 window?, in the double-rounding band?) of
+    window_pairs, computed once for all the builds."""
     pairs = window_pairs()
     want = [contract_product(a, b) for a, b in pairs]
     in_window = [-Fraction(1, 2**25) <= _position(a, b) < 0 for a, b in pairs]
     in_band = [-Fraction(1, 2**24) <= _position(a, b) < -Fraction(1, 2**25) for a, b in pairs]
     assert sum(in_window) >= 12 and sum(in_band) >= 12
+    return pairs, want, in_window, in_band
+
+
+def test_window_builds_are_the_self_tests():
+    """The window cases are the self-test's 8 builds (docs/testing.md says 8), each a case of its own."""
+    assert WINDOW_BUILDS == ["gcc_O0", "gcc_O3_native", "gcc_O3_avx2", "gcc_O3_avx512_novnni", "clang_O2",
+                             "gcc_O2_soft_flush", "aarch64", "riscv64"]
+
+
+def test_a_cpu_without_avx512_reports_the_window_build_it_cannot_run():
+    """This machine seen without AVX-512 (REPOPS_TEST_CPU_LACKS=avx512f, in a pytest subprocess
+    under REPOPS_STRICT=1): the window check still has its 8 cases, and the Skylake-SP build's is
+    a hardware skip of its own that names the build, not a build quietly left out."""
+    env = dict(os.environ, REPOPS_TEST_CPU_LACKS="avx512f", REPOPS_STRICT="1", COLUMNS="1000")
+    test = f"{os.path.abspath(__file__)}::test_ftz_window_gives_x86_bits_everywhere"
+
+    def pytest_run(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    proc = pytest_run("--collect-only", test)
+    assert proc.returncode == 0 and "8 tests collected" in proc.stdout, proc.stdout + proc.stderr
+    proc = pytest_run("-rs", test + "[gcc_O3_avx512_novnni]")
+    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout + proc.stderr
+    assert "hardware: this CPU cannot run the gcc_O3_avx512_novnni window build" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("build", WINDOW_BUILDS)
+def test_ftz_window_gives_x86_bits_everywhere(tmp_path, build):
+    """Contract §3 with no exception: products whose exact value lies around 2^-126 (the AArch64
+    window, both sides of its edges, the double-rounding band below it) give the contract's bits
+    through rp::mul (scalar and SIMD), the elementwise kernel and the matmul, on each build the
+    self-test makes (g++ -O0 / -O3 native / AVX2 / AVX-512 without VNNI, clang++, the
+    software-flush build, and under qemu-user AArch64 (FPCR.FZ + fix-up) and riscv64 (no hardware
+    flush)), one case per build: a build this machine cannot make or run is that case's skip. The
+    expected bits are computed here with exact rationals. The plain hardware product is printed
+    too: on AArch64 it must differ in the window (else the inputs miss it)."""
+    spec = window_build(build)
+    if isinstance(spec, str):
+        pytest.skip(spec)
+    cxx, flags, runner, kind = spec
+    pairs, want, in_window, in_band = window_case()
     src = tmp_path / "window.cpp"
     src.write_text(WINDOW_PROGRAM.replace("PAIRS", ", ".join(f"{{{a:#x}u, {b:#x}u}}" for a, b in pairs)))
     sources = [str(src), os.path.join(CPU_DIR, "elementwise.cpp"), os.path.join(CPU_DIR, "matmul.cpp")]
-    builds, missing = window_builds()
-
-    def build_and_run(build):
-        name, cxx, flags, runner, _ = build
-        exe = str(tmp_path / name)
-        subprocess.run([cxx] + flags + BASE_FLAGS + sources + ["-o", exe], check=True)
-        return subprocess.run(runner + [exe], capture_output=True, text=True, check=True).stdout.splitlines()
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        outputs = list(pool.map(build_and_run, builds))
-    for (name, _, _, _, kind), out in zip(builds, outputs):
-        assert out[0] == "ordinary-matmul-mismatches 0", f"{name}: {out[0]}"
-        out = out[1:]
-        assert len(out) == len(pairs)
-        raw_differs = []
-        for (a, b), w, line in zip(pairs, want, out):
-            scalar, vec, kern, mm, row, raw = line.split()
-            mm_want = w & 0x7FFFFFFF if w & 0x7FFFFFFF == 0 else w  # acc = +0.0 + product: +0 for -0
-            assert (int(scalar, 16), int(vec, 16), int(kern, 16)) == (w, w, w), f"{name}: {a:08x} * {b:08x}: {line}, want {w:08x}"
-            assert int(mm, 16) == mm_want and row == "row", f"{name}: matmul {a:08x} * {b:08x}: {line}, want {mm_want:08x}"
-            raw_differs.append(int(raw, 16) != w)
-            if kind == "native" and platform.machine() == "x86_64":
-                assert int(raw, 16) == w, f"{name}: x86 hardware {a:08x} * {b:08x} = {raw}, the contract says {w:08x}"
-        if kind == "aarch64":  # FPCR.FZ alone flushes every window product, and only those
-            assert raw_differs == in_window
-        if kind in ("soft", "riscv64"):  # IEEE subnormals round the band up to 2^-126
-            assert all(d for d, band in zip(raw_differs, in_band) if band)
-    if missing:
-        tools = [m for m in missing if "hardware: " not in m]
-        pytest.skip(("" if tools else "hardware: ") + "checked " + ", ".join(b[0] for b in builds)
-                    + "; not checked: " + "; ".join(missing))
+    exe = str(tmp_path / build)
+    subprocess.run([cxx] + flags + BASE_FLAGS + sources + ["-o", exe], check=True)
+    out = subprocess.run(runner + [exe], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "ordinary-matmul-mismatches 0", f"{build}: {out[0]}"
+    out = out[1:]
+    assert len(out) == len(pairs)
+    raw_differs = []
+    for (a, b), w, line in zip(pairs, want, out):
+        scalar, vec, kern, mm, row, raw = line.split()
+        mm_want = w & 0x7FFFFFFF if w & 0x7FFFFFFF == 0 else w  # acc = +0.0 + product: +0 for -0
+        assert (int(scalar, 16), int(vec, 16), int(kern, 16)) == (w, w, w), f"{build}: {a:08x} * {b:08x}: {line}, want {w:08x}"
+        assert int(mm, 16) == mm_want and row == "row", f"{build}: matmul {a:08x} * {b:08x}: {line}, want {mm_want:08x}"
+        raw_differs.append(int(raw, 16) != w)
+        if kind == "native" and platform.machine() == "x86_64":
+            assert int(raw, 16) == w, f"{build}: x86 hardware {a:08x} * {b:08x} = {raw}, the contract says {w:08x}"
+    if kind == "aarch64":  # FPCR.FZ alone flushes every window product, and only those
+        assert raw_differs == in_window
+    if kind in ("soft", "riscv64"):  # IEEE subnormals round the band up to 2^-126
+        assert all(d for d, band in zip(raw_differs, in_band) if band)
+    print(f"window build {build}: {len(pairs)} products give the contract's bits")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,6 +11,13 @@
    steps 1-3 and their checkpoints byte for byte, fp32, int8 and int8 P·V, with dropout, grouped-query
    attention and 3 micro-batches, also from a checkpoint and on a mix of two corpora, and
    reports a tampered run as a MISMATCH.
+4. Where SPEC.md had to choose between two readings that give different bytes, a test here tells
+   them apart: N(s) before the first phase (§9.5: the fp32 run has a phase after step 2, so a
+   replay that gives step 1 or 2 the phase's count, or step 3 the old one, mismatches), the
+   binary64 lr in AdamW's decay (§9.3), the model's padded vocab in the calibration ids (§8.3:
+   the int8 run pads 256 to 300), the keyed leaf without a separator after K (§11.1), the code
+   digest's folders without their subfolders (§14), the checkpoint's header length with its
+   padding (§13), and the manifest formats in docs/data.md.
 """
 import ast
 import dataclasses
@@ -34,6 +41,7 @@ import hashchain
 import model
 import receipts
 import repops
+import rundir
 import train
 from tiny import ROOT, TIMEOUT, make_corpus, script, train_args
 
@@ -45,8 +53,11 @@ SPEC = (ROOT / "SPEC.md").read_text()
 REPLAY = ROOT / "tests" / "numpy_replay.py"
 # tiny, with everything the replay must cover: dropout, GQA (1 key/value head for 2 query
 # heads) and a micro-batch count that is not a power of two
-REPLAY_RUN = ["--n_kv_head=1", "--dropout=0.1", "--micro_batches=3", "--max_steps=3", "--warmup_steps=2",
-              "--checkpoint_every=2"]                 # checkpoints 0, 2 and 3
+# and a micro-batch phase after step 2 (SPEC §9.5: steps 1-2 take 3 micro-batches, step 3 takes 2)
+REPLAY_RUN = ["--n_kv_head=1", "--dropout=0.1", "--micro_batches=3", "--micro_batch_phases=2@2", "--max_steps=3",
+              "--warmup_steps=2", "--checkpoint_every=2"]                 # checkpoints 0, 2 and 3
+# the int8 runs pad the corpus's 256 tokens to 300 rows: the calibration ids are mod 300 (§8.3)
+PADDED_VOCAB = "--vocab_size=300"
 REPLAY_STEPS = 3
 
 
@@ -159,7 +170,9 @@ def test_salt_and_commitment_example():
         bytes.fromhex(leaf["data"])
     assert hashlib.sha256(keyed).hexdigest() == ex["keyed_leaf"]
     t = torch.tensor([float(v) for v in leaf["values"].split()], dtype=torch.float32).view(2, 3)
-    assert hashchain.tensor_leaf("x", t, key) == ex["keyed_leaf"]
+    assert hashchain.tensor_leaf("x", t, key) == ex["keyed_leaf"] == numpy_replay.leaf("x", t.numpy(), key)
+    # §11.1: K is followed directly by the name; a separator there would give another leaf
+    assert hashlib.sha256(keyed.replace(key, key + b"\0", 1)).hexdigest() != ex["keyed_leaf"]
     assert hashlib.sha256(b"\x00" + bytes.fromhex(ex["keyed_leaf"])).hexdigest() == ex["result_root"]
     assert hashchain.keyed_state_root(ex["grad_root"], {"x": t}) == ex["result_root"]
     assert receipts.commit(bytes.fromhex(ex["salt"]), ex["grad_root"], ex["result_root"]) == ex["step_commit"]
@@ -277,12 +290,12 @@ def fp32_run(corpus, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def int8_run(corpus, tmp_path_factory):
-    return train_replay_run(corpus, tmp_path_factory.mktemp("int8"), "--quant=int8")
+    return train_replay_run(corpus, tmp_path_factory.mktemp("int8"), "--quant=int8", PADDED_VOCAB)
 
 
 @pytest.fixture(scope="module")
 def int8_pv_run(corpus, tmp_path_factory):
-    return train_replay_run(corpus, tmp_path_factory.mktemp("int8_pv"), "--quant=int8", "--int8_pv=1")
+    return train_replay_run(corpus, tmp_path_factory.mktemp("int8_pv"), "--quant=int8", "--int8_pv=1", PADDED_VOCAB)
 
 
 @pytest.mark.parametrize("which", ["fp32_run", "int8_run", "int8_pv_run"])
@@ -294,10 +307,14 @@ def test_numpy_replay_reproduces_the_run(which, corpus, request):
     records = [line for line in lines if line.startswith("MATCH") and ": record " in line]
     checkpoints = [line for line in lines if line.startswith("MATCH") and ": checkpoint " in line]
     assert len(records) == REPLAY_STEPS + 1 and len(checkpoints) == 3, proc.stdout
-    genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])["config"]
-    assert genesis["n_kv_head"] < genesis["n_head"] and genesis["dropout"] > 0
-    assert genesis["micro_batches"] == 3 and genesis["quant"] == ("none" if which == "fp32_run" else "int8")
-    assert genesis.get("int8_pv", False) == (which == "int8_pv_run")
+    genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])
+    cfg = genesis["config"]
+    assert cfg["n_kv_head"] < cfg["n_head"] and cfg["dropout"] > 0
+    assert cfg["micro_batches"] == 3 and cfg["quant"] == ("none" if which == "fp32_run" else "int8")
+    assert cfg["micro_batch_phases"] == "2@2"
+    assert [train.micro_batches_at(config.from_record(cfg, "genesis"), s) for s in (1, 2, 3)] == [3, 3, 2]
+    assert cfg.get("int8_pv", False) == (which == "int8_pv_run")
+    assert (cfg["vocab_size"], genesis["vocab_size"]) == ((256, 256) if which == "fp32_run" else (300, 256))
 
 
 def test_numpy_replay_from_a_checkpoint(fp32_run, corpus):
@@ -320,6 +337,7 @@ def test_numpy_replay_of_a_mix(tmp_path):
     mixed = data.TokenData(str(mix), config.Config().seed)
     drawn = {corpus.path for s in (1, 2) for m in (0, 1) for corpus, _ in mixed.rows("train", s, m, 2, 16)}
     assert len(drawn) == 2
+    assert json.loads((mix / "manifest.json").read_text())["format"] == data.MANIFEST_FORMAT
     proc = replay(run, mix, 2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line.split(": ")[0] for line in proc.stdout.splitlines()] == ["MATCH step 0"] * 2 + ["MATCH step 1"] + ["MATCH step 2"] * 2
@@ -346,3 +364,80 @@ def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path
         "MATCH step 0", "MISMATCH at step 0: checkpoint step_00000000.safetensors differs", "MATCH step 1",
         "note: step 2: no secret and no salt: step_commit is taken from the published record", "MATCH step 2",
         "MATCH step 2: checkpoint step_00000002.safetensors"]
+
+
+# ----------------------------------------------------------------------------- 4. the readings SPEC chose
+def test_micro_batch_count_before_the_first_phase():
+    """§9.5: steps 1..S1 take micro_batches, S1+1..S2 take N1, and so on: the code and the replay
+    (whose runs with a phase are test_numpy_replay_reproduces_the_run's)."""
+    cfg = config.Config(micro_batches=3, micro_batch_phases="5@2,7@4")
+    for step, n in {1: 3, 2: 3, 3: 5, 4: 5, 5: 7, 90: 7}.items():
+        assert train.micro_batches_at(cfg, step) == numpy_replay.micro_batches_at(dataclasses.asdict(cfg), step) == n
+
+
+def test_weight_decay_uses_the_binary64_lr():
+    """§9.3: decay = f32(1 - lr * wd) with the binary64 lr. The two readings differ for lr =
+    2^-25 (1 + 2^-26), wd = 1: 1 - lr lies just below the tie between 1 - 2^-24 and 1 and rounds
+    down, while f32(lr) = 2^-25 lands on the tie, which rounds to 1.0 (even). AdamW on p = 1 with a
+    zero gradient and zero moments leaves p = decay (its step is 0 / (0 + eps))."""
+    lr, wd = 2.0 ** -25 * (1 + 2.0 ** -26), 1.0
+    binary64, rounded_lr = C.f32(1.0 - lr * wd), C.f32(1.0 - float(C.f32(lr)) * wd)
+    assert (float(binary64), float(rounded_lr)) == (1.0 - 2.0 ** -24, 1.0)
+    assert numpy_replay.weight_decay_factor(lr, wd) == binary64
+    p, zero = torch.ones(1), torch.zeros(1)
+    repops.adamw_(p, zero.clone(), zero.clone(), zero.clone(), lr=lr, beta1=0.9, beta2=0.95, eps=1e-8,
+                  weight_decay=wd, step=1)
+    assert p.item() == binary64
+    m, v = np.zeros(1, np.float32), np.zeros(1, np.float32)
+    assert C.adamw_(np.ones(1, np.float32), m, m, v, C.f32(lr), C.f32(0.9), C.f32(0.95), C.f32(0.1), C.f32(0.05),
+                    C.f32(1e-8), binary64, C.f32(10.0), C.f32(20.0))[0][0] == binary64
+
+
+def test_code_digest_ignores_subfolders(tmp_path):
+    """§14: only the files directly in kernels/cpu, kernels/cuda, kernels/common and kernels/metal
+    count. Files with the digest's own suffixes in a subfolder of each change neither the code's
+    digest (train.code_digest, run in a copy of the code) nor the replay's; the same kind of file
+    directly in kernels/metal changes both."""
+    tree = tmp_path / "code"
+    shutil.copytree(ROOT / "kernels", tree / "kernels")
+    for path in ROOT.glob("*.py"):
+        shutil.copy(path, tree)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def digests():
+        proc = subprocess.run([sys.executable, "-c", "import train; print(train.code_digest())"], cwd=tree,
+                              env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip(), numpy_replay.code_digest(str(tree))
+
+    for folder, name in (("cpu", "x.cpp"), ("cpu", "x.h"), ("cuda", "x.cu"), ("common", "x.cuh"), ("metal", "x.metal")):
+        (tree / "kernels" / folder / "sub").mkdir(exist_ok=True)
+        (tree / "kernels" / folder / "sub" / name).write_text("// in a subfolder: not hashed\n")
+    assert digests() == (train.code_digest(),) * 2
+    (tree / "kernels" / "metal" / "x.metal").write_text("// in kernels/metal itself: hashed\n")
+    code, spec = digests()
+    assert code == spec != train.code_digest()
+
+
+def test_checkpoint_header_length_includes_its_padding(tmp_path):
+    """§13: n counts the header's space padding, so the tensors start at 8 + n, a multiple of 8
+    (this header needs padding: n without it would be another file)."""
+    state = {"params.x": torch.tensor([1.0, 2.0]), "step": torch.tensor([3])}
+    root, leaves = hashchain.state_hash(state)
+    path = tmp_path / "step_00000003.safetensors"
+    rundir.save_checkpoint(path, state, {"state_hash": root, "step": 3, "tensor_hashes": leaves})
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    unpadded = len(raw[8:8 + n].rstrip(b" "))
+    assert unpadded % 8 and n == unpadded + (-unpadded % 8) and n % 8 == 0
+    assert raw[8 + n:] == np.float32([1, 2]).tobytes() + np.int64([3]).tobytes()
+    assert numpy_replay.checkpoint_bytes({k: t.numpy() for k, t in state.items()}, root, leaves, 3) == raw
+
+
+def test_manifest_formats_in_the_docs():
+    """The mix manifest's format in docs/data.md and SPEC §5.3 is the one the code writes and
+    reads (the corpus manifest's too, SPEC §5.1)."""
+    mix = r'\{"format": (\d+), "tokenizer", "dtype",\s+"mix"'
+    for text in ((ROOT / "docs" / "data.md").read_text(), SPEC):
+        assert [int(f) for f in re.findall(mix, text)] == [data.MANIFEST_FORMAT]
+    assert re.search(r"holds `format` \((\d+)\)", SPEC).group(1) == str(data.MANIFEST_FORMAT)

@@ -130,25 +130,35 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
     assert not missed, missed
 
 
-@pytest.mark.parametrize("edit,made", [(lambda g: g.pop("contract"), 1), (lambda g: g.update(contract=3), 3)],
-                         ids=["v1_without_the_field", "v3"])
-def test_a_run_of_another_contract_is_refused(reference, records, corpus, tmp_path, edit, made):
+@pytest.mark.parametrize("edit,expect", [
+    (lambda g: g.pop("contract"), "this run was made under arithmetic contract v1; this code implements v2"),
+    (lambda g: g.update(contract=3), "this run was made under arithmetic contract v3; this code implements v2"),
+    (lambda g: g.update(contract="2"), 'the genesis record\'s contract "2" is not an arithmetic contract version'),
+    (lambda g: g.update(contract=True), "the genesis record's contract true is not an arithmetic contract version"),
+], ids=["v1_without_the_field", "v3", "the_string_2", "true"])
+def test_a_run_of_another_contract_is_refused(reference, records, corpus, tmp_path, edit, expect):
     """The genesis record's `contract` (SPEC §12.2): a run made under another arithmetic contract
-    (no field: v1, whose flat sums differ) is refused by audit.py and by train.py's resume with
-    one line, exit 2 -- not a MISMATCH: its steps are not this code's to replay."""
+    (no field: v1, whose flat sums differ), or whose `contract` is no version at all (the string
+    "2", a boolean), is refused with one line, exit 2, by every program that opens it: audit.py,
+    train.py's resume, sample.py, export.py and report.py -- not a MISMATCH: its steps are not
+    this code's to replay, its weights not this code's to vouch for. Nothing is written."""
     forged = json.loads(json.dumps(records))
     edit(forged[0])
     run = copy_run(reference, tmp_path / "run")
     sealed = reseal(forged)
     write_chain(run, sealed)
-    expect = f"error: this run was made under arithmetic contract v{made}; this code implements v2"
-    proc = audit_cli(run, "--step", "1")
-    assert_one_line_error(proc, "audit.py")
-    assert expect in proc.stderr, proc.stderr
-    proc = script("train.py", *train_args(run, corpus, f"--max_steps={STEPS + 1}"))
-    assert_one_line_error(proc, "train.py")
-    assert expect in proc.stderr, proc.stderr
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    for prog, args in [("audit.py", ["--run_dir", run, "--step", "1"]),
+                       ("sample.py", ["--run_dir", run, "--tokens", "4"]),
+                       ("export.py", ["--run_dir", run, "--to", "hf", "--out", tmp_path / "hf"]),
+                       ("report.py", ["--run_dir", run, "--out", tmp_path / "report.html"]),
+                       ("train.py", train_args(run, corpus, f"--max_steps={STEPS + 1}"))]:
+        proc = script(prog, *args)
+        assert_one_line_error(proc, prog)
+        assert expect in proc.stderr, (prog, proc.stderr)
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "report.html").exists()
     assert chain_records(run) == sealed                  # nothing written
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
 @pytest.mark.parametrize("edit,expect", [

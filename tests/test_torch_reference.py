@@ -5,12 +5,24 @@
 Every other end-to-end test compares model.py with itself (train vs audit, one machine vs
 another), so a wrong mask, residual, norm, head mapping or schedule would pass them all. Here
 tools/torch_llama.py's TorchLlama (the benchmarks' baseline, written from the model's definition
-with stock torch operators) gets the RepOps model's initial weights and must agree with it: the
+with stock torch operators, importing nothing of the project: its learning-rate schedule is its
+own, from SPEC §10) gets the RepOps model's initial weights and must agree with it: the
 logits, the loss and every parameter's gradient on one micro-batch, in float64 and in float32,
-and the loss of 20 training steps (warmup, then the linear decay to min_lr at step 20) against
-the float64 model trained by torch's AdamW. The model has grouped-query attention (4 query heads
-on 2 key/value heads), dropout 0, and runs once in fp32 and once with --quant=int8 (there the
-reference is the straight-through estimator with LSQ step sizes by its definition, quant.py).
+and the loss of 20 training steps (warmup, then the linear or cosine decay to min_lr at step 20)
+against the float64 model trained by torch's AdamW. The model has grouped-query attention (4
+query heads on 2 key/value heads), dropout 0, and runs once in fp32 and once with --quant=int8
+(there the reference is the straight-through estimator with LSQ step sizes by its definition,
+quant.py).
+
+What the loss curve catches, measured 2026-12-01 (test_curve_catches_a_late_decay_and_an_attention_scale
+injects both bugs into the RepOps side every run): a decay one step late moves the curve by about
+2e-2 (300x TOL_FP32, 20x TOL_INT8). With the default init_std 0.02 the attention scores are about
+1e-3, every softmax row is nearly uniform and a 6% attention scale moved the fp32 curve by only
+9.6e-6 (under TOL_FP32); so the fp32 curve starts from init_std 0.2, where scores are O(1) and the
+same bug moves it by 3.6e-3 (60x TOL_FP32; the honest curve stays at 1.5e-7). The int8 curve keeps
+init_std 0.02: with sharper attention its honest error grows past TOL_INT8 (grid flips: 4.8e-3
+at 0.2) and the scale bug moves it by 8.1e-4 only, under TOL_INT8; the attention code is the fp32
+path's, whose curve and logits (1.7e-4 for the scale bug at init) catch it.
 
 Tolerances (err = max|a - b| / max|b| over a tensor; u = 2^-24, float32's unit roundoff):
 - fp32: every float32 operation rounds with relative error <= u; a sum of K terms carries about
@@ -20,7 +32,8 @@ Tolerances (err = max|a - b| / max|b| over a tensor; u = 2^-24, float32's unit r
   against float64; twice that against float32 torch (both sides round). Measured 2026-12-01:
   <= 6e-7 (logits, gradients), <= 1.3e-7 (loss curve).
 - loss curve: Adam divides each update by the gradient's own scale, so relative gradient errors
-  do not grow through the updates; the 20 losses hold to TOL_FP32 as well.
+  do not grow through the updates; the 20 losses hold to TOL_FP32 as well (measured <= 1.5e-7
+  from init_std 0.2, linear and cosine).
 - int8: besides float32 rounding, an activation within its rounding error of a grid boundary
   (x / s = n + 1/2) lands on either neighbour, which moves one input of a linear by one step s
   and its gradient's straight-through mask and LSQ term by a whole element. TOL_INT8 = 2^-10
@@ -32,6 +45,7 @@ import math
 import pytest
 import torch
 
+import repops
 import train
 from config import Config, resolve
 from data import TokenData
@@ -43,6 +57,7 @@ TOL = {"none": (TOL_FP32, TOL_FP32), "int8": (2.0 ** -10, 2.0 ** -6)}   # (value
 STEPS = 20
 MODEL = dict(n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_hidden=64, seq_len=16, micro_batch_size=2,
              micro_batches=2, max_steps=STEPS, warmup_steps=5, dropout=0.0)
+CURVE_INIT_STD = {"none": 0.2, "int8": 0.02}   # sharp attention for fp32 (module docstring)
 
 
 @pytest.fixture(autouse=True)
@@ -54,9 +69,9 @@ def one_thread():
     torch.set_num_threads(saved)
 
 
-def setup(corpus, quant):
+def setup(corpus, quant, **over):
     data = TokenData(str(corpus), 1337)
-    cfg = resolve(Config(data_dir=str(corpus), quant=quant, **MODEL), data.vocab_size)
+    cfg = resolve(Config(data_dir=str(corpus), quant=quant, **dict(MODEL, **over)), data.vocab_size)
     return cfg, data, train.TrainState(cfg, data.vocab_size)
 
 
@@ -89,21 +104,42 @@ def test_logits_loss_and_every_gradient(corpus, quant, dtype):
     assert not bad, f"gradients differ from stock torch beyond {tol_grad:.2e}: {bad}"
 
 
-@pytest.mark.parametrize("quant", ["none", "int8"])
-def test_loss_curve_matches_torch_adamw(corpus, quant):
-    """20 steps of train.py's train_step (RepOps AdamW, clip, lr schedule, TreeFold mean) and
-    of torch AdamW on the float64 model: the same losses, step by step."""
-    cfg, data, state = setup(corpus, quant)
+def loss_curve(corpus, quant, lr_schedule="linear"):
+    """[(step, RepOps loss, reference loss)] of 20 steps of train.py's train_step (RepOps AdamW,
+    clip, lr schedule, TreeFold mean) and of torch AdamW on the float64 model with its own
+    schedule, from the same initial weights."""
+    cfg, data, state = setup(corpus, quant, init_std=CURVE_INIT_STD[quant], lr_schedule=lr_schedule)
     ref = TorchLlama(state, dtype=torch.float64)
     opt = torch_adamw(ref, cfg)
-    tol = TOL[quant][0]
-    losses = []
-    for step in range(1, STEPS + 1):
-        mine = train.train_step(state, data, cfg)["loss"]
-        theirs = torch_step(ref, opt, data, cfg, step)
-        losses.append((step, mine, theirs))
-        assert abs(mine - theirs) <= tol * theirs, f"step {step}: {losses}"
+    return [(step, train.train_step(state, data, cfg)["loss"], torch_step(ref, opt, data, cfg, step))
+            for step in range(1, STEPS + 1)]
+
+
+def curve_error(losses):
+    return max(abs(mine - theirs) / theirs for _, mine, theirs in losses)
+
+
+@pytest.mark.parametrize("quant,lr_schedule", [("none", "linear"), ("int8", "linear"), ("none", "cosine")])
+def test_loss_curve_matches_torch_adamw(corpus, quant, lr_schedule):
+    """The same losses, step by step, within the tolerance."""
+    losses = loss_curve(corpus, quant, lr_schedule)
+    assert curve_error(losses) <= TOL[quant][0], losses
     assert losses[-1][2] < losses[0][2] - 0.5, f"the reference did not learn: {losses}"
+
+
+def test_curve_catches_a_late_decay_and_an_attention_scale(corpus, monkeypatch):
+    """Negative controls, in the RepOps model only: the decay one step late (train.py's lr_at
+    gives step s the rate of step s - 1 after the warmup) and every attention scale 6% too large
+    each move the fp32 curve beyond TOL_FP32 (measured 2e-2 and 3.6e-3); a late decay moves the
+    int8 curve beyond TOL_INT8 too."""
+    lr_at, softmax = train.lr_at, repops.causal_softmax
+    with monkeypatch.context() as m:
+        m.setattr(train, "lr_at", lambda cfg, s: lr_at(cfg, s - 1) if s > cfg.warmup_steps else lr_at(cfg, s))
+        for quant in ("none", "int8"):
+            assert curve_error(loss_curve(corpus, quant)) > 4 * TOL[quant][0], f"late decay, {quant}"
+    with monkeypatch.context() as m:
+        m.setattr(repops, "causal_softmax", lambda s, scale: softmax(s, scale * 1.06))
+        assert curve_error(loss_curve(corpus, "none")) > 4 * TOL_FP32, "attention scale"
 
 
 def test_tolerance_catches_a_small_model_change(corpus):

@@ -8,23 +8,65 @@ tests/test_torch_reference.py checks the RepOps model against.
     logits = ref.logits(x)               # [B, T, vocab]
     opt = torch_adamw(ref, cfg)          # torch AdamW, weight decay on matrices only (as train.py)
     loss = torch_step(ref, opt, data, cfg, step)   # one step: micro-batches, clip, lr schedule, AdamW
+    lr_schedule(cfg, step)               # the learning rate of step (SPEC §10), this file's own
 
 Stock torch operators only (MKL/oneDNN, cuBLAS, FMA allowed): the same shapes, wiring and
-initial weights as model.py, not the same bits. Written from the model's definition, not from
-model.py's code: grouped-query attention by repeating each key/value head for its G query heads,
-the rotary tables from rope_theta in the model's dtype, and with quant="int8" each block linear
-as the W8A8 straight-through estimator with LSQ step sizes (quant.py's docstring, contract §10)
-by the usual autograd construction. Dropout is not modelled (the reference runs dropout 0).
+initial weights as model.py, not the same bits. Written from the model's definition (SPEC.md),
+not from the project's code, and importing none of it: the weights are copied out of the state
+into modules of its own, the learning-rate schedule and the micro-batch phases are its own
+(SPEC §10, §9.5); grouped-query attention by repeating each key/value head for its G query
+heads, the rotary tables from rope_theta in the model's dtype, and with quant="int8" each block
+linear as the W8A8 straight-through estimator with LSQ step sizes (quant.py's docstring,
+contract §10) by the usual autograd construction. Dropout is not modelled (the reference runs
+dropout 0), nor the recipe options (attn_window, qk_norm, emb_norm).
 """
-import copy
 import math
 
 import torch
 import torch.nn.functional as F
 
-from train import lr_at
-
 QP = 127        # the int8 grid [-QP, QP] (contract §10)
+
+
+def lr_schedule(cfg, step):
+    """The learning rate of step (1-based), by SPEC §10: linear warmup to lr over warmup_steps,
+    then linear (or cosine) decay to min_lr at max_steps; math.cos stands in for the contract's
+    float32 cos (a difference far below the tests' tolerances)."""
+    if step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    progress = min((step - cfg.warmup_steps) / max(cfg.max_steps - cfg.warmup_steps, 1), 1.0)
+    if cfg.lr_schedule == "cosine":
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.lr - (cfg.lr - cfg.min_lr) * progress
+
+
+def micro_batch_count(cfg, step):
+    """N(step) by SPEC §9.5: micro_batches until the first phase "N@S" of micro_batch_phases
+    begins after step S; then that phase's N."""
+    n = cfg.micro_batches
+    for phase in filter(None, cfg.micro_batch_phases.split(",")):
+        count, start = phase.split("@")
+        if step > int(start):
+            n = int(count)
+    return n
+
+
+def _copy_parameters(model, dtype):
+    """A plain module tree holding a copy of `model`'s parameters in `dtype`, under the same names
+    (layers.{i}.<name>, tok_emb, ...), each trained or not as there: the reference reads them by
+    attribute and runs none of the model's code."""
+    root = torch.nn.Module()
+    root.layers = torch.nn.ModuleList()
+    for name, p in model.named_parameters():
+        *path, leaf = name.split(".")
+        owner = root
+        if path:                                  # ["layers", "i"]
+            while len(root.layers) <= int(path[1]):
+                root.layers.append(torch.nn.Module())
+            owner = root.layers[int(path[1])]
+        owner.register_parameter(leaf, torch.nn.Parameter(p.detach().to(dtype).clone(),
+                                                          requires_grad=p.requires_grad))
+    return root
 
 
 def _grad_scaled(s, g):
@@ -53,7 +95,7 @@ class TorchLlama(torch.nn.Module):
     def __init__(self, state, sdpa=False, dtype=torch.float32):
         super().__init__()
         self.cfg, self.sdpa = state.model.cfg, sdpa
-        self.m = copy.deepcopy(state.model).to(dtype)   # the same parameters, read by attribute below
+        self.m = _copy_parameters(state.model, dtype)   # the same parameters, read by attribute below
         cfg, dev = self.cfg, self.m.tok_emb.device
         Dh = cfg.d_model // cfg.n_head
         inv_freq = cfg.rope_theta ** (-torch.arange(0, Dh, 2, dtype=torch.float64, device=dev) / Dh)
@@ -117,20 +159,21 @@ def torch_adamw(model, cfg):
 
 
 def torch_step(model, opt, data, cfg, step):
-    """One training step (1-based): the mean loss of the micro-batches, clip, train.py's lr
-    schedule, AdamW, and with int8 + lsq_repin the re-pin of the weight step sizes after it.
+    """One training step (1-based): the mean loss of the step's micro-batches, clip, the lr of
+    lr_schedule, AdamW, and with int8 + lsq_repin the re-pin of the weight step sizes after it.
     Returns the step's loss (the mean over its micro-batches, before the update) as a float."""
     opt.zero_grad(set_to_none=True)
     loss = 0.0
-    for m in range(cfg.micro_batches):
+    n = micro_batch_count(cfg, step)
+    for m in range(n):
         x, y = (t.to(model.m.tok_emb.device) for t in data.micro_batch("train", step, m, cfg.micro_batch_size,
                                                                          cfg.seq_len))
-        micro_loss = model(x, y, cfg.zloss) / cfg.micro_batches
+        micro_loss = model(x, y, cfg.zloss) / n
         micro_loss.backward()
         loss = loss + micro_loss.detach()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     for group in opt.param_groups:
-        group["lr"] = lr_at(cfg, step)
+        group["lr"] = lr_schedule(cfg, step)
     opt.step()
     if cfg.quant == "int8" and cfg.lsq_repin:
         with torch.no_grad():

@@ -79,6 +79,16 @@ inline float fmul(float a, float b) {
   if (t == fl(0x0C800000u)) return fl(s | 0x00800000u);  // 2^-126 after rounding
   return r;
 }
+// float(c) of an int32 rounded to nearest even (contract §10's GEMM output) with no conversion that
+// rounds: the high part (a multiple of 256 below 2^31 in magnitude: 24 significant bits at most)
+// and the low byte convert exactly, and one fadd rounds their exact sum once. A plain (float)c
+// above 2^24 rounds by the compiler's conversion mode: to nearest even by MSL's default, toward
+// zero under MTLCompileOptions.floatingPointConversionRoundingMode (tests/test_metal_emulated.py
+// runs the kernels with every (float) conversion rounding toward zero).
+inline float i32_to_float(int c) {
+  const int low = c & 0xFF;
+  return fadd((float)(c - low), (float)low);
+}
 // x > y on DAZ-read values (the canonical max compares raw inputs, contract §3).
 inline bool gt(float x, float y) { return daz(x) > daz(y); }
 inline bool is_nan(float x) { return (bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }

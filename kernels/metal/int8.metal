@@ -9,7 +9,8 @@
 //
 // The GEMM: one thread per output, k in order; integer sums are exact (the caller checks
 // K * 127^2 < 2^31 and that no operand holds -128), so any order gives the same bits. The
-// int32 -> float conversion rounds to nearest even (Metal's default conversion rounding).
+// int32 -> float conversion rounds to nearest even by canonical.h's i32_to_float (exact pieces and
+// one fadd), not by Metal's (float) conversion, whose rounding mode the compiler options decide.
 #pragma METAL fp contract(off)
 #include "canonical.h"
 
@@ -48,7 +49,7 @@ kernel void rp_int8_linear(device const char* A, device const char* B, device co
                            device float* Y, constant long& M, constant long& N, constant long& K, RP_POS) {
   for (long e = tid; e < M * N; e += nthreads) {
     const long j = e % N;
-    Y[e] = fmul((float)dot_i8(A + (e / N) * K, B + j * K, K), fmul(sx[0], sw[j]));  // one rounding per column
+    Y[e] = fmul(i32_to_float(dot_i8(A + (e / N) * K, B + j * K, K)), fmul(sx[0], sw[j]));  // one rounding per column
   }
 }
 
