@@ -10,10 +10,13 @@
 //              the row), then each value's beta-bit integer q (rounded half away from zero) and
 //              its eight residues, one int8 plane [rows, K] per modulus (vectorized by GCC:
 //              uint32 shifts and selects, % by constants);
-//   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (rp_int8_matmul: VNNI / vpmaddwd /
-//              smlal), in chunks of at most kChunk k (its K limit) whose residues add up;
-//   reconstruct per output: the residues mod p, Garner's mixed-radix digits (uint32), the
-//              integer C' in uint64, rounded to float32 once by integer operations (§11 step 7).
+//   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (rp_int8_matmul: AMX-INT8 / VNNI /
+//              vpmaddwd / smlal), in chunks of at most kChunk k (its K limit) whose residues add
+//              up; on AMX with K <= kFusedK the eight GEMMs of each 32 x 32 block of C run one
+//              after the other on the tiles and the block is reconstructed at once
+//              (exact_product_amx: the residue sums never leave L1);
+//   reconstruct per output, 64 at a time in vectors: the residues mod p, Garner's mixed-radix
+//              digits (uint32), the integer C' in uint64, rounded to float32 once (§11 step 7).
 #include "kernels.h"
 
 #include <algorithm>
@@ -23,11 +26,23 @@
 
 namespace {
 
+// GCC vectorizes loops with 256-bit vectors on Intel AVX-512 CPUs unless told otherwise; these
+// integer loops (no float arithmetic, so no bits at stake) run faster at 512 bits.
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define RP_WIDE_VECTORS __attribute__((target("prefer-vector-width=512")))
+#else
+#define RP_WIDE_VECTORS
+#endif
+
 constexpr int kMod = 8;
 constexpr uint32_t kP[kMod] = {255, 253, 251, 247, 241, 239, 233, 229};  // odd, pairwise coprime
 constexpr uint64_t kProduct = 12292429416557426565ull;                   // prod(kP) < 2^64
 constexpr uint64_t kHalf = (kProduct - 1) / 2;                           // C' in [-kHalf, kHalf]
 constexpr int64_t kChunk = 131072;  // k per residue GEMM: 131072 * 127^2 < 2^31 (contract §10)
+// The AMX path computes the eight residue GEMMs block by block (no residue sums in memory) up to
+// this K; beyond it each block's eight passes over K stream more than L2 holds, and eight separate
+// GEMMs (each blocked for the caches) followed by one reconstruction pass are faster.
+constexpr int64_t kFusedK = 1024;
 
 constexpr uint32_t inverse(uint32_t a, uint32_t p) {  // a^-1 mod p by search (compile time)
   uint32_t x = 1;
@@ -97,7 +112,7 @@ inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
 // into planes[t][k - k0] (the symmetric representative in [-(p-1)/2, (p-1)/2]). In blocks of
 // kSplit values: the integers first, then one plane at a time (each loop vectorizes).
 constexpr int64_t kSplit = 256;
-inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int beta, int8_t* const* planes) {
+RP_WIDE_VECTORS inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int beta, int8_t* const* planes) {
   uint32_t q[kSplit], neg[kSplit];
   for (int64_t b = 0; b < kc; b += kSplit) {
     const int64_t n = std::min(kSplit, kc - b);
@@ -124,62 +139,108 @@ inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int bet
   }
 }
 
-// §11 step 7: the integer c times 2^ex rounded to float32 once, as its bit pattern. Branch-free
-// (selects only), so the loop over a block of outputs vectorizes.
-inline uint32_t to_float_bits(int64_t c, int32_t ex) {
-  // (float)c is the int64 -> float32 conversion, correctly rounded to nearest even (IEEE; the
-  // rounding mode every kernel chunk sets, §3): exactly the 24-bit rounding of step 7, carry
-  // included, and exact for |c| < 2^24. Its exponent is then moved by ex in the bits.
-  const float fc = (float)c;
-  uint32_t b;
-  std::memcpy(&b, &fc, 4);
-  const uint32_t sign = b & 0x80000000u;
-  const int32_t E = (int32_t)((b >> 23) & 0xFF) - 127 + ex;     // c != 0: a normal float >= 1
-  uint32_t f = sign | ((uint32_t)(E + 127) << 23) | (b & 0x7FFFFFu);
+// The reconstruction (§11 steps 6-7) of 64 outputs at once, from their eight residue sums
+// res[t * stride + l] (any integers congruent to C' mod p_t), their exponents ex[l] and bad flags
+// bad[l], to f[l] (float bits), lane l < 64, in vectors of 16 uint32 lanes (GCC/Clang vector
+// extensions; a % by a constant compiles to multiplies and shifts): the residues u_t in [0, p_t);
+// Garner's digits v_t = (sum_{s<=t} x_s coef[t][s]) mod p_t (sums < 2^19); the halves
+// Z = v_0 + p_0 (v_1 + p_1 (v_2 + p_2 v_3)) < p_0 p_1 p_2 p_3 < 2^32 and
+// Y = v_4 + p_4 (v_5 + p_5 (v_6 + p_6 v_7)) < 2^32, so X = Z + p_0 p_1 p_2 p_3 Y (uint64, < P) is
+// step 6's nesting; then C' and its rounding. Each digit waits on the one before (multiplies and
+// reductions, tens of cycles), so the four vectors' chains run interleaved.
+typedef uint32_t u32v __attribute__((vector_size(64)));
+typedef int32_t i32v __attribute__((vector_size(64)));
+typedef uint32_t u32h __attribute__((vector_size(32)));   // half a vector: 8 lanes
+typedef int32_t i32h __attribute__((vector_size(32)));
+typedef float f32h __attribute__((vector_size(32)));
+typedef uint64_t u64h __attribute__((vector_size(64)));
+typedef int64_t i64h __attribute__((vector_size(64)));
+constexpr int64_t kV = 16, kGroups = 4, kBlock = kV * kGroups;   // lanes per vector, vectors, outputs
+constexpr uint64_t kP0123 = uint64_t(kP[0]) * kP[1] * kP[2] * kP[3];
+static_assert(kP0123 < (uint64_t(1) << 32) && uint64_t(kP[4]) * kP[5] * kP[6] * kP[7] < (uint64_t(1) << 32),
+              "Z and Y fit uint32");
+
+// §11 step 7 on 8 lanes: the integers c times 2^ex rounded to float32 once, as bit patterns.
+// (float)c is the int64 -> float32 conversion, correctly rounded to nearest even (IEEE; the
+// rounding mode every kernel chunk sets, §3): exactly the 24-bit rounding of step 7, carry
+// included, and exact for |c| < 2^24. Its exponent is then moved by ex in the bits.
+inline u32h to_float_bits(i64h c, i32h ex) {
+  const u32h b = (u32h)__builtin_convertvector(c, f32h);
+  const u32h sign = b & 0x80000000u;
+  const i32h E = (i32h)((b >> 23) & 0xFF) - 127 + ex;            // c != 0: a normal float >= 1
+  u32h f = sign | ((u32h)(E + 127) << 23) | (b & 0x7FFFFFu);
   f = E > 127 ? (sign | 0x7F800000u) : f;
-  f = E < -126 ? sign : f;       // the §3 flush: tininess after rounding, the sign kept
-  return c == 0 ? 0u : f;        // C' = 0: +0.0
+  f = E < -126 ? sign : f;                                        // the §3 flush, the sign kept
+  return __builtin_convertvector(c == 0, i32h) ? u32h{} : f;     // C' = 0: +0.0
 }
 
-// Outputs [j0, j0 + nj) of one row (nj <= kBlock) from their eight residue sums res[t * stride + j]
-// (any integers congruent to C' mod p_t): Garner's digits for the whole block modulus by modulus
-// (uint32 lanes), then C' in uint64 and its rounding. exb[j] = the column's part of the exponent.
-constexpr int64_t kBlock = 64;
-inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t exa, const int32_t* exb,
-                        const uint8_t* bad_b, bool bad_a, float* out) {
-  uint32_t v[kMod][kBlock];
+__attribute__((flatten)) inline void reconstruct64(const int32_t* res, int64_t stride, const int32_t* ex,
+                                                  const uint8_t* bad, uint32_t* f) {
+  u32v v[kMod][kGroups];
   each_mod([&](auto t) {
-    constexpr uint32_t p = kP[t];
-    uint32_t* vt = v[t];
-    const int32_t* rt = res + t * stride;
-    for (int64_t j = 0; j < nj; ++j) {
-      const int32_t r = rt[j] % (int32_t)p;
-      uint32_t acc = (uint32_t)(r < 0 ? r + (int32_t)p : r) * kGarner.coef[t][t];
+    constexpr int32_t p = (int32_t)kP[t];
+    for (int g = 0; g < kGroups; ++g) {
+      i32v r;
+      std::memcpy(&r, res + t * stride + kV * g, sizeof(r));
+      r = r % p;
+      r += (r < 0) & p;                                                  // in [0, p)
+      u32v acc = (u32v)r * kGarner.coef[t][t];
       each_mod([&](auto s) {
-        if constexpr (s < t) acc += v[s][j] * kGarner.coef[t][s];
+        if constexpr (s < t) acc += v[s][g] * kGarner.coef[t][s];
       });
-      vt[j] = acc % p;
+      v[t][g] = acc % (uint32_t)p;
     }
   });
+  for (int g = 0; g < kGroups; ++g) {
+    const u32v Z = v[0][g] + kP[0] * (v[1][g] + kP[1] * (v[2][g] + kP[2] * v[3][g]));
+    const u32v Y = v[4][g] + kP[4] * (v[5][g] + kP[5] * (v[6][g] + kP[6] * v[7][g]));
+    for (int h = 0; h < 2; ++h) {
+      const int64_t l = kV * g + 8 * h;
+      u32h z, y;
+      i32h e;
+      std::memcpy(&z, reinterpret_cast<const uint32_t*>(&Z) + 8 * h, sizeof(z));
+      std::memcpy(&y, reinterpret_cast<const uint32_t*>(&Y) + 8 * h, sizeof(y));
+      std::memcpy(&e, ex + l, sizeof(e));
+      const u64h X = __builtin_convertvector(z, u64h) + kP0123 * __builtin_convertvector(y, u64h);   // < kProduct
+      const i64h c = (i64h)(X > kHalf ? X - kProduct : X);                                          // wraps to C' < 0
+      const u32h b = to_float_bits(c, e);
+      std::memcpy(f + l, &b, sizeof(b));
+    }
+  }
+  for (int64_t l = 0; l < kBlock; ++l) f[l] = bad[l] ? 0x7FC00000u : f[l];
+}
+
+// Outputs [0, nj) of one row (nj <= kBlock) from res[t * stride + j]; exb[j] = the column's part of
+// the exponent, exa the row's.
+inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t exa, const int32_t* exb,
+                        const uint8_t* bad_b, bool bad_a, float* out) {
+  int32_t ex[kBlock] = {}, r[kMod * kBlock];
+  uint8_t bad[kBlock] = {};
   uint32_t f[kBlock];
   for (int64_t j = 0; j < nj; ++j) {
-    uint64_t X = v[kMod - 1][j];
-    each_mod([&](auto t) {
-      if constexpr (t < kMod - 1) X = X * kP[kMod - 2 - t] + v[kMod - 2 - t][j];   // < kProduct
-    });
-    const int64_t c = X > kHalf ? (int64_t)(X - kProduct) : (int64_t)X;             // wraps to C' < 0
-    const uint32_t b = to_float_bits(c, exa + exb[j]);
-    f[j] = (bad_a || bad_b[j]) ? 0x7FC00000u : b;
+    ex[j] = exa + exb[j];
+    bad[j] = bad_a || bad_b[j];
   }
+  if (nj < kBlock) {   // a short block: zero-padded copies of its residue sums
+    std::memset(r, 0, sizeof(int32_t) * kMod * kBlock);
+    for (int t = 0; t < kMod; ++t) std::memcpy(r + t * kBlock, res + t * stride, nj * sizeof(int32_t));
+    res = r;
+    stride = kBlock;
+  }
+  reconstruct64(res, stride, ex, bad, f);
   std::memcpy(out, f, sizeof(uint32_t) * nj);
 }
 
-// Rows [r0, r1) of x [rows, K], values [k0, k0 + kc): planes [kMod][rows][kc].
+// Rows [r0, r1) of x [rows, K], values [k0, k0 + kc): planes [kMod][rows][ld], ld >= kc, the
+// values past kc zero.
 void split_rows(const float* x, int64_t K, int64_t k0, int64_t kc, const int32_t* e, int beta, int8_t* planes,
-                int64_t rows, int64_t r0, int64_t r1) {
+                int64_t rows, int64_t ld, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     int8_t* p[kMod];
-    for (int t = 0; t < kMod; ++t) p[t] = planes + (t * rows + r) * kc;
+    for (int t = 0; t < kMod; ++t) {
+      p[t] = planes + (t * rows + r) * ld;
+      std::memset(p[t] + kc, 0, ld - kc);
+    }
     split_row(x + r * K, k0, kc, e[r], beta, p);
   }
 }
@@ -191,6 +252,7 @@ constexpr int64_t kResBytes = int64_t(32) << 20;   // one panel's residue sums
 struct Buffers {
   std::vector<int8_t> pa, pb;
   std::vector<int32_t> res, part;
+  std::vector<uint8_t> bpacked;   // the AMX path's B planes in the tile layout
 };
 Buffers& buffers() {
   static thread_local Buffers b;
@@ -207,9 +269,62 @@ void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uin
   });
 }
 
+namespace {
+
+// rp_exact_product on AMX-INT8 (K <= kChunk): the eight residue GEMMs of each 32 x 32 block of C
+// run one after the other on the tiles (rp_amx_gemm with nmat = 8), and the block is
+// reconstructed from the eight [32][32] sums while they are in L1: no residue sums in memory.
+// The planes have rows of Kp = K rounded up to 64, zero-padded, so A's tiles are read in place.
+void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
+                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
+  const int64_t Kp = (K + 63) / 64 * 64;
+  const int64_t mp = std::min(M, std::max<int64_t>(32, (kResBytes / 4) / (kMod * Kp) / 32 * 32));   // A planes ~8 MB
+  Buffers& buf = buffers();
+  std::vector<int8_t>&pa = buf.pa, &pb = buf.pb;
+  std::vector<uint8_t>& bp = buf.bpacked;
+  pa.resize(kMod * mp * Kp);
+  pb.resize(kMod * N * Kp);
+  bp.resize(rp_amx_packed_bytes(N, K, kMod));
+  rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, 0, K, eb, beta, pb.data(), N, Kp, b, e); });
+  rp_amx_pack_b(pb.data(), Kp, N * Kp, N, K, kMod, bp.data());
+  std::vector<int32_t> exb(N);
+  for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
+  for (int64_t i0 = 0; i0 < M; i0 += mp) {
+    const int64_t m = std::min(mp, M - i0);
+    rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
+      split_rows(A + i0 * K, K, 0, K, ea + i0, beta, pa.data(), m, Kp, b, e);
+    });
+    // a block's rows in pairs: rows i and i + 1 of the [32][32] sums are 64 consecutive lanes
+    const auto finish = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles, int64_t ldt) {
+      int32_t ex[kBlock] = {};
+      uint8_t bad[kBlock] = {};
+      uint32_t f[kBlock];
+      for (int64_t i = 0; i < mr; i += 2) {
+        for (int64_t h = 0; h < 2 && i + h < mr; ++h) {
+          const int64_t r = i0 + bi + i + h;
+          for (int64_t j = 0; j < nr; ++j) {
+            ex[h * ldt + j] = ea[r] - 126 - beta + exb[j0 + j];
+            bad[h * ldt + j] = bad_a[r] || bad_b[j0 + j];
+          }
+        }
+        reconstruct64(tiles + i * ldt, 32 * ldt, ex, bad, f);
+        for (int64_t h = 0; h < 2 && i + h < mr; ++h) std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * nr);
+      }
+    };
+    rp_amx_gemm(pa.data(), Kp, m * Kp, bp.data(), m, N, K, kMod, nullptr,
+                [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+                  (*static_cast<decltype(finish)*>(ctx))(bi, mr, j0, nr, t, ldt);
+                }, const_cast<void*>(static_cast<const void*>(&finish)));
+  }
+  if (pa.capacity() + pb.capacity() + bp.capacity() > kKeepBytes) buf = Buffers();
+}
+
+}  // namespace
+
 void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   if (M == 0 || N == 0) return;
+  if (rp_int8_uses_amx() && K <= kFusedK) return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
@@ -222,7 +337,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
   res.resize(kMod * mp * N);
   part.resize(nchunks > 1 ? mp * N : 0);
   auto split_b = [&](int64_t k0, int64_t kc) {
-    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, k0, kc, eb, beta, pb.data(), N, b, e); });
+    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, k0, kc, eb, beta, pb.data(), N, kc, b, e); });
   };
   if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
@@ -234,7 +349,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);
       rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-        split_rows(A + i0 * K, K, k0, kc, ea + i0, beta, pa.data(), m, b, e);
+        split_rows(A + i0 * K, K, k0, kc, ea + i0, beta, pa.data(), m, kc, b, e);
       });
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res.data() + t * m * N;
