@@ -27,6 +27,7 @@
 // AMX intrinsics: GCC < 11, Clang < 12), rp_amx_usable() is false and int8.cpp runs its SIMD path.
 // The code is compiled with target attributes, so any x86-64 build (-march of any level) carries it.
 #include "kernels.h"
+#include "transpose.h"
 
 #include <algorithm>
 #include <cstring>
@@ -173,34 +174,15 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
 
 // Rows [16p, 16p + 16) of B (row j at B + j * ldb; rows >= N zero) into panel p: [Kp / 4][16][4],
 // k >= K zero. Whole 16 x 64-byte chunks (16 rows, 64 k) are a 16 x 16 transpose of 4-byte words
-// in AVX-512 registers; the rest (the last rows or k) byte by byte.
+// in AVX-512 registers (transpose.h); the rest (the last rows or k) byte by byte.
 __attribute__((target("avx512f"))) void pack_panel(const int8_t* B, int64_t ldb, int64_t N, int64_t K, int64_t Kp,
                                                    int64_t p, uint8_t* out) {
   const int64_t j0 = 16 * p, rows = std::max<int64_t>(0, std::min<int64_t>(16, N - j0));
   const int64_t kvec = rows == 16 ? K / 64 * 64 : 0;
   for (int64_t k0 = 0; k0 < kvec; k0 += 64) {
-    __m512i r[16], t[16];
+    __m512i r[16];
     for (int n = 0; n < 16; ++n) r[n] = _mm512_loadu_si512(B + (j0 + n) * ldb + k0);
-    for (int n = 0; n < 16; n += 2) {   // words (row n, group g): pairs of rows, then quads, then lanes
-      t[n] = _mm512_unpacklo_epi32(r[n], r[n + 1]);
-      t[n + 1] = _mm512_unpackhi_epi32(r[n], r[n + 1]);
-    }
-    for (int n = 0; n < 16; n += 4) {
-      r[n] = _mm512_unpacklo_epi64(t[n], t[n + 2]);
-      r[n + 1] = _mm512_unpackhi_epi64(t[n], t[n + 2]);
-      r[n + 2] = _mm512_unpacklo_epi64(t[n + 1], t[n + 3]);
-      r[n + 3] = _mm512_unpackhi_epi64(t[n + 1], t[n + 3]);
-    }
-    for (int n = 0; n < 4; ++n) {
-      t[n] = _mm512_shuffle_i32x4(r[n], r[n + 4], 0x88);
-      t[n + 4] = _mm512_shuffle_i32x4(r[n], r[n + 4], 0xDD);
-      t[n + 8] = _mm512_shuffle_i32x4(r[n + 8], r[n + 12], 0x88);
-      t[n + 12] = _mm512_shuffle_i32x4(r[n + 8], r[n + 12], 0xDD);
-    }
-    for (int n = 0; n < 8; ++n) {
-      r[n] = _mm512_shuffle_i32x4(t[n], t[n + 8], 0x88);
-      r[n + 8] = _mm512_shuffle_i32x4(t[n], t[n + 8], 0xDD);
-    }
+    rp::transpose16(r);
     for (int g = 0; g < 16; ++g) _mm512_storeu_si512(out + (k0 / 4 + g) * 64, r[g]);   // r[g]: word g of rows 0-15
   }
   for (int64_t n = 0; n < 16; ++n) {

@@ -17,6 +17,7 @@
 //            unfused pair reaches 16 per cycle only with 16-float vectors (32 flop/cycle). The
 //            default on Intel CPUs.
 #include "kernels.h"
+#include "transpose.h"
 
 #include <algorithm>
 #include <atomic>
@@ -143,6 +144,42 @@ void pack(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, floa
   }
 }
 
+#if defined(RP_MATMUL_512)
+// pack<R> for the 512-bit tile (R = 12 rows of A, 32 columns of B): where each row is contiguous
+// in k (ks == 1, the x and W of x @ W^T), 16 k of up to 16 rows at a time through a 16 x 16
+// transpose in registers (transpose.h), stored as R-wide panel rows; the rest as pack<R>.
+template <int64_t R>
+void pack_wide(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, float* out) {
+  if (ks != 1 || rs == 1) return pack<R>(p, rs, ks, rows, kc, out);
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    const int64_t nr = std::min(R, rows - r0);
+    float* panel = out + r0 * kc;
+    int64_t k = 0;
+    for (; k + 16 <= kc; k += 16)
+      for (int64_t g = 0; g < R; g += 16) {
+        const int64_t n = std::min<int64_t>(16, R - g);   // panel columns in this group
+        __m512i v[16];
+        for (int64_t i = 0; i < 16; ++i)
+          v[i] = g + i < nr ? _mm512_loadu_si512(p + (r0 + g + i) * rs + k) : _mm512_setzero_si512();
+        rp::transpose16(v);   // v[kk]: k + kk of rows g .. g + 15
+        for (int64_t kk = 0; kk < 16; ++kk)
+          _mm512_mask_storeu_epi32(panel + (k + kk) * R + g, (__mmask16)((1u << n) - 1), v[kk]);
+      }
+    for (int64_t r = 0; r < R; ++r)   // the last kc % 16 values
+      for (int64_t kt = k; kt < kc; ++kt) panel[kt * R + r] = r < nr ? p[(r0 + r) * rs + kt] : 0.0f;
+  }
+}
+#endif
+
+// The packing of tile T's operands.
+template <class T, int64_t R>
+void pack_for(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, float* out) {
+#if defined(RP_MATMUL_512)
+  if constexpr (T::L == 16) return pack_wide<R>(p, rs, ks, rows, kc, out);
+#endif
+  pack<R>(p, rs, ks, rows, kc, out);
+}
+
 template <class T>
 void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
             const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
@@ -174,7 +211,7 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       const int64_t bb = t / (kblocks * nblocks), k0 = (t / nblocks) % kblocks * KC, j0 = t % nblocks * nc_blk;
       const int64_t kc = std::min(KC, K - k0), nc = std::min(nc_blk, N - j0);
       float* panel = bp + bb * K * Npad + k0 * Npad + j0 * kc;
-      pack<NR>(B + bb * sbb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, panel);
+      pack_for<T, NR>(B + bb * sbb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, panel);
       if (kCheckExponents) bmin[t] = min_exponent(panel, (nc + NR - 1) / NR * NR * kc);
     }
   });
@@ -193,7 +230,7 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       float* Cb = C + b * M * N;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        pack<MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack);   // A rows
+        pack_for<T, MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack);   // A rows
         const float* bpanels = Bb + k0 * Npad + j0 * kc;
         const bool first = (k0 == 0);
         const bool plain = kCheckExponents &&
