@@ -41,7 +41,7 @@ constexpr uint64_t kHalf = (kProduct - 1) / 2;                           // C' i
 constexpr int64_t kChunk = 131072;  // k per residue GEMM: 131072 * 127^2 < 2^31 (contract §10)
 // The AMX path computes the eight residue GEMMs block by block (no residue sums in memory) up to
 // this K; beyond it each block's eight passes over K stream more than L2 holds, and eight separate
-// GEMMs (each blocked for the caches) followed by one reconstruction pass are faster.
+// GEMMs (each blocked for the caches) followed by one reconstruction pass were faster (2048^3).
 constexpr int64_t kFusedK = 1024;
 
 constexpr uint32_t inverse(uint32_t a, uint32_t p) {  // a^-1 mod p by search (compile time)
@@ -88,23 +88,25 @@ inline int beta_of(int64_t K) {
   return (62 - c) / 2;
 }
 
-inline uint32_t fbits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-
 // The row exponent (max biased exponent of the finite nonzero values, 0 if none; subnormals read
 // as zero) and whether the row holds a NaN or infinity.
-inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
-  uint32_t emax = 0, nonfinite = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    const uint32_t E = (fbits(x[k]) >> 23) & 0xFF;
-    nonfinite |= E == 255;
-    emax = std::max(emax, E == 255 ? 0u : E);
+// Two max reductions that GCC vectorizes: of E (255 = non-finite) and of (E + 1) mod 256, which
+// sends 255 to 0 and keeps the order of 0..254, so that its maximum less one is the max finite E
+// (zeros and subnormals, E = 0, count as 0). The bits go through a uint32 block (a loop over uint32
+// words vectorizes; one that reinterprets each float does not).
+RP_WIDE_VECTORS inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
+  uint32_t eall = 0, eplus = 0, u[256];
+  for (int64_t k0 = 0; k0 < K; k0 += 256) {
+    const int64_t n = std::min<int64_t>(256, K - k0);
+    std::memcpy(u, x + k0, n * sizeof(uint32_t));
+    for (int64_t k = 0; k < n; ++k) {
+      const uint32_t E = (u[k] >> 23) & 0xFF, F = (E + 1) & 0xFF;
+      eall = eall > E ? eall : E;
+      eplus = eplus > F ? eplus : F;
+    }
   }
-  *e = (int32_t)emax;
-  *bad = (uint8_t)nonfinite;
+  *e = eplus ? (int32_t)eplus - 1 : 0;
+  *bad = eall == 255;
 }
 
 // Values [k0, k0 + kc) of a row with exponent e: q = m 2^(E - e + beta - 24) rounded half away
@@ -113,11 +115,12 @@ inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
 // kSplit values: the integers first, then one plane at a time (each loop vectorizes).
 constexpr int64_t kSplit = 256;
 RP_WIDE_VECTORS inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int beta, int8_t* const* planes) {
-  uint32_t q[kSplit], neg[kSplit];
+  uint32_t q[kSplit], neg[kSplit], bits[kSplit];
   for (int64_t b = 0; b < kc; b += kSplit) {
     const int64_t n = std::min(kSplit, kc - b);
+    std::memcpy(bits, x + k0 + b, n * sizeof(uint32_t));   // (a loop over uint32 words vectorizes)
     for (int64_t k = 0; k < n; ++k) {
-      const uint32_t u = fbits(x[k0 + b + k]);
+      const uint32_t u = bits[k];
       const int32_t E = (int32_t)((u >> 23) & 0xFF);
       const uint32_t m = (E == 0 || E == 255) ? 0u : ((u & 0x7FFFFFu) | 0x800000u);
       const int32_t sh = e - E + 24 - beta;               // >= 24 - beta >= -7 for a live value
@@ -271,29 +274,59 @@ void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uin
 
 namespace {
 
-// rp_exact_product on AMX-INT8 (K <= kChunk): the eight residue GEMMs of each 32 x 32 block of C
-// run one after the other on the tiles (rp_amx_gemm with nmat = 8), and the block is
-// reconstructed from the eight [32][32] sums while they are in L1: no residue sums in memory.
-// The planes have rows of Kp = K rounded up to 64, zero-padded, so A's tiles are read in place.
+// The outputs of rows [i0, i0 + m) from their residue sums res [kMod][m][N] (§11 steps 6-7).
+void reconstruct_panel(const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
+                       const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C) {
+  const int64_t nblocks = (N + kBlock - 1) / kBlock;
+  rp::parallel_for(m * nblocks, 16, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
+      reconstruct(res + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb + j0, bad_b + j0, bad_a[i0 + i] != 0,
+                  C + (i0 + i) * N + j0);
+    }
+  });
+}
+
+// rp_exact_product on AMX-INT8 (K <= kChunk). B's eight planes are split and packed into the tile
+// layout once; then per panel of rows of C, A's planes (rows of Kp = K rounded up to 64,
+// zero-padded, so its tiles are read in place) and either (K <= kFusedK) the eight residue GEMMs
+// of each 32 x 32 block of C one after the other on the tiles (rp_amx_gemm with nmat = 8), the
+// block reconstructed from the eight [32][32] sums while they are in L1, or eight GEMMs into the
+// panel's residue sums and one reconstruction pass.
 void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                        const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   const int64_t Kp = (K + 63) / 64 * 64;
-  const int64_t mp = std::min(M, std::max<int64_t>(32, (kResBytes / 4) / (kMod * Kp) / 32 * 32));   // A planes ~8 MB
+  const bool fused = K <= kFusedK;
+  const int64_t planes_rows = (kResBytes / 4) / (kMod * Kp), res_rows = kResBytes / (4 * kMod * N);   // ~8 MB, ~32 MB
+  const int64_t mp = std::min(M, std::max<int64_t>(32, std::min(planes_rows, fused ? planes_rows : res_rows) / 32 * 32));
   Buffers& buf = buffers();
-  std::vector<int8_t>&pa = buf.pa, &pb = buf.pb;
-  std::vector<uint8_t>& bp = buf.bpacked;
-  pa.resize(kMod * mp * Kp);
-  pb.resize(kMod * N * Kp);
-  bp.resize(rp_amx_packed_bytes(N, K, kMod));
-  rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, 0, K, eb, beta, pb.data(), N, Kp, b, e); });
-  rp_amx_pack_b(pb.data(), Kp, N * Kp, N, K, kMod, bp.data());
+  int8_t* pa = rp_aligned64(buf.pa, kMod * mp * Kp);   // tile rows start on cache lines
+  int8_t* pb = rp_aligned64(buf.pb, kMod * N * Kp);
+  uint8_t* bp = rp_aligned64(buf.bpacked, rp_amx_packed_bytes(N, K, kMod));
+  int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * N);
+  rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, 0, K, eb, beta, pb, N, Kp, b, e); });
+  rp_amx_pack_b(pb, Kp, N * Kp, N, K, kMod, bp);
   std::vector<int32_t> exb(N);
   for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
     const int64_t m = std::min(mp, M - i0);
     rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-      split_rows(A + i0 * K, K, 0, K, ea + i0, beta, pa.data(), m, Kp, b, e);
+      split_rows(A + i0 * K, K, 0, K, ea + i0, beta, pa, m, Kp, b, e);
     });
+    if (!fused) {   // eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
+      for (int t = 0; t < kMod; ++t) {
+        int32_t* rt = res + t * m * N;
+        const auto edge = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
+          for (int64_t i = 0; i < mr; ++i) std::memcpy(rt + (bi + i) * N + j0, tile + i * ldt, 4 * nr);
+        };
+        rp_amx_gemm(pa + t * m * Kp, Kp, 0, bp + t * rp_amx_packed_bytes(N, K, 1), m, N, K, 1, rt,
+                    [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
+                      (*static_cast<decltype(edge)*>(ctx))(bi, mr, j0, nr, tile, ldt);
+                    }, const_cast<void*>(static_cast<const void*>(&edge)));
+      }
+      reconstruct_panel(res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
+      continue;
+    }
     // a block's rows in pairs: rows i and i + 1 of the [32][32] sums are 64 consecutive lanes
     const auto finish = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles, int64_t ldt) {
       int32_t ex[kBlock] = {};
@@ -311,12 +344,13 @@ void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int
         for (int64_t h = 0; h < 2 && i + h < mr; ++h) std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * nr);
       }
     };
-    rp_amx_gemm(pa.data(), Kp, m * Kp, bp.data(), m, N, K, kMod, nullptr,
+    rp_amx_gemm(pa, Kp, m * Kp, bp, m, N, K, kMod, nullptr,
                 [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
                   (*static_cast<decltype(finish)*>(ctx))(bi, mr, j0, nr, t, ldt);
                 }, const_cast<void*>(static_cast<const void*>(&finish)));
   }
-  if (pa.capacity() + pb.capacity() + bp.capacity() > kKeepBytes) buf = Buffers();
+  if (buf.pa.capacity() + buf.pb.capacity() + buf.bpacked.capacity() + 4 * buf.res.capacity() > kKeepBytes)
+    buf = Buffers();
 }
 
 }  // namespace
@@ -324,7 +358,7 @@ void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int
 void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   if (M == 0 || N == 0) return;
-  if (rp_int8_uses_amx() && K <= kFusedK) return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
+  if (rp_int8_uses_amx() && K <= kChunk) return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
@@ -342,7 +376,6 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
   if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
   for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
-  const int64_t nblocks = (N + kBlock - 1) / kBlock;
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
     const int64_t m = std::min(mp, M - i0);
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
@@ -365,13 +398,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
         });
       }
     }
-    rp::parallel_for(m * nblocks, 16, [&](int64_t b, int64_t e) {
-      for (int64_t w = b; w < e; ++w) {
-        const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
-        reconstruct(res.data() + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb.data() + j0,
-                    bad_b + j0, bad_a[i0 + i] != 0, C + (i0 + i) * N + j0);
-      }
-    });
+    reconstruct_panel(res.data(), i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
   }
   if ((pa.capacity() + pb.capacity()) + 4 * (res.capacity() + part.capacity()) > kKeepBytes) buf = Buffers();
 }

@@ -1,8 +1,11 @@
 // int8_amx.cpp -- the int8 GEMM of contract §10 on AMX-INT8 tiles (Intel Sapphire Rapids and
 // later): C[i,j] = sum_k A[i,k] * B[j,k], A [M, K], B [N, K] int8, C int32, exact.
 //
-//   rp_amx_usable()                      AMX-INT8 here: CPU, build and Linux permission
-//   rp_int8_gemm_amx(A, B, M, N, K, direct, finish, ctx)   the GEMM, tile by finished tile
+//   rp_amx_usable()                                  AMX-INT8 here: CPU, build and Linux permission
+//   rp_amx_pack_b(B, ldb, b_next, N, K, nmat, out)   B (nmat matrices) into the tile layout
+//   rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, direct, finish, ctx)
+//                                                    the nmat GEMMs, block by finished block
+// (kernels.h says more; int8.cpp runs one matrix, exact.cpp the eight residue GEMMs at once.)
 //
 // tdpbssd multiplies signed bytes by signed bytes and adds groups of four products into int32
 // lanes. Every partial sum is a sum of some of the K products, so |partial| <= K * 127^2 < 2^31
@@ -15,9 +18,10 @@
 // The tiles: 8 registers of up to 16 rows x 64 bytes. A block of 32 x 32 outputs is 2 x 2 C tiles
 // (tmm0-3, 16 x 16 int32 each), updated per 64 k by 2 A tiles (tmm4-5: 16 rows x 64 int8) and 2 B
 // tiles (tmm6-7: 16 rows of 16 columns x 4 consecutive k, the "VNNI layout"). A is read in place
-// (row stride K) where K is a multiple of 64 and the 32 rows exist; otherwise its block is copied
-// into a zero-padded scratch. B is packed once per call into panels of 16 columns,
-// panel[k / 4][16][4], k padded with zeros to a multiple of 64 (zeros add nothing: exact).
+// where its row stride is at least K rounded up to 64 and the 32 rows exist (bytes past K meet B's
+// zero padding); otherwise its block is copied into a zero-padded scratch. B is packed into panels
+// of 16 columns, panel[k / 4][16][4], k padded with zeros to a multiple of 64 (zeros add nothing:
+// exact). Buffers start on cache lines (a 64-byte tile row across two lines costs two accesses).
 // Threads take disjoint blocks of outputs; each configures its tiles (ldtilecfg) per chunk of
 // work and releases them after.
 //
@@ -47,11 +51,12 @@ namespace {
 constexpr int64_t TR = 16;   // rows of a tile
 constexpr int64_t TB = 64;   // bytes of a tile row: 64 int8 k values (A), 16 columns x 4 k (B)
 constexpr int64_t BM = 32, BN = 32;  // a block: 2 x 2 C tiles
-// A task: MC rows x NC columns of outputs, its row blocks in turn, each against the task's columns
-// (the A block in L1, the B panels from L2); k in one pass up to KC (one matrix only beyond it).
-// Measured on the model's shapes and 2048^3 (2026-12-01, Xeon with AMX): a row block per task
-// writes the output row-contiguously, which is what bounds the small-K shapes.
-constexpr int64_t KC = 2048, MC = 32, NC = 512;
+// A task: MC rows x NC columns of outputs, its row blocks in turn, each against the task's columns;
+// k in passes of KC (one matrix only; nmat > 1 takes one pass), so that a row block's A tiles
+// (32 x KC bytes) stay in L1 while the B panels come from L2. Chosen by timing 2048^3 single
+// threaded (2026-12-01, this Xeon, a shared machine: +-25% between runs): KC = 512, 128 x 128
+// tasks ran at 1.4-1.8 T op/s against 1.1-1.2 for one pass over K with 32 x 512 tasks.
+constexpr int64_t KC = 512, MC = 128, NC = 128;
 
 inline int64_t padded_k(int64_t K) { return std::max<int64_t>(TB, (K + TB - 1) / TB * TB); }
 inline int64_t panels(int64_t N) { return (N + BN - 1) / BN * 2; }   // 16-column panels, in pairs
@@ -98,9 +103,11 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
   _tile_loadconfig(&cfg);
   const int64_t M = job.M, N = job.N, Kp = job.Kp, lda = job.lda;
   const int64_t kpass = job.nmat == 1 ? KC : Kp, nblocks = (N + NC - 1) / NC;
-  std::vector<int8_t> apad(BM * std::min(kpass, Kp));        // a copied A block
-  std::vector<int32_t> part(Kp > kpass ? MC * NC : 0);       // partial sums between k passes
-  std::vector<int32_t> ct(job.nmat * BM * BN);               // the finished blocks, one per matrix
+  std::vector<int8_t> apad_buf;
+  std::vector<int32_t> part_buf, ct_buf;
+  int8_t* apad = rp_aligned64(apad_buf, BM * std::min(kpass, Kp));        // a copied A block
+  int32_t* part = rp_aligned64(part_buf, Kp > kpass ? MC * NC : 0);       // partial sums between k passes
+  int32_t* ct = rp_aligned64(ct_buf, job.nmat * BM * BN);                 // the finished blocks, one per matrix
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t i0 = (t / nblocks) * MC, mc = std::min(MC, M - i0);
     const int64_t j0 = (t % nblocks) * NC, nc = std::min(NC, N - j0);
@@ -112,18 +119,18 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
         const bool in_place = mr == BM && lda >= Kp;   // else a zero-padded copy per matrix
         for (int64_t jb = 0; jb < nc; jb += BN) {
           const int64_t nr = std::min(BN, nc - jb), c0 = j0 + jb;
-          int32_t* pt = part.data() + ib * NC + jb;   // this block's partial sums (passes)
+          int32_t* pt = part + ib * NC + jb;   // this block's partial sums (passes)
           for (int m = 0; m < job.nmat; ++m) {
             const int8_t* a = job.A + m * job.a_next + r0 * lda + k0;
             int64_t ld = lda;
             if (!in_place) {
               for (int64_t r = 0; r < BM; ++r) {
-                int8_t* o = apad.data() + r * kc;
+                int8_t* o = apad + r * kc;
                 const int64_t n = r < mr ? std::max<int64_t>(0, std::min(kc, std::min(lda, job.K) - k0)) : 0;
                 if (n) std::memcpy(o, a + r * lda, n);
                 std::memset(o + n, 0, kc - n);
               }
-              a = apad.data();
+              a = apad;
               ld = kc;
               __asm__ volatile("" ::: "memory");   // GCC's tileloadd asm declares no memory input
             }
@@ -150,7 +157,7 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
               _tile_dpbssd(2, 5, 6);
               _tile_dpbssd(3, 5, 7);
             }
-            int32_t* out = ct.data() + m * BM * BN;
+            int32_t* out = ct + m * BM * BN;
             int64_t ldo = BN;
             if (!last) {
               out = pt;
@@ -164,7 +171,7 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
             _tile_stored(2, out + 16 * ldo, ldo * 4);
             _tile_stored(3, out + 16 * ldo + 16, ldo * 4);
           }
-          if (last && !(job.direct && mr == BM && nr == BN)) job.finish(job.ctx, r0, mr, c0, nr, ct.data(), BN);
+          if (last && !(job.direct && mr == BM && nr == BN)) job.finish(job.ctx, r0, mr, c0, nr, ct, BN);
         }
       }
     }

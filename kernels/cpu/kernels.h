@@ -3,6 +3,7 @@
 // selftest.cpp calls them directly. Each kernel follows kernels/README.md (the contract).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "contract.h"
 #include "vmath.h"
@@ -114,6 +115,13 @@ bool rp_int8_uses_amx();   // the path now in use is AMX-INT8
 // tiles holding nmat blocks [32][32] one after the other; with nmat = 1 and direct (the output
 // [M, N]) given, full 32 x 32 blocks are stored there instead. lda >= K rounded up to 64 lets A be
 // read in place (the bytes past K are multiplied by B's zero padding); otherwise blocks are copied.
+// n elements of v at a 64-byte boundary (v resized to n plus a cache line): AMX reads and writes
+// tile rows of 64 bytes, and a row that straddles two cache lines costs two accesses.
+template <class T>
+inline T* rp_aligned64(std::vector<T>& v, size_t n) {
+  v.resize(n + 64 / sizeof(T));
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
+}
 typedef void (*RpTileFinish)(void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles,
                              int64_t ldt);
 bool rp_amx_usable();
