@@ -358,7 +358,10 @@ void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int
 void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   if (M == 0 || N == 0) return;
-  if (rp_int8_uses_amx() && K <= kChunk) return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
+  // AMX from K = 64 (a tile row's k): below it the tiles would multiply padding (QK^T's K = 32 ran
+  // faster on VNNI, tools/exact_bench, 2026-12-01).
+  if (rp_int8_uses_amx() && K >= 64 && K <= kChunk)
+    return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
