@@ -93,6 +93,16 @@ CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "1"
 CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "mma"
 CUDA_CLIP = os.environ.get("REPOPS_CUDA_CLIP", "") or "1"
 
+# The CPU kernel versions, chosen at load (kernels/cpu; every one gives the same bits, so the choice
+# is speed only): REPOPS_CPU_MATMUL = auto | 256 | 512, the fp32 matmul's vector width (auto: 512
+# on Intel CPUs with AVX-512, 256 elsewhere, matmul.cpp); REPOPS_CPU_INT8 = auto | vnni | amx, the
+# int8 GEMM of §10 and §11 (auto: AMX-INT8 where the CPU and Linux give it, else the build's SIMD
+# path, "vnni": VNNI on AVX-512 VNNI CPUs, vpmaddwd / smlal / C elsewhere). select_cpu() switches.
+CPU_MATMUL_VERSIONS = {"auto": 0, "256": 256, "512": 512}
+CPU_INT8_PATHS = {"auto": 0, "vnni": 1, "amx": 2}
+CPU_MATMUL = os.environ.get("REPOPS_CPU_MATMUL", "") or "auto"
+CPU_INT8 = os.environ.get("REPOPS_CPU_INT8", "") or "auto"
+
 # Philox purpose tags (contract §6), the numbers of RpPurpose in kernels/common/ids.h.
 PURPOSE_INIT, PURPOSE_DROPOUT, PURPOSE_DATA, PURPOSE_SAMPLE = 1, 2, 3, 4
 
@@ -139,7 +149,8 @@ def load():
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", CPU_ARCH):
         raise RepOpsBuildError(f"REPOPS_CPU_ARCH={CPU_ARCH!r} is not a -march value (e.g. x86-64-v3, armv8.2-a)")
     for var, value, known in (("REPOPS_CUDA_MATMUL", CUDA_MATMUL, CUDA_MATMUL_VERSIONS),
-                              ("REPOPS_CUDA_INT8", CUDA_INT8, CUDA_INT8_PATHS), ("REPOPS_CUDA_CLIP", CUDA_CLIP, CUDA_CLIP_VERSIONS)):
+                              ("REPOPS_CUDA_INT8", CUDA_INT8, CUDA_INT8_PATHS), ("REPOPS_CUDA_CLIP", CUDA_CLIP, CUDA_CLIP_VERSIONS),
+                              ("REPOPS_CPU_MATMUL", CPU_MATMUL, CPU_MATMUL_VERSIONS), ("REPOPS_CPU_INT8", CPU_INT8, CPU_INT8_PATHS)):
         if value not in known:
             raise RepOpsBuildError(f"{var}={value!r} is not one of its kernel versions ({', '.join(known)}"
                                    + ("" if CUDA_DEV else "; the unverified ones in dev/cuda need REPOPS_CUDA_DEV=1")
@@ -172,6 +183,11 @@ def load():
     if HAS_CUDA and torch.ops.repops.canary_cuda().tolist() != [0.0, 0.0]:
         raise RepOpsBuildError("RepOps CUDA canary: the CUDA kernels were built with contraction or "
                                "without flush-to-zero; rebuild with repops.CUDA_FLAGS")
+    try:
+        torch.ops.repops.cpu_select(CPU_MATMUL_VERSIONS[CPU_MATMUL], CPU_INT8_PATHS[CPU_INT8])
+    except RuntimeError as e:
+        raise RepOpsBuildError(f"REPOPS_CPU_MATMUL={CPU_MATMUL}, REPOPS_CPU_INT8={CPU_INT8}: "
+                               f"{str(e).strip().splitlines()[0]}") from e
     if HAS_CUDA:
         torch.ops.repops.cuda_select(int(CUDA_MATMUL), CUDA_INT8_PATHS.index(CUDA_INT8), int(CUDA_CLIP))
     if HAS_MPS:
@@ -182,6 +198,13 @@ def load():
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RepOpsBuildError(f"the RepOps Metal kernels failed: {first}") from e
     _loaded = True
+
+
+def select_cpu(matmul=None, int8=None):
+    """Switch the CPU kernel versions of this process (names as REPOPS_CPU_MATMUL / REPOPS_CPU_INT8;
+    None: the environment's choice) and return the kernel banner. RuntimeError where this build or
+    CPU has no such version (e.g. int8="amx" without AMX-INT8)."""
+    return ops.cpu_select(CPU_MATMUL_VERSIONS[matmul or CPU_MATMUL], CPU_INT8_PATHS[int8 or CPU_INT8])
 
 
 class _Kernels:

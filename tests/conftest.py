@@ -84,6 +84,19 @@ def pytest_make_collect_report(collector):
             report.result = [SkippedAtCollection.from_parent(collector, name="skipped_at_collection", reason=reason)]
 
 
+@pytest.fixture(params=["vnni", "amx"])
+def int8_path(request):
+    """Runs a test once per int8 GEMM path of this CPU (repops.select_cpu): the build's SIMD path
+    (VNNI on AVX-512 VNNI CPUs, kernels/cpu/int8.cpp) and AMX-INT8 (int8_amx.cpp), which skips
+    with a hardware reason where the CPU or Linux gives no AMX. The default is restored after."""
+    try:
+        repops.select_cpu(int8=request.param)
+    except RuntimeError as e:
+        pytest.skip(f"{HARDWARE}{str(e).strip().splitlines()[0]}")
+    yield request.param
+    repops.select_cpu()
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A generated corpus, prepared by data.py (one per test module that asks for it)."""

@@ -35,7 +35,7 @@ import pytest
 
 import treefold
 from prepare import make_mix
-from tiny import TINY, launch_env as env, make_corpus, share_secret
+from tiny import TINY, launch_env as env, make_corpus, other_kernels_env, share_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
@@ -73,9 +73,9 @@ def args_for(args, n):
                                        f"--checkpoint_every={CKPT_EVERY_12}"]
 
 
-def launch(cmd, cwd):
+def launch(cmd, cwd, environ=None):
     cwd.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=cwd, env=environ or env(), capture_output=True, text=True, timeout=300)
     return proc
 
 
@@ -85,13 +85,14 @@ def check_ok(proc):
 
 def train_runs(base, args, n):
     """{R: run directory} for every R of WORLDS[n]: R = 1 with plain python, the others torchrun
-    under R = 1's secret (the chain bytes depend on it through step_commit)."""
+    under R = 1's secret (the chain bytes depend on it through step_commit). R = 2 runs the other
+    CPU kernel versions (tiny.other_kernels_env: the 256-bit matmul tile where 512 is the default)."""
     out = {}
     for world in WORLDS[n]:
         cmd = [sys.executable, TRAIN] if world == 1 else torchrun_cmd(world)
         if world > 1:
             share_secret(out[1], base / f"r{world}" / "run")
-        check_ok(launch(cmd + args_for(args, n), base / f"r{world}"))
+        check_ok(launch(cmd + args_for(args, n), base / f"r{world}", other_kernels_env() if world == 2 else None))
         out[world] = base / f"r{world}" / "run"
     return out
 

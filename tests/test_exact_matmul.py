@@ -206,7 +206,7 @@ SHAPES = [(1, 1, 1), (1, 7, 1), (5, 1, 9), (3, 0, 4), (17, 33, 31), (8, 128, 32)
 
 
 @pytest.mark.parametrize("M,K,N", SHAPES)
-def test_kernel_matches_reference(M, K, N):
+def test_kernel_matches_reference(M, K, N, int8_path):
     rng = np.random.default_rng(M + 7 * K + 13 * N)
     a = rng.standard_normal((M, K)).astype(np.float32)
     b = (rng.standard_normal((K, N)) * rng.exponential(1.0, (K, 1))).astype(np.float32)
@@ -216,7 +216,7 @@ def test_kernel_matches_reference(M, K, N):
         assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
 
 
-def test_kernel_special_values_and_exponent_extremes():
+def test_kernel_special_values_and_exponent_extremes(int8_path):
     rng = np.random.default_rng(5)
     a = rng.standard_normal((12, 40)).astype(np.float32)
     b = rng.standard_normal((40, 10)).astype(np.float32)
@@ -235,7 +235,7 @@ def test_kernel_special_values_and_exponent_extremes():
     assert np.isnan(c[:, 2]).all() and np.isnan(c[1]).all()
 
 
-def test_kernel_views_batches_and_grad_shapes():
+def test_kernel_views_batches_and_grad_shapes(int8_path):
     """Transposed views, a batch against a 2-D operand (broadcast) and the batched 3-D products of
     attention give the reference's bits."""
     rng = np.random.default_rng(6)
@@ -251,7 +251,7 @@ def test_kernel_views_batches_and_grad_shapes():
     assert same_bits(got, ref.exact_matmul(a3, b3))
 
 
-def test_kernel_k_beyond_one_residue_gemm():
+def test_kernel_k_beyond_one_residue_gemm(int8_path):
     """K > 131072 takes two chunks of residue GEMMs whose sums add up: the reference's bits (it
     sums the int64 products in one piece)."""
     rng = np.random.default_rng(8)
@@ -263,7 +263,7 @@ def test_kernel_k_beyond_one_residue_gemm():
     assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
 
 
-def test_kernel_output_panels():
+def test_kernel_output_panels(int8_path):
     """A wide output (N = 70000) is computed in panels of 14 rows (the residue sums of a panel
     stay near 32 MB): 17 rows = panels of 14 and 3, the reference's bits."""
     rng = np.random.default_rng(10)
@@ -273,7 +273,7 @@ def test_kernel_output_panels():
     assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
 
 
-def test_kernel_bits_do_not_depend_on_threads():
+def test_kernel_bits_do_not_depend_on_threads(int8_path):
     rng = np.random.default_rng(9)
     a = rng.standard_normal((70, 300)).astype(np.float32)
     b = rng.standard_normal((300, 90)).astype(np.float32)

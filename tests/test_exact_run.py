@@ -2,7 +2,9 @@
 
     python -m pytest tests/test_exact_run.py -q
 
-- chains and checkpoints byte-identical for R = 1, 2, 4 ranks (torchrun, gloo);
+- chains and checkpoints byte-identical for R = 1, 2, 4 ranks (torchrun, gloo); the R = 2 run
+  uses the other CPU kernel versions (tiny.other_kernels_env: the SIMD int8 GEMM for the residue
+  GEMMs where AMX-INT8 is the default, the 256-bit matmul tile);
 - the option is decisive: the genesis config holds `matmul` (an fp32 run's has no such key, so
   its genesis bytes are unchanged), and a genesis that claims fp32 for the exact run is a
   MISMATCH at its first step; audit MATCH of a replayed step;
@@ -17,7 +19,7 @@ import pytest
 
 from config import UsageError, decisive_config, parse_config, validate
 from tiny import (TINY, launcher, assert_one_line_error, chain_records, copy_run, launch_env as env, make_corpus,
-                  mismatch_lines, reseal, script, share_secret, write_chain)
+                  mismatch_lines, other_kernels_env, reseal, script, share_secret, write_chain)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -44,7 +46,8 @@ def runs(tmp_path_factory, corpus):
         if world > 1:
             share_secret(out[1], cwd / "run")
         cwd.mkdir(exist_ok=True)
-        proc = subprocess.run(launcher(world) + args(corpus, "--matmul=exact"), cwd=cwd, env=env(),
+        proc = subprocess.run(launcher(world) + args(corpus, "--matmul=exact"), cwd=cwd,
+                              env=other_kernels_env() if world == 2 else env(),
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[world] = cwd / "run"

@@ -4,7 +4,9 @@
 
 The GEMM is checked against NumPy int64 products (exact), including the extreme case: all
 operands +-127 at the largest K the kernel accepts (K * 127^2 < 2^31), where every output is
-+-K * 127^2. Quantize, dequantize, the fused int8 linear, the LSQ step-size rule and the LSQ
++-K * 127^2, on each int8 path of this CPU (the int8_path fixture of conftest.py: the SIMD path,
+VNNI here, and AMX-INT8 where the CPU has it), and the AMX path against the VNNI path on odd
+shapes (M, N, K off the 16 x 64 tiles, tiny, 1). Quantize, dequantize, the fused int8 linear, the LSQ step-size rule and the LSQ
 backward are checked against tests/reference.py (the contract's float32 sequence) bit for bit,
 and the reference itself against float64 formulas with a tolerance.
 """
@@ -37,7 +39,7 @@ def T(a):  # noqa: N802
 
 # ------------------------------------------------------------------------------------- the GEMM
 @pytest.mark.parametrize("M,N,K", [(1, 1, 1), (37, 45, 129), (9, 33, 3), (70, 300, 1030), (130, 17, 2)])
-def test_int8_matmul_is_exact(M, N, K):
+def test_int8_matmul_is_exact(M, N, K, int8_path):
     rng = np.random.default_rng(M * 1000 + K)
     a, b = i8(rng, (M, K)), i8(rng, (N, K))
     got = repops.ops.int8_matmul(T(a), T(b)).numpy()
@@ -45,7 +47,7 @@ def test_int8_matmul_is_exact(M, N, K):
     assert np.array_equal(got, ref.int8_matmul(a, b))
 
 
-def test_int8_matmul_extremes_at_the_largest_k():
+def test_int8_matmul_extremes_at_the_largest_k(int8_path):
     """Every product is +-127^2 and every sum reaches +-KMAX * 127^2 (just below 2^31): any
     int16 saturation (vpmaddubsw) or int32 overflow would show."""
     K = KMAX
@@ -60,7 +62,7 @@ def test_int8_matmul_extremes_at_the_largest_k():
     assert got[0, 0] == K * 127 * 127 and got[1, 0] == -K * 127 * 127
 
 
-def test_int8_matmul_vnni_offset_wraps_and_stays_exact():
+def test_int8_matmul_vnni_offset_wraps_and_stays_exact(int8_path):
     """The AVX-512 VNNI path (vpdpbusd, u8 x s8) multiplies a + 128 by b and starts every sum at
     -128 * colsum(b). At large K both the start and the running sums leave int32 (up to about
     2 * 127^2 * K), and two's-complement wraparound (modulo 2^32) brings the end back to the
@@ -86,7 +88,7 @@ def test_int8_matmul_vnni_offset_wraps_and_stays_exact():
     assert same_bits(y, ref.int8_linear(a, b, np.float32(1.0), sw))
 
 
-def test_int8_matmul_refuses_too_large_k_and_off_grid_values():
+def test_int8_matmul_refuses_too_large_k_and_off_grid_values(int8_path):
     with pytest.raises(RuntimeError, match=r"K = 133145 is too large .*K <= 133144"):
         repops.ops.int8_matmul(torch.zeros(1, KMAX + 1, dtype=torch.int8), torch.zeros(1, KMAX + 1, dtype=torch.int8))
     a = torch.zeros(2, 8, dtype=torch.int8)
@@ -95,7 +97,87 @@ def test_int8_matmul_refuses_too_large_k_and_off_grid_values():
         repops.ops.int8_matmul(a, torch.zeros(2, 8, dtype=torch.int8))
 
 
-def test_int8_linear_dequantizes_in_the_written_order():
+def paths_or_skip():
+    """The int8 GEMM paths to compare: the SIMD path and AMX-INT8 (a hardware skip without AMX)."""
+    try:
+        repops.select_cpu(int8="amx")
+    except RuntimeError as e:
+        pytest.skip(f"hardware: {str(e).strip().splitlines()[0]}")
+    finally:
+        repops.select_cpu()
+    return ["vnni", "amx"]
+
+
+def on_each_path(fn):
+    """fn() under each int8 path, the default restored after."""
+    outs = []
+    try:
+        for path in paths_or_skip():
+            repops.select_cpu(int8=path)
+            outs.append(fn())
+    finally:
+        repops.select_cpu()
+    return outs
+
+
+ODD_SHAPES = [(1, 1, 1), (1, 1, 64), (1, 17, 65), (16, 16, 64), (17, 15, 63), (31, 33, 129), (32, 32, 128),
+              (33, 1, 200), (65, 97, 1031), (100, 260, 300), (1024, 128, 384), (3, 70, 0)]
+
+
+@pytest.mark.parametrize("M,N,K", ODD_SHAPES)
+def test_amx_equals_vnni_and_numpy_on_odd_shapes(M, N, K):
+    """AMX-INT8 (int8_amx.cpp: 2 x 2 tiles of 16 x 16 int32, k in steps of 64, edges padded with
+    zeros) against the VNNI path and NumPy: int32 outputs and the dequantized linear, bit for bit."""
+    rng = np.random.default_rng(M * 7 + N * 11 + K)
+    a, b = i8(rng, (M, K)), i8(rng, (N, K))
+    if K:
+        a[0, 0], b[-1, -1] = 127, -127
+    sw = (rng.random(N) * 0.01 + 1e-4).astype(np.float32)
+    sx = np.float32([0.0371])
+    gemm = on_each_path(lambda: repops.ops.int8_matmul(T(a), T(b)).numpy())
+    lin = on_each_path(lambda: repops.ops.int8_linear(T(a), T(b), T(sx), T(sw)).numpy())
+    assert np.array_equal(gemm[0], gemm[1]) and np.array_equal(gemm[1].astype(np.int64), ref.int8_matmul(a, b))
+    assert same_bits(lin[0], lin[1]) and same_bits(lin[1], ref.int8_linear(a, b, sx[0], sw))
+
+
+def test_amx_equals_vnni_at_the_largest_k_with_odd_shapes():
+    """+-127 everywhere at K = 133144 (every sum up to +-K * 127^2, just below 2^31; K is not a
+    multiple of 64), M and N off the tiles: AMX = VNNI = NumPy."""
+    K, M, N = KMAX, 33, 19
+    rng = np.random.default_rng(21)
+    a = np.where(rng.random((M, K)) < 0.5, 127, -127).astype(np.int8)
+    b = np.where(rng.random((N, K)) < 0.5, 127, -127).astype(np.int8)
+    a[0], b[0], a[1], b[1] = 127, 127, -127, 127
+    got = on_each_path(lambda: repops.ops.int8_matmul(T(a), T(b)).numpy())
+    want = a.astype(np.int64) @ b.astype(np.int64).T
+    assert np.array_equal(got[0], got[1]) and np.array_equal(got[1].astype(np.int64), want)
+    assert want[0, 0] == K * 127 * 127 and want[1, 0] == -K * 127 * 127
+
+
+def test_minus_128_refused_by_both_paths_and_exact_beyond_the_contract():
+    """Contract §10 refuses -128 (checked); with check=False (the caller vouches for the grid) both
+    GEMMs are still exact on -128 wherever K * 128^2 < 2^31 (K <= 131071): vpdpbusd reads a = -128
+    as the byte 0, tdpbssd as -128. Not a contract case; it shows that neither path saturates."""
+    def refused():
+        a = torch.zeros(2, 8, dtype=torch.int8)
+        a[1, 3] = -128
+        with pytest.raises(RuntimeError, match=r"\[-127, 127\]; found -128"):
+            repops.ops.int8_matmul(a, torch.zeros(2, 8, dtype=torch.int8))
+        return True
+    assert on_each_path(refused) == [True, True]
+    K = 131071
+    assert K * 128 * 128 < 2**31
+    a = np.full((3, K), -128, np.int8)
+    a[2, ::3] = 127
+    b = np.full((17, K), -128, np.int8)
+    b[5] = 127
+    got = on_each_path(lambda: repops.ops.int8_matmul(T(a), T(b), False).numpy())
+    want = a.astype(np.int64) @ b.astype(np.int64).T
+    assert want[0, 0] == K * 128 * 128 and want[0, 5] == -K * 128 * 127
+    assert np.array_equal(got[0].astype(np.int64), want) and np.array_equal(got[1].astype(np.int64), want)
+
+
+def test_int8_linear_dequantizes_in_the_written_order(int8_path):
     rng = np.random.default_rng(5)
     a, b = i8(rng, (37, 129)), i8(rng, (45, 129))
     sx = np.float32([0.0371])

@@ -10,7 +10,8 @@
 2. The float-shadow backward bit for bit (gP = gO Vh^T, gV = Ph^T gO; band_scores and band_mix_t
    for bands), a window >= T gives the bits of the full int8 path, accuracy vs float64 torch.
 3. Whole runs (tiny model, a windowed layer 0 and the full last layer): chains byte-identical for
-   R = 1, 2 and 4, audit MATCH, a forged int8_pv MISMATCH; the default path unchanged; the config
+   R = 1, 2 and 4 (R = 2 under the other CPU kernel versions, tiny.other_kernels_env: the SIMD int8
+   GEMM where AMX-INT8 is the default), audit MATCH, a forged int8_pv MISMATCH; the default path unchanged; the config
    rules (one-line errors); the per-head dead-tensor check stops a run whose head's P rounds to 0.
 """
 import json
@@ -32,7 +33,7 @@ import test_kernels as TK
 import train
 from model import Llama, ModelConfig
 from tiny import (TINY, launcher, assert_one_line_error, audit, chain_records, copy_run, launch_env, make_corpus, mismatch_lines,
-                  reseal, script, share_secret, write_chain)
+                  other_kernels_env, reseal, script, share_secret, write_chain)
 
 assert_bits, T, N = TK.assert_bits, TK.T, TK.N
 ops = torch.ops.repops
@@ -79,7 +80,7 @@ def test_step_rule_bits(kind):
 
 @pytest.mark.parametrize("batch,G,Tn,D", [(1, 1, 1, 4), (2, 1, 13, 8), (3, 3, 7, 6), (2, 2, 33, 5)])
 @pytest.mark.parametrize("kind", ["normal", "large", "zero_block"])
-def test_full_pv_bits(batch, G, Tn, D, kind):
+def test_full_pv_bits(batch, G, Tn, D, kind, int8_path):
     rng = np.random.default_rng(batch * 101 + G * 7 + Tn)
     p, v = causal_p(rng, batch, G, Tn), values(rng, batch, Tn, D, kind)
     o = quant.matmul_pv(T(p), T(v))
@@ -97,7 +98,7 @@ def test_band_pv_bits(batch, G, Tn, D, W, kind):
     assert_bits(quant.band_mix(T(p), T(v)), R.int8_pv_band(p, v), f"int8 band mix {kind}")
 
 
-def test_int32_sum_exact_at_the_largest_k():
+def test_int32_sum_exact_at_the_largest_k(int8_path):
     # K = 133144 keys, every code +127 (or alternating signs): the sum 133144 * 127^2 lies just
     # below 2^31; a float32 or a saturating sum would not give these bits.
     K = (2**31 - 1) // (127 * 127)
@@ -225,7 +226,8 @@ def runs(tmp_path_factory, corpus):
         if world > 1:
             share_secret(out[1], run)
         run.parent.mkdir(exist_ok=True)
-        proc = subprocess.run(launcher(world) + [f"--run_dir={run}", f"--data_dir={corpus}", *PV], env=launch_env(),
+        proc = subprocess.run(launcher(world) + [f"--run_dir={run}", f"--data_dir={corpus}", *PV],
+                              env=other_kernels_env() if world == 2 else launch_env(),
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[world] = run

@@ -9,7 +9,10 @@ hashed as 0x7FC00000, contract §7). This file
    the int8 GEMM's vpmaddwd path, where the CPU can run it) and with clang++ -O2 where installed
    (all with the contract's -ffp-contract=off), and requires identical lines: optimisation
    level, SIMD width (the matmul tiles and the int8 GEMM's path follow -march) and compiler must
-   not change a bit;
+   not change a bit. The kernel versions a CPU chooses at run time (the 256- or 512-bit matmul
+   tile, the int8 GEMM on AMX-INT8 or the SIMD path) are forced by the self-test's options: the
+   AVX2, Skylake-SP and clang builds run their SIMD int8 path (--int8=vnni), the native build
+   every combination this CPU has;
 2. regenerates the same inputs in NumPy (a second implementation of the generator documented at
    the top of selftest.cpp), runs them through the torch extension (torch.ops.repops.*, built by
    `import repops`) and requires the same digest, kernel by kernel;
@@ -176,9 +179,14 @@ def _run(*cmd):
     return lines, digests, r.stderr, elapsed
 
 
+# The self-test's options per build: these run the build's own SIMD int8 GEMM (VNNI, vpmaddwd, or
+# plain C) where AMX-INT8 would otherwise be chosen at run time.
+RUN_ARGS = {"gcc_O3_avx2": ["--int8=vnni"], "gcc_O3_avx512_novnni": ["--int8=vnni"], "clang_O2": ["--int8=vnni"]}
+
+
 @pytest.fixture(scope="module")
 def results(binaries):
-    return {name: _run(exe) for name, exe in binaries.items() if exe is not None}
+    return {name: _run(exe, *RUN_ARGS.get(name, [])) for name, exe in binaries.items() if exe is not None}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,6 +202,18 @@ def test_o0_runs_fast_and_clean(results):
 def test_gcc_O3_native_matches_O0(results):
     assert results["gcc_O3_native"][0] == results["gcc_O0"][0]
     assert results["gcc_O3_native"][2] == ""
+
+
+@pytest.mark.parametrize("options", [("--matmul=256", "--int8=vnni"), ("--matmul=512", "--int8=vnni"),
+                                     ("--matmul=256", "--int8=amx"), ("--matmul=512", "--int8=amx")])
+def test_native_kernel_versions_match_O0(binaries, results, options):
+    """The native build with each matmul tile (256- or 512-bit vectors) and int8 GEMM path (the
+    SIMD path, VNNI here, or AMX-INT8) this CPU has, chosen at run time: the same digests."""
+    r = subprocess.run([binaries["gcc_O3_native"], *options], capture_output=True, text=True, timeout=120)
+    if r.returncode == 3:
+        pytest.skip(f"hardware: {' '.join(options)}: {r.stderr.strip()}")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines() == results["gcc_O0"][0]
 
 
 def test_gcc_O3_avx2_matches_O0(results):

@@ -43,6 +43,14 @@ def launch_env():
     return e
 
 
+def other_kernels_env():
+    """launch_env() with the CPU kernel versions a CPU does not choose by default where it has a
+    choice (repops.py: the 256-bit matmul tile, the SIMD int8 GEMM instead of AMX-INT8). Every
+    version gives the same bits, so a run under it must give the same chain; the R = 2 runs of
+    the chain tests use it."""
+    return dict(launch_env(), REPOPS_CPU_MATMUL="256", REPOPS_CPU_INT8="vnni")
+
+
 def launcher(world):
     """The command that starts train.py on `world` ranks: plain python for one, torchrun otherwise."""
     train_py = str(ROOT / "train.py")

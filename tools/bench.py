@@ -9,14 +9,28 @@
     REPOPS_CPU_ARCH=x86-64-v3 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 python -m tools.bench
     python -m tools.bench --int8_only      # just the int8 section (--quant=int8, contract §10)
 
-Prints the machine, then tables of absolute figures and ratios (RepOps / PyTorch time):
-matmul GFLOP/s at the model's shapes (forward and both backward products), one full training
-step (forward, backward, fold, clip, AdamW) against the same model written in plain torch,
-state hashing (GB/s and its share of a step), and auditing one step against training one.
-The int8 section: the int8 GEMM (exact, int32 sums) against RepOps' fp32 matmul, torch._int_mm
-where it runs and torch fp32, at the model's forward shapes and a large square, and one --quant=int8
-training step against the fp32 one. Also the bytes each rank sends to sum a step's gradient across ranks, computed (not timed):
-TreeFold's reduce-scatter + all-gather against the recursive doubling it replaced.
+Prints the machine and the kernels that ran (repops.ops.cpu_path(): the matmul's register tile
+and vector width, the int8 GEMM's path, AMX-INT8 or VNNI), then tables of absolute figures and
+ratios (RepOps / PyTorch time): matmul GFLOP/s at the model's shapes (forward and both backward
+products), one full training step (forward, backward, fold, clip, AdamW) against the same model
+written in plain torch, state hashing (GB/s and its share of a step), and auditing one step
+against training one. The int8 section: the int8 GEMM (exact, int32 sums) on this CPU's default
+path and on the SIMD path (VNNI on AVX-512 VNNI CPUs) against RepOps' fp32 matmul, torch._int_mm
+where it runs and torch fp32, at the model's forward shapes and a large square; then one training
+step with --quant=int8, --quant=int8 --int8_pv=1 and --matmul=exact against the fp32 one. Also the
+bytes each rank sends to sum a step's gradient across ranks, computed (not timed): TreeFold's
+reduce-scatter + all-gather against the recursive doubling it replaced.
+
+The port limit. Contract §4.1 allows no fused multiply-add, so a matmul core does at most as many
+multiply-add pairs per cycle as its vector ports issue one multiply and one add each: Intel cores
+with AVX-512 (vmulps and vaddps share ports 0 and 5 at 512 bits) 16 pairs = 32 flop per cycle;
+Intel with 256-bit vectors (ports 0 and 1, plus port 5 for adds, Golden Cove and later) 24; AMD
+Zen 2-5 (two FMUL and two FADD pipes of 256 bits) 32 (repops.ops.cpu_limits(), from
+kernels/cpu/matmul.cpp). The limit is that times the threads times the clock, which is measured,
+not read from /proc/cpuinfo (a hypervisor reports the base clock there): a chain of dependent
+integer multiplies (3 cycles each on every Intel and AMD core since 2008) timed on the thread's CPU
+clock, with independent 512-bit multiplies beside it when the 512-bit tile runs, so any lower clock
+for 512-bit instructions is included. The matmul table prints each product's fraction of it.
 Needs a prepared corpus (python data.py). Not a test: run it on a quiet machine.
 """
 import math
@@ -82,24 +96,53 @@ def timeit(fn, repeats, warmup=1):
 
 def machine():
     m = optrace.machine()
-    return f"{m['cpu']} | {torch.get_num_threads()} threads | torch {m['torch']} | python {platform.python_version()}"
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"{m['cpu']} | {torch.get_num_threads()} threads | torch {m['torch']} | python {platform.python_version()} "
+            f"| load average {load} (1/5/15 min)")
 
 
 # ----------------------------------------------------------------------------- sections
+def port_limit():
+    """(GFLOP/s the contract's matmul can reach on this process's threads, how it was computed);
+    (None, why) where the core's limit is not known. See the module docstring."""
+    flop_per_cycle, hz = repops.ops.cpu_limits()
+    threads = torch.get_num_threads()
+    if not flop_per_cycle or not hz:
+        return None, "port limit: not known for this CPU"
+    limit = flop_per_cycle * threads * hz / 1e9
+    return limit, (f"port limit {limit:.0f} GFLOP/s = {flop_per_cycle:.0f} flop/cycle/core (unfused multiply + add) "
+                   f"x {threads} threads x {hz / 1e9:.2f} GHz (measured)")
+
+
+def geomean(xs):
+    return math.exp(statistics.mean(map(math.log, xs)))
+
+
 def bench_matmul(cfg, vocab, repeats):
     rows, shapes = cfg.micro_batch_size * cfg.seq_len, model_shapes(cfg, vocab)
-    print(f"\nmatmul, fp32, rows = micro_batch_size x seq_len = {rows} (GFLOP/s; ratio = RepOps/torch speed)")
-    print(f"{'weight':10s} {'product':22s} {'RepOps':>8s} {'torch':>8s} {'ratio':>6s}")
-    ratios = []
-    for name, (out_f, in_f) in shapes.items():
-        x, w, gy = torch.randn(rows, in_f), torch.randn(out_f, in_f), torch.randn(rows, out_f)
-        for label, a, b in (("fwd  x @ W.T", x, w.t()), ("bwd  gy @ W", gy, w), ("bwd  gy.T @ x", gy.t(), x)):
+    limit, how = port_limit()
+    print(f"\nmatmul, fp32, rows = micro_batch_size x seq_len = {rows} (GFLOP/s; ratio = RepOps/torch speed; "
+          f"port = RepOps / the port limit)\n{how}")
+    print(f"{'weight':10s} {'product':22s} {'RepOps':>8s} {'torch':>8s} {'ratio':>6s} {'port':>5s}")
+    ratios, ports = [], []
+    shapes = [(name, dims) for name, dims in shapes.items()] + [("square", (2048, 2048))]
+    for name, (out_f, in_f) in shapes:
+        n = 2048 if name == "square" else rows
+        x, w, gy = torch.randn(n, in_f), torch.randn(out_f, in_f), torch.randn(n, out_f)
+        products = (("fwd  x @ W.T", x, w.t()),) if name == "square" else (
+            ("fwd  x @ W.T", x, w.t()), ("bwd  gy @ W", gy, w), ("bwd  gy.T @ x", gy.t(), x))
+        for label, a, b in products:
             flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
             t_rep = timeit(lambda: repops.ops.matmul(a, b), repeats)
             t_ref = timeit(lambda: torch.matmul(a, b), repeats)
-            ratios.append(t_ref / t_rep)
-            print(f"{name:10s} {label:22s} {flops / t_rep / 1e9:8.1f} {flops / t_ref / 1e9:8.1f} {t_ref / t_rep:6.2f}")
-    print(f"geometric mean speed ratio RepOps/torch: {math.exp(statistics.mean(map(math.log, ratios))):.2f}")
+            port = flops / t_rep / 1e9 / limit if limit else float("nan")
+            if name != "square":
+                ratios.append(t_ref / t_rep)
+                ports.append(port)
+            print(f"{name:10s} {label:22s} {flops / t_rep / 1e9:8.1f} {flops / t_ref / 1e9:8.1f} {t_ref / t_rep:6.2f} "
+                  f"{port:5.2f}")
+    print(f"geometric mean over the model's {len(ratios)} products: speed ratio RepOps/torch {geomean(ratios):.2f}, "
+          f"port-limit fraction {geomean(ports) if limit else float('nan'):.2f}")
 
 
 def bench_step(cfg, data, repeats, workdir):
@@ -133,18 +176,24 @@ def bench_step(cfg, data, repeats, workdir):
           f"{t_audit / (t_rep + t_hash):.2f}x a training step")
 
 
-def best_of(fns, repeats):
+def best_of(fns, repeats, int8_paths=None):
     """The fastest of `repeats` times of each fn on CLOCK (wall, or CPU time with --clock cpu),
     calls interleaved: on a shared machine the minimum is the run least disturbed by others, and
-    interleaving gives each fn the same luck."""
+    interleaving gives each fn the same luck. int8_paths[i]: the int8 GEMM path fn i runs under
+    (repops.select_cpu, switched outside the timed call; None: the default)."""
+    paths = int8_paths or [None] * len(fns)
     best = [math.inf] * len(fns)
-    for f in fns:
-        f()
-    for _ in range(repeats):
-        for i, f in enumerate(fns):
-            t0 = CLOCK()
-            f()
-            best[i] = min(best[i], CLOCK() - t0)
+    try:
+        for r in range(repeats + 1):           # round 0 warms up
+            for i, f in enumerate(fns):
+                repops.select_cpu(int8=paths[i])
+                t0 = CLOCK()
+                f()
+                t = CLOCK() - t0
+                if r:
+                    best[i] = min(best[i], t)
+    finally:
+        repops.select_cpu()
     return best
 
 
@@ -152,11 +201,17 @@ def bench_int8(cfg, data, repeats):
     rows, d, h = cfg.micro_batch_size * cfg.seq_len, cfg.d_model, cfg.d_hidden
     shapes = [("wqkv", rows, 3 * d, d), ("wo", rows, d, d), ("w_gate_up", rows, 2 * h, d),
               ("w_down", rows, d, h), ("square", 2048, 2048, 2048)]
+    default = repops.ops.cpu_path().split("; ")[-1].removeprefix("int8 GEMM: ")
+    repops.select_cpu(int8="vnni")
+    simd = repops.ops.cpu_path().split("; ")[-1].removeprefix("int8 GEMM: ")
+    repops.select_cpu()
     print(f"\nint8 GEMM x [M, K] @ W.T, W [N, K] (G op/s, best of {repeats} interleaved, {CLOCK.__name__}; one multiply-add = "
-          "2 ops); ratio = int8 GEMM speed / RepOps fp32 matmul speed; linear = quantize x and W + GEMM + "
-          "dequantize (the whole int8 forward)")
-    print(f"{'weight':10s} {'M x N x K':>16s} {'int8':>8s} {'linear':>8s} {'RepOps':>8s} {'_int_mm':>8s} "
-          f"{'torch':>8s} {'ratio':>6s}")
+          "2 ops); int8 = this CPU's default path, simd = the SIMD path forced (REPOPS_CPU_INT8=vnni), x = int8 / simd; "
+          "ratio = int8 GEMM speed / RepOps fp32 matmul speed; linear = quantize x and W + GEMM + dequantize "
+          f"(the whole int8 forward)\nint8: {default}\nsimd: {simd}")
+    print(f"{'weight':10s} {'M x N x K':>16s} {'int8':>8s} {'simd':>8s} {'x':>5s} {'linear':>8s} {'RepOps':>8s} "
+          f"{'_int_mm':>8s} {'torch':>8s} {'ratio':>6s}")
+
     for name, M, N, K in shapes:
         x, w = torch.randn(M, K), torch.randn(N, K) * 0.02
         sx, sw = torch.empty(1), torch.empty(N)
@@ -164,7 +219,7 @@ def bench_int8(cfg, data, repeats):
         repops.ops.lsq_init_(w, sw)
         qx, qw = repops.ops.int8_quantize(x, sx), repops.ops.int8_quantize(w, sw)
         ops_n = 2 * M * N * K
-        fns = [lambda: repops.ops.int8_matmul(qx, qw),
+        fns = [lambda: repops.ops.int8_matmul(qx, qw), lambda: repops.ops.int8_matmul(qx, qw),
                lambda: repops.ops.int8_linear(repops.ops.int8_quantize(x, sx), repops.ops.int8_quantize(w, sw), sx, sw),
                lambda: repops.ops.matmul(x, w.t()), lambda: torch.matmul(x, w.t())]
         try:                                             # torch's int8 GEMM (oneDNN), where it runs
@@ -172,19 +227,20 @@ def bench_int8(cfg, data, repeats):
             fns.append(lambda: torch._int_mm(qx, qw.t()))
         except (RuntimeError, AttributeError):
             pass
-        t = best_of(fns, repeats)
-        mm = f"{ops_n / t[4] / 1e9:8.1f}" if len(t) > 4 else f"{'n/a':>8s}"
-        print(f"{name:10s} {f'{M}x{N}x{K}':>16s} {ops_n / t[0] / 1e9:8.1f} {ops_n / t[1] / 1e9:8.1f} "
-              f"{ops_n / t[2] / 1e9:8.1f} {mm} {ops_n / t[3] / 1e9:8.1f} {t[2] / t[0]:6.2f}")
+        t = best_of(fns, repeats, [None, "vnni"] + [None] * (len(fns) - 2))
+        mm = f"{ops_n / t[5] / 1e9:8.1f}" if len(t) > 5 else f"{'n/a':>8s}"
+        print(f"{name:10s} {f'{M}x{N}x{K}':>16s} {ops_n / t[0] / 1e9:8.1f} {ops_n / t[1] / 1e9:8.1f} {t[1] / t[0]:5.2f} "
+              f"{ops_n / t[2] / 1e9:8.1f} {ops_n / t[3] / 1e9:8.1f} {mm} {ops_n / t[4] / 1e9:8.1f} {t[3] / t[0]:6.2f}")
+    options = {"fp32": [], "--quant=int8": ["--quant=int8"], "--quant=int8 --int8_pv=1": ["--quant=int8", "--int8_pv=1"],
+               "--matmul=exact": ["--matmul=exact"]}
     states, cfgs = {}, {}
-    for quant in ("none", "int8"):
-        cfgs[quant] = config.parse_config([f"--quant={quant}"], base=cfg)
-        states[quant] = train.TrainState(cfgs[quant], data.vocab_size)
-    t_fp, t_i8 = best_of([lambda: train.train_step(states["none"], data, cfgs["none"]),
-                          lambda: train.train_step(states["int8"], data, cfgs["int8"])], repeats)
+    for label, flags in options.items():
+        cfgs[label] = config.parse_config(flags, base=cfg)
+        states[label] = train.TrainState(cfgs[label], data.vocab_size)
+    times = best_of([lambda lab=label: train.train_step(states[lab], data, cfgs[lab]) for label in options], repeats)
     tokens = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
-    print(f"training step, RepOps ({tokens} tokens, best of {repeats}): fp32 {t_fp * 1e3:.0f} ms, --quant=int8 "
-          f"{t_i8 * 1e3:.0f} ms; int8 / fp32 step time: {t_i8 / t_fp:.2f}x")
+    print(f"training step, RepOps ({tokens} tokens, best of {repeats} interleaved): "
+          + ", ".join(f"{label} {t * 1e3:.0f} ms ({t / times[0]:.2f}x fp32)" for label, t in zip(options, times)))
 
 
 def bench_traffic(cfg, vocab):

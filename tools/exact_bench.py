@@ -12,8 +12,10 @@ attention) and computes each product three ways: float64 (the truth), the exact 
 fp32-sequential matmul. Prints, per product type, the median and max elementwise relative error
 of both against float64 (outputs whose float64 value is 0 are left out: a relative error there is
 undefined) and the normwise error max|C - C64| / max|C64|.
-Speed: median wall time of each product at the default model's shapes and at 1024^3 and 2048^3,
-exact vs RepOps fp32 vs torch fp32, with ratios. Not a test: run it alone (nice 0).
+Speed: median time of each product at the default model's shapes and at 1024^3, 2048^3 and
+4096^3, exact vs RepOps fp32 vs torch fp32, with ratios; the first line names the kernels that ran
+(the int8 GEMM of the residues: AMX-INT8 or the SIMD path, REPOPS_CPU_INT8). Not a test: run it
+alone (nice 0).
 """
 import statistics
 import time
@@ -134,12 +136,13 @@ def timed(fn, repeats, clock):
 def speed(repeats, clock_name):
     clock = time.process_time if clock_name == "cpu" else time.perf_counter
     print(f"speed: {repops.ops.cpu_path()}; torch threads {torch.get_num_threads()}; median of {repeats}; "
-          f"{clock_name} time")
+          f"{clock_name} time; load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
     R, d, h, V, T, Dh, BH = 1024, 128, 384, 256, 128, 32, 32
     shapes = [("qkv fwd [1024,128]x[128,384]", (R, d), (d, 3 * d)), ("down fwd [1024,384]x[384,128]", (R, h), (h, d)),
               ("gate_up grad_W [768,1024]x[1024,128]", (2 * h, R), (R, d)), ("lm_head fwd [1024,128]x[128,256]", (R, d), (d, V)),
               ("QK^T [32,128,32]x[32,32,128]", (BH, T, Dh), (BH, Dh, T)), ("PV [32,128,128]x[32,128,32]", (BH, T, T), (BH, T, Dh)),
-              ("1024^3", (1024, 1024), (1024, 1024)), ("2048^3", (2048, 2048), (2048, 2048))]
+              ("1024^3", (1024, 1024), (1024, 1024)), ("2048^3", (2048, 2048), (2048, 2048)),
+              ("4096^3", (4096, 4096), (4096, 4096))]
     print(f"{'shape':40} {'exact ms':>9} {'fp32 ms':>9} {'torch ms':>9} {'exact/fp32':>11} {'exact/torch':>12} {'exact GFLOP/s':>14}")
     g = torch.Generator().manual_seed(0)
     for name, sa, sb in shapes:

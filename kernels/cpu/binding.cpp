@@ -360,6 +360,20 @@ Tensor canary() {
 
 TORCH_LIBRARY(repops, m) {
   m.def("cpu_path() -> str", [] { return std::string(rp_cpu_path()) + "; " + rp_int8_path(); });  // ISA, tiles
+  // The CPU kernel versions (repops.py: REPOPS_CPU_MATMUL, REPOPS_CPU_INT8; every one gives the
+  // same bits): the matmul's vector width (0 = this CPU's default, 256, 512) and the int8 GEMM's
+  // path (0 = default, 1 = the build's SIMD path, VNNI on AVX-512 VNNI, 2 = AMX-INT8).
+  m.def("cpu_select(int matmul_width, int int8_path) -> str", [](int64_t width, int64_t path) {
+    TORCH_CHECK(rp_matmul_select((int)width) > 0, "repops.cpu_select: this build has no ", width,
+                "-bit matmul tile (x86 with AVX-512 has 256 and 512, other builds 256)");
+    TORCH_CHECK(rp_int8_select((int)path) > 0, "repops.cpu_select: int8 path ", path,
+                path == 2 ? " (AMX-INT8) is not usable here: the CPU has no AMX-INT8, the build has no AMX code, or "
+                            "Linux refused the tile-data permission (arch_prctl ARCH_REQ_XCOMP_PERM)"
+                          : " is not 0 (default), 1 (SIMD/VNNI) or 2 (AMX)");
+    return std::string(rp_cpu_path()) + "; " + rp_int8_path();
+  });
+  // bench.py's port limit: [flop per cycle per core of the contract's matmul, core clock in Hz]
+  m.def("cpu_limits() -> float[]", [] { return std::vector<double>{rp_matmul_flop_per_cycle(), rp_cpu_clock_hz()}; });
   m.def("matmul(Tensor a, Tensor b) -> Tensor");
   m.def("rmsnorm(Tensor x, Tensor w, float eps) -> (Tensor, Tensor)");
   m.def("rmsnorm_backward(Tensor gy, Tensor x, Tensor w, Tensor rstd) -> (Tensor, Tensor)");

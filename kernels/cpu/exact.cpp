@@ -10,10 +10,13 @@
 //              the row), then each value's beta-bit integer q (rounded half away from zero) and
 //              its eight residues, one int8 plane [rows, K] per modulus (vectorized by GCC:
 //              uint32 shifts and selects, % by constants);
-//   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (rp_int8_matmul: VNNI / vpmaddwd /
-//              smlal), in chunks of at most kChunk k (its K limit) whose residues add up;
-//   reconstruct per output: the residues mod p, Garner's mixed-radix digits (uint32), the
-//              integer C' in uint64, rounded to float32 once by integer operations (§11 step 7).
+//   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (rp_int8_matmul: AMX-INT8 / VNNI /
+//              vpmaddwd / smlal), in chunks of at most kChunk k (its K limit) whose residues add
+//              up; on AMX with K <= kFusedK the eight GEMMs of each 32 x 32 block of C run one
+//              after the other on the tiles and the block is reconstructed at once
+//              (exact_product_amx: the residue sums never leave L1);
+//   reconstruct per output, 64 at a time in vectors: the residues mod p, Garner's mixed-radix
+//              digits (uint32), the integer C' in uint64, rounded to float32 once (§11 step 7).
 #include "kernels.h"
 
 #include <algorithm>
@@ -23,11 +26,23 @@
 
 namespace {
 
+// GCC vectorizes loops with 256-bit vectors on Intel AVX-512 CPUs unless told otherwise; these
+// integer loops (no float arithmetic, so no bits at stake) run faster at 512 bits.
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define RP_WIDE_VECTORS __attribute__((target("prefer-vector-width=512")))
+#else
+#define RP_WIDE_VECTORS
+#endif
+
 constexpr int kMod = 8;
 constexpr uint32_t kP[kMod] = {255, 253, 251, 247, 241, 239, 233, 229};  // odd, pairwise coprime
 constexpr uint64_t kProduct = 12292429416557426565ull;                   // prod(kP) < 2^64
 constexpr uint64_t kHalf = (kProduct - 1) / 2;                           // C' in [-kHalf, kHalf]
 constexpr int64_t kChunk = 131072;  // k per residue GEMM: 131072 * 127^2 < 2^31 (contract §10)
+// The AMX path computes the eight residue GEMMs block by block (no residue sums in memory) up to
+// this K; beyond it each block's eight passes over K stream more than L2 holds, and eight separate
+// GEMMs (each blocked for the caches) followed by one reconstruction pass were faster (2048^3).
+constexpr int64_t kFusedK = 1024;
 
 constexpr uint32_t inverse(uint32_t a, uint32_t p) {  // a^-1 mod p by search (compile time)
   uint32_t x = 1;
@@ -73,23 +88,25 @@ inline int beta_of(int64_t K) {
   return (62 - c) / 2;
 }
 
-inline uint32_t fbits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-
 // The row exponent (max biased exponent of the finite nonzero values, 0 if none; subnormals read
 // as zero) and whether the row holds a NaN or infinity.
-inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
-  uint32_t emax = 0, nonfinite = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    const uint32_t E = (fbits(x[k]) >> 23) & 0xFF;
-    nonfinite |= E == 255;
-    emax = std::max(emax, E == 255 ? 0u : E);
+// Two max reductions that GCC vectorizes: of E (255 = non-finite) and of (E + 1) mod 256, which
+// sends 255 to 0 and keeps the order of 0..254, so that its maximum less one is the max finite E
+// (zeros and subnormals, E = 0, count as 0). The bits go through a uint32 block (a loop over uint32
+// words vectorizes; one that reinterprets each float does not).
+RP_WIDE_VECTORS inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
+  uint32_t eall = 0, eplus = 0, u[256];
+  for (int64_t k0 = 0; k0 < K; k0 += 256) {
+    const int64_t n = std::min<int64_t>(256, K - k0);
+    std::memcpy(u, x + k0, n * sizeof(uint32_t));
+    for (int64_t k = 0; k < n; ++k) {
+      const uint32_t E = (u[k] >> 23) & 0xFF, F = (E + 1) & 0xFF;
+      eall = eall > E ? eall : E;
+      eplus = eplus > F ? eplus : F;
+    }
   }
-  *e = (int32_t)emax;
-  *bad = (uint8_t)nonfinite;
+  *e = eplus ? (int32_t)eplus - 1 : 0;
+  *bad = eall == 255;
 }
 
 // Values [k0, k0 + kc) of a row with exponent e: q = m 2^(E - e + beta - 24) rounded half away
@@ -97,12 +114,13 @@ inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
 // into planes[t][k - k0] (the symmetric representative in [-(p-1)/2, (p-1)/2]). In blocks of
 // kSplit values: the integers first, then one plane at a time (each loop vectorizes).
 constexpr int64_t kSplit = 256;
-inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int beta, int8_t* const* planes) {
-  uint32_t q[kSplit], neg[kSplit];
+RP_WIDE_VECTORS inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int beta, int8_t* const* planes) {
+  uint32_t q[kSplit], neg[kSplit], bits[kSplit];
   for (int64_t b = 0; b < kc; b += kSplit) {
     const int64_t n = std::min(kSplit, kc - b);
+    std::memcpy(bits, x + k0 + b, n * sizeof(uint32_t));   // (a loop over uint32 words vectorizes)
     for (int64_t k = 0; k < n; ++k) {
-      const uint32_t u = fbits(x[k0 + b + k]);
+      const uint32_t u = bits[k];
       const int32_t E = (int32_t)((u >> 23) & 0xFF);
       const uint32_t m = (E == 0 || E == 255) ? 0u : ((u & 0x7FFFFFu) | 0x800000u);
       const int32_t sh = e - E + 24 - beta;               // >= 24 - beta >= -7 for a live value
@@ -124,62 +142,108 @@ inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int bet
   }
 }
 
-// §11 step 7: the integer c times 2^ex rounded to float32 once, as its bit pattern. Branch-free
-// (selects only), so the loop over a block of outputs vectorizes.
-inline uint32_t to_float_bits(int64_t c, int32_t ex) {
-  // (float)c is the int64 -> float32 conversion, correctly rounded to nearest even (IEEE; the
-  // rounding mode every kernel chunk sets, §3): exactly the 24-bit rounding of step 7, carry
-  // included, and exact for |c| < 2^24. Its exponent is then moved by ex in the bits.
-  const float fc = (float)c;
-  uint32_t b;
-  std::memcpy(&b, &fc, 4);
-  const uint32_t sign = b & 0x80000000u;
-  const int32_t E = (int32_t)((b >> 23) & 0xFF) - 127 + ex;     // c != 0: a normal float >= 1
-  uint32_t f = sign | ((uint32_t)(E + 127) << 23) | (b & 0x7FFFFFu);
+// The reconstruction (§11 steps 6-7) of 64 outputs at once, from their eight residue sums
+// res[t * stride + l] (any integers congruent to C' mod p_t), their exponents ex[l] and bad flags
+// bad[l], to f[l] (float bits), lane l < 64, in vectors of 16 uint32 lanes (GCC/Clang vector
+// extensions; a % by a constant compiles to multiplies and shifts): the residues u_t in [0, p_t);
+// Garner's digits v_t = (sum_{s<=t} x_s coef[t][s]) mod p_t (sums < 2^19); the halves
+// Z = v_0 + p_0 (v_1 + p_1 (v_2 + p_2 v_3)) < p_0 p_1 p_2 p_3 < 2^32 and
+// Y = v_4 + p_4 (v_5 + p_5 (v_6 + p_6 v_7)) < 2^32, so X = Z + p_0 p_1 p_2 p_3 Y (uint64, < P) is
+// step 6's nesting; then C' and its rounding. Each digit waits on the one before (multiplies and
+// reductions, tens of cycles), so the four vectors' chains run interleaved.
+typedef uint32_t u32v __attribute__((vector_size(64)));
+typedef int32_t i32v __attribute__((vector_size(64)));
+typedef uint32_t u32h __attribute__((vector_size(32)));   // half a vector: 8 lanes
+typedef int32_t i32h __attribute__((vector_size(32)));
+typedef float f32h __attribute__((vector_size(32)));
+typedef uint64_t u64h __attribute__((vector_size(64)));
+typedef int64_t i64h __attribute__((vector_size(64)));
+constexpr int64_t kV = 16, kGroups = 4, kBlock = kV * kGroups;   // lanes per vector, vectors, outputs
+constexpr uint64_t kP0123 = uint64_t(kP[0]) * kP[1] * kP[2] * kP[3];
+static_assert(kP0123 < (uint64_t(1) << 32) && uint64_t(kP[4]) * kP[5] * kP[6] * kP[7] < (uint64_t(1) << 32),
+              "Z and Y fit uint32");
+
+// §11 step 7 on 8 lanes: the integers c times 2^ex rounded to float32 once, as bit patterns.
+// (float)c is the int64 -> float32 conversion, correctly rounded to nearest even (IEEE; the
+// rounding mode every kernel chunk sets, §3): exactly the 24-bit rounding of step 7, carry
+// included, and exact for |c| < 2^24. Its exponent is then moved by ex in the bits.
+inline u32h to_float_bits(i64h c, i32h ex) {
+  const u32h b = (u32h)__builtin_convertvector(c, f32h);
+  const u32h sign = b & 0x80000000u;
+  const i32h E = (i32h)((b >> 23) & 0xFF) - 127 + ex;            // c != 0: a normal float >= 1
+  u32h f = sign | ((u32h)(E + 127) << 23) | (b & 0x7FFFFFu);
   f = E > 127 ? (sign | 0x7F800000u) : f;
-  f = E < -126 ? sign : f;       // the §3 flush: tininess after rounding, the sign kept
-  return c == 0 ? 0u : f;        // C' = 0: +0.0
+  f = E < -126 ? sign : f;                                        // the §3 flush, the sign kept
+  return __builtin_convertvector(c == 0, i32h) ? u32h{} : f;     // C' = 0: +0.0
 }
 
-// Outputs [j0, j0 + nj) of one row (nj <= kBlock) from their eight residue sums res[t * stride + j]
-// (any integers congruent to C' mod p_t): Garner's digits for the whole block modulus by modulus
-// (uint32 lanes), then C' in uint64 and its rounding. exb[j] = the column's part of the exponent.
-constexpr int64_t kBlock = 64;
-inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t exa, const int32_t* exb,
-                        const uint8_t* bad_b, bool bad_a, float* out) {
-  uint32_t v[kMod][kBlock];
+__attribute__((flatten)) inline void reconstruct64(const int32_t* res, int64_t stride, const int32_t* ex,
+                                                  const uint8_t* bad, uint32_t* f) {
+  u32v v[kMod][kGroups];
   each_mod([&](auto t) {
-    constexpr uint32_t p = kP[t];
-    uint32_t* vt = v[t];
-    const int32_t* rt = res + t * stride;
-    for (int64_t j = 0; j < nj; ++j) {
-      const int32_t r = rt[j] % (int32_t)p;
-      uint32_t acc = (uint32_t)(r < 0 ? r + (int32_t)p : r) * kGarner.coef[t][t];
+    constexpr int32_t p = (int32_t)kP[t];
+    for (int g = 0; g < kGroups; ++g) {
+      i32v r;
+      std::memcpy(&r, res + t * stride + kV * g, sizeof(r));
+      r = r % p;
+      r += (r < 0) & p;                                                  // in [0, p)
+      u32v acc = (u32v)r * kGarner.coef[t][t];
       each_mod([&](auto s) {
-        if constexpr (s < t) acc += v[s][j] * kGarner.coef[t][s];
+        if constexpr (s < t) acc += v[s][g] * kGarner.coef[t][s];
       });
-      vt[j] = acc % p;
+      v[t][g] = acc % (uint32_t)p;
     }
   });
+  for (int g = 0; g < kGroups; ++g) {
+    const u32v Z = v[0][g] + kP[0] * (v[1][g] + kP[1] * (v[2][g] + kP[2] * v[3][g]));
+    const u32v Y = v[4][g] + kP[4] * (v[5][g] + kP[5] * (v[6][g] + kP[6] * v[7][g]));
+    for (int h = 0; h < 2; ++h) {
+      const int64_t l = kV * g + 8 * h;
+      u32h z, y;
+      i32h e;
+      std::memcpy(&z, reinterpret_cast<const uint32_t*>(&Z) + 8 * h, sizeof(z));
+      std::memcpy(&y, reinterpret_cast<const uint32_t*>(&Y) + 8 * h, sizeof(y));
+      std::memcpy(&e, ex + l, sizeof(e));
+      const u64h X = __builtin_convertvector(z, u64h) + kP0123 * __builtin_convertvector(y, u64h);   // < kProduct
+      const i64h c = (i64h)(X > kHalf ? X - kProduct : X);                                          // wraps to C' < 0
+      const u32h b = to_float_bits(c, e);
+      std::memcpy(f + l, &b, sizeof(b));
+    }
+  }
+  for (int64_t l = 0; l < kBlock; ++l) f[l] = bad[l] ? 0x7FC00000u : f[l];
+}
+
+// Outputs [0, nj) of one row (nj <= kBlock) from res[t * stride + j]; exb[j] = the column's part of
+// the exponent, exa the row's.
+inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t exa, const int32_t* exb,
+                        const uint8_t* bad_b, bool bad_a, float* out) {
+  int32_t ex[kBlock] = {}, r[kMod * kBlock];
+  uint8_t bad[kBlock] = {};
   uint32_t f[kBlock];
   for (int64_t j = 0; j < nj; ++j) {
-    uint64_t X = v[kMod - 1][j];
-    each_mod([&](auto t) {
-      if constexpr (t < kMod - 1) X = X * kP[kMod - 2 - t] + v[kMod - 2 - t][j];   // < kProduct
-    });
-    const int64_t c = X > kHalf ? (int64_t)(X - kProduct) : (int64_t)X;             // wraps to C' < 0
-    const uint32_t b = to_float_bits(c, exa + exb[j]);
-    f[j] = (bad_a || bad_b[j]) ? 0x7FC00000u : b;
+    ex[j] = exa + exb[j];
+    bad[j] = bad_a || bad_b[j];
   }
+  if (nj < kBlock) {   // a short block: zero-padded copies of its residue sums
+    std::memset(r, 0, sizeof(int32_t) * kMod * kBlock);
+    for (int t = 0; t < kMod; ++t) std::memcpy(r + t * kBlock, res + t * stride, nj * sizeof(int32_t));
+    res = r;
+    stride = kBlock;
+  }
+  reconstruct64(res, stride, ex, bad, f);
   std::memcpy(out, f, sizeof(uint32_t) * nj);
 }
 
-// Rows [r0, r1) of x [rows, K], values [k0, k0 + kc): planes [kMod][rows][kc].
+// Rows [r0, r1) of x [rows, K], values [k0, k0 + kc): planes [kMod][rows][ld], ld >= kc, the
+// values past kc zero.
 void split_rows(const float* x, int64_t K, int64_t k0, int64_t kc, const int32_t* e, int beta, int8_t* planes,
-                int64_t rows, int64_t r0, int64_t r1) {
+                int64_t rows, int64_t ld, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     int8_t* p[kMod];
-    for (int t = 0; t < kMod; ++t) p[t] = planes + (t * rows + r) * kc;
+    for (int t = 0; t < kMod; ++t) {
+      p[t] = planes + (t * rows + r) * ld;
+      std::memset(p[t] + kc, 0, ld - kc);
+    }
     split_row(x + r * K, k0, kc, e[r], beta, p);
   }
 }
@@ -191,6 +255,7 @@ constexpr int64_t kResBytes = int64_t(32) << 20;   // one panel's residue sums
 struct Buffers {
   std::vector<int8_t> pa, pb;
   std::vector<int32_t> res, part;
+  std::vector<uint8_t> bpacked;   // the AMX path's B planes in the tile layout
 };
 Buffers& buffers() {
   static thread_local Buffers b;
@@ -207,9 +272,96 @@ void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uin
   });
 }
 
+namespace {
+
+// The outputs of rows [i0, i0 + m) from their residue sums res [kMod][m][N] (§11 steps 6-7).
+void reconstruct_panel(const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
+                       const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C) {
+  const int64_t nblocks = (N + kBlock - 1) / kBlock;
+  rp::parallel_for(m * nblocks, 16, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
+      reconstruct(res + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb + j0, bad_b + j0, bad_a[i0 + i] != 0,
+                  C + (i0 + i) * N + j0);
+    }
+  });
+}
+
+// rp_exact_product on AMX-INT8 (K <= kChunk). B's eight planes are split and packed into the tile
+// layout once; then per panel of rows of C, A's planes (rows of Kp = K rounded up to 64,
+// zero-padded, so its tiles are read in place) and either (K <= kFusedK) the eight residue GEMMs
+// of each 32 x 32 block of C one after the other on the tiles (rp_amx_gemm with nmat = 8), the
+// block reconstructed from the eight [32][32] sums while they are in L1, or eight GEMMs into the
+// panel's residue sums and one reconstruction pass.
+void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
+                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
+  const int64_t Kp = (K + 63) / 64 * 64;
+  const bool fused = K <= kFusedK;
+  const int64_t planes_rows = (kResBytes / 4) / (kMod * Kp), res_rows = kResBytes / (4 * kMod * N);   // ~8 MB, ~32 MB
+  const int64_t mp = std::min(M, std::max<int64_t>(32, std::min(planes_rows, fused ? planes_rows : res_rows) / 32 * 32));
+  Buffers& buf = buffers();
+  int8_t* pa = rp_aligned64(buf.pa, kMod * mp * Kp);   // tile rows start on cache lines
+  int8_t* pb = rp_aligned64(buf.pb, kMod * N * Kp);
+  uint8_t* bp = rp_aligned64(buf.bpacked, rp_amx_packed_bytes(N, K, kMod));
+  int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * N);
+  rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, 0, K, eb, beta, pb, N, Kp, b, e); });
+  rp_amx_pack_b(pb, Kp, N * Kp, N, K, kMod, bp);
+  std::vector<int32_t> exb(N);
+  for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
+  for (int64_t i0 = 0; i0 < M; i0 += mp) {
+    const int64_t m = std::min(mp, M - i0);
+    rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
+      split_rows(A + i0 * K, K, 0, K, ea + i0, beta, pa, m, Kp, b, e);
+    });
+    if (!fused) {   // eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
+      for (int t = 0; t < kMod; ++t) {
+        int32_t* rt = res + t * m * N;
+        const auto edge = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
+          for (int64_t i = 0; i < mr; ++i) std::memcpy(rt + (bi + i) * N + j0, tile + i * ldt, 4 * nr);
+        };
+        rp_amx_gemm(pa + t * m * Kp, Kp, 0, bp + t * rp_amx_packed_bytes(N, K, 1), m, N, K, 1, rt,
+                    [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
+                      (*static_cast<decltype(edge)*>(ctx))(bi, mr, j0, nr, tile, ldt);
+                    }, const_cast<void*>(static_cast<const void*>(&edge)));
+      }
+      reconstruct_panel(res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
+      continue;
+    }
+    // a block's rows in pairs: rows i and i + 1 of the [32][32] sums are 64 consecutive lanes
+    const auto finish = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles, int64_t ldt) {
+      int32_t ex[kBlock] = {};
+      uint8_t bad[kBlock] = {};
+      uint32_t f[kBlock];
+      for (int64_t i = 0; i < mr; i += 2) {
+        for (int64_t h = 0; h < 2 && i + h < mr; ++h) {
+          const int64_t r = i0 + bi + i + h;
+          for (int64_t j = 0; j < nr; ++j) {
+            ex[h * ldt + j] = ea[r] - 126 - beta + exb[j0 + j];
+            bad[h * ldt + j] = bad_a[r] || bad_b[j0 + j];
+          }
+        }
+        reconstruct64(tiles + i * ldt, 32 * ldt, ex, bad, f);
+        for (int64_t h = 0; h < 2 && i + h < mr; ++h) std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * nr);
+      }
+    };
+    rp_amx_gemm(pa, Kp, m * Kp, bp, m, N, K, kMod, nullptr,
+                [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+                  (*static_cast<decltype(finish)*>(ctx))(bi, mr, j0, nr, t, ldt);
+                }, const_cast<void*>(static_cast<const void*>(&finish)));
+  }
+  if (buf.pa.capacity() + buf.pb.capacity() + buf.bpacked.capacity() + 4 * buf.res.capacity() > kKeepBytes)
+    buf = Buffers();
+}
+
+}  // namespace
+
 void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   if (M == 0 || N == 0) return;
+  // AMX from K = 64 (a tile row's k): below it the tiles would multiply padding (QK^T's K = 32 ran
+  // faster on VNNI, tools/exact_bench, 2026-12-01).
+  if (rp_int8_uses_amx() && K >= 64 && K <= kChunk)
+    return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
@@ -222,19 +374,18 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
   res.resize(kMod * mp * N);
   part.resize(nchunks > 1 ? mp * N : 0);
   auto split_b = [&](int64_t k0, int64_t kc) {
-    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, k0, kc, eb, beta, pb.data(), N, b, e); });
+    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, k0, kc, eb, beta, pb.data(), N, kc, b, e); });
   };
   if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
   for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
-  const int64_t nblocks = (N + kBlock - 1) / kBlock;
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
     const int64_t m = std::min(mp, M - i0);
     for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);
       rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-        split_rows(A + i0 * K, K, k0, kc, ea + i0, beta, pa.data(), m, b, e);
+        split_rows(A + i0 * K, K, k0, kc, ea + i0, beta, pa.data(), m, kc, b, e);
       });
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res.data() + t * m * N;
@@ -250,13 +401,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
         });
       }
     }
-    rp::parallel_for(m * nblocks, 16, [&](int64_t b, int64_t e) {
-      for (int64_t w = b; w < e; ++w) {
-        const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
-        reconstruct(res.data() + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb.data() + j0,
-                    bad_b + j0, bad_a[i0 + i] != 0, C + (i0 + i) * N + j0);
-      }
-    });
+    reconstruct_panel(res.data(), i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
   }
   if ((pa.capacity() + pb.capacity()) + 4 * (res.capacity() + part.capacity()) > kKeepBytes) buf = Buffers();
 }

@@ -13,12 +13,15 @@
 // its order is free: AVX-512 VNNI uses vpdpbusd on a + 128 (unsigned) with an exact correction,
 // the other SIMD paths sign-extend int8 to int16 and use vpmaddwd (x86: pairs of products
 // summed into int32 lanes, never saturating) or smlal (AArch64 NEON); the saturating
-// vpmaddubsw and vpdpbusds are never used. Every path gives the same int32 result, which the
-// self-test digests check across builds and under qemu-aarch64 (see "The paths" below).
+// vpmaddubsw and vpdpbusds are never used. Where the CPU and Linux give AMX-INT8, the GEMM runs
+// on its tiles instead (int8_amx.cpp, tdpbssd s8 x s8; chosen at run time, rp_int8_select). Every
+// path gives the same int32 result, which the self-test digests check across builds, paths and
+// under qemu-aarch64 (see "The paths" below).
 #include "kernels.h"
 #include "vmath.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -71,7 +74,8 @@ inline void by_rows(int64_t b, int64_t e, int64_t C, const F& f) {
 // Rows past the matrix and k past K are zero (zeros add nothing: exact). The k values
 // [k0, k0 + kc) of a B panel start at offset k0 * NR.
 //
-// The paths, chosen at build time (-march; every one gives the same int32 results):
+// The SIMD paths, chosen at build time (-march; every one gives the same int32 results, and the
+// same as AMX-INT8, which int8_amx.cpp runs where usable, chosen at run time):
 //   AVX-512 VNNI  A as uint8 a + 128, B int8, G = 4: vpdpbusd (u8 x s8, four products summed
 //                 into each int32 lane, wrapping, never saturating), with the exact correction
 //                 below;
@@ -368,15 +372,52 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
   if (pk.a.capacity() * sizeof(TA) + pk.b.capacity() * sizeof(TB) > kKeepBytes) pk = Packed();
 }
 
+// ---------------------------------------------------------------- the path: SIMD or AMX
+// AMX-INT8 (int8_amx.cpp) is the default where rp_amx_usable(): its bit-for-bit tests
+// (tests/test_int8.py, test_int8_pv.py, test_exact_matmul.py against this file's SIMD path and the
+// NumPy references) passed on AMX hardware (an Intel Xeon with AMX-INT8, 2026-12-01).
+constexpr const char* kAmxPath = "int8 GEMM: AMX-INT8 tdpbssd (s8 x s8), blocks 32x32 of 2x2 tiles";
+std::atomic<int> g_path{0};   // 0: not chosen yet; 1: SIMD; 2: AMX
+
+int path() {
+  int p = g_path.load(std::memory_order_relaxed);
+  if (p == 0) g_path.store(p = rp_amx_usable() ? 2 : 1, std::memory_order_relaxed);
+  return p;
+}
+
+// The AMX GEMM with gemm()'s finish convention; direct: the int32 output (full blocks go there).
+template <class Finish>
+void gemm_amx(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, const Finish& finish,
+              int32_t* direct = nullptr) {
+  static thread_local std::vector<uint8_t> bp;   // the calling thread's; workers fill disjoint panels
+  uint8_t* b = rp_aligned64(bp, rp_amx_packed_bytes(N, K, 1));
+  rp_amx_pack_b(B, K, 0, N, K, 1, b);
+  rp_amx_gemm(A, K, 0, b, M, N, K, 1, direct,
+              [](void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+                (*static_cast<const Finish*>(ctx))(i0, mr, j0, nr, t, ldt);
+              }, const_cast<void*>(static_cast<const void*>(&finish)));
+  if (bp.capacity() > kKeepBytes) std::vector<uint8_t>().swap(bp);   // large shapes do not pin memory
+}
+
 }  // namespace
 
-const char* rp_int8_path() { return kI8Path; }
+int rp_int8_select(int p) {
+  if (p < 0 || p > 2 || (p == 2 && !rp_amx_usable())) return -1;
+  g_path.store(p == 0 ? (rp_amx_usable() ? 2 : 1) : p, std::memory_order_relaxed);
+  return path();
+}
+
+const char* rp_int8_path() { return path() == 2 ? kAmxPath : kI8Path; }
+
+bool rp_int8_uses_amx() { return path() == 2; }
 
 void rp_int8_matmul(const int8_t* A, const int8_t* B, int32_t* C, int64_t M, int64_t N, int64_t K) {
-  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+  const auto edges = [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
     for (int64_t i = 0; i < mr; ++i)  // the edge tiles; full ones were stored directly
       for (int64_t j = 0; j < nr; ++j) C[(i0 + i) * N + j0 + j] = t[i * ldt + j];
-  }, C);
+  };
+  if (path() == 2) gemm_amx(A, B, M, N, K, edges, C);
+  else gemm(A, B, M, N, K, edges, C);
 }
 
 void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw, float* Y, int64_t M,
@@ -386,14 +427,16 @@ void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw,
     rp::FpModeGuard guard;  // scalar work on the calling thread: FTZ/DAZ here too
     for (int64_t j = 0; j < N; ++j) sc[j] = rp::mul(sx, sw[j]);  // one rounding per column
   }
-  gemm(A, B, M, N, K, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+  const auto scale = [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
     const float* s = sc.data() + j0;
     for (int64_t i = 0; i < mr; ++i) {
       float* y = Y + (i0 + i) * N + j0;
       const int32_t* ti = t + i * ldt;
       for (int64_t j = 0; j < nr; ++j) y[j] = rp::mul((float)ti[j], s[j]);
     }
-  }, Y, sc.data());
+  };
+  if (path() == 2) gemm_amx(A, B, M, N, K, scale);   // every block through scale
+  else gemm(A, B, M, N, K, scale, Y, sc.data());
 }
 
 // The elementwise kernels below walk each chunk row by row (one recip per row part, no division

@@ -3,6 +3,7 @@
 // selftest.cpp calls them directly. Each kernel follows kernels/README.md (the contract).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "contract.h"
 #include "vmath.h"
@@ -14,6 +15,14 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                float* C, int64_t batch, int64_t M, int64_t N, int64_t K);
 // The instruction set this file was built for and the matmul register tile it uses (for bench.py).
 const char* rp_cpu_path();
+// The matmul's register tile by vector width: 256, 512 (x86 builds with AVX-512 only), or 0 for
+// this CPU's default (512 on Intel, 256 elsewhere). Every tile gives the same bits. Returns the
+// width now in use, -1 (and no change) if this build has no such tile.
+int rp_matmul_select(int width);
+// The contract's matmul limit on this core (flop per cycle: 2 per unfused multiply-add pair; 0 if
+// not known) and the core clock in Hz measured on the calling thread (0 if not measured): bench.py.
+double rp_matmul_flop_per_cycle();
+double rp_cpu_clock_hz();
 const char* rp_int8_path();  // int8.cpp: which int8 GEMM path this build runs
 
 // norm.cpp (§8 rmsnorm). x, y [R, D]; w [D]; rstd [R].
@@ -91,6 +100,35 @@ void rp_int8_matmul(const int8_t* A, const int8_t* B, int32_t* C, int64_t M, int
 void rp_int8_linear(const int8_t* A, const int8_t* B, float sx, const float* sw, float* Y, int64_t M,
                     int64_t N, int64_t K);
 void rp_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c);
+// The int8 GEMM's path: 0 = this CPU's default (AMX-INT8 where usable, else the SIMD path),
+// 1 = the build's SIMD path (VNNI vpdpbusd / vpmaddwd / smlal / C), 2 = AMX-INT8. Every path
+// gives the same bits. Returns the path now in use (1 or 2), -1 (and no change) if unavailable.
+int rp_int8_select(int path);
+bool rp_int8_uses_amx();   // the path now in use is AMX-INT8
+// int8_amx.cpp (used by int8.cpp and exact.cpp): the GEMM on AMX-INT8 tiles, nmat products at once
+// (the exact matmul's eight residue GEMMs), C_m = A_m @ B_m^T for m < nmat, A_m [M, K] (row i
+// at A + m * a_next + i * lda), B_m [N, K] (row j at B + m * b_next + j * ldb), int8, exact int32.
+// rp_amx_usable(): the CPU has AMX-INT8, the build has the AMX code and Linux granted the tile
+// state (asked once per process). rp_amx_pack_b: all B_m into the tile layout (out:
+// rp_amx_packed_bytes). rp_amx_gemm: each finished block of outputs (mr <= 32 rows at i0, nr <= 32
+// columns at j0) goes to finish(ctx, i0, mr, j0, nr, tiles, 32) in the thread that computed it,
+// tiles holding nmat blocks [32][32] one after the other; with nmat = 1 and direct (the output
+// [M, N]) given, full 32 x 32 blocks are stored there instead. lda >= K rounded up to 64 lets A be
+// read in place (the bytes past K are multiplied by B's zero padding); otherwise blocks are copied.
+// n elements of v at a 64-byte boundary (v resized to n plus a cache line): AMX reads and writes
+// tile rows of 64 bytes, and a row that straddles two cache lines costs two accesses.
+template <class T>
+inline T* rp_aligned64(std::vector<T>& v, size_t n) {
+  v.resize(n + 64 / sizeof(T));
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
+}
+typedef void (*RpTileFinish)(void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles,
+                             int64_t ldt);
+bool rp_amx_usable();
+int64_t rp_amx_packed_bytes(int64_t N, int64_t K, int nmat);
+void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, uint8_t* out);
+void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
+                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx);
 // int8_pv.cpp (§10 int8 P·V): the block step rule over rows of x [R, C] -> s [R]; the int8 band
 // mix qp [batch, M, W] (band layout of window.cpp) x qv [batch, T, D] -> o [batch, M, D] float,
 // sp [batch * M] per query row, sv [batch] per value block.

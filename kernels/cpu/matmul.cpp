@@ -6,55 +6,85 @@
 // every thread shares; each task packs its A block, and an MR x NR register tile of accumulators
 // is updated with SIMD across j. Threads take disjoint output blocks.
 // Blocking over k carries the running acc through C (load, keep adding), never sums blocks.
+//
+// Two register tiles compete on x86 with AVX-512 (rp_matmul_select picks one; both give the same
+// bits, since each output's operations are the same in both):
+//   256-bit  8 x 16 (16 accumulators of 8 floats): AMD Zen 4 runs it at its limit (two FMUL and
+//            two FADD pipes of 256 bits: 16 multiply-add pairs per cycle), and 512-bit
+//            instructions there are two 256-bit halves, so it stays the path on non-Intel CPUs;
+//   512-bit  12 x 32 (24 zmm accumulators, 2 B vectors, 1 broadcast, products): Intel cores run
+//            vmulps and vaddps on the same two FMA ports (p0, p5 at 512 bits), so the contract's
+//            unfused pair reaches 16 per cycle only with 16-float vectors (32 flop/cycle). The
+//            default on Intel CPUs.
 #include "kernels.h"
+#include "transpose.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <vector>
 
 namespace {
 
+// A register tile: MR rows x NR columns of accumulators in vectors V (NV of them per row).
+template <class V, int64_t MR_, int64_t NR_, int64_t KC_, int64_t MC_, int64_t NC_>
+struct Tile {
+  using vec = V;
+  static constexpr int64_t L = sizeof(V) / sizeof(float);  // floats per vector
+  static constexpr int64_t MR = MR_, NR = NR_, NV = NR_ / L;
+  static constexpr int64_t KC = KC_, MC = MC_, NC = NC_;   // cache blocks
+};
+
 using rp::vf;
-using rp::VL;  // floats per vector (contract.h): 8 on x86, 4 on AArch64
-// The register tile is MR rows x NR = 16 columns: MR * NV accumulators, NV vectors of B, the
-// broadcast A value and a product must fit in the register file.
+// The register tile is MR rows x NR = 16 columns of rp::vf (VL floats: 8 on x86, 4 on AArch64):
+// MR * NV accumulators, NV vectors of B, the broadcast A value and a product must fit in the
+// register file.
 #if defined(__AVX512VL__)
-constexpr int64_t MR = 8;  // 32 registers: 16 accumulators
-constexpr const char* kPath = "x86 AVX-512VL, matmul tile 8x16 (16 accumulators), 256-bit vectors";
+using Tile256 = Tile<vf, 8, 16, 256, 256, 256>;  // 32 registers: 16 accumulators
+constexpr const char* kPath256 = "x86 AVX-512, matmul tile 8x16 (16 accumulators), 256-bit vectors";
 #elif defined(__AVX__)
-constexpr int64_t MR = 6;  // 16 registers: 12 accumulators, 2 B, 1 broadcast, 1 product
-constexpr const char* kPath = "x86 AVX2, matmul tile 6x16 (12 accumulators), 256-bit vectors";
+using Tile256 = Tile<vf, 6, 16, 256, 192, 256>;  // 16 registers: 12 accumulators, 2 B, 1 broadcast, 1 product
+constexpr const char* kPath256 = "x86 AVX2, matmul tile 6x16 (12 accumulators), 256-bit vectors";
 #elif defined(__aarch64__)
 // 32 registers, 4 floats each: 16 accumulators, 4 B, the 4 A values, products. (A 6x16 tile's
 // 24 accumulators plus the 6 A values do not fit: GCC 12 spills 7-15 of them per k step.)
-constexpr int64_t MR = 4;
-constexpr const char* kPath = "AArch64 NEON, matmul tile 4x16 (16 accumulators), 128-bit vectors";
+using Tile256 = Tile<vf, 4, 16, 256, 128, 256>;
+constexpr const char* kPath256 = "AArch64 NEON, matmul tile 4x16 (16 accumulators), 128-bit vectors";
 #else
-constexpr int64_t MR = 4;
-constexpr const char* kPath = "generic vectors, matmul tile 4x16";
+using Tile256 = Tile<vf, 4, 16, 256, 128, 256>;
+constexpr const char* kPath256 = "generic vectors, matmul tile 4x16";
 #endif
 
-constexpr int64_t NR = 16, NV = NR / VL;              // register tile MR x NR, NV vectors wide
-constexpr int64_t KC = 256, MC = 32 * MR, NC = 16 * NR;  // cache blocks
+// The 512-bit tile: x86 with AVX-512 and the hardware flush only (rp::mul is the plain product;
+// the software-flush test build keeps the 256-bit tile, whose vf lanes rp::mul's fix-up handles).
+#if defined(__AVX512F__) && RP_FLUSH_HW
+#define RP_MATMUL_512 1
+typedef float vf16 __attribute__((vector_size(64)));
+using Tile512 = Tile<vf16, 12, 32, 256, 96, 384>;
+constexpr const char* kPath512 = "x86 AVX-512 (Intel), matmul tile 12x32 (24 accumulators), 512-bit vectors";
+#endif
 
-inline vf load(const float* p) { vf v; __builtin_memcpy(&v, p, sizeof(vf)); return v; }
-inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof(vf)); }
+template <class V> inline V load(const float* p) { V v; __builtin_memcpy(&v, p, sizeof(V)); return v; }
+template <class V> inline void store(float* p, V v) { __builtin_memcpy(p, &v, sizeof(V)); }
 
 // acc[MR][NR] (+)= Ap[k][MR] x Bp[k][NR] over k in [0, kc); C tile has row stride ldc.
 // `vector * scalar` broadcasts the scalar without arithmetic; -ffp-contract=off keeps the
 // multiply and the add separate instructions. Products go through rp::mul (contract §3: the
 // plain product on x86, the fix-up on AArch64, the software flush elsewhere) unless Plain,
 // which the caller picks only where no product can come near 2^-126 (see plain_ok).
-template <bool Plain = false>
+template <class T, bool Plain = false>
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
                          float* C, int64_t ldc, bool first) {
-  vf acc[MR][NV];
+  using V = typename T::vec;
+  constexpr int64_t MR = T::MR, NR = T::NR, NV = T::NV, L = T::L;
+  V acc[MR][NV];
   for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = first ? vf{} : load(C + i * ldc + v * VL);
+    for (int v = 0; v < NV; ++v) acc[i][v] = first ? V{} : load<V>(C + i * ldc + v * L);
   for (int64_t k = 0; k < kc; ++k) {
-    vf b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = load(Bp + k * NR + v * VL);
+    V b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load<V>(Bp + k * NR + v * L);
     const float* a = Ap + k * MR;
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
@@ -62,7 +92,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
       for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i] : rp::mul(b[v], a[i]));
   }
   for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < NV; ++v) store(C + i * ldc + v * VL, acc[i][v]);
+    for (int v = 0; v < NV; ++v) store<V>(C + i * ldc + v * L, acc[i][v]);
 }
 
 #if RP_FLUSH_HW
@@ -114,18 +144,47 @@ void pack(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, floa
   }
 }
 
-}  // namespace
-
-const char* rp_cpu_path() { return kPath; }
-
-void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
-               const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
-               float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    std::fill(C, C + batch * M * N, 0.0f);
-    return;
+#if defined(RP_MATMUL_512)
+// pack<R> for the 512-bit tile (R = 12 rows of A, 32 columns of B): where each row is contiguous
+// in k (ks == 1, the x and W of x @ W^T), 16 k of up to 16 rows at a time through a 16 x 16
+// transpose in registers (transpose.h), stored as R-wide panel rows; the rest as pack<R>.
+template <int64_t R>
+void pack_wide(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, float* out) {
+  if (ks != 1 || rs == 1) return pack<R>(p, rs, ks, rows, kc, out);
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    const int64_t nr = std::min(R, rows - r0);
+    float* panel = out + r0 * kc;
+    int64_t k = 0;
+    for (; k + 16 <= kc; k += 16)
+      for (int64_t g = 0; g < R; g += 16) {
+        const int64_t n = std::min<int64_t>(16, R - g);   // panel columns in this group
+        __m512i v[16];
+        for (int64_t i = 0; i < 16; ++i)
+          v[i] = g + i < nr ? _mm512_loadu_si512(p + (r0 + g + i) * rs + k) : _mm512_setzero_si512();
+        rp::transpose16(v);   // v[kk]: k + kk of rows g .. g + 15
+        for (int64_t kk = 0; kk < 16; ++kk)
+          _mm512_mask_storeu_epi32(panel + (k + kk) * R + g, (__mmask16)((1u << n) - 1), v[kk]);
+      }
+    for (int64_t r = 0; r < R; ++r)   // the last kc % 16 values
+      for (int64_t kt = k; kt < kc; ++kt) panel[kt * R + r] = r < nr ? p[(r0 + r) * rs + kt] : 0.0f;
   }
+}
+#endif
+
+// The packing of tile T's operands.
+template <class T, int64_t R>
+void pack_for(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, float* out) {
+#if defined(RP_MATMUL_512)
+  if constexpr (T::L == 16) return pack_wide<R>(p, rs, ks, rows, kc, out);
+#endif
+  pack<R>(p, rs, ks, rows, kc, out);
+}
+
+template <class T>
+void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
+            const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+            float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  constexpr int64_t MR = T::MR, NR = T::NR, KC = T::KC, MC = T::MC, NC = T::NC;
   // Smaller blocks when the output is small, so that there are enough tasks for the threads
   // (a weight gradient with 128 rows would otherwise be one task). Bits do not change.
   int64_t mc_blk = MC, nc_blk = NC;
@@ -152,13 +211,14 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       const int64_t bb = t / (kblocks * nblocks), k0 = (t / nblocks) % kblocks * KC, j0 = t % nblocks * nc_blk;
       const int64_t kc = std::min(KC, K - k0), nc = std::min(nc_blk, N - j0);
       float* panel = bp + bb * K * Npad + k0 * Npad + j0 * kc;
-      pack<NR>(B + bb * sbb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, panel);
+      pack_for<T, NR>(B + bb * sbb + j0 * sbn + k0 * sbk, sbn, sbk, nc, kc, panel);
       if (kCheckExponents) bmin[t] = min_exponent(panel, (nc + NR - 1) / NR * NR * kc);
     }
   });
 
   rp::parallel_for(batch * mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
     static thread_local std::vector<float> abuf(MC * KC);  // reused by this thread's calls
+    if ((int64_t)abuf.size() < MC * KC) abuf.resize(MC * KC);  // (the other tile's size may differ)
     float* apack = abuf.data();
     float edge[MR * NR];
     for (int64_t t = t0; t < t1; ++t) {
@@ -170,15 +230,15 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       float* Cb = C + b * M * N;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        pack<MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack);   // A rows
+        pack_for<T, MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack);   // A rows
         const float* bpanels = Bb + k0 * Npad + j0 * kc;
         const bool first = (k0 == 0);
         const bool plain = kCheckExponents &&
             plain_ok(min_exponent(apack, (mc + MR - 1) / MR * MR * kc),
                      bmin[((sbb == 0 ? 0 : b) * kblocks + k0 / KC) * nblocks + nb]);
         const auto micro = [plain](int64_t kc_, const float* ap, const float* bpn, float* c, int64_t ldc, bool f) {
-          if (plain) micro_kernel<true>(kc_, ap, bpn, c, ldc, f);
-          else micro_kernel<false>(kc_, ap, bpn, c, ldc, f);
+          if (plain) micro_kernel<T, true>(kc_, ap, bpn, c, ldc, f);
+          else micro_kernel<T, false>(kc_, ap, bpn, c, ldc, f);
         };
         for (int64_t jp = 0; jp < nc; jp += NR) {
           for (int64_t ip = 0; ip < mc; ip += MR) {
@@ -199,4 +259,113 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       }
     }
   });
+}
+
+// ---------------------------------------------------------------- the choice of tile
+bool is_intel() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
+
+int auto_width() {
+#if defined(RP_MATMUL_512)
+  return is_intel() ? 512 : 256;
+#else
+  return 256;
+#endif
+}
+
+std::atomic<int> g_width{0};  // 0: not chosen yet (auto_width on first use)
+
+int width() {
+  int w = g_width.load(std::memory_order_relaxed);
+  if (w == 0) g_width.store(w = auto_width(), std::memory_order_relaxed);
+  return w;
+}
+
+}  // namespace
+
+int rp_matmul_select(int w) {
+#if defined(RP_MATMUL_512)
+  const bool ok = w == 0 || w == 256 || w == 512;
+#else
+  const bool ok = w == 0 || w == 256;
+#endif
+  if (!ok) return -1;
+  g_width.store(w == 0 ? auto_width() : w, std::memory_order_relaxed);
+  return width();
+}
+
+const char* rp_cpu_path() {
+#if defined(RP_MATMUL_512)
+  if (width() == 512) return kPath512;
+#endif
+  return kPath256;
+}
+
+// The contract's matmul limit on this core: unfused multiply-add pairs need one multiply and one
+// add instruction each, so the limit is (vector instructions per cycle for mul and add) x lanes.
+double rp_matmul_flop_per_cycle() {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (!is_intel()) return 32.0;   // AMD Zen 2-5: 2 FMUL + 2 FADD pipes of 256 bits: 16 pairs
+  if (width() == 512) return 32.0;  // p0, p5 at 512 bits: 2 ops x 16 lanes = 16 pairs
+  return 24.0;                      // p0, p1 (mul or add) + p5 (add) at 256 bits (Golden Cove+)
+#else
+  return 0.0;                       // not known for this architecture
+#endif
+}
+
+// The core clock in Hz while the matmul's vector instructions run: a chain of dependent integer
+// multiplies (3 cycles each on every Intel and AMD core since 2008) timed on this thread's CPU
+// clock, the best of three runs of ~15 ms; with the 512-bit tile, independent 512-bit multiplies
+// run beside the chain, so that a lower clock for 512-bit instructions shows. 0 where not
+// measured (not x86).
+double rp_cpu_clock_hz() {
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(CLOCK_THREAD_CPUTIME_ID)
+  const int64_t n = int64_t(1) << 22;   // 4 multiplies each: 12 * 2^22 cycles
+  const bool wide = width() == 512;
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    uint64_t x = 1;
+    const uint64_t y = 3;
+    timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+#if defined(RP_MATMUL_512)
+    vf16 v = vf16{} + 1.0f;
+#endif
+    for (int64_t i = 0; i < n; ++i) {
+      __asm__ volatile("imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0" : "+r"(x) : "r"(y));
+#if defined(RP_MATMUL_512)
+      if (wide) {
+        v = v * v;   // independent of the chain (1.0 stays 1.0)
+        __asm__ volatile("" : "+v"(v));
+      }
+#endif
+    }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    best = std::min(best, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+  }
+  (void)wide;
+  return 12.0 * (double)n / best;
+#else
+  return 0.0;
+#endif
+}
+
+void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
+               const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+               float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    std::fill(C, C + batch * M * N, 0.0f);
+    return;
+  }
+#if defined(RP_MATMUL_512)
+  if (width() == 512) return matmul<Tile512>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K);
+#endif
+  matmul<Tile256>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K);
 }

@@ -539,7 +539,25 @@ void run_exact() {
 
 }  // namespace
 
-int main() {
+// Options (tests/test_selftest.py runs each kernel version of this CPU): --matmul=256|512 picks the
+// matmul's register tile, --int8=vnni|amx the int8 GEMM's path (vnni: the build's SIMD path);
+// unset, this CPU's defaults. An option this build or CPU cannot run: a line on stderr, exit 3.
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    bool ok = false;
+    if (arg == "--matmul=256" || arg == "--matmul=512") ok = rp_matmul_select(std::atoi(arg.c_str() + 9)) > 0;
+    else if (arg == "--int8=vnni") ok = rp_int8_select(1) > 0;
+    else if (arg == "--int8=amx") ok = rp_int8_select(2) > 0;
+    else {
+      std::fprintf(stderr, "selftest: unknown option %s (--matmul=256|512, --int8=vnni|amx)\n", argv[i]);
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "selftest: %s is not available on this build or CPU\n", argv[i]);
+      return 3;
+    }
+  }
   check_sha256();
   g_seed = g_seed_source;
   run_matmul();

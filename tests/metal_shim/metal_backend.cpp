@@ -48,6 +48,11 @@ float inv(int64_t n) { return (float)(1.0 / (double)n); }  // contract §1: shap
 float* mut(const float* p) { return const_cast<float*>(p); }
 }  // namespace
 
+// The CPU kernels choose among versions (kernels.h); the Metal kernels have one of each, the
+// default (the self-test selects only when given an option).
+int rp_matmul_select(int width) { return width == 0 ? 1 : -1; }
+int rp_int8_select(int path) { return path == 0 ? 1 : -1; }
+
 void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B, int64_t sbb, int64_t sbk,
                int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
   metal_shim::launch(7 * 256, 256,

@@ -1,0 +1,39 @@
+// transpose.h -- a 16 x 16 transpose of 32-bit words in AVX-512 registers: data movement only, no
+// arithmetic. matmul.cpp's 512-bit tile packs its operands with it (floats: 16 k of 16 rows into
+// 16 rows of the panel), int8_amx.cpp its B operand (words of four int8: the VNNI layout).
+// x86 only; the target attribute lets a file built for any x86-64 level call it from code that
+// runs only on AVX-512 CPUs.
+#pragma once
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+namespace rp {
+
+// Word j of r[i] becomes word i of r[j]: pairs of rows, then quads, then 128-bit lanes.
+__attribute__((target("avx512f"))) inline void transpose16(__m512i* r) {
+  __m512i t[16];
+  for (int n = 0; n < 16; n += 2) {
+    t[n] = _mm512_unpacklo_epi32(r[n], r[n + 1]);
+    t[n + 1] = _mm512_unpackhi_epi32(r[n], r[n + 1]);
+  }
+  for (int n = 0; n < 16; n += 4) {
+    r[n] = _mm512_unpacklo_epi64(t[n], t[n + 2]);
+    r[n + 1] = _mm512_unpackhi_epi64(t[n], t[n + 2]);
+    r[n + 2] = _mm512_unpacklo_epi64(t[n + 1], t[n + 3]);
+    r[n + 3] = _mm512_unpackhi_epi64(t[n + 1], t[n + 3]);
+  }
+  for (int n = 0; n < 4; ++n) {
+    t[n] = _mm512_shuffle_i32x4(r[n], r[n + 4], 0x88);
+    t[n + 4] = _mm512_shuffle_i32x4(r[n], r[n + 4], 0xDD);
+    t[n + 8] = _mm512_shuffle_i32x4(r[n + 8], r[n + 12], 0x88);
+    t[n + 12] = _mm512_shuffle_i32x4(r[n + 8], r[n + 12], 0xDD);
+  }
+  for (int n = 0; n < 8; ++n) {
+    r[n] = _mm512_shuffle_i32x4(t[n], t[n + 8], 0x88);
+    r[n + 8] = _mm512_shuffle_i32x4(t[n], t[n + 8], 0xDD);
+  }
+}
+
+}  // namespace rp
+#endif
