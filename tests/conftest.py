@@ -15,6 +15,7 @@ below); without the flag it stays a skip, so a developer's machine without the c
 runs the rest. Write new skips the same way: no helper to import, only the reason's prefix.
 """
 import os
+import signal
 import sys
 
 import pytest
@@ -29,6 +30,31 @@ import repops  # noqa: E402  (the path above makes it importable)
 # Importing repops builds nothing; many tests call torch.ops.repops.* directly, so build and
 # load the kernels once, up front (a failed build then fails the run with its one-line reason).
 repops.load()
+
+
+
+def _terminate(signum, frame):
+    """SIGTERM ends the run as Ctrl-C does: pytest tears the fixtures down (the processes the
+    tests started are stopped, tiny.stop_all) and prints its summary, instead of dying at once
+    and leaving them running."""
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+
+signal.signal(signal.SIGTERM, _terminate)
+
+
+@pytest.fixture(autouse=True)
+def _stop_started_processes():
+    """After every test, interrupted or not: no process it started (tiny.start_process) survives."""
+    yield
+    from tiny import stop_all
+    stop_all()
+
+
+def pytest_sessionfinish(session):
+    from tiny import stop_all     # what a module- or session-scoped fixture left, too
+    stop_all()
+
 
 HARDWARE = "hardware: "
 STRICT = os.environ.get("REPOPS_STRICT", "") == "1"

@@ -22,8 +22,8 @@ import data
 import checkpoint
 import hashchain
 from tiny import (CKPT_EVERY, MICRO_BATCH_SIZE, MICRO_BATCHES, ROOT, SEQ_LEN, STEPS, TIMEOUT,
-                  assert_one_line_error, audit, chain_records, copy_run, mismatch_lines, reseal,
-                  script, share_secret, train, train_args, write_chain)
+                  assert_one_line_error, audit, chain_records, copy_run, mismatch_lines, reseal, script,
+                  share_secret, train, train_args, write_chain, start_process, stop_process)
 
 SEED = 1337   # Config's seed
 
@@ -181,9 +181,9 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
         if gate is None:
             top = STEPS - 4 if kind == "moment" else watch.lines() + 6
             gate = rng.randint(watch.lines() + 1, max(watch.lines() + 1, top))
-        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
-                                 *train_args(run, corpus, f"--hash_async={hash_async}")],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = start_process([sys.executable, str(ROOT / "train.py"),
+                              *train_args(run, corpus, f"--hash_async={hash_async}")],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         fired, t0 = None, time.monotonic()
         try:
             while fired is None and proc.poll() is None and time.monotonic() - t0 < TIMEOUT:
@@ -207,9 +207,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=TIMEOUT)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
         stderr = proc.stderr.read().decode()
         proc.stderr.close()
         landed.append((kind, fired))

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -31,8 +30,8 @@ import repops
 import test_kernels as TK
 import train
 from model import Llama, ModelConfig
-from tiny import (TINY, launcher, assert_one_line_error, audit, chain_records, copy_run, launch_env, make_corpus, mismatch_lines,
-                  reseal, script, share_secret, write_chain)
+from tiny import (TINY, launcher, assert_one_line_error, audit, chain_records, copy_run, launch_env,
+                  make_corpus, mismatch_lines, reseal, script, share_secret, write_chain, run_process)
 
 assert_bits, T, N = TK.assert_bits, TK.T, TK.N
 ops = torch.ops.repops
@@ -225,8 +224,8 @@ def runs(tmp_path_factory, corpus):
         if world > 1:
             share_secret(out[1], run)
         run.parent.mkdir(exist_ok=True)
-        proc = subprocess.run(launcher(world) + [f"--run_dir={run}", f"--data_dir={corpus}", *PV], env=launch_env(),
-                              capture_output=True, text=True, timeout=600)
+        proc = run_process(launcher(world) + [f"--run_dir={run}", f"--data_dir={corpus}", *PV], env=launch_env(),
+                           capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[world] = run
     return out

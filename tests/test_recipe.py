@@ -32,7 +32,8 @@ import receipts
 from config import UsageError, parse_config, validate
 from model import windowed
 from schedule import lr_at, micro_batches_at, phase_counts
-from tiny import TINY, assert_one_line_error, launch_env as env, launcher, make_corpus, script, share_secret
+from tiny import (TINY, assert_one_line_error, launch_env as env, launcher, make_corpus, script,
+                  share_secret, run_process, start_process)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
@@ -61,8 +62,8 @@ def runs(tmp_path_factory, corpus):
         if world > 1:
             share_secret(out[1], cwd / "run")
         cwd.mkdir(exist_ok=True)
-        proc = subprocess.run(launcher(world) + args(corpus), cwd=cwd, env=env(), capture_output=True, text=True,
-                              timeout=600)
+        proc = run_process(launcher(world) + args(corpus), cwd=cwd, env=env(), capture_output=True, text=True,
+                           timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[world] = cwd / "run"
     return out
@@ -102,8 +103,8 @@ def test_sigkill_after_the_boundary_then_resume(runs, corpus, tmp_path):
     cwd = tmp_path / "k"
     share_secret(runs[1], cwd / "run")
     chain = cwd / "run" / "chain.jsonl"
-    proc = subprocess.Popen([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_process([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.monotonic()
     while proc.poll() is None and time.monotonic() - t0 < 300:
         if chain.exists() and chain.read_bytes().count(b"\n") - 1 >= 4:   # step 4 (N = 8) published
@@ -112,8 +113,8 @@ def test_sigkill_after_the_boundary_then_resume(runs, corpus, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run ended before the kill"
-    done = subprocess.run([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(), capture_output=True,
-                          text=True, timeout=600)
+    done = run_process([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(), capture_output=True,
+                       text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     # from checkpoint 2 (steps 3, 4 re-derived across the boundary) or 4 (if it was written)
     assert re.search(r"resume: from step [24] ", done.stdout), done.stdout
@@ -122,8 +123,8 @@ def test_sigkill_after_the_boundary_then_resume(runs, corpus, tmp_path):
 
 def test_ranks_must_divide_every_phase_before_any_work(corpus, tmp_path):
     e = dict(env(), WORLD_SIZE="4", RANK="0")
-    proc = subprocess.run([sys.executable, TRAIN, f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY,
-                           "--micro_batches=4@0,6@3"], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
+    proc = run_process([sys.executable, TRAIN, f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY,
+                        "--micro_batches=4@0,6@3"], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
     assert_one_line_error(proc, "train.py")
     assert "world size 4" in proc.stderr and "micro_batches=6" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()

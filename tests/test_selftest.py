@@ -79,7 +79,6 @@ import hashlib
 import os
 import platform
 import shutil
-import subprocess
 import time
 from fractions import Fraction
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +86,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+
+from tiny import run_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_DIR = os.path.join(ROOT, "kernels", "cpu")
@@ -149,7 +150,7 @@ def binaries(tmp_path_factory):
             return name, None
         exe = str(out_dir / name)
         cmd = [cxx] + flags + BASE_FLAGS + SOURCES + ["-o", exe]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = run_process(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise AssertionError(f"building the self-test failed: {' '.join(cmd)}\n{r.stderr}")
         return name, exe
@@ -160,7 +161,7 @@ def binaries(tmp_path_factory):
 
 def _run(*cmd):
     t0 = time.perf_counter()
-    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
+    r = run_process(list(cmd), capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - t0
     assert r.returncode == 0, f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}"
     lines = r.stdout.splitlines()
@@ -246,7 +247,7 @@ def test_cross_build_matches(results, tmp_path, isa):
         pytest.skip(f"no {isa} cross compiler or qemu-user (Debian packages {packages})")
     exe = str(tmp_path / f"selftest_{isa}")
     cmd = [cxx] + flags + CONTRACT + BASE_FLAGS + SOURCES + ["-o", exe]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = run_process(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"building for {isa} failed: {' '.join(cmd)}\n{r.stderr}"
     lines, _, stderr, _ = _run(*runner, exe)
     assert stderr == "" and lines == results["gcc_O0"][0]
@@ -273,7 +274,7 @@ def test_soft_flush_is_needed(results, tmp_path):
     exe = str(tmp_path / "no_flush")
     srcs = [str(src / os.path.basename(f)) for f in SOURCES]
     flags = ["-std=c++17", "-pthread", "-Wno-psabi", "-I", str(src), "-I", COMMON_DIR]
-    subprocess.run(["g++", "-O1", "-DRP_SOFT_FLUSH"] + CONTRACT + flags + srcs + ["-o", exe], check=True)
+    run_process(["g++", "-O1", "-DRP_SOFT_FLUSH"] + CONTRACT + flags + srcs + ["-o", exe], check=True)
     _, digests, _, _ = _run(exe)
     ref = results["gcc_O0"][1]
     changed = [n for n in ref if digests[n] != ref[n]]
@@ -448,8 +449,8 @@ def test_ftz_window_gives_x86_bits_everywhere(tmp_path):
     def build_and_run(build):
         name, cxx, flags, runner, _ = build
         exe = str(tmp_path / name)
-        subprocess.run([cxx] + flags + BASE_FLAGS + sources + ["-o", exe], check=True)
-        return subprocess.run(runner + [exe], capture_output=True, text=True, check=True).stdout.splitlines()
+        run_process([cxx] + flags + BASE_FLAGS + sources + ["-o", exe], check=True)
+        return run_process(runner + [exe], capture_output=True, text=True, check=True).stdout.splitlines()
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         outputs = list(pool.map(build_and_run, builds))
