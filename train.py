@@ -357,6 +357,8 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         log("resume: " + run.chain.note)
     run.chain.verify()
     if len(run.chain) == 0:
+        if init:     # the source's config.json, for export.py's max_position_embeddings (hfllama.py)
+            hfllama.keep_source_config(run.dir, cfg.init_from, init)
         secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
         with open(run.dir / "config.json", "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
