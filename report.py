@@ -364,7 +364,7 @@ def compare_section(sides):
     return out
 
 
-def audit_section(side, args, results, levels, anchors):
+def audit_section(args, results, levels, anchors):
     out = ["<h2>Audit coverage</h2>"]
     if results is None:
         return out + ["<p class='note'>No receipts given (--receipts DIR).</p>"]
@@ -421,7 +421,7 @@ def render(sides, args, results, anchors, contradiction):
     out.append(f"<p>{len(ckpts)} checkpoint files (steps {receipts.ranges(ckpts)}); "
                f"{len(ckpts) - len(in_chain)} beyond the chain. Listed, not verified here: "
                "<code>audit.py</code> verifies them against the chain. Ticks under the loss axis.</p>")
-    out += audit_section(a, args, results, levels, anchors)
+    out += audit_section(args, results, levels, anchors)
 
     out.append("<h2>Anchors</h2>")
     if not anchors:
