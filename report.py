@@ -209,7 +209,7 @@ def trust(name, n, levels, redundancy, anchors, anchors_file, contradiction):
         covered, full = sum(lv in ("some", "full") for lv in levels), levels.count("full")
         steps = {lv: receipts.ranges([s for s, x in enumerate(levels, 1) if x == lv]) for lv in ("none", "mismatch")}
         parts.append(f"Accepted receipts cover {covered} of {n} steps ({full} by at least {redundancy} distinct "
-                     "auditors)" + (f"; steps {steps['none']} have none" if "none" in levels else "")
+                     f"auditor{'s' if redundancy > 1 else ''})" + (f"; steps {steps['none']} have none" if "none" in levels else "")
                      + (f"; <span class='bad'>a MISMATCH is reported at steps {steps['mismatch']}</span>"
                         if "mismatch" in levels else "") + ".")
     if contradiction:
