@@ -1,14 +1,14 @@
 """Export a verified checkpoint as a Hugging Face LlamaForCausalLM folder.
 
-    python export.py --run_dir runs/default --step 300 --to hf -o out/default-300
-    python export.py --run_dir runs/ft --to hf -o out/ft      # the latest checkpoint in the chain
+    python export.py --run_dir runs/default --step 300 --to hf --out out/default-300
+    python export.py --run_dir runs/ft --to hf --out out/ft     # the latest checkpoint in the chain
 
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained("out/default-300")   # a LlamaForCausalLM
 
 OUT gets config.json, model.safetensors (the parameters only, never the Adam moments, with HF
 names: hfllama.py's mapping, fused matrices split, RoPE rows permuted), the tokenizer files when
-the corpus's tokenizer is a Hugging Face one (hftok.py; for "bytes" and tiktoken encodings there
+the corpus's tokenizer is a Hugging Face one (tokenizer.py; for "bytes" and tiktoken encodings there
 is none), and README.md, a model card naming the run, step, state hash, genesis record hash and
 code digest, how to audit it, and the context it was trained on. config.json's
 max_position_embeddings is the imported source's for an imported run, else max(seq_len, 2048)
@@ -23,19 +23,45 @@ quantizes the activations too, so exported dequantized weights would not give th
 logits), residual dropout (no HF Llama field; the exported model would train differently),
 a sliding attention window, QK-norm and the embedding norm (the OPEN-1B recipe's options).
 """
-import argparse
 import json
 import os
 import shutil
 import sys
 import tempfile
 
+from config import CommandLine, UsageError
+
 ENDOFTEXT = "<|endoftext|>"
+
+
+def parser():
+    ap = CommandLine("export.py", "Export a verified checkpoint of a run as a Hugging Face LlamaForCausalLM folder.")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    ap.add_argument("--step", type=int, metavar="N", help="the checkpoint's step (default: the latest in the chain)")
+    ap.add_argument("--to", required=True, choices=("hf",), help="the format: hf, a Hugging Face Llama (required)")
+    ap.add_argument("--out", metavar="DIR", required=True,
+                    help="the folder to write: new or empty, outside the run (required)")
+    ap.add_argument("--data_dir", metavar="DIR",
+                    help="the run's corpus, for its tokenizer files (default: the data_dir its config.json names)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import hashchain  # noqa: E402  (below the command line's first answer, above)
+import hfllama
+import repops
+import rundir
+from data import DataError
+from tokenizer import TokenizerError, get_tokenizer
+from train import code_digest
+
 
 CARD = """# {name}: step {step} of an auditable RepOps run
 
-Exported by `python export.py --run_dir {run} --step {step} --to hf -o OUT` from a checkpoint that
-verified against the run's hash chain.
+Exported by `python export.py --run_dir {run} --step {step} --to hf --out OUT` from a checkpoint that verified
+against the run's hash chain.
 
 | | |
 |---|---|
@@ -62,7 +88,7 @@ instead (a sliding context); the two agree while prompt and generated tokens fit
 With the run directory and the RepOps code at the code digest above:
 
     python audit.py --run_dir {run} --all          # every step replays to its record: MATCH
-    python export.py --run_dir {run} --step {step} --to hf -o OUT2   # the same export, byte for byte
+    python export.py --run_dir {run} --step {step} --to hf --out OUT2   # the same export, byte for byte
 
 The parameters in model.safetensors are the checkpoint's, moved and never recomputed
 (hfllama.py), so importing this folder (`train.py --init_from=THIS_FOLDER`) gives back the
@@ -72,7 +98,7 @@ tensors whose hashes the step-{step} record holds.
 
 def endoftext_id(enc):
     """The id of <|endoftext|> in the tokenizer `enc`, or None where it has no such token."""
-    if hasattr(enc, "tok"):                       # a Hugging Face tokenizer (hftok.HFTokenizer)
+    if hasattr(enc, "tok"):                       # a Hugging Face tokenizer (tokenizer.HFTokenizer)
         return enc.tok.token_to_id(ENDOFTEXT)
     try:
         return enc.encode_single_token(ENDOFTEXT)   # a tiktoken encoding
@@ -83,15 +109,9 @@ def endoftext_id(enc):
 def export(run_dir, step, out, data_dir=None):
     """Write the HF folder of `run_dir`'s checkpoint at `step` (None: the latest) to `out`."""
     from safetensors.torch import save_file
-
-    import hfllama
-    import rundir
-    from config import UsageError
-    from data import DataError, get_tokenizer
-    from train import code_digest
-    rundir.check_outside(run_dir, out, "-o")
+    rundir.check_outside(run_dir, out, "OUT")
     if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
-        raise UsageError(f"-o {out} exists and is not an empty directory")
+        raise UsageError(f"OUT {out} exists and is not an empty directory")
     run = rundir.Run(run_dir)
     cfg = run.cfg
     if cfg.quant != "none":
@@ -115,7 +135,7 @@ def export(run_dir, step, out, data_dir=None):
     elif isinstance(tok.get("name"), str):
         try:
             enc = get_tokenizer(tok["name"])
-        except DataError:         # a tiktoken encoding not downloaded on this machine
+        except TokenizerError:    # a tiktoken encoding not downloaded on this machine
             enc = None
     special = endoftext_id(enc) if enc is not None else None
     special = special if special is not None and special < cfg.vocab_size else None
@@ -142,8 +162,8 @@ def export(run_dir, step, out, data_dir=None):
                 n_kv_head=cfg.n_kv_head, vocab_size=cfg.vocab_size, tie=cfg.tie_embeddings,
                 tokenizer="files included (Hugging Face tokenizers)" if folder else
                 f"{tok.get('name')!r}, which has no Hugging Face form: none included",
-                special=special_said,
-                seq_len=cfg.seq_len, last=cfg.seq_len - 1, positions=positions, positions_why=positions_why))
+                special=special_said, seq_len=cfg.seq_len, last=cfg.seq_len - 1,
+                positions=positions, positions_why=positions_why))
         if os.path.isdir(out):
             os.rmdir(out)
         os.rename(tmp, out)
@@ -153,21 +173,11 @@ def export(run_dir, step, out, data_dir=None):
     return step
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(prog="export.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--run_dir", required=True, metavar="DIR", help="the run directory (only read)")
-    ap.add_argument("--step", type=int, help="the checkpoint's step (default: the latest in the chain)")
-    ap.add_argument("--to", required=True, choices=("hf",), help="the format (hf: a Hugging Face LlamaForCausalLM folder)")
-    ap.add_argument("-o", "--out", required=True, metavar="DIR", help="the folder to write (new or empty, outside the run)")
-    ap.add_argument("--data_dir", metavar="DIR", help="the corpus, for its tokenizer (default: the one config.json names)")
-    args = ap.parse_args(argv)             # --help and bad options answer before torch is imported
-    import hashchain
-    import repops
-    from config import UsageError
-    from data import DataError
+def main(argv=None):
     try:
+        args = parser().parse_args(argv)
         step = export(args.run_dir, args.step, args.out, args.data_dir)
-    except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
+    except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"export.py: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
@@ -178,4 +188,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,10 +1,10 @@
 """A run's story as one self-contained HTML file; or two runs side by side.
 
-    python report.py --run_dir runs/default -o report.html
-    python report.py --run_dir runs/default --receipts receipts/ --anchors anchors.jsonl -o report.html
-    python report.py --run_dir out/public --receipts receipts/ --salts s.json --redundancy 2 -o report.html
-    python report.py --run_dir runs/a --compare runs/b -o compare.html   # where two runs part
-    python report.py --run_dir runs/default --log_y -o report.html        # loss and norm on log axes
+    python report.py --out report.html                # the run runs/default
+    python report.py --run_dir runs/x --receipts receipts/ --anchors anchors.jsonl --out report.html
+    python report.py --run_dir out/public --receipts receipts/ --salts s.json --redundancy 2 --out report.html
+    python report.py --run_dir runs/a --compare runs/b --out compare.html   # where two runs part
+    python report.py --log_y --out report.html                             # loss and norm on log axes
 
 The report reads a run only after verifying its chain (as sample.py does): a broken chain is
 "MISMATCH at step S: ..." and exit 1, and no report is written. A verified chain is consistent,
@@ -37,14 +37,37 @@ is one file, inline SVG and CSS, no script, no network; it must lie outside the 
 Why over ~450 lines: the page is one story whose sections share the run's reading (chain,
 train.log, receipts, anchors); the drawing lives in svgchart.py.
 """
-import argparse
 import html
 import os
 import re
 import sys
 
-import svgchart
-from svgchart import Series
+from config import CommandLine, UsageError, differences
+
+
+def parser():
+    ap = CommandLine("report.py", "A run's story as one self-contained HTML file; or two runs side by side.")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    ap.add_argument("--out", required=True, metavar="FILE", help="the HTML file to write, outside the runs (required)")
+    ap.add_argument("--compare", metavar="DIR", help="a second run to set beside it: curves overlaid, the genesis "
+                    "differences, the first step whose state differs (default: none)")
+    ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from")
+    ap.add_argument("--salts", metavar="FILE", help="with --receipts: check them with revealed salts, not the run's secret")
+    ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
+    ap.add_argument("--redundancy", type=int, default=2, metavar="C",
+                    help="distinct auditors per step for full coverage (default %(default)s)")
+    ap.add_argument("--log_y", action="store_true", help="loss and gradient norm on log axes (default: linear)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import hashchain  # noqa: E402  (below the command line's first answer, above)
+import receipts  # noqa: E402
+import rundir  # noqa: E402
+import svgchart  # noqa: E402
+from svgchart import Series  # noqa: E402
 
 MISMATCH_AT = re.compile(r"MISMATCH at step (\d+)")
 # train.log's lines (train.py): a step (optionally "step i/N"), a validation loss, the first line
@@ -62,7 +85,6 @@ class Log:
     """What train.log says (the last value per step: a resume repeats steps). Empty without one."""
 
     def __init__(self, run_dir):
-        import hashchain
         self.val, self.ms, self.tokens_per_s, self.baseline = {}, {}, {}, None
         try:
             with hashchain.open_regular(os.path.join(run_dir, "train.log"), "train.log") as f:
@@ -84,7 +106,6 @@ def unigram_baseline(run, log):
         return log.baseline, "train.log"
     data_dir = run.recorded_data_dir()
     try:
-        from config import UsageError
         from data import DataError, TokenData   # imports torch: only when train.log lacks it
         tokens = TokenData(data_dir, run.cfg.seed)
         if tokens.digest != run.genesis.get("data_manifest"):
@@ -98,7 +119,6 @@ def coverage_levels(results, n_steps, redundancy, extra_mismatches=()):
     """[level] for steps 1..n_steps (index 0 is step 1): "mismatch" where a well-formed receipt
     reports a MISMATCH at that step (or an anchor does: extra_mismatches), else "full" with
     >= redundancy distinct accepted auditors, "some" with fewer, "none" with none."""
-    import receipts
     counts = receipts.coverage(results, 1, n_steps) if n_steps else {}
     bad = set(extra_mismatches)
     for r in results:
@@ -157,6 +177,11 @@ def table(header, rows):
     return f"<table><tr>{cells}</tr>{body}</table>"
 
 
+def human_seconds(s):
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 def fmt(v, digits=4):
     return "-" if v is None else f"{v:.{digits}f}"
 
@@ -164,11 +189,6 @@ def fmt(v, digits=4):
 def median(values):
     v = sorted(values)
     return None if not v else v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
-def human_seconds(s):
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1100px;color:#1f2328}
@@ -197,7 +217,6 @@ def trust(name, n, levels, redundancy, anchors, anchors_file, contradiction):
     """The paragraph that says what a verified chain means and what backs its figures: levels
     (coverage_levels, None without receipts), anchors (and the file they came from, None for the
     run's own anchors.jsonl), the first anchor contradiction."""
-    import receipts
     parts = [f"The chain{name} verified: {n + 1} records, every link and record hash checked, before "
              "anything here was read. <b>Verifying the links replays no step</b>: the losses, norms and "
              "hashes below are <b>the publisher's word until audited</b> (<code>audit.py --step S</code> "
@@ -320,12 +339,11 @@ def throughput_section(sides):
 
 
 def compare_section(sides):
-    import config
     a, b = sides
     ga, gb = a.run.genesis, b.run.genesis
     out = ["<h2>The two runs</h2>",
            table(("fact", a.label, b.label), [(k, va, vb) for (k, va), (_, vb) in zip(header_facts(a), header_facts(b))])]
-    keys = config.differences(ga.get("config") or {}, gb.get("config") or {})
+    keys = differences(ga.get("config") or {}, gb.get("config") or {})
     out.append("<h3>Decisive config: the keys that differ</h3>")
     out.append(table(("key", a.label, b.label), [(k, (ga.get("config") or {}).get(k, "(default)"),
                                                   (gb.get("config") or {}).get(k, "(default)")) for k in keys])
@@ -397,7 +415,6 @@ def audit_section(args, results, levels, anchors):
 
 
 def render(sides, args, results, anchors, contradiction):
-    import receipts
     a = sides[0]
     levels = None if results is None else coverage_levels(results, a.n, args.redundancy,
                                                            [contradiction[0]] if contradiction else [])
@@ -437,30 +454,11 @@ def render(sides, args, results, anchors, contradiction):
 
 
 # ----------------------------------------------------------------------------- command line
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="report.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--run_dir", required=True, metavar="DIR", help="the run directory (only read)")
-    ap.add_argument("-o", "--out", required=True, metavar="FILE", help="the HTML file to write (outside the runs)")
-    ap.add_argument("--compare", metavar="DIR", help="a second run to set beside it: curves overlaid, the "
-                    "genesis differences, the first step whose state differs (default: none)")
-    ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from (default: none)")
-    ap.add_argument("--salts", metavar="FILE", help="check the receipts with revealed salts, not the run's secret")
-    ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
-    ap.add_argument("--redundancy", type=int, default=2, metavar="C", help="distinct auditors per step for full "
-                    "coverage (default %(default)s)")
-    ap.add_argument("--log_y", action="store_true", help="draw loss and gradient norm on log axes (default: linear)")
-    return ap.parse_args(argv)
-
-
-def main(argv):
-    args = parse_args(argv)            # --help and bad options answer before torch is imported
-    import hashchain
-    import receipts
-    import rundir
-    from config import UsageError
+def main(argv=None):
     try:
+        args = parser().parse_args(argv)
         for d in [args.run_dir] + ([args.compare] if args.compare else []):
-            rundir.check_outside(d, args.out, "-o")
+            rundir.check_outside(d, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         if args.salts and not args.receipts:
@@ -500,4 +498,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -20,31 +20,34 @@ instead, up to max_position_embeddings: the two agree while prompt + samples fit
 Speed, and the thread count on a busy machine: docs/sampling.md. It only reads the run directory.
 Exit code 2 on bad input, with one line naming the option at fault.
 """
-import argparse
 import os
 import sys
+
+from config import CommandLine, UsageError
 
 MAX_TOKENS = 1 << 20       # --tokens: a sample, not a corpus
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="sample.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--run_dir", default="runs/default", help="the run directory, only read (default %(default)s)")
-    ap.add_argument("--step", type=int, help="the checkpoint's step (default: the latest in the chain)")
-    ap.add_argument("--prompt", default="\n", help="the text to continue (default: a newline); its last "
-                    "seq_len tokens are the first context")
-    ap.add_argument("--tokens", type=int, default=300, help=f"how many tokens to generate, 0..{MAX_TOKENS} "
-                    "(default %(default)s)")
+def parser():
+    ap = CommandLine("sample.py", "Generate text from a verified checkpoint; the same prompt and seed give the "
+                     "same text on every machine.")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    ap.add_argument("--step", type=int, metavar="N", help="the checkpoint's step (default: the latest in the chain)")
+    ap.add_argument("--prompt", default="\n", help="the text the sample continues; its last seq_len tokens are the "
+                    "first context (default: a newline)")
+    ap.add_argument("--tokens", type=int, default=300, metavar="N",
+                    help=f"tokens to generate, 0..{MAX_TOKENS} (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="the Philox key of the sampling noise, in [0, 2^64) "
                     "(default %(default)s)")
-    ap.add_argument("--temperature", type=float, default=0.8, help="logits are divided by it before the "
-                    "Gumbel noise is added; a finite number > 0 (default %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                    help="logits are divided by it before the Gumbel noise is added; a finite number > 0 "
+                    "(default %(default)s)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
-                    help="where the model runs; the text is the same (default %(default)s)")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads; the text is the same for any number "
-                    "(default 0: torch's default, or 1 when the load average says other jobs hold the cores; "
-                    "docs/sampling.md)")
-    return ap.parse_args(argv)
+                    help="where the model runs; every device gives the same text (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads; the text is the same for any "
+                    "number (default 0: torch's default, or 1 when the load average says other jobs hold the "
+                    "cores; docs/sampling.md)")
+    return ap
 
 
 def check_args(args):
@@ -65,12 +68,21 @@ def threads_for(requested, default, load):
     return requested or (1 if load >= default - 0.5 else default)
 
 
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
+
+import hashchain  # noqa: E402
+import repops  # noqa: E402
+import rundir  # noqa: E402
+from data import DataError  # noqa: E402
+from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
+from train import TrainState  # noqa: E402
+
+
 def load_model(run_dir, step, device="cpu"):
     """(model on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
-    import rundir
-    from config import UsageError
-    from data import get_tokenizer
-    from train import TrainState
     run = rundir.Run(run_dir)
     step, tensors = run.checkpoint_for_reader(step)
     state = TrainState(run.cfg, run.vocab_size, device)
@@ -81,19 +93,12 @@ def load_model(run_dir, step, device="cpu"):
     return state.model, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
 
 
-def main(argv):
-    args = parse_args(argv)                 # --help and bad options answer before torch is imported
-    bad = check_args(args)
-    if bad:
-        print(f"sample.py: error: {bad}", file=sys.stderr)
-        return 2
-    import torch
-
-    import hashchain
-    import repops
-    from config import UsageError
-    from data import DataError
+def main(argv=None):
     try:
+        args = parser().parse_args(argv)
+        bad = check_args(args)
+        if bad:
+            raise UsageError(bad)
         if args.device == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: this machine has no CUDA GPU that torch can use")
         if args.device == "mps" and not torch.backends.mps.is_available():
@@ -105,7 +110,7 @@ def main(argv):
             ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
         finally:
             torch.set_num_threads(threads)      # main() also runs inside other programs and tests
-    except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
+    except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
         return 2
     print(enc.decode(ids))
@@ -113,4 +118,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

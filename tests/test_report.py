@@ -48,7 +48,7 @@ def big_report(big, tmp_path_factory):
     run, rdir, anchors = big
     out = tmp_path_factory.mktemp("big_report") / "report.html"
     t0 = time.process_time()        # CPU seconds: a shared machine's load does not inflate them
-    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--anchors", str(anchors), "-o", str(out)]) == 0
+    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--anchors", str(anchors), "--out", str(out)]) == 0
     return out, time.process_time() - t0
 
 
@@ -93,7 +93,7 @@ def test_contradicting_anchor_is_a_mismatch(big, tmp_path, capsys):
     run, _, _ = big
     anchors = tmp_path / "anchors.jsonl"
     anchors.write_text(json.dumps({"step": 7, "record_hash": "0" * 64, "utc": "2026-12-01T00:00:00Z"}) + "\n")
-    assert report.main(["--run_dir", str(run), "--anchors", str(anchors), "-o", str(tmp_path / "r.html")]) == 1
+    assert report.main(["--run_dir", str(run), "--anchors", str(anchors), "--out", str(tmp_path / "r.html")]) == 1
     assert "MISMATCH at step 7" in capsys.readouterr().out
     page = (tmp_path / "r.html").read_text()
     assert "MISMATCH at step 7" in page and strip_levels(page) == {}     # no receipts: no strip
@@ -101,18 +101,17 @@ def test_contradicting_anchor_is_a_mismatch(big, tmp_path, capsys):
 
 def test_refusals(big, tmp_path):
     run, rdir, _ = big
-    assert_one_line_error(script("report.py", "--run_dir", run, "-o", run / "report.html"), "report.py")
+    assert_one_line_error(script("report.py", "--run_dir", run, "--out", run / "report.html"), "report.py")
     assert not (run / "report.html").exists()
-    assert_one_line_error(script("report.py", "--run_dir", tmp_path / "nowhere", "-o", tmp_path / "r.html"), "report.py")
+    assert_one_line_error(script("report.py", "--run_dir", tmp_path / "nowhere", "--out", tmp_path / "r.html"), "report.py")
     public = tmp_path / "public"                 # a published copy: no secret, no salts
     public.mkdir()
     shutil.copy(run / "chain.jsonl", public / "chain.jsonl")
-    assert_one_line_error(script("report.py", "--run_dir", public, "--receipts", rdir, "-o", tmp_path / "r.html"),
-                          "report.py")
+    assert_one_line_error(script("report.py", "--run_dir", public, "--receipts", rdir, "--out", tmp_path / "r.html"), "report.py")
     lines = (public / "chain.jsonl").read_bytes().split(b"\n")
     lines[5] = lines[5].replace(b'"kind":"step"', b'"kind":"steP"')
     (public / "chain.jsonl").write_bytes(b"\n".join(lines))
-    proc = script("report.py", "--run_dir", public, "-o", tmp_path / "tampered.html")
+    proc = script("report.py", "--run_dir", public, "--out", tmp_path / "tampered.html")
     assert proc.returncode == 1 and proc.stdout.startswith("MISMATCH at step 5:"), proc.stdout + proc.stderr
     assert not (tmp_path / "tampered.html").exists()
 
@@ -128,7 +127,7 @@ def test_a_resealed_chain_without_anchors_is_the_publishers_word(tmp_path, capsy
     records[20]["loss"] = 0.001
     write_records(run, reseal(records, 20))
     out = tmp_path / "r.html"
-    assert report.main(["--run_dir", str(run), "-o", str(out)]) == 0
+    assert report.main(["--run_dir", str(run), "--out", str(out)]) == 0
     text = re.sub(r"<[^>]+>", "", out.read_text())
     assert "The chain verified: 51 records" in text
     for said in ("Verifying the links replays no step", "the publisher's word until audited",
@@ -144,7 +143,7 @@ def evaluated(corpus, tmp_path_factory):
 
 def test_real_run(reference, tmp_path):
     out = tmp_path / "report.html"
-    proc = script("report.py", "--run_dir", reference, "-o", out)
+    proc = script("report.py", "--run_dir", reference, "--out", out)
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     assert "4 checkpoint files (steps 0,10,20,30)" in page
@@ -155,7 +154,7 @@ def test_real_run(reference, tmp_path):
 
 def test_validation_against_the_unigram_baseline(evaluated, tmp_path):
     out = tmp_path / "report.html"
-    assert report.main(["--run_dir", str(evaluated), "--log_y", "-o", str(out)]) == 0
+    assert report.main(["--run_dir", str(evaluated), "--log_y", "--out", str(out)]) == 0
     page = out.read_text()
     log = (evaluated / "train.log").read_text()
     baseline = float(re.search(r"unigram baseline ([0-9.]+) nats", log).group(1))
@@ -172,11 +171,11 @@ def test_the_baseline_comes_from_the_corpus_when_the_log_lacks_it(evaluated, tmp
     shutil.copytree(evaluated, run)
     log = (run / "train.log").read_text()
     (run / "train.log").write_text(re.sub(r"unigram baseline [0-9.]+ nats", "", log))
-    assert report.main(["--run_dir", str(run), "-o", str(tmp_path / "r.html")]) == 0
+    assert report.main(["--run_dir", str(run), "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "computed from" in page and re.search(r"unigram baseline \d\.\d{4} nats", page)
     (run / "config.json").write_text('{"data_dir": "/nowhere"}')
-    assert report.main(["--run_dir", str(run), "-o", str(tmp_path / "r.html")]) == 0
+    assert report.main(["--run_dir", str(run), "--out", str(tmp_path / "r.html")]) == 0
     assert "no unigram baseline: train.log does not give it" in (tmp_path / "r.html").read_text()
 
 
@@ -184,7 +183,7 @@ def test_two_runs_compared(reference, evaluated, tmp_path):
     """The reference and a run with another lr: the same genesis state, so they part at step 1,
     in the tensors AdamW moved; the page gives the commands that name the first operator."""
     out = tmp_path / "compare.html"
-    assert report.main(["--run_dir", str(reference), "--compare", str(evaluated), "-o", str(out)]) == 0
+    assert report.main(["--run_dir", str(reference), "--compare", str(evaluated), "--out", str(out)]) == 0
     page = out.read_text()
     assert "First difference: step 1." in page and "params." in page
     assert re.search(r"<td>lr</td><td>0\.003</td><td>0\.002</td>", page)                 # the config diff
@@ -192,7 +191,7 @@ def test_two_runs_compared(reference, evaluated, tmp_path):
     loss_chart = page.split("<h3>Loss</h3>")[1].split("</svg>")[0]
     assert loss_chart.count("<polyline") == 2                                            # overlaid
     # a run against itself: the same state at every step
-    assert report.main(["--run_dir", str(reference), "--compare", str(reference), "-o", str(out)]) == 0
+    assert report.main(["--run_dir", str(reference), "--compare", str(reference), "--out", str(out)]) == 0
     assert "the same state at every common step" in out.read_text()
 
 
@@ -214,7 +213,7 @@ def test_a_short_run_has_wide_cells_and_a_redundancy_of_one_reads_right(big, tmp
     assert ">10</text>" in strip
     run, rdir, _ = big
     out = tmp_path / "r.html"
-    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--redundancy", "1", "-o", str(out)]) == 0
+    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--redundancy", "1", "--out", str(out)]) == 0
     page = out.read_text()
     assert "1..0" not in page and "&gt;= 1 auditor (" in page
 

@@ -17,19 +17,36 @@ which a shared machine's load does not inflate; with one thread it is the wall c
 quiet machine). The figures and their machine are in docs/sampling.md. Not a test: run it on a
 quiet machine.
 """
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-import torch
+from config import CommandLine
 
-import optrace
-import repops
-import sample
-from tools.torch_llama import TorchLlama
+
+def parser():
+    ap = CommandLine("python -m tools.sample_bench", "Time sample.py on a trained run: start-up, the cached "
+                     "decode, the sliding context, end to end, against a full forward per token and stock PyTorch.")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="a trained run (default %(default)s)")
+    ap.add_argument("--tokens", type=int, default=300, help="tokens per sample (default %(default)s, sample.py's)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is printed (default %(default)s)")
+    ap.add_argument("--threads", default="1,2", help="thread counts to time, comma-separated (default %(default)s)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what a figure measures: wall clock, "
+                    "or this process's CPU time (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
+
+import optrace  # noqa: E402
+import repops  # noqa: E402
+import sample  # noqa: E402
+from tools.torch_llama import TorchLlama  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,14 +94,8 @@ class _State:     # what TorchLlama copies its weights from
         self.model = model
 
 
-def main():
-    ap = argparse.ArgumentParser(prog="python -m tools.sample_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--run_dir", default="runs/default", help="a trained run (default %(default)s)")
-    ap.add_argument("--tokens", type=int, default=300, help="tokens per sample (default %(default)s, sample.py's)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is printed (default %(default)s)")
-    ap.add_argument("--threads", default="1,2", help="thread counts to time, comma-separated (default %(default)s)")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what a figure measures (default %(default)s)")
-    args = ap.parse_args()
+def main(argv=None):
+    args = parser().parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     t0 = CLOCK()

@@ -2,8 +2,8 @@
 it), its train.log, receipts of three auditors and two anchors. tests/test_report.py reads it;
 docs/report.png is its report.
 
-    python -m tools.synthetic_run out/synth                # out/synth/{run, receipts, anchors.jsonl}
-    python report.py --run_dir out/synth/run --receipts out/synth/receipts --anchors out/synth/anchors.jsonl -o out/synth/report.html
+    python -m tools.synthetic_run --out out/synth          # out/synth/{run, receipts, anchors.jsonl}
+    python report.py --run_dir out/synth/run --receipts out/synth/receipts --anchors out/synth/anchors.jsonl --out out/synth/report.html
     chromium --headless --no-sandbox --screenshot=docs/report.png --window-size=1120,2600 out/synth/report.html
 
 The run: loss falling linearly from 5 with a one-step spike to 99 at step SPIKE, a gradient norm
@@ -13,18 +13,32 @@ Steps 1..200 have two auditors' accepted receipts, 201..300 one, step BAD_STEP a
 reports a MISMATCH, and one receipt echoes another's grad_root (rejected). A checkpoint file
 (empty: the report only lists them) every 10,000 steps; anchors at steps 1,000 and 50,000.
 """
-import argparse
 import hashlib
 import json
 import os
 from pathlib import Path
 
-import hashchain
-import receipts
+from config import CommandLine
 
 STEPS = 81_000
 TWO_AUDITORS, ONE_AUDITOR, BAD_STEP, SPIKE = range(1, 201), range(201, 301), 250, 40_000
 VAL_EVERY, RESUMED, BASELINE = 5_000, 30_000, 3.324
+
+
+def parser():
+    ap = CommandLine("python -m tools.synthetic_run", "Write a synthetic run for report.py: an 81,000-step chain "
+                     "shaped like train.py's, its train.log, receipts of three auditors and two anchors.")
+    ap.add_argument("--out", metavar="DIR", required=True,
+                    help="a new folder: run/, receipts/ and anchors.jsonl are written in it (required)")
+    ap.add_argument("--steps", type=int, default=STEPS, help="steps in the chain (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import hashchain  # noqa: E402  (below the command line's first answer, above)
+import receipts  # noqa: E402
 
 
 def fake_hash(*parts):
@@ -105,11 +119,8 @@ def make(base, n_steps=STEPS):
     return run, rdir, anchors
 
 
-def main():
-    ap = argparse.ArgumentParser(prog="python -m tools.synthetic_run", description=__doc__.splitlines()[0])
-    ap.add_argument("out", help="a new folder: run/, receipts/ and anchors.jsonl are written in it")
-    ap.add_argument("--steps", type=int, default=STEPS, help="steps in the chain (default %(default)s)")
-    args = ap.parse_args()
+def main(argv=None):
+    args = parser().parse_args(argv)
     run, rdir, anchors = make(args.out, args.steps)
     print(f"{run}: {args.steps} steps; receipts in {rdir}; anchors {anchors}")
 
