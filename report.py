@@ -42,7 +42,7 @@ import os
 import re
 import sys
 
-from config import CommandLine, UsageError, differences
+from config import CommandLine, UsageError, differences, duration
 
 
 def parser():
@@ -175,11 +175,6 @@ def table(header, rows):
     cells = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{cells}</tr>{body}</table>"
-
-
-def human_seconds(s):
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def fmt(v, digits=4):
@@ -331,7 +326,7 @@ def throughput_section(sides):
         Series(f"ms/step ({s.label})" if two else "ms/step", RUN_COLOURS[i], *zip(*sorted(s.log.ms.items())))
         for i, s in enumerate(sides) if s.log.ms], (1, n), unit=" ms"))
     rows = [(s.label, len(s.log.ms), fmt(median(s.log.ms.values()), 0), fmt(median(s.log.tokens_per_s.values()), 0),
-             human_seconds(sum(s.log.ms.values()) / 1000)) for s in timed]
+             duration(sum(s.log.ms.values()) / 1000)) for s in timed]
     out.append(table(("run", "steps timed", "median ms/step", "median tokens/s", "total"), rows))
     out.append("<p class='note'>As the trainer measured them (wall clock, between published steps; the "
                "first step after a start or resume includes its start-up).</p>")

@@ -77,7 +77,7 @@ def test_chains_and_checkpoints_identical_for_1_2_4_ranks_across_a_phase_boundar
         for ckpt in sorted((runs[1] / "checkpoints").iterdir()):
             assert (runs[world] / "checkpoints" / ckpt.name).read_bytes() == ckpt.read_bytes(), (world, ckpt.name)
     log = (runs[1] / "train.log").read_text()
-    assert "step     3 |" in log and "| 4 rank(s)" not in log
+    assert f"step     3/{STEPS} |" in log and "| 4 rank(s)" not in log
 
 
 def test_audit_match_on_both_sides_of_the_boundary(runs, corpus):

@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from config import CommandLine
+from config import CommandLine, duration
 
 STEPS = 81_000
 TWO_AUDITORS, ONE_AUDITOR, BAD_STEP, SPIKE = range(1, 201), range(201, 301), 250, 40_000
@@ -77,8 +77,9 @@ def write_log(run, n_steps):
         if s == RESUMED:
             lines.append(f"resume: from step {s - 1} ({s - 1} steps in the chain)")
         ms = 9000.0 if s == RESUMED else 650.0 + 40 * ((s * 7919) % 13) / 13
-        lines.append(f"step {s:5d} | loss {loss_at(s, n_steps):.4f} | lr 3.00e-03 | norm 1.000 | {ms:6.0f} ms | "
-                     f"{4096 / ms * 1000:7.0f} tok/s | state {fake_hash('state', s)[:12]}")
+        lines.append(f"step {s:5d}/{n_steps} | loss {loss_at(s, n_steps):.4f} | lr 3.00e-03 | norm 1.000 | {ms:6.0f} ms | "
+                     f"{4096 / ms * 1000:7.0f} tok/s | ETA {duration((n_steps - s) * ms / 1000)} | "
+                     f"state {fake_hash('state', s)[:12]}")
         if s % VAL_EVERY == 0:
             lines.append(f"step {s:5d} | val loss {5.05 - s / n_steps - 0.5 * (s / n_steps) ** 2:.4f}")
     (Path(run) / "train.log").write_text("\n".join(lines) + "\n")
