@@ -209,21 +209,25 @@ class Side:
 
 
 def trust(name, n, levels, redundancy, anchors, anchors_file, contradiction):
-    """The paragraph that says what a verified chain means and what backs its figures: levels
-    (coverage_levels, None without receipts), anchors (and the file they came from, None for the
-    run's own anchors.jsonl), the first anchor contradiction."""
-    parts = [f"The chain{name} verified: {n + 1} records, every link and record hash checked, before "
-             "anything here was read. <b>Verifying the links replays no step</b>: the losses, norms and "
-             "hashes below are <b>the publisher's word until audited</b> (<code>audit.py --step S</code> "
-             "replays a step)."]
+    """The paragraph that says what was checked and what backs the figures: the chain's links
+    (checked, no step replayed), the steps that accepted receipts say were replayed (levels:
+    coverage_levels, None without receipts), the anchors (and the file they came from, None for
+    the run's own anchors.jsonl) and the first anchor contradiction."""
+    parts = [f"Checked before anything here was read: the links of the {n + 1} records of the chain{name} "
+             "(each record's hash, and the previous record's hash it names). <b>Checking the links replays no "
+             "step</b>: the losses, norms and hashes below are <b>the publisher's word until audited</b> "
+             "(<code>audit.py --step S</code> replays a step)."]
     if levels is None:
-        parts.append(f"No receipts were given (--receipts DIR): no step is shown here to have been replayed "
-                     f"by anyone (0 of {n} steps covered by accepted receipts).")
+        parts.append(f"Replayed, by accepted receipts: no step (no --receipts DIR given; 0 of {n} steps "
+                     "covered by accepted receipts).")
     else:
         covered, full = sum(lv in ("some", "full") for lv in levels), levels.count("full")
-        steps = {lv: receipts.ranges([s for s, x in enumerate(levels, 1) if x == lv]) for lv in ("none", "mismatch")}
-        parts.append(f"Accepted receipts cover {covered} of {n} steps ({full} by at least {redundancy} distinct "
-                     f"auditor{'s' if redundancy > 1 else ''})" + (f"; steps {steps['none']} have none" if "none" in levels else "")
+        steps = {lv: receipts.ranges([s for s, x in enumerate(levels, 1) if x in lvs])
+                 for lv, lvs in (("replayed", ("some", "full")), ("none", ("none",)), ("mismatch", ("mismatch",)))}
+        replayed = f"steps {steps['replayed']}" if covered else "no step"
+        parts.append(f"Replayed, by accepted receipts: {replayed} ({covered} of {n} steps covered "
+                     f"by accepted receipts, {full} by at least {redundancy} distinct auditor{'s' if redundancy > 1 else ''})"
+                     + (f"; steps {steps['none']} have none" if "none" in levels else "")
                      + (f"; <span class='bad'>a MISMATCH is reported at steps {steps['mismatch']}</span>"
                         if "mismatch" in levels else "") + ".")
     if contradiction:

@@ -81,8 +81,9 @@ def test_big_run_report(big, big_report):
     assert page.count("<circle") == 16 and "unigram baseline 3.324" in page
     assert page.count("<td>3.3240</td>") == 16 and "<td>5000</td><td>4.9864</td><td>3.3240</td><td>+1.6624</td>" in page
     assert "9000 ms at step 30,000" in page and re.search(r"<td>81000</td><td>6\d\d</td><td>6\d\d\d</td><td>15h", page)
-    assert ("Accepted receipts cover 299 of 81000 steps (200 by at least 2 distinct auditors); steps 301-81000 "
-            "have none; <span class='bad'>a MISMATCH is reported at steps 250</span>.") in page
+    assert ("Replayed, by accepted receipts: steps 1-249,251-300 (299 of 81000 steps covered by accepted receipts, "
+            "200 by at least 2 distinct auditors); steps 301-81000 have none; <span class='bad'>a MISMATCH is "
+            "reported at steps 250</span>.") in page
     # the costs, and the anchors
     assert re.search(r"<td>alice</td><td>200</td><td>600</td><td>500.0</td><td>102</td><td>200.0</td>", page)
     assert "ANCHORED" in page and page.count('class="anchor"') == 2
@@ -118,8 +119,9 @@ def test_refusals(big, tmp_path):
 
 def test_a_resealed_chain_without_anchors_is_the_publishers_word(tmp_path, capsys):
     """A forger edits a loss, reseals every link and drops the anchors: the chain verifies (exit
-    0), and the page says what that is worth: no step replayed, the publisher's word, no receipt
-    covering any step, nothing outside the run pinning it."""
+    0), and the page says what was checked and what that is worth: the links, no step replayed,
+    the publisher's word, no receipt covering any step, nothing outside the run pinning it; it
+    never says that the chain "verified", as if a step had been replayed."""
     run = tmp_path / "run"
     run.mkdir()
     synthetic_run.write_chain(run, 50, receipts.make_secret(run))
@@ -129,9 +131,11 @@ def test_a_resealed_chain_without_anchors_is_the_publishers_word(tmp_path, capsy
     out = tmp_path / "r.html"
     assert report.main(["--run_dir", str(run), "--out", str(out)]) == 0
     text = re.sub(r"<[^>]+>", "", out.read_text())
-    assert "The chain verified: 51 records" in text
-    for said in ("Verifying the links replays no step", "the publisher's word until audited",
-                 "0 of 50 steps covered by accepted receipts", "No anchors: nothing published outside the run"):
+    assert not re.search(r"chain[^.]{0,40} verified", text), text[:300]
+    for said in ("Checked before anything here was read: the links of the 51 records of the chain",
+                 "Checking the links replays no step", "the publisher's word until audited",
+                 "Replayed, by accepted receipts: no step", "0 of 50 steps covered by accepted receipts",
+                 "No anchors: nothing published outside the run"):
         assert said in text, said
 
 
