@@ -8,9 +8,9 @@
 
 The report reads a run only after verifying its chain (as sample.py does): a broken chain is
 "MISMATCH at step S: ..." and exit 1, and no report is written. A verified chain is consistent,
-not true: verifying its links replays no step, so the page says first that every figure in it
-is the publisher's word until audited, how many steps accepted receipts cover, and what pins
-the chain from outside the run (anchors). Then
+not true: verifying its links replays no step, so the page says first what was checked (the
+links), which steps accepted receipts say were replayed, and what pins the chain from outside
+the run (anchors); every other figure in it is the publisher's word until audited. Then
 - the header facts (genesis and head record hashes, state hash, code digest, data manifest,
   tokenizer) and the decisive config, all from the chain;
 - loss, gradient norm and learning rate per step (the chain's values) with the checkpoints as
