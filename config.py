@@ -451,6 +451,12 @@ class CommandLine(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
+def duration(seconds):
+    """A duration as the commands print it (train.py's ETA, report.py's totals): 9s, 4m05s, 2h07m."""
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 class _Recorded:
     """An argparse group that remembers the actions added to it (CommandLine's mode rule)."""
 

@@ -10,7 +10,10 @@ OUT gets config.json, model.safetensors (the parameters only, never the Adam mom
 names: hfllama.py's mapping, fused matrices split, RoPE rows permuted), the tokenizer files when
 the corpus's tokenizer is a Hugging Face one (tokenizer.py; for "bytes" and tiktoken encodings there
 is none), and README.md, a model card naming the run, step, state hash, genesis record hash and
-code digest, and how to audit it. The checkpoint is exported only after the chain up to its step
+code digest, how to audit it, and the context it was trained on. config.json's
+max_position_embeddings is the imported source's for an imported run, else max(seq_len, 2048)
+(hfllama.max_positions says why); bos_token_id and eos_token_id are the tokenizer's
+<|endoftext|> where it has one (GPT-2's encodings, most BPEs), else null (the byte tokenizer). The checkpoint is exported only after the chain up to its step
 and the checkpoint itself verify, as sample.py does. Export is a reader: it writes nothing in
 the run directory, and OUT (new, or an empty directory) must lie outside it; the folder appears
 complete or not at all (written beside it, then renamed).
@@ -27,6 +30,8 @@ import sys
 import tempfile
 
 from config import CommandLine, UsageError
+
+ENDOFTEXT = "<|endoftext|>"
 
 
 def parser():
@@ -67,6 +72,16 @@ against the run's hash chain.
 | code digest | `{code_digest}` |
 | model | LlamaForCausalLM, {n_layer} layers, width {d_model}, {n_head} heads ({n_kv_head} key/value), vocab {vocab_size}, tied embeddings: {tie} |
 | tokenizer | {tokenizer} |
+| bos / eos token id | {special} |
+
+## Context
+
+The model was trained on windows of {seq_len} tokens at positions 0..{last}.
+`max_position_embeddings` is {positions}: {positions_why}; it is not a trained length.
+transformers' `generate` gives each token its absolute position, so past {seq_len} tokens (prompt
+and generated) the model sees positions it never trained on. The run's own sampler
+(`python sample.py --run_dir {run}`) keeps the last {seq_len} tokens at positions 0..{last}
+instead (a sliding context); the two agree while prompt and generated tokens fit in {seq_len}.
 
 ## How to audit it
 
@@ -79,6 +94,16 @@ The parameters in model.safetensors are the checkpoint's, moved and never recomp
 (hfllama.py), so importing this folder (`train.py --init_from=THIS_FOLDER`) gives back the
 tensors whose hashes the step-{step} record holds.
 """
+
+
+def endoftext_id(enc):
+    """The id of <|endoftext|> in the tokenizer `enc`, or None where it has no such token."""
+    if hasattr(enc, "tok"):                       # a Hugging Face tokenizer (tokenizer.HFTokenizer)
+        return enc.tok.token_to_id(ENDOFTEXT)
+    try:
+        return enc.encode_single_token(ENDOFTEXT)   # a tiktoken encoding
+    except KeyError:
+        return None
 
 
 def export(run_dir, step, out, data_dir=None):
@@ -104,9 +129,20 @@ def export(run_dir, step, out, data_dir=None):
     step, tensors = run.checkpoint_for_reader(step)
     params = {n[len("params."):]: t for n, t in tensors.items() if n.startswith("params.")}
     tok = run.genesis.get("tokenizer") or {}
-    folder = None
-    if tok.get("name") == "hf":   # check the corpus's copy against the manifest's SHA-256s
-        folder = get_tokenizer("hf", data_dir or run.recorded_data_dir(), tok.get("files")).folder
+    enc = folder = None
+    if tok.get("name") == "hf":   # the corpus's copy, checked against the manifest's SHA-256s
+        enc = get_tokenizer("hf", data_dir or run.recorded_data_dir(), tok.get("files"))
+        folder = enc.folder
+    elif isinstance(tok.get("name"), str):
+        try:
+            enc = get_tokenizer(tok["name"])
+        except TokenizerError:    # a tiktoken encoding not downloaded on this machine
+            enc = None
+    special = endoftext_id(enc) if enc is not None else None
+    special = special if special is not None and special < cfg.vocab_size else None
+    special_said = (f"{special} ({ENDOFTEXT})" if special is not None else f"none (the tokenizer has no {ENDOFTEXT})"
+                    if enc is not None else f"not set: the tokenizer {tok.get('name')!r} cannot be loaded here")
+    positions, positions_why = hfllama.max_positions(run.dir, run.genesis, cfg)
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
@@ -114,7 +150,7 @@ def export(run_dir, step, out, data_dir=None):
         save_file(hfllama.to_hf(params, cfg), os.path.join(tmp, "model.safetensors"),
                   metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(hfllama.hf_config(cfg), f, indent=2)
+            json.dump(hfllama.hf_config(cfg, positions, special, special), f, indent=2)
             f.write("\n")
         for name in sorted(tok.get("files") or {}) if folder else ():
             shutil.copyfile(os.path.join(folder, name), os.path.join(tmp, name))
@@ -126,7 +162,9 @@ def export(run_dir, step, out, data_dir=None):
                 n_layer=cfg.n_layer, d_model=cfg.d_model, n_head=cfg.n_head,
                 n_kv_head=cfg.n_kv_head, vocab_size=cfg.vocab_size, tie=cfg.tie_embeddings,
                 tokenizer="files included (Hugging Face tokenizers)" if folder else
-                f"{tok.get('name')!r}, which has no Hugging Face form: none included"))
+                f"{tok.get('name')!r}, which has no Hugging Face form: none included",
+                special=special_said, seq_len=cfg.seq_len, last=cfg.seq_len - 1,
+                positions=positions, positions_why=positions_why))
         if os.path.isdir(out):
             os.rmdir(out)
         os.rename(tmp, out)

@@ -5,8 +5,10 @@
     init = hfllama.load_into(state, cfg.init_from) # its weights as the initial parameters; the
                                                    # genesis record's "init" (file SHA-256s)
     hfllama.source_difference(folder, genesis, params, cfg)   # audit.py --init_from: is it the source?
+    hfllama.keep_source_config(run_dir, folder, init)   # train.py: the source's config.json, kept
     hf = hfllama.to_hf(params, cfg)                # export.py: {HF name: tensor}
-    hfllama.hf_config(cfg)                         # export.py: config.json's fields
+    hfllama.max_positions(run_dir, genesis, cfg)   # export.py: max_position_embeddings and why
+    hfllama.hf_config(cfg, positions, bos, eos)    # export.py: config.json's fields
 
 The mapping moves bits and never computes (a permutation of rows, a split, a concatenation),
 so an export imports back to the same parameters bit for bit. Names (layer i):
@@ -30,6 +32,15 @@ cannot express is refused with one line (UsageError): biases, another activation
 a head size other than hidden / heads, a tensor we have no parameter for (old checkpoints'
 rotary_emb.inv_freq buffers are skipped: they are not parameters), a shape that does not fit.
 The `safetensors` library is imported only here, inside the functions that read or write.
+
+max_position_embeddings of an export. An imported run keeps its source's value: train.py keeps
+the source's config.json in the run directory, byte for byte, as SOURCE_CONFIG (its SHA-256 is
+the genesis record's init.files["config.json"], which export checks before reading it). A run
+trained here gets max(seq_len, NATIVE_MAX_POSITIONS): 2048 is transformers' LlamaConfig default,
+the value an HF Llama config has when it says nothing, so `generate` with its default settings
+neither warns nor stops early on a model with a short seq_len. Neither is a trained length:
+the model was trained on positions 0..seq_len-1 only (our sampler keeps to them with a sliding
+context; docs/finetune-hf.md says how transformers differs).
 """
 import dataclasses
 import hashlib
@@ -48,6 +59,8 @@ SHAPE_KEYS = {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
               "rms_norm_eps": "norm_eps", "tie_word_embeddings": "tie_embeddings"}
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_CONFIG = 1 << 20
+NATIVE_MAX_POSITIONS = 2048             # transformers' LlamaConfig default (module docstring)
+SOURCE_CONFIG = "source_config.json"    # in an imported run's directory: the source's config.json
 
 
 def _read_config(folder):
@@ -264,17 +277,58 @@ def source_difference(folder, init, params, cfg):
     return None
 
 
-def hf_config(cfg):
-    """config.json's fields for LlamaForCausalLM with the resolved config cfg's model."""
+def keep_source_config(run_dir, folder, init):
+    """Copy the source's config.json into run_dir as SOURCE_CONFIG (atomically), after checking
+    that its bytes are those whose SHA-256 the genesis record's `init` holds."""
+    try:
+        with open(os.path.join(folder, "config.json"), "rb") as f:
+            raw = f.read(MAX_CONFIG + 1)
+    except OSError as e:
+        raise UsageError(f"--init_from={folder}: cannot read config.json: {e.strerror}") from None
+    if hashlib.sha256(raw).hexdigest() != init["files"]["config.json"]:
+        raise UsageError(f"--init_from={folder}: config.json changed while the source was read")
+    tmp = os.path.join(run_dir, SOURCE_CONFIG + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(raw)
+    os.replace(tmp, os.path.join(run_dir, SOURCE_CONFIG))
+
+
+def max_positions(run_dir, genesis, cfg):
+    """(max_position_embeddings of the run's export, where it comes from). An import: its source's
+    value, from SOURCE_CONFIG once its SHA-256 is the genesis record's (UsageError if it is not:
+    the copy was changed); a run kept no copy: the native rule, saying so. A native run:
+    max(seq_len, NATIVE_MAX_POSITIONS)."""
+    native = max(cfg.seq_len, NATIVE_MAX_POSITIONS)
+    rule = f"max(seq_len {cfg.seq_len}, transformers' default {NATIVE_MAX_POSITIONS})"
+    init = genesis.get("init")
+    if not init:
+        return native, rule
+    import hashchain
+    path = os.path.join(run_dir, SOURCE_CONFIG)
+    if not os.path.lexists(path):
+        return native, rule + f" (the run keeps no {SOURCE_CONFIG}, so its source's value is unknown)"
+    with hashchain.open_regular(path, SOURCE_CONFIG, UsageError) as f:
+        raw = f.read(MAX_CONFIG + 1)
+    if hashlib.sha256(raw).hexdigest() != (init.get("files") or {}).get("config.json"):
+        raise UsageError(f"{path} is not the source's config.json that the genesis record names (SHA-256 differs)")
+    value = json.loads(raw).get("max_position_embeddings")
+    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return native, rule + " (the source's config.json gives no max_position_embeddings)"
+    return value, "the imported source's config.json"
+
+
+def hf_config(cfg, positions, bos=None, eos=None):
+    """config.json's fields for LlamaForCausalLM with the resolved config cfg's model;
+    positions: max_position_embeddings; bos, eos: the tokenizer's token ids (None: none)."""
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "hidden_size": cfg.d_model, "intermediate_size": cfg.d_hidden,
             "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
             "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.d_model // cfg.n_head,
             "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "vocab_size": cfg.vocab_size,
-            "max_position_embeddings": cfg.seq_len, "tie_word_embeddings": cfg.tie_embeddings,
+            "max_position_embeddings": positions, "tie_word_embeddings": cfg.tie_embeddings,
             "rope_theta": cfg.rope_theta, "rope_scaling": None,
             "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
             "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
             "initializer_range": cfg.init_std, "pretraining_tp": 1, "use_cache": True,
-            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+            "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": None,
             "torch_dtype": "float32", "dtype": "float32"}

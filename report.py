@@ -1,45 +1,62 @@
-"""A run's story as one self-contained HTML file: curves, checkpoints, audit coverage, anchors.
+"""A run's story as one self-contained HTML file; or two runs side by side.
 
     python report.py --out report.html                # the run runs/default
     python report.py --run_dir runs/x --receipts receipts/ --anchors anchors.jsonl --out report.html
     python report.py --run_dir out/public --receipts receipts/ --salts s.json --redundancy 2 --out report.html
+    python report.py --run_dir runs/a --compare runs/b --out compare.html   # where two runs part
+    python report.py --log_y --out report.html                             # loss and norm on log axes
 
-The report reads the run only after verifying its chain (as sample.py does): a broken chain is
-"MISMATCH at step S: ..." and exit 1, and no report is written. It then shows
-- the header facts: genesis and head record hashes, state hash, code digest, data manifest,
-  tokenizer and the decisive config (all from the chain);
-- loss, gradient norm and learning rate per step (the chain's values), and the validation loss
-  from train.log where the run has one (train.log is not in the chain: it says so);
+The report reads a run only after verifying its chain (as sample.py does): a broken chain is
+"MISMATCH at step S: ..." and exit 1, and no report is written. A verified chain is consistent,
+not true: verifying its links replays no step, so the page says first what was checked (the
+links), which steps accepted receipts say were replayed, and what pins the chain from outside
+the run (anchors); every other figure in it is the publisher's word until audited. Then
+- the header facts (genesis and head record hashes, state hash, code digest, data manifest,
+  tokenizer) and the decisive config, all from the chain;
+- loss, gradient norm and learning rate per step (the chain's values) with the checkpoints as
+  ticks; the validation loss (train.log: not in the chain, it says so) against the unigram
+  baseline (the loss of predicting every token by its frequency in the validation split; from
+  train.log's first line, else computed from the run's corpus, else the page says why not), as
+  points, a dashed line and a table;
+- throughput from train.log: ms per step and tokens/s per step, their medians and the total;
 - the checkpoint files (listed, not verified: `audit.py` verifies them);
 - with --receipts: a strip of every step coloured by the distinct auditors whose receipts were
-  accepted for it (0, 1 ... C-1, >= C = --redundancy) and red where a receipt or an anchor
-  reports a MISMATCH at that step; the audit costs the receipts report, per auditor;
+  accepted for it (none, 1 .. C-1, >= C = --redundancy) and red where a receipt or an anchor
+  reports a MISMATCH at that step; the rejected receipts; the audit costs the receipts report;
 - the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees.
+With --compare B: both runs' curves overlaid, the differences of their genesis records (config
+keys and other fields), and the first step whose state hash differs, with the first tensor
+whose hash differs there and the commands that name the first operator that differs
+(`audit.py --step S --trace` on each run, then `optrace.py`).
 Receipts are checked as `audit.py --check_receipts` checks them: with the run's secret, or with
-revealed salts (--salts). Curves are downsampled (the min and max of each bucket, so spikes
-stay); the coverage strip never is: rows of STRIP_ROW steps, one pixel per step, drawn as runs
-of equal colour, so 81,000 steps stay a few hundred KB. The output is one file, inline SVG and
-CSS, no script, no network; it must lie outside the run directory (readers never write in it).
-Bad input: one line `report.py: error: ...`, exit 2.
+revealed salts (--salts). Charts (svgchart.py) have 1-2-5 ticks and robust y limits (a spike is
+clipped at the edge and labelled with its value, never allowed to flatten the curve). The output
+is one file, inline SVG and CSS, no script, no network; it must lie outside the run directories
+(readers never write in them). Bad input: one line `report.py: error: ...`, exit 2.
+
+Why over ~450 lines: the page is one story whose sections share the run's reading (chain,
+train.log, receipts, anchors); the drawing lives in svgchart.py.
 """
 import html
 import os
 import re
 import sys
 
-from config import CommandLine, UsageError
+from config import CommandLine, UsageError, differences, duration
 
 
 def parser():
-    ap = CommandLine("report.py", "A run's story as one self-contained HTML file: curves, checkpoints, audit "
-                     "coverage, anchors.")
+    ap = CommandLine("report.py", "A run's story as one self-contained HTML file; or two runs side by side.")
     ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
-    ap.add_argument("--out", required=True, metavar="FILE", help="the HTML file to write, outside the run (required)")
+    ap.add_argument("--out", required=True, metavar="FILE", help="the HTML file to write, outside the runs (required)")
+    ap.add_argument("--compare", metavar="DIR", help="a second run to set beside it: curves overlaid, the genesis "
+                    "differences, the first step whose state differs (default: none)")
     ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from")
     ap.add_argument("--salts", metavar="FILE", help="with --receipts: check them with revealed salts, not the run's secret")
     ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
     ap.add_argument("--redundancy", type=int, default=2, metavar="C",
                     help="distinct auditors per step for full coverage (default %(default)s)")
+    ap.add_argument("--log_y", action="store_true", help="loss and gradient norm on log axes (default: linear)")
     return ap
 
 
@@ -47,30 +64,56 @@ if __name__ == "__main__":
     parser().answer_early()     # --help and bad input answer here, before torch is imported
 
 import hashchain  # noqa: E402  (below the command line's first answer, above)
-import receipts
-import repops
-import rundir
+import receipts  # noqa: E402
+import repops  # noqa: E402
+import rundir  # noqa: E402
+import svgchart  # noqa: E402
+from svgchart import Series  # noqa: E402
 
-
-CURVE_POINTS = 1000      # buckets per curve (each gives its min and max)
-STRIP_ROW = 1000         # steps per row of the coverage strip, one pixel each
-CHART_W, CHART_H = 900, 180
 MISMATCH_AT = re.compile(r"MISMATCH at step (\d+)")
-VAL_LINE = re.compile(r"step\s+(\d+) \| val loss ([0-9.eE+-]+|nan|inf)")
+# train.log's lines (train.py): a step (optionally "step i/N"), a validation loss, the first line
+VAL_LINE = re.compile(r"step\s+(\d+)(?:/\d+)? \| val loss ([0-9.eE+-]+|nan|inf)")
+STEP_LINE = re.compile(r"step\s+(\d+)(?:/\d+)? \| loss [^|]*\|[^|]*\|[^|]*\|\s*([0-9.]+) ms \|\s*([0-9.]+) tok/s")
+BASELINE_LINE = re.compile(r"unigram baseline ([0-9.]+) nats")
 COLOURS = {"none": "#d8dee4", "some": "#8fd19e", "full": "#1a7f37", "mismatch": "#cf222e"}
+RUN_COLOURS = ("#0969da", "#bf3989")      # run A, run B
+VAL_COLOURS = ("#bf8700", "#8250df")
+BASELINE_COLOUR = "#57606a"
 
 
 # ----------------------------------------------------------------------------- reading
-def read_val_losses(run_dir):
-    """{step: validation loss} from train.log (the last value per step: a resume repeats
-    steps); {} without a train.log."""
-    path = os.path.join(run_dir, "train.log")
+class Log:
+    """What train.log says (the last value per step: a resume repeats steps). Empty without one."""
+
+    def __init__(self, run_dir):
+        self.val, self.ms, self.tokens_per_s, self.baseline = {}, {}, {}, None
+        try:
+            with hashchain.open_regular(os.path.join(run_dir, "train.log"), "train.log") as f:
+                text = f.read().decode("utf-8", "replace")
+        except hashchain.HashChainError:
+            self.found = False
+            return
+        self.found = True
+        self.val = {int(m.group(1)): float(m.group(2)) for m in VAL_LINE.finditer(text)}
+        for m in STEP_LINE.finditer(text):
+            self.ms[int(m.group(1))], self.tokens_per_s[int(m.group(1))] = float(m.group(2)), float(m.group(3))
+        baselines = BASELINE_LINE.findall(text)
+        self.baseline = float(baselines[-1]) if baselines else None
+
+
+def unigram_baseline(run, log):
+    """(nats, where it came from) of the run's unigram baseline, or (None, why there is none)."""
+    if log.baseline is not None:
+        return log.baseline, "train.log"
+    data_dir = run.recorded_data_dir()
     try:
-        with hashchain.open_regular(path, "train.log") as f:
-            text = f.read().decode("utf-8", "replace")
-    except hashchain.HashChainError:
-        return {}
-    return {int(m.group(1)): float(m.group(2)) for m in VAL_LINE.finditer(text)}
+        from data import DataError, TokenData   # imports torch: only when train.log lacks it
+        tokens = TokenData(data_dir, run.cfg.seed)
+        if tokens.digest != run.genesis.get("data_manifest"):
+            return None, f"train.log does not give it, and {data_dir} is not the run's corpus (its manifest differs)"
+        return tokens.unigram_entropy("val"), f"computed from {data_dir} (the run's corpus)"
+    except (UsageError, DataError, OSError, ValueError, KeyError) as e:
+        return None, f"train.log does not give it, and the run's corpus ({data_dir}) cannot be read here: {e}"
 
 
 def coverage_levels(results, n_steps, redundancy, extra_mismatches=()):
@@ -104,177 +147,298 @@ def audit_costs(results):
     return out
 
 
-# ----------------------------------------------------------------------------- drawing
-def downsample(steps, values, buckets=CURVE_POINTS):
-    """(steps, values) with at most 2 * buckets points: each bucket's min and max, in step
-    order. Fewer points than that are returned as they are."""
-    if len(steps) <= 2 * buckets:
-        return steps, values
-    out_s, out_v, size = [], [], len(steps) / buckets
-    for b in range(buckets):
-        lo, hi = int(b * size), int((b + 1) * size)
-        part = range(lo, hi)
-        i, j = min(part, key=values.__getitem__), max(part, key=values.__getitem__)
-        for k in sorted({i, j}):
-            out_s.append(steps[k])
-            out_v.append(values[k])
-    return out_s, out_v
+def curve(records, key):
+    """(steps, values) of a number the step records hold."""
+    pairs = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))
+             and not isinstance(r.get(key), bool)]
+    return [s for s, _ in pairs], [float(v) for _, v in pairs]
 
 
-def chart(title, series, n_steps, marks=()):
-    """An inline SVG line chart. series: [(label, colour, steps, values, dots)]; marks: steps
-    drawn as ticks under the axis (checkpoints)."""
-    values = [v for _, _, _, vs, _ in series for v in vs]
-    if not values:
-        return f"<p>{html.escape(title)}: no values.</p>"
-    lo, hi = min(values), max(values)
-    hi = hi if hi > lo else lo + 1
-    pad_l, pad_b = 60, 24
-    w, h = CHART_W - pad_l - 10, CHART_H - pad_b - 10
-
-    def x(step):
-        return pad_l + w * (step - 1) / max(1, n_steps - 1)
-
-    def y(v):
-        return 10 + h * (hi - v) / (hi - lo)
-
-    parts = [f'<svg class="chart" width="{CHART_W}" height="{CHART_H}" role="img" '
-             f'aria-label="{html.escape(title)}">',
-             f'<rect x="{pad_l}" y="10" width="{w}" height="{h}" fill="#fff" stroke="#bbb"/>']
-    for v in (lo, (lo + hi) / 2, hi):
-        parts.append(f'<text x="{pad_l - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.4g}</text>')
-    for step, anchor in ((1, "start"), (n_steps, "end")):
-        parts.append(f'<text x="{x(step):.1f}" y="{CHART_H - 6}" text-anchor="{anchor}">step {step}</text>')
-    for step in marks:
-        parts.append(f'<line class="ckpt" x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{10 + h}" '
-                     f'y2="{14 + h}"/>')
-    legend = []
-    for label, colour, steps, vs, dots in series:
-        points = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in zip(steps, vs))
-        if dots:
-            parts += [f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="3" fill="{colour}"/>'
-                      for s, v in zip(steps, vs)]
-        else:
-            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.2" points="{points}"/>')
-        legend.append(f'<span style="color:{colour}">&#9632;</span> {html.escape(label)}')
-    parts.append("</svg>")
-    return f"<h3>{html.escape(title)}</h3><div>{' &nbsp; '.join(legend)}</div>" + "".join(parts)
+def first_difference(a, b):
+    """Where two verified chains part: None if every step both hold has the same state hash,
+    else (step, [record fields that differ], first tensor whose hash differs or None). Step 0:
+    their genesis states differ. prev, record_hash and step_commit are left out (a record's
+    links and its secret-keyed commitment differ between any two runs)."""
+    skip = {"prev", "record_hash", "step_commit", "secret_commit"}
+    for step in range(min(len(a.records), len(b.records))):
+        ra, rb = a.records[step], b.records[step]
+        if ra.get("state_hash") == rb.get("state_hash"):
+            continue
+        fields = sorted(k for k in (set(ra) | set(rb)) - skip if ra.get(k) != rb.get(k))
+        ta, tb = ra.get("tensor_hashes") or {}, rb.get("tensor_hashes") or {}
+        tensor = next((n for n in sorted(set(ta) | set(tb)) if ta.get(n) != tb.get(n)), None)
+        return step, fields, tensor
+    return None
 
 
-def strip(levels, anchors=()):
-    """The coverage strip: rows of STRIP_ROW steps, one pixel per step, each run of equal
-    level one rect whose data-steps says which steps it covers (first-last); anchored steps
-    get a black tick."""
-    row_h, pad_l = 12, 52
-    n_rows = -(-len(levels) // STRIP_ROW)
-    parts = [f'<svg class="strip" width="{pad_l + STRIP_ROW + 10}" height="{n_rows * row_h + 4}">']
-    for r in range(n_rows):
-        first = r * STRIP_ROW + 1
-        y = r * row_h + 2
-        parts.append(f'<text x="{pad_l - 4}" y="{y + 9}" text-anchor="end">{first}</text>')
-        row = levels[r * STRIP_ROW:(r + 1) * STRIP_ROW]
-        i = 0
-        while i < len(row):
-            j = i
-            while j + 1 < len(row) and row[j + 1] == row[i]:
-                j += 1
-            parts.append(f'<rect class="{row[i]}" data-steps="{first + i}-{first + j}" x="{pad_l + i}" '
-                         f'y="{y}" width="{j - i + 1}" height="{row_h - 3}" fill="{COLOURS[row[i]]}"/>')
-            i = j + 1
-    for step in anchors:
-        if 1 <= step <= len(levels):
-            r, c = divmod(step - 1, STRIP_ROW)
-            parts.append(f'<rect class="anchor" x="{pad_l + c}" y="{r * row_h}" width="1" '
-                         f'height="{row_h - 1}" fill="#000"/>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
+# ----------------------------------------------------------------------------- drawing helpers
 def table(header, rows):
     cells = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{cells}</tr>{body}</table>"
 
 
-# ----------------------------------------------------------------------------- the page
+def fmt(v, digits=4):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def median(values):
+    v = sorted(values)
+    return None if not v else v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1100px;color:#1f2328}
-h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #d0d7de}h3{font-size:15px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #d0d7de}h3{font-size:15px;margin-bottom:2px}
 table{border-collapse:collapse;margin:6px 0}td,th{border:1px solid #d0d7de;padding:2px 8px;text-align:left}
 code,td{font-family:ui-monospace,monospace;font-size:12px}svg text{font:11px sans-serif;fill:#57606a}
-line.ckpt{stroke:#8250df;stroke-width:1}.note{color:#57606a}.bad{color:#cf222e;font-weight:bold}"""
+line.grid{stroke:#eaeef2;stroke-width:1}line.ckpt{stroke:#8250df;stroke-width:1}text.spike{font-weight:bold}
+.note{color:#57606a}.bad{color:#cf222e;font-weight:bold}
+.word{border-left:4px solid #bf8700;background:#fff8c5;padding:8px 12px;margin:12px 0}
+pre{background:#f6f8fa;padding:8px;font-size:12px}"""
 
 
-def render(run, args, val_losses, results, anchors, contradiction):
-    chain, genesis = run.chain, run.genesis
-    records = chain.records[1:]
-    n = len(records)
-    ckpts = [s for s, _ in run.checkpoints()]
-    facts = [("run directory", str(run.dir)), ("steps in the chain", f"1..{n}" if n else "none"),
-             ("genesis record hash", genesis["record_hash"]), ("head record hash", chain.head),
-             ("genesis state hash", genesis.get("state_hash")),
-             ("final state hash", records[-1].get("state_hash") if records else "-"),
-             ("code digest", genesis.get("code_digest")), ("data manifest", genesis.get("data_manifest")),
-             ("tokenizer", f"{(genesis.get('tokenizer') or {}).get('name')} (vocab {genesis.get('vocab_size')})")]
-    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Run report: {html.escape(str(run.dir))}"
-           f"</title><style>{STYLE}</style></head><body>",
-           f"<h1>Run report: {html.escape(str(run.dir))}</h1>",
-           f"<p class='note'>The chain verified: {n + 1} records, every link and record hash "
-           "checked, before anything here was read.</p>",
-           "<h2>Header</h2>", table(("fact", "value"), facts),
-           "<h3>Decisive config (genesis record)</h3>",
-           table(("key", "value"), sorted((genesis.get("config") or {}).items()))]
+# ----------------------------------------------------------------------------- the page
+class Side:
+    """One run as the page shows it: its verified chain, records, train.log and baseline."""
 
-    def curve(key):
-        pairs = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-        return downsample([s for s, _ in pairs], [v for _, v in pairs])
+    def __init__(self, run, label):
+        self.run, self.label = run, label
+        self.records = run.chain.records[1:]
+        self.n = len(self.records)
+        self.log = Log(run.dir)
+        self.baseline, self.baseline_source = unigram_baseline(run, self.log)
 
-    out.append("<h2>Training curves</h2>")
-    val = sorted(val_losses.items())
-    loss_series = [("train loss (chain)", "#0969da", *curve("loss"), False)]
-    if val:
-        loss_series.append(("validation loss (train.log, not in the chain)", "#bf8700",
-                            [s for s, _ in val], [v for _, v in val], True))
-    out.append(chart("Loss", loss_series, n, ckpts))
-    out.append(chart("Gradient norm (before clipping)", [("grad norm", "#8250df", *curve("grad_norm"), False)], n))
-    out.append(chart("Learning rate", [("lr", "#1a7f37", *curve("lr"), False)], n))
-    if n > 2 * CURVE_POINTS:
-        out.append(f"<p class='note'>{n} steps: each curve shows the min and max of {CURVE_POINTS} "
-                   "buckets of steps.</p>")
+
+def trust(name, n, levels, redundancy, anchors, anchors_file, contradiction):
+    """The paragraph that says what was checked and what backs the figures: the chain's links
+    (checked, no step replayed), the steps that accepted receipts say were replayed (levels:
+    coverage_levels, None without receipts), the anchors (and the file they came from, None for
+    the run's own anchors.jsonl) and the first anchor contradiction."""
+    parts = [f"Checked before anything here was read: the links of the {n + 1} records of the chain{name} "
+             "(each record's hash, and the previous record's hash it names). <b>Checking the links replays no "
+             "step</b>: the losses, norms and hashes below are <b>the publisher's word until audited</b> "
+             "(<code>audit.py --step S</code> replays a step)."]
+    if levels is None:
+        parts.append(f"Replayed, by accepted receipts: no step (no --receipts DIR given; 0 of {n} steps "
+                     "covered by accepted receipts).")
+    else:
+        covered, full = sum(lv in ("some", "full") for lv in levels), levels.count("full")
+        steps = {lv: receipts.ranges([s for s, x in enumerate(levels, 1) if x in lvs])
+                 for lv, lvs in (("replayed", ("some", "full")), ("none", ("none",)), ("mismatch", ("mismatch",)))}
+        replayed = f"steps {steps['replayed']}" if covered else "no step"
+        parts.append(f"Replayed, by accepted receipts: {replayed} ({covered} of {n} steps covered "
+                     f"by accepted receipts, {full} by at least {redundancy} distinct auditor{'s' if redundancy > 1 else ''})"
+                     + (f"; steps {steps['none']} have none" if "none" in levels else "")
+                     + (f"; <span class='bad'>a MISMATCH is reported at steps {steps['mismatch']}</span>"
+                        if "mismatch" in levels else "") + ".")
+    if contradiction:
+        parts.append(f"<span class='bad'>An anchor contradicts the chain at step {contradiction[0]}.</span>")
+    elif not anchors:
+        parts.append("No anchors: nothing published outside the run pins this chain's history.")
+    elif anchors_file:
+        parts.append(f"The chain agrees with the {len(anchors)} anchors of <code>{html.escape(anchors_file)}</code>, "
+                     "which pin its history if they were obtained from outside the run.")
+    else:
+        parts.append(f"The only anchors are the run's own anchors.jsonl ({len(anchors)}): a publisher who rewrote "
+                     "the chain would have rewritten them too; anchors pin a chain when obtained from outside "
+                     "the run (--anchors FILE).")
+    return "<div class='word'>" + " ".join(parts) + "</div>"
+
+
+def header_facts(side):
+    g, records = side.run.genesis, side.records
+    return [("run directory", str(side.run.dir)), ("steps in the chain", f"1..{side.n}" if side.n else "none"),
+            ("genesis record hash", g["record_hash"]), ("head record hash", side.run.chain.head),
+            ("genesis state hash", g.get("state_hash")),
+            ("final state hash", records[-1].get("state_hash") if records else "-"),
+            ("code digest", g.get("code_digest")), ("data manifest", g.get("data_manifest")),
+            ("tokenizer", f"{(g.get('tokenizer') or {}).get('name')} (vocab {g.get('vocab_size')})")]
+
+
+def curves_section(sides, args):
+    """Loss (with validation and baseline), gradient norm, learning rate; one colour per run."""
+    a = sides[0]
+    n = max(s.n for s in sides)
+    ckpts = [s for s, _ in a.run.checkpoints()]
+    two = len(sides) > 1
+
+    def name(side, what):
+        return f"{what} ({side.label})" if two else what
+
+    loss, hlines = [], []
+    for i, side in enumerate(sides):
+        loss.append(Series(name(side, "train loss (chain)"), RUN_COLOURS[i], *curve(side.records, "loss")))
+        if side.log.val:
+            val = sorted(side.log.val.items())
+            loss.append(Series(name(side, "validation loss (train.log, not in the chain)"), VAL_COLOURS[i],
+                               [s for s, _ in val], [v for _, v in val], dots=True))
+    baselines = {side.baseline for side in sides if side.baseline is not None}
+    for i, b in enumerate(sorted(baselines)):
+        hlines.append((f"unigram baseline {b:.3f}" + (f" ({sides[i].label})" if len(baselines) > 1 else ""),
+                       BASELINE_COLOUR, b))
+    out = ["<h2>Training curves</h2>",
+           svgchart.chart("Loss" + (" (log scale)" if args.log_y else ""), loss, (1, n), ckpts, args.log_y, hlines),
+           svgchart.chart("Gradient norm (before clipping)" + (" (log scale)" if args.log_y else ""),
+                          [Series(name(s, "grad norm"), RUN_COLOURS[i], *curve(s.records, "grad_norm"))
+                           for i, s in enumerate(sides)], (1, n), log=args.log_y),
+           svgchart.chart("Learning rate", [Series(name(s, "lr"), RUN_COLOURS[i], *curve(s.records, "lr"))
+                                            for i, s in enumerate(sides)], (1, n))]
+    if n > 2 * svgchart.CURVE_POINTS:
+        out.append(f"<p class='note'>{n} steps: each curve is drawn in {svgchart.CURVE_POINTS} buckets of "
+                   "steps, the band a bucket's range (min to max), the line its median. Checkpoints are the "
+                   "ticks under the loss axis.</p>")
+    return out
+
+
+def validation_section(sides):
+    out = ["<h2>Validation loss against the unigram baseline</h2>"]
+    for side in sides:
+        if side.baseline is None:
+            out.append(f"<p class='note'>{html.escape(side.label)}: no unigram baseline: "
+                       f"{html.escape(side.baseline_source)}.</p>")
+        else:
+            out.append(f"<p>{html.escape(side.label)}: unigram baseline {side.baseline:.4f} nats "
+                       f"({html.escape(side.baseline_source)}): the loss of predicting every token by its "
+                       "frequency in the validation split; a model below it has learnt more than the "
+                       "token frequencies.</p>")
+    steps = sorted(set().union(*(s.log.val for s in sides)))
+    if not steps:
+        out.append("<p class='note'>No validation loss in train.log (--eval_every, or no train.log: "
+                   "train.log is written by the trainer and is not in the chain).</p>")
+        return out
+    if len(sides) == 1:
+        side = sides[0]
+        rows = [(s, fmt(side.log.val[s]), fmt(side.baseline),
+                 "-" if side.baseline is None else f"{side.log.val[s] - side.baseline:+.4f}") for s in steps]
+        out.append(table(("step", "validation loss", "unigram baseline", "difference"), rows))
+    else:
+        rows = [(s, *(fmt(side.log.val.get(s)) for side in sides),
+                 "-" if None in (sides[0].log.val.get(s), sides[1].log.val.get(s))
+                 else f"{sides[1].log.val[s] - sides[0].log.val[s]:+.4f}") for s in steps]
+        out.append(table(("step", *(f"validation loss ({s.label})" for s in sides), "B - A"), rows))
+    out.append("<p class='note'>From train.log, which the trainer writes and the chain does not hold.</p>")
+    return out
+
+
+def throughput_section(sides):
+    out = ["<h2>Throughput (train.log)</h2>"]
+    timed = [s for s in sides if s.log.ms]
+    if not timed:
+        return out + ["<p class='note'>No step timings: the run has no train.log.</p>"]
+    n = max(s.n for s in sides)
+    two = len(sides) > 1
+    out.append(svgchart.chart("Milliseconds per step", [
+        Series(f"ms/step ({s.label})" if two else "ms/step", RUN_COLOURS[i], *zip(*sorted(s.log.ms.items())))
+        for i, s in enumerate(sides) if s.log.ms], (1, n), unit=" ms"))
+    rows = [(s.label, len(s.log.ms), fmt(median(s.log.ms.values()), 0), fmt(median(s.log.tokens_per_s.values()), 0),
+             duration(sum(s.log.ms.values()) / 1000)) for s in timed]
+    out.append(table(("run", "steps timed", "median ms/step", "median tokens/s", "total"), rows))
+    out.append("<p class='note'>As the trainer measured them (wall clock, between published steps; the "
+               "first step after a start or resume includes its start-up).</p>")
+    return out
+
+
+def compare_section(sides):
+    a, b = sides
+    ga, gb = a.run.genesis, b.run.genesis
+    out = ["<h2>The two runs</h2>",
+           table(("fact", a.label, b.label), [(k, va, vb) for (k, va), (_, vb) in zip(header_facts(a), header_facts(b))])]
+    keys = differences(ga.get("config") or {}, gb.get("config") or {})
+    out.append("<h3>Decisive config: the keys that differ</h3>")
+    out.append(table(("key", a.label, b.label), [(k, (ga.get("config") or {}).get(k, "(default)"),
+                                                  (gb.get("config") or {}).get(k, "(default)")) for k in keys])
+               if keys else "<p>The same decisive config.</p>")
+    other = sorted(k for k in set(ga) | set(gb) if k not in ("config", "record_hash", "prev", "state_hash",
+                                                             "tensor_hashes", "secret_commit") and ga.get(k) != gb.get(k))
+    if other:
+        out.append("<h3>Other genesis fields that differ</h3>")
+        out.append(table(("field", a.label, b.label), [(k, str(ga.get(k))[:120], str(gb.get(k))[:120]) for k in other]))
+    out.append("<h3>Where the chains part</h3>")
+    diff = first_difference(a.run.chain, b.run.chain)
+    common = min(a.n, b.n)
+    if diff is None:
+        out.append(f"<p>Every step both chains hold (0..{common}) has the same state hash: the runs are the "
+                   "same state at every common step" + (f"; {html.escape(a.label if a.n > b.n else b.label)} "
+                                                        f"goes on to step {max(a.n, b.n)}" if a.n != b.n else "")
+                   + ".</p>")
+        return out
+    step, fields, tensor = diff
+    where = f"tensor <code>{html.escape(tensor)}</code>" if tensor else "none of the records' tensor hashes"
+    out.append(f"<p class='bad'>First difference: step {step}.</p><p>The records of step {step} differ in "
+               f"{', '.join(html.escape(f) for f in fields)}; the first tensor whose hash differs is {where}.</p>")
+    if step == 0:
+        out.append("<p>The runs start from different states (their genesis records differ, above): no step "
+                   "was computed differently; the initial state (config, seed, imported weights) is not the "
+                   "same.</p>")
+        return out
+    cmds = (f"python audit.py --run_dir {a.run.dir} --step {step} --trace out/a_{step}.jsonl\n"
+            f"python audit.py --run_dir {b.run.dir} --step {step} --trace out/b_{step}.jsonl\n"
+            f"python optrace.py out/a_{step}.jsonl out/b_{step}.jsonl")
+    out.append(f"<p>Both runs hold the same state after step {step - 1}, so step {step} computed differently. "
+               f"Each run replays step {step} with a trace of every operator; optrace.py then names the first "
+               "operator whose output bits differ (and the last that matched): a config difference shows as "
+               "the first operator it changes, a machine difference as the kernel that broke the contract.</p>"
+               f"<pre>{html.escape(cmds)}</pre>")
+    return out
+
+
+def audit_section(args, results, levels, anchors):
+    out = ["<h2>Audit coverage</h2>"]
+    if results is None:
+        return out + ["<p class='note'>No receipts given (--receipts DIR).</p>"]
+    counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
+    tally = {k: levels.count(k) for k in COLOURS}
+    c = args.redundancy
+    key = [f"<span style='color:{COLOURS['none']}'>&#9632;</span> no accepted receipt ({tally['none']})"]
+    if c > 1:
+        some = "1 auditor" if c == 2 else f"1..{c - 1} auditors"
+        key.append(f"<span style='color:{COLOURS['some']}'>&#9632;</span> {some} ({tally['some']})")
+    key += [f"<span style='color:{COLOURS['full']}'>&#9632;</span> &gt;= {c} auditor{'s' if c > 1 else ''} "
+            f"({tally['full']})",
+            f"<span style='color:{COLOURS['mismatch']}'>&#9632;</span> MISMATCH ({tally['mismatch']})",
+            "&#9474; black tick: anchored step"]
+    out += [f"<p>Receipts under <code>{html.escape(args.receipts)}</code>: "
+            + ", ".join(f"{v} {k}" for k, v in counts.items()) + ". Every step is drawn, one cell each.</p>"
+            f"<p>{' '.join(key)}</p>", svgchart.strip(levels, COLOURS, [a["step"] for a in anchors])]
+    bad = [r for r in results if r.status in ("rejected", "malformed")]
+    if bad:
+        out.append(table(("receipt", "status", "reason"), [(r.path, r.status, r.reason) for r in bad[:50]]))
+    costs = audit_costs(results)
+    out.append("<h3>Audit costs (as the receipts report them)</h3>")
+    rows = [(a, c_["receipts"], c_["steps_replayed"], f"{c_['seconds']:.1f}", c_["peak_mib"],
+             f"{c_['bytes_read'] / 1e6:.1f}") for a, c_ in sorted(costs.items())]
+    total = [sum(c_[k] for c_ in costs.values()) for k in ("receipts", "steps_replayed", "seconds", "bytes_read")]
+    rows.append(("all", total[0], total[1], f"{total[2]:.1f}",
+                 max((c_["peak_mib"] for c_ in costs.values()), default=0), f"{total[3] / 1e6:.1f}"))
+    out.append(table(("auditor", "receipts", "steps replayed", "seconds", "peak MiB", "MB read"), rows))
+    return out
+
+
+def render(sides, args, results, anchors, contradiction):
+    a = sides[0]
+    levels = None if results is None else coverage_levels(results, a.n, args.redundancy,
+                                                           [contradiction[0]] if contradiction else [])
+    title = f"Run report: {a.run.dir}" + (f" compared with {sides[1].run.dir}" if len(sides) > 1 else "")
+    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+           f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+           trust(f" of {html.escape(a.label)}" if len(sides) > 1 else "", a.n, levels, args.redundancy, anchors,
+                 args.anchors, contradiction)]
+    if len(sides) > 1:         # receipts and anchors are checked for run A; B's chain is only verified
+        out.append(trust(f" of {html.escape(sides[1].label)}", sides[1].n, None, args.redundancy, [], None, None))
+        out += compare_section(sides)
+    else:
+        out += ["<h2>Header</h2>", table(("fact", "value"), header_facts(a)),
+                "<h3>Decisive config (genesis record)</h3>",
+                table(("key", "value"), sorted((a.run.genesis.get("config") or {}).items()))]
+    out += curves_section(sides, args) + validation_section(sides) + throughput_section(sides)
 
     out.append("<h2>Checkpoints</h2>")
-    in_chain = [s for s in ckpts if s <= n]
+    ckpts = [s for s, _ in a.run.checkpoints()]
+    in_chain = [s for s in ckpts if s <= a.n]
     out.append(f"<p>{len(ckpts)} checkpoint files (steps {receipts.ranges(ckpts)}); "
                f"{len(ckpts) - len(in_chain)} beyond the chain. Listed, not verified here: "
                "<code>audit.py</code> verifies them against the chain. Ticks under the loss axis.</p>")
-
-    out.append("<h2>Audit coverage</h2>")
-    anchor_steps = [a["step"] for a in anchors]
-    if results is None:
-        out.append("<p class='note'>No receipts given (--receipts DIR).</p>")
-    else:
-        counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
-        levels = coverage_levels(results, n, args.redundancy, [contradiction[0]] if contradiction else [])
-        tally = {k: levels.count(k) for k in COLOURS}
-        some = "1 auditor" if args.redundancy == 2 else f"1..{args.redundancy - 1} auditors"
-        key = (f"<span style='color:{COLOURS['none']}'>&#9632;</span> no accepted receipt ({tally['none']}) "
-               f"<span style='color:{COLOURS['some']}'>&#9632;</span> {some} ({tally['some']}) "
-               f"<span style='color:{COLOURS['full']}'>&#9632;</span> &gt;= {args.redundancy} ({tally['full']}) "
-               f"<span style='color:{COLOURS['mismatch']}'>&#9632;</span> MISMATCH ({tally['mismatch']}) "
-               "&#9474; black tick: anchored step")
-        out += [f"<p>Receipts under <code>{html.escape(args.receipts)}</code>: "
-                + ", ".join(f"{v} {k}" for k, v in counts.items()) + ". Every step is drawn, "
-                f"{STRIP_ROW} per row.</p><p>{key}</p>", strip(levels, anchor_steps)]
-        bad = [r for r in results if r.status in ("rejected", "malformed")]
-        if bad:
-            out.append(table(("receipt", "status", "reason"), [(r.path, r.status, r.reason) for r in bad[:50]]))
-        costs = audit_costs(results)
-        out.append("<h3>Audit costs (as the receipts report them)</h3>")
-        rows = [(a, c["receipts"], c["steps_replayed"], f"{c['seconds']:.1f}", c["peak_mib"],
-                 f"{c['bytes_read'] / 1e6:.1f}") for a, c in sorted(costs.items())]
-        total = [sum(c[k] for c in costs.values()) for k in ("receipts", "steps_replayed", "seconds", "bytes_read")]
-        rows.append(("all", total[0], total[1], f"{total[2]:.1f}", max((c["peak_mib"] for c in costs.values()),
-                                                                       default=0), f"{total[3] / 1e6:.1f}"))
-        out.append(table(("auditor", "receipts", "steps replayed", "seconds", "peak MiB", "MB read"), rows))
+    out += audit_section(args, results, levels, anchors)
 
     out.append("<h2>Anchors</h2>")
     if not anchors:
@@ -284,7 +448,7 @@ def render(run, args, val_losses, results, anchors, contradiction):
                    if contradiction else f"<p>ANCHORED: the chain agrees with all {len(anchors)} anchors of "
                    f"<code>{html.escape(args.anchors_used)}</code>.</p>")
         out += [verdict, table(("step", "record hash", "anchored at (UTC)"),
-                               [(a["step"], a["record_hash"], a["utc"]) for a in sorted(anchors, key=lambda a: a["step"])])]
+                               [(x["step"], x["record_hash"], x["utc"]) for x in sorted(anchors, key=lambda x: x["step"])])]
     out.append("</body></html>\n")
     return "".join(out)
 
@@ -293,18 +457,25 @@ def render(run, args, val_losses, results, anchors, contradiction):
 def main(argv=None):
     try:
         args = parser().parse_args(argv)
-        rundir.check_outside(args.run_dir, args.out, "--out")
+        for d in [args.run_dir] + ([args.compare] if args.compare else []):
+            rundir.check_outside(d, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         if args.salts and not args.receipts:
             raise UsageError("--salts goes with --receipts")
-        run = rundir.Run(args.run_dir)
-        try:
-            run.chain.verify()
-        except hashchain.ChainError as e:
-            print(f"MISMATCH at step {e.line - 1}: {e.message}")
-            return 1
-        run.check_contract(repops.CONTRACT)     # a well-formed chain of another contract: not ours to report
+        sides = []
+        for d, label in ((args.run_dir, "A"), (args.compare, "B")):
+            if d is None:
+                continue
+            run = rundir.Run(d)
+            try:
+                run.chain.verify()
+            except hashchain.ChainError as e:
+                print(f"MISMATCH at step {e.line - 1}: {e.message}" + (f" (in {d})" if args.compare else ""))
+                return 1
+            run.check_contract(repops.CONTRACT)     # a well-formed chain of another contract: not ours to report
+            sides.append(Side(run, f"{label}: {d}" if args.compare else d))
+        run = sides[0].run
         own = run.dir / receipts.ANCHORS
         args.anchors_used = args.anchors or (str(own) if own.exists() else None)
         anchors = receipts.read_anchors(args.anchors_used) if args.anchors_used else []
@@ -313,7 +484,7 @@ def main(argv=None):
         if args.receipts:
             salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
             results = receipts.check_receipts(args.receipts, run.chain, salt_of)
-        page = render(run, args, read_val_losses(run.dir), results, anchors, contradiction)
+        page = render(sides, args, results, anchors, contradiction)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(page)
     except (UsageError, hashchain.HashChainError) as e:
@@ -322,8 +493,8 @@ def main(argv=None):
     except OSError as e:
         print(f"report.py: error: cannot write {args.out}: {e.strerror}", file=sys.stderr)
         return 2
-    print(f"report: {len(run.chain) - 1} steps of {args.run_dir} written to {args.out}"
-          + (f" (MISMATCH at step {contradiction[0]} against the anchors)" if contradiction else ""))
+    print(f"report: {len(run.chain) - 1} steps of {args.run_dir}" + (f" and {args.compare}" if args.compare else "")
+          + f" written to {args.out}" + (f" (MISMATCH at step {contradiction[0]} against the anchors)" if contradiction else ""))
     return 1 if contradiction else 0
 
 

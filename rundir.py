@@ -9,6 +9,7 @@ train, audit or sample.
     runs/default/rejected/          checkpoints that failed verification, kept as evidence
     runs/default/secret             the run's secret (32 bytes, mode 0600): never published
     runs/default/anchors.jsonl      chain heads every anchor_every steps, to copy out and publish
+    runs/ft/source_config.json      an imported run's source config.json, byte for byte (hfllama.py)
 
     run = Run("runs/default")              # reads only: chain, genesis, config
     step, tensors = run.latest_checkpoint(upto=120, on_bad=print)   # chain verified up to it

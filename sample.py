@@ -6,12 +6,26 @@
 
 The checkpoint is loaded only after the chain up to its step and the checkpoint itself verify
 against the published records. Sampling is Gumbel-max with Philox noise, all in RepOps
-(model.Llama.generate). It only reads the run directory. Exit code 2 on bad input.
+(model.Llama.generate), so the tokens depend only on the checkpoint, the prompt, --seed,
+--temperature and --tokens: not on the device, the thread count or the machine.
+
+The context is the model's trained one: each token is predicted from the last seq_len tokens
+(prompt and samples so far) at positions 0..seq_len-1, a sliding context, so a prompt longer
+than seq_len keeps its last seq_len tokens. While the context is shorter than seq_len, a token
+costs one decode step against a KV cache; once the context is full it slides by one token per
+token, every position moves, and a token costs a full forward over seq_len tokens. Both give
+the logits of the full forward over the context (model.py says when a zero's sign could
+differ). transformers' generate on an exported model (export.py) keeps absolute positions
+instead, up to max_position_embeddings: the two agree while prompt + samples fit in seq_len.
+Speed, and the thread count on a busy machine: docs/sampling.md. It only reads the run directory.
+Exit code 2 on bad input, with one line naming the option at fault.
 """
-import math
+import os
 import sys
 
 from config import CommandLine, UsageError
+
+MAX_TOKENS = 1 << 20       # --tokens: a sample, not a corpus
 
 
 def parser():
@@ -19,14 +33,39 @@ def parser():
                      "same text on every machine.")
     ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
     ap.add_argument("--step", type=int, metavar="N", help="the checkpoint's step (default: the latest in the chain)")
-    ap.add_argument("--prompt", default="\n", help="the text the sample continues (default: a newline)")
-    ap.add_argument("--tokens", type=int, default=300, metavar="N", help="tokens to generate (default %(default)s)")
-    ap.add_argument("--seed", type=int, default=0, help="the Philox seed of the sampling noise (default %(default)s)")
+    ap.add_argument("--prompt", default="\n", help="the text the sample continues; its last seq_len tokens are the "
+                    "first context (default: a newline)")
+    ap.add_argument("--tokens", type=int, default=300, metavar="N",
+                    help=f"tokens to generate, 0..{MAX_TOKENS} (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="the Philox key of the sampling noise, in [0, 2^64) "
+                    "(default %(default)s)")
     ap.add_argument("--temperature", type=float, default=0.8, metavar="T",
-                    help="the softmax temperature, > 0 (default %(default)s)")
+                    help="logits are divided by it before the Gumbel noise is added; a finite number > 0 "
+                    "(default %(default)s)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
                     help="where the model runs; every device gives the same text (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads; the text is the same for any "
+                    "number (default 0: torch's default, or 1 when the load average says other jobs hold the "
+                    "cores; docs/sampling.md)")
     return ap
+
+
+def check_args(args):
+    """The first option out of range, as `--option value: rule` (None if all are in range)."""
+    checks = (("--tokens", args.tokens, 0 <= args.tokens <= MAX_TOKENS, f"must be in 0..{MAX_TOKENS}"),
+              ("--temperature", args.temperature, 0 < args.temperature < float("inf"), "must be a finite number > 0"),
+              ("--seed", args.seed, 0 <= args.seed < 1 << 64, "must be in [0, 2^64)"),
+              ("--threads", args.threads, args.threads >= 0, "must be >= 0 (0: automatic)"),
+              ("--step", args.step, args.step is None or args.step >= 0, "must be >= 0"))
+    return next((f"{flag} {value}: {rule}" for flag, value, ok, rule in checks if not ok), None)
+
+
+def threads_for(requested, default, load):
+    """The thread count to sample with: `requested`, or with 0 torch's `default` unless the
+    1-minute load average `load` says other jobs hold the cores (>= default - 0.5): then 1. A
+    decode step is a few small kernels; a second thread that must wait for a busy core makes each
+    one wait too (docs/sampling.md measures it)."""
+    return requested or (1 if load >= default - 0.5 else default)
 
 
 if __name__ == "__main__":
@@ -34,12 +73,12 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402  (below the command line's first answer, above)
 
-import hashchain
-import repops
-import rundir
-from data import DataError
-from tokenizer import TokenizerError, get_tokenizer
-from train import TrainState
+import hashchain  # noqa: E402
+import repops  # noqa: E402
+import rundir  # noqa: E402
+from data import DataError  # noqa: E402
+from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
+from train import TrainState  # noqa: E402
 
 
 def load_model(run_dir, step, device="cpu"):
@@ -55,21 +94,23 @@ def load_model(run_dir, step, device="cpu"):
     return state.model, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
 
 
-MAX_TOKENS = 1 << 20       # --tokens: a sample, not a corpus
-
-
 def main(argv=None):
     try:
         args = parser().parse_args(argv)
-        if not (0 <= args.tokens <= MAX_TOKENS and 0 < args.temperature < math.inf and 0 <= args.seed < 1 << 64):
-            raise UsageError(f"--tokens must be in 0..{MAX_TOKENS}, --temperature a finite number > 0 "
-                             "and --seed in [0, 2^64)")
+        bad = check_args(args)
+        if bad:
+            raise UsageError(bad)
         if args.device == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: this machine has no CUDA GPU that torch can use")
         if args.device == "mps" and not torch.backends.mps.is_available():
             raise UsageError("--device mps: this machine has no Apple GPU (MPS) that torch can use")
         model, enc = load_model(args.run_dir, args.step, args.device)
-        ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads_for(args.threads, threads, os.getloadavg()[0]))
+        try:
+            ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
+        finally:
+            torch.set_num_threads(threads)      # main() also runs inside other programs and tests
     except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
         return 2

@@ -25,10 +25,15 @@ A state larger than memory (--preset=open1b) trains and replays with recompute a
 
 The step, the records it publishes, and the loop and resume that publish them are this one file,
 so a reader sees the whole of what a record vouches for: run() opens the run (open_run), then
-train_steps runs the steps and a Publisher publishes each (step_line is the per-step log line).
+train_steps runs the steps and a Publisher publishes each (step_line is the per-step log line:
+step i/N, loss, lr, norm, ms, tokens/s, an ETA from the mean of the last 20 steps' times, the
+state hash's prefix), and log_end prints the final state hash in full and the command that audits
+the last step. train.log gets every line; on a TTY the step lines are one line that each step
+rewrites, kept at every evaluation (Logger).
 Checkpoint files and the run directory are rundir.py, hashing hashchain.py and snapshot.py, the
 config and its schedules config.py.
 """
+import collections
 import dataclasses
 import datetime
 import hashlib
@@ -39,8 +44,8 @@ import sys
 import time
 from pathlib import Path
 
-from config import (UsageError, answered_help, decisive_config, differences, given_keys, lr_at, micro_batches_at,
-                    parse_config, phase_counts, resolve, validate)
+from config import (UsageError, answered_help, decisive_config, differences, duration, given_keys, lr_at,
+                    micro_batches_at, parse_config, phase_counts, resolve, validate)
 
 if __name__ == "__main__" and answered_help(sys.argv[1:]):
     sys.exit(0)                 # --help answers here, before torch is imported
@@ -351,6 +356,8 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         log("resume: " + run.chain.note)
     run.chain.verify()
     if len(run.chain) == 0:
+        if init:     # the source's config.json, for export.py's max_position_embeddings (hfllama.py)
+            hfllama.keep_source_config(run.dir, cfg.init_from, init)
         secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
         with open(run.dir / "config.json", "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=2)
@@ -371,16 +378,35 @@ def open_run(cfg, data, state, rank, world, log, init=None):
 
 
 class Logger:
-    def __init__(self, run_dir, enabled):
+    """train.log gets every line. The terminal gets the same lines, but on a TTY the step lines
+    (updating=True) are one line that each step rewrites in place; any other line (a validation
+    loss, the sample, the end) first keeps the step line it follows, so the terminal shows the
+    step line of every evaluation. Redirected output is train.log's lines."""
+
+    def __init__(self, run_dir, enabled, tty=None):
         self.path = os.path.join(run_dir, "train.log") if enabled else None
         self.enabled = enabled
+        self.tty = sys.stdout.isatty() if tty is None else tty
+        self.line_open = False          # a step line is on the terminal without its newline
 
-    def __call__(self, msg):
+    def __call__(self, msg, updating=False):
         if not self.enabled:
             return
-        print(msg, flush=True)
+        if self.tty and updating:
+            sys.stdout.write(f"\r{msg}\x1b[K")         # back to the line's start, the line, erase its old tail
+        else:
+            sys.stdout.write(("\n" if self.line_open else "") + msg + "\n")
+        self.line_open = self.tty and updating
+        sys.stdout.flush()
         with open(self.path, "a") as f:
             f.write(msg + "\n")
+
+    def end_line(self):
+        """Keep the open step line (before an error is printed, or the program ends)."""
+        if self.line_open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.line_open = False
 
 
 def check_same_state(root, world):
@@ -427,13 +453,38 @@ def device_of(cfg, world):
 
 
 # ----------------------------------------------------------------------------- the loop
-def step_line(step, fields, record, tokens, seconds):
-    """The log line of a published step: loss, learning rate, gradient norm, the wall time since
-    the previous step's line, throughput and the state hash's prefix."""
+def step_line(step, fields, record, tokens, seconds, total, eta):
+    """The log line of a published step: step i/N, loss, learning rate, gradient norm, the wall
+    time since the previous step's line, throughput, the estimated time to the last step and the
+    state hash's prefix (report.py's STEP_LINE reads the first fields)."""
     ms = seconds * 1000
-    return (f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
+    return (f"step {step:5d}/{total} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
             f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens / ms * 1000:7.0f} tok/s | "
-            f"state {record['state_hash'][:12]}")
+            f"ETA {duration(eta)} | state {record['state_hash'][:12]}")
+
+
+class Progress:
+    """How far a run is: the last RECENT steps' wall times give the time per step, and the steps
+    left times its mean the ETA (a recent mean follows a machine whose load changes)."""
+    RECENT = 20
+
+    def __init__(self, total):
+        self.total, self.times, self.first = total, collections.deque(maxlen=self.RECENT), None
+        self.last = time.perf_counter()      # when the previous step's line was logged
+
+    def step(self, step):
+        """(seconds since the previous step, ETA in seconds) as step `step` is published."""
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        self.times.append(seconds)
+        self.first = self.first or (step, now - seconds)
+        return seconds, (self.total - step) * sum(self.times) / len(self.times)
+
+    def summary(self, last):
+        """'steps A..B in T', or None when no step ran."""
+        if self.first is None:
+            return None
+        return f"steps {self.first[0]}..{last} in {duration(time.perf_counter() - self.first[1])}"
 
 
 class Publisher:
@@ -443,7 +494,7 @@ class Publisher:
 
     def __init__(self, run, data, cfg, secret, log, world):
         self.run, self.data, self.cfg, self.secret, self.log, self.world = run, data, cfg, secret, log, world
-        self.last_line = time.perf_counter()       # when the previous step's line was logged
+        self.progress = Progress(cfg.max_steps)
 
     def __call__(self, fields, job):
         cfg, writer = self.cfg, self.run.writer
@@ -461,9 +512,17 @@ class Publisher:
             receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"])
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
             self.run.save_checkpoint(hashed.tensors, record)
-        now = time.perf_counter()
-        seconds, self.last_line = now - self.last_line, now
-        self.log(step_line(step, fields, record, tokens_at(cfg, step), seconds))
+        seconds, eta = self.progress.step(step)
+        self.log(step_line(step, fields, record, tokens_at(cfg, step), seconds, cfg.max_steps, eta), updating=True)
+
+
+def log_end(chain, cfg, progress, log):
+    """The run's last lines: the final state hash in full (the one README's anchor is compared
+    with) and the command that audits the last step."""
+    last = min(cfg.max_steps, len(chain) - 1)
+    ran = progress.summary(last)
+    log(f"final state (step {last}{', ' + ran if ran else ''}): {chain.records[last]['state_hash']}")
+    log(f"audit the last step: python audit.py --run_dir {cfg.run_dir} --step {last}")
 
 
 def tokens_at(cfg, step):
@@ -520,9 +579,15 @@ def run(cfg, rank, world):
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_at(cfg, start + 1)} tokens/step | "
         f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
-    train_steps(state, data, cfg, rank, world, start, Publisher(opened, data, cfg, secret, log, world), log)
+    publisher = Publisher(opened, data, cfg, secret, log, world)
+    try:
+        train_steps(state, data, cfg, rank, world, start, publisher, log)
+    finally:
+        log.end_line()                  # an error's line goes below the last step's
     if writer and cfg.sample_tokens:
         log_sample(state, data, cfg, log)
+    if writer:
+        log_end(opened.chain, cfg, publisher.progress, log)
     if lock:
         lock.close()
     return state

@@ -20,6 +20,7 @@ module collects one test, `<file>::skipped_at_collection`, that fails with the r
 tests/test_conftest.py checks the rule on generated test files.
 """
 import os
+import signal
 import sys
 
 import pytest
@@ -34,6 +35,31 @@ import repops  # noqa: E402  (the path above makes it importable)
 # Importing repops builds nothing; many tests call torch.ops.repops.* directly, so build and
 # load the kernels once, up front (a failed build then fails the run with its one-line reason).
 repops.load()
+
+
+
+def _terminate(signum, frame):
+    """SIGTERM ends the run as Ctrl-C does: pytest tears the fixtures down (the processes the
+    tests started are stopped, tiny.stop_all) and prints its summary, instead of dying at once
+    and leaving them running."""
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+
+signal.signal(signal.SIGTERM, _terminate)
+
+
+@pytest.fixture(autouse=True)
+def _stop_started_processes():
+    """After every test, interrupted or not: no process it started (tiny.start_process) survives."""
+    yield
+    from tiny import stop_all
+    stop_all()
+
+
+def pytest_sessionfinish(session):
+    from tiny import stop_all     # what a module- or session-scoped fixture left, too
+    stop_all()
+
 
 HARDWARE = "hardware: "
 STRICT = os.environ.get("REPOPS_STRICT", "") == "1"

@@ -30,8 +30,8 @@ import config
 import receipts
 import rundir
 import train
-from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records, copy_run,
-                  make_corpus, script, train as train_run, train_args, write_chain)
+from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records, copy_run, make_corpus,
+                  script, train as train_run, train_args, write_chain, run_process, start_process, stop_process)
 
 
 @pytest.mark.parametrize("arg", [
@@ -267,9 +267,9 @@ def test_protocol_bad_input_one_line_exit_2(reference, tmp_path, capsys, case):
 
 def test_second_trainer_on_the_same_run_is_refused(corpus, tmp_path):
     run = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
-                              *train_args(run, corpus, "--max_steps=100000")],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = start_process([sys.executable, str(ROOT / "train.py"),
+                           *train_args(run, corpus, "--max_steps=100000")],
+                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         t0 = time.monotonic()
         while not (run / "chain.jsonl").exists() or (run / "chain.jsonl").stat().st_size == 0:
@@ -279,8 +279,7 @@ def test_second_trainer_on_the_same_run_is_refused(corpus, tmp_path):
         assert_one_line_error(proc, "train.py")
         assert f"in use by train.py pid {first.pid}" in proc.stderr
     finally:
-        first.kill()
-        first.wait()
+        stop_process(first)
         first.stderr.close()
     # The kernel released the killed holder's lock; the chain was never interleaved.
     rundir.hold_lock(run).close()
@@ -342,8 +341,8 @@ def test_code_digest_covers_the_sources(tmp_path):
     shutil.copytree(ROOT / "kernels", tmp_path / "kernels")
 
     def digest():
-        proc = subprocess.run([sys.executable, "-c", "import train; print(train.code_digest())"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+        proc = run_process([sys.executable, "-c", "import train; print(train.code_digest())"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip()
 

@@ -1,9 +1,10 @@
 """The kernel build refuses clearly: a missing compiler is one line on stderr, never a traceback."""
 import os
-import subprocess
 import sys
 
 import pytest
+
+from tiny import run_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,8 +17,8 @@ def test_missing_compiler_is_one_clear_line(reference, corpus, tmp_path, prog):
     args = {"train.py": [f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", "--max_steps=1"],
             "audit.py": ["--run_dir", str(reference), "--step", "1"],
             "sample.py": ["--run_dir", str(reference), "--tokens", "3"]}[prog]
-    proc = subprocess.run([sys.executable, prog, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_process([sys.executable, prog, *args], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), proc.stderr

@@ -8,7 +8,6 @@ small part of the corpus; the tests that tamper work on copies of its bundle.
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import hashchain
 from data import TokenData
 from prepare import make_mix
-from tiny import MICRO_BATCH_SIZE, MICRO_BATCHES, SEQ_LEN, TINY, make_corpus
+from tiny import MICRO_BATCH_SIZE, MICRO_BATCHES, SEQ_LEN, TINY, make_corpus, run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, CKPT_EVERY, STEP = 12, 4, 10    # auditing step 10 replays steps 9..10 from checkpoint 8
@@ -27,8 +26,8 @@ SEED = 1337
 
 
 def script(name, *args):
-    return subprocess.run([sys.executable, str(ROOT / name), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return run_process([sys.executable, str(ROOT / name), *map(str, args)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
 
 
 def train(run, corpus, steps=STEPS):

@@ -17,6 +17,7 @@ import torch
 import rundir
 import hashchain as hc
 from test_hashchain import sample_state
+from tiny import start_process
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -110,8 +111,7 @@ def test_sigkill_during_save_leaves_no_partial_file(tmp_path):
     path = rundir.checkpoint_path(d, 10)
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     for _ in range(6):
-        p = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], env=env,
-                             stdout=subprocess.PIPE)
+        p = start_process([sys.executable, "-c", WRITER, str(path)], env=env, stdout=subprocess.PIPE)
         assert p.stdout.readline() == b"ready\n"
         time.sleep(rng.uniform(0.0, 0.3))
         p.send_signal(signal.SIGKILL)

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import audit
 import config
 import train
-from tiny import ROOT
+from tiny import ROOT, run_process
 
 COMMANDS = sorted(
     [p.name for p in Path(ROOT).glob("*.py") if 'if __name__ == "__main__"' in p.read_text()]
@@ -45,8 +44,8 @@ sys.stderr.write("\\nPROBE " + json.dumps({"exit": code, "torch": "torch" in sys
 
 
 def run_help(command):
-    proc = subprocess.run([sys.executable, "-c", PROBE, command], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = run_process([sys.executable, "-c", PROBE, command], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
     probe = json.loads(proc.stderr.rpartition("PROBE ")[2])
     return proc.stdout, probe
 

@@ -27,7 +27,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +41,7 @@ import repops
 import test_kernels as TK
 import tools.matmul_versions as MV
 import test_selftest as ST
-from tiny import TINY, make_corpus
+from tiny import TINY, make_corpus, run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "kernels" / "cuda"
@@ -76,7 +75,7 @@ needs_dev_build = pytest.mark.skipif(torch.cuda.is_available() and not repops.CU
 
 
 def _run(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    r = run_process(cmd, capture_output=True, text=True, **kw)
     assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}"
     return r
 
@@ -188,7 +187,7 @@ def test_ptx_check_catches_contraction(tmp_path):
 
 def _cuda_include_dir():
     """The toolkit's include directory, as nvcc reports it."""
-    r = subprocess.run([NVCC, "--dryrun", "-c", "x.cu"], capture_output=True, text=True)
+    r = run_process([NVCC, "--dryrun", "-c", "x.cu"], capture_output=True, text=True)
     for line in (r.stdout + r.stderr).splitlines():
         m = re.search(r'INCLUDES="-I([^"]+)"', line)
         if m and os.path.exists(os.path.join(m.group(1).strip(), "cuda_runtime_api.h")):
@@ -710,7 +709,7 @@ def _train(work, corpus, *extra, launcher=None):
     (work / "run").mkdir(parents=True, exist_ok=True)
     (work / "run" / "secret").write_bytes(SECRET)   # the chain bytes depend on it (step_commit)
     cmd = (launcher or [sys.executable]) + [str(ROOT / "train.py"), "--run_dir=run", f"--data_dir={corpus}", *RUN_FLAGS, *extra]
-    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
+    r = run_process(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     run = work / "run"
     return (run / "chain.jsonl").read_bytes(), {p.name: p.read_bytes() for p in sorted((run / "checkpoints").iterdir())}

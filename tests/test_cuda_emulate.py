@@ -18,7 +18,6 @@ tools/matmul_versions.py's and tests/test_cuda.py's job on a GPU.
 """
 import platform
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ import torch
 import repops
 import tools.matmul_versions as MV
 from test_cuda import CUDA_DIR, COMMON_DIR, DEV_CUDA_DIR, _cuda_include_dir, needs_nvcc
+from tiny import run_process
 
 ROOT = CUDA_DIR.parent.parent
 EMULATED = (2, 3)
@@ -55,9 +55,9 @@ def emulator(tmp_path_factory):
     if shutil.which("g++") is None or inc is None:
         pytest.skip("needs g++ and the CUDA toolkit's headers (cuda_runtime.h)")
     exe = tmp_path_factory.mktemp("emulate") / "cuda_emulate"
-    subprocess.run(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
-                    "-pthread", "-DRPC_EMULATE", "-w", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
-                    str(ROOT / "tests" / "cuda_emulate.cpp"), "-o", str(exe)], check=True, timeout=300)
+    run_process(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
+                 "-pthread", "-DRPC_EMULATE", "-w", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
+                 str(ROOT / "tests" / "cuda_emulate.cpp"), "-o", str(exe)], check=True, timeout=300)
     return exe
 
 
@@ -80,8 +80,8 @@ def test_tiled_versions_emulated_give_the_cpu_bits(emulator, tmp_path):
             blobs.append(blob)
             shapes.append(shape)
     (tmp_path / "in.bin").write_bytes(b"".join(blobs))
-    subprocess.run([str(emulator), "matmul", str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True,
-                   timeout=600)
+    run_process([str(emulator), "matmul", str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True,
+                timeout=600)
     got = np.fromfile(tmp_path / "out.bin", np.float32)
     bad, at = [], 0
     for i, shape in enumerate(shapes):
@@ -117,8 +117,8 @@ def test_streamed_norm_emulated_gives_the_cpu_bits(emulator, tmp_path):
             blob += data.tobytes()
             cases.append((f"n={n} kind={k} offset={off}", torch.from_numpy(data[off:].copy())))
     (tmp_path / "in.bin").write_bytes(blob)
-    subprocess.run([str(emulator), "clip", str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True,
-                   timeout=600)
+    run_process([str(emulator), "clip", str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True,
+                timeout=600)
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(-1, 2)
     assert len(got) == len(cases)
     bad = [label for (label, g), (norm, _) in zip(cases, got)

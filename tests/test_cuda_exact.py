@@ -14,7 +14,6 @@ PTX float check are tests/test_cuda.py's (every kernels/cuda/*.cu). On a GPU: th
 the CPU op on many shapes, views and batches (int8.cu's real mma.sync GEMM, the real warps).
 """
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ import reference as ref
 import repops
 from test_cuda import CUDA_DIR, COMMON_DIR, DEV_CUDA_DIR, _cuda_include_dir, needs_dev_build, needs_nvcc
 from test_exact_matmul import adversarial, same_bits
+from tiny import run_process
 
 ROOT = CUDA_DIR.parent.parent
 CHUNK, RES_BYTES = 131072, 2 << 30   # exact.cu's kChunk and kResBytes (the device build's)
@@ -35,9 +35,9 @@ def emulator(tmp_path_factory):
     if shutil.which("g++") is None or inc is None:
         pytest.skip("needs g++ and the CUDA toolkit's headers (cuda_runtime_api.h)")
     exe = tmp_path_factory.mktemp("exact") / "cuda_exact_emulate"
-    subprocess.run(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
-                    "-DRPC_EMULATE", "-Wall", "-Werror", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
-                    str(ROOT / "tests" / "cuda_exact_emulate.cpp"), "-o", str(exe)], check=True, timeout=300)
+    run_process(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
+                 "-DRPC_EMULATE", "-Wall", "-Werror", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
+                 str(ROOT / "tests" / "cuda_exact_emulate.cpp"), "-o", str(exe)], check=True, timeout=300)
     return exe
 
 
@@ -49,7 +49,7 @@ def emulate(exe, tmp_path, cases):
         blob += np.array([M, N, K, chunk, res_bytes], np.int64).tobytes()
         blob += np.ascontiguousarray(a, np.float32).tobytes() + np.ascontiguousarray(b.T, np.float32).tobytes()
     (tmp_path / "in.bin").write_bytes(blob)
-    subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True, timeout=600)
+    run_process([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True, timeout=600)
     got, outs, at = np.fromfile(tmp_path / "out.bin", np.float32), [], 0
     for a, b, _, _ in cases:
         n = a.shape[0] * b.shape[1]

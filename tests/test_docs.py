@@ -10,11 +10,12 @@ directories), which the test removes before and after.
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tiny import run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "SPEC.md", ROOT / "kernels" / "README.md", ROOT / "dev" / "cuda" / "README.md",
@@ -66,7 +67,7 @@ def test_runnable_commands_run():
             argv = shlex.split(line)
             if argv[0] in (".venv/bin/python", "python"):
                 argv[0] = sys.executable
-            proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+            proc = run_process(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
             assert proc.returncode == 0, f"{doc}: {line}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         assert (ROOT / "out" / "tour" / "report.html").exists()
     finally:

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -21,9 +22,9 @@ import pytest
 import data
 import rundir
 import hashchain
-from tiny import (CKPT_EVERY, MICRO_BATCH_SIZE, MICRO_BATCHES, ROOT, SEQ_LEN, STEPS, TIMEOUT,
-                  assert_one_line_error, audit, chain_records, copy_run, mismatch_lines, reseal,
-                  script, share_secret, train, train_args, write_chain)
+from tiny import (CKPT_EVERY, MICRO_BATCH_SIZE, MICRO_BATCHES, ROOT, SEQ_LEN, STEPS, TIMEOUT, TINY,
+                  assert_one_line_error, audit, chain_records, copy_run, mismatch_lines, reseal, script,
+                  share_secret, train, train_args, write_chain, start_process, stop_process)
 
 SEED = 1337   # Config's seed
 
@@ -49,6 +50,65 @@ def test_reference_run_has_every_step_and_checkpoint(reference):
     assert records[0]["kind"] == "genesis"
     assert sorted(checkpoint_files(reference)) == [
         rundir.checkpoint_path("", s).name for s in range(0, STEPS + 1, CKPT_EVERY)]
+
+
+def test_the_log_shows_progress_and_ends_with_the_state_and_its_audit(corpus, reference, tmp_path):
+    """train.log (and a redirected stdout): step i/N with the step's ms, tokens/s and an ETA on
+    every step line (report.py reads them), then the final state hash in full and the command
+    that audits the last step; a resume with nothing left to train says the same."""
+    import report
+    log = (reference / "train.log").read_text().splitlines()
+    steps = [line for line in log if re.match(r"step\s+\d+/", line)]
+    assert [int(re.match(r"step\s+(\d+)/(\d+) \|", line).group(1)) for line in steps] == list(range(1, STEPS + 1))
+    assert all(f"/{STEPS} |" in line and re.search(r"\| ETA \d+[smh]", line) for line in steps), steps[:3]
+    assert sorted(int(m.group(1)) for m in report.STEP_LINE.finditer("\n".join(log))) == list(range(1, STEPS + 1))
+    assert "| ETA 0s |" in steps[-1]
+    final = chain_records(reference)[STEPS]["state_hash"]
+    assert re.fullmatch(rf"final state \(step {STEPS}, steps 1\.\.{STEPS} in (\d+s|\d+m\d\ds|\d+h\d\dm)\): {final}", log[-2]), log[-2]
+    assert log[-1] == f"audit the last step: python audit.py --run_dir {reference} --step {STEPS}"
+    again = copy_run(reference, tmp_path / "run")
+    proc = script("train.py", *train_args(again, corpus))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-2:] == [f"final state (step {STEPS}): {final}",
+                                             f"audit the last step: python audit.py --run_dir {again} --step {STEPS}"]
+
+
+def test_on_a_terminal_the_step_line_updates_in_place(corpus, tmp_path):
+    """Under a TTY (a pseudo-terminal here) each step rewrites one line (carriage return, the
+    line, erase to its end); a validation loss keeps the step line above it; train.log still has
+    every step's line."""
+    run = tmp_path / "run"
+    master, slave = os.openpty()
+    proc = start_process([sys.executable, str(ROOT / "train.py"), f"--run_dir={run}", f"--data_dir={corpus}",
+                          *TINY, "--max_steps=4", "--checkpoint_every=2", "--eval_every=2", "--sample_tokens=0"],
+                         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + TIMEOUT
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 1)[0]:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:             # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout=10) == 0, b"".join(chunks).decode()
+    finally:
+        os.close(master)
+        stop_process(proc)
+    shown = b"".join(chunks).decode().replace("\r\n", "\n")     # the terminal's newline is \r\n
+    assert "\rstep     1/4 |" in shown and "\x1b[K\rstep     2/4 |" in shown, repr(shown)
+    visible = [line.rsplit("\r", 1)[-1].replace("\x1b[K", "") for line in shown.split("\n")]
+    visible = visible[next(i for i, line in enumerate(visible) if line.startswith("model ")) + 1:]
+    assert [line.split(" |")[0] for line in visible[:4]] == ["step     2/4", "step     2", "step     4/4", "step     4"], visible
+    assert visible[4].startswith("final state (step 4, steps 1..4 in ") and visible[4].endswith(
+        chain_records(run)[4]["state_hash"]) and visible[5].startswith("audit the last step: "), visible
+    logged = (run / "train.log").read_text().splitlines()
+    assert [line.split(" |")[0] for line in logged if re.match(r"step\s+\d+/", line)] == [
+        f"step     {s}/4" for s in range(1, 5)]
 
 
 @pytest.mark.parametrize("hash_async", ["off", "on"])
@@ -181,9 +241,9 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
         if gate is None:
             top = STEPS - 4 if kind == "moment" else watch.lines() + 6
             gate = rng.randint(watch.lines() + 1, max(watch.lines() + 1, top))
-        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
-                                 *train_args(run, corpus, f"--hash_async={hash_async}")],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = start_process([sys.executable, str(ROOT / "train.py"),
+                              *train_args(run, corpus, f"--hash_async={hash_async}")],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         fired, t0 = None, time.monotonic()
         try:
             while fired is None and proc.poll() is None and time.monotonic() - t0 < TIMEOUT:
@@ -207,9 +267,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=TIMEOUT)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
         stderr = proc.stderr.read().decode()
         proc.stderr.close()
         landed.append((kind, fired))

@@ -12,14 +12,13 @@
 - the combinations without an exact kernel are refused with one line.
 """
 import os
-import subprocess
 import sys
 
 import pytest
 
 from config import UsageError, decisive_config, parse_config, validate
 from tiny import (TINY, launcher, assert_one_line_error, chain_records, copy_run, launch_env as env, make_corpus,
-                  mismatch_lines, other_kernels_env, reseal, script, share_secret, write_chain)
+                  mismatch_lines, other_kernels_env, reseal, run_process, script, share_secret, write_chain)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -46,9 +45,9 @@ def runs(tmp_path_factory, corpus):
         if world > 1:
             share_secret(out[1], cwd / "run")
         cwd.mkdir(exist_ok=True)
-        proc = subprocess.run(launcher(world) + args(corpus, "--matmul=exact"), cwd=cwd,
-                              env=other_kernels_env() if world == 2 else env(),
-                              capture_output=True, text=True, timeout=600)
+        proc = run_process(launcher(world) + args(corpus, "--matmul=exact"), cwd=cwd,
+                           env=other_kernels_env() if world == 2 else env(),
+                           capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[world] = cwd / "run"
     return out
@@ -105,9 +104,9 @@ def test_numpy_replay_reproduces_the_exact_run(runs, corpus):
     """The independent NumPy replay (tests/numpy_replay.py with tests/numpy_exact.py; no project
     import) recomputes the exact run's first two steps from the genesis: the same records."""
     env_ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "numpy_replay.py"), "--run_dir", str(runs[1]),
-                           "--data_dir", str(corpus), "--steps", "2", "--code_root", ROOT],
-                          cwd=runs[1].parent, env=env_, capture_output=True, text=True, timeout=300)
+    proc = run_process([sys.executable, os.path.join(ROOT, "tests", "numpy_replay.py"), "--run_dir", str(runs[1]),
+                        "--data_dir", str(corpus), "--steps", "2", "--code_root", ROOT],
+                       cwd=runs[1].parent, env=env_, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [line for line in proc.stdout.splitlines() if line.startswith("MATCH") and ": record " in line]
     assert len(records) == 3, proc.stdout

@@ -16,7 +16,6 @@ matmul = "exact" in O(T * W).
    and 2; audit.py replays it to MATCH. The config refuses it on CUDA with one line (no CUDA band
    kernels; exact on CUDA is opt-in until a GPU verifies it).
 """
-import subprocess
 
 import numpy as np
 import pytest
@@ -26,7 +25,8 @@ import reference as R
 import repops  # noqa: F401  (loads the kernels behind torch.ops.repops)
 import test_kernels as TK
 from numpy_exact import _band_to_full
-from tiny import TINY, assert_one_line_error, audit, chain_records, launch_env, launcher, script, share_secret
+from tiny import (TINY, assert_one_line_error, audit, chain_records, launch_env, launcher, script,
+                  share_secret, run_process)
 
 assert_bits, T, N = TK.assert_bits, TK.T, TK.N
 ops = torch.ops.repops
@@ -94,8 +94,8 @@ def runs(tmp_path_factory, corpus):
         cwd.mkdir(exist_ok=True)
         args = ["--run_dir=run", f"--data_dir={corpus}", *TINY, "--max_steps=3", "--checkpoint_every=1",
                 "--eval_every=0", "--sample_tokens=0", "--threads=1", "--dist_timeout=30", *WINDOWED]
-        proc = subprocess.run(launcher(world) + args, cwd=cwd, env=launch_env(), capture_output=True, text=True,
-                              timeout=600)
+        proc = run_process(launcher(world) + args, cwd=cwd, env=launch_env(), capture_output=True, text=True,
+                           timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[world] = cwd / "run"
     return out

@@ -1,4 +1,5 @@
-"""The strict guard of the contract (kernels/README.md): no floating-point arithmetic outside RepOps inside a step.
+"""The strict guard of the contract (kernels/README.md): no floating-point arithmetic outside RepOps inside a step,
+nor in a sample's decode.
 
 A TorchDispatchMode records every operator that reaches the dispatcher during one
 train.train_step (forward, backward, TreeFold, clipping, AdamW). Each one must be a RepOps
@@ -6,7 +7,9 @@ kernel (repops::...) or an ATen operator listed in ALLOWED with the reason it do
 floating-point arithmetic. A copy (aten::_to_copy, aten::copy_) counts as data movement only
 when its dtype conversion keeps every value (exact_cast); a rounding one (float64 -> float32,
 float32 -> bfloat16, int64 -> float32) is recorded as "<op> <from> -> <to>", a violation. Anything else, stock arithmetic or autograd summing gradients on
-its own, fails the test, which prints the operator counts.
+its own, fails the test, which prints the operator counts. model.Llama.generate (its KV cache,
+the one-row decode, the Gumbel-max pick) runs under the same recorder, with the few exceptions
+of GENERATE_ALLOWED: so a sample's tokens are the contract's on every backend.
 """
 import collections
 import math
@@ -48,6 +51,17 @@ ALLOWED = {
     "aten::stack": "the dead-tensor check's P flags side by side (copies)",
     "aten::_to_copy": "the dead-tensor check's flags, bool -> float32 0.0/1.0 (exact), for the one "
                       "host read",
+}
+
+
+# A sample's decode (model.Llama.generate) also runs these: selections, host reads and views.
+GENERATE_ALLOWED = ALLOWED | {
+    "aten::amax": "row_softmax's max: selects the row's largest score, the contract's cmax value "
+                  "(model.row_softmax: a zero's sign does not change exp(z - m))",
+    "aten::argmax": "the sampled token: the index of the largest score (a selection, on the host)",
+    "aten::_local_scalar_dense": "int() of that index: a host read",
+    "aten::unsqueeze": "a view of the row sums as a column (row_softmax scales each row by its own)",
+    "aten::alias": "a slice of the whole KV cache (every position filled): a view",
 }
 
 
@@ -152,6 +166,43 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
 def test_no_exception_is_stale(step_ops):
     used = set().union(*step_ops.values())
     assert set(ALLOWED) <= used, f"exceptions no step needs: {sorted(set(ALLOWED) - used)}"
+
+
+# name -> the model options of one guarded sample (a context that grows, then slides)
+SAMPLES = {"plain": {}, "recipe": {"n_kv_head": 1, "attn_window": 4, "qk_norm": True, "emb_norm": True},
+           "int8": {"quant": "int8"}, "tied": {"tie_embeddings": True},
+           "int8_pv": {"quant": "int8", "int8_pv": True}, "exact": {"matmul": "exact"}}
+
+
+@pytest.fixture(scope="module")
+def sample_ops():
+    """{name: operator counts of generate() on a tiny random model with SAMPLES[name]}."""
+    from model import Llama, ModelConfig
+    out = {}
+    for name, options in SAMPLES.items():
+        model = Llama(ModelConfig(n_layer=2, d_model=32, n_head=4, d_hidden=64, seq_len=16, vocab_size=64,
+                                  **options), seed=1).eval()
+        with OpRecorder() as rec:
+            ids = model.generate(list(range(5)), 20, seed=1)
+        assert len(ids) == 25
+        out[name] = rec.counts
+    return out
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_every_op_of_a_sample_is_repops_or_justified(sample_ops, name):
+    counts = sample_ops[name]
+    needed = {"repops::uniform", "repops::log", "aten::argmax"}
+    if name not in ("int8_pv", "exact"):       # the cached decode's one row (the others have none)
+        needed |= {"repops::exp", "repops::csum", "repops::recip", "repops::mul", "aten::amax"}
+    assert needed <= set(counts), report(counts)
+    bad = {op: n for op, n in counts.items() if not op.startswith("repops::") and op not in GENERATE_ALLOWED}
+    assert not bad, f"floating-point work outside RepOps in a sample: {bad}\n" + report(counts)
+
+
+def test_no_sample_exception_is_stale(sample_ops):
+    used = set().union(*sample_ops.values())
+    assert set(GENERATE_ALLOWED) - set(ALLOWED) <= used, sorted(set(GENERATE_ALLOWED) - set(ALLOWED) - used)
 
 
 def test_guard_flags_stock_arithmetic():

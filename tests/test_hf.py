@@ -4,8 +4,11 @@ A tiny random LlamaForCausalLM (grouped-query attention) and a byte-level BPE tr
 `tokenizers` on the test corpus's text are saved as a model folder; the corpus is prepared with
 that tokenizer (streaming = whole-text encoding); train.py fine-tunes it a few steps with
 --init_from; audit.py replays every step (MATCH); export.py writes a folder that transformers
-loads, whose logits equal ours within float32 tolerance and whose greedy tokens equal ours; and
-importing the export gives back the exported parameters bit for bit.
+loads, whose logits equal ours within float32 tolerance and whose greedy tokens equal ours, also
+past seq_len with transformers' default generation settings (no warning: max_position_embeddings
+is the source's), with bos/eos set to the tokenizer's <|endoftext|>; importing the export gives
+back the exported parameters bit for bit. A native run's export gets max(seq_len, 2048)
+positions; a changed copy of the source's config.json is refused.
 """
 import json
 import os
@@ -109,7 +112,7 @@ def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monk
 
 
 # ----------------------------------------------------------------------------- end to end
-def test_finetune_audit_export_round_trip(source, tmp_path):
+def test_finetune_audit_export_round_trip(source, tmp_path, capfd):
     base, folder = source
     _, corpus = prepare_with(base, folder)
     run, out = tmp_path / "run", tmp_path / "export"
@@ -140,6 +143,7 @@ def test_finetune_audit_export_round_trip(source, tmp_path):
     params["layers.1.wqkv"][3, 0] = torch.nextafter(params["layers.1.wqkv"][3, 0], torch.tensor(1.0))
     assert "layers.1.wqkv differs" in hfllama.source_difference(folder, genesis["init"], params, start.cfg)
 
+    assert (run / hfllama.SOURCE_CONFIG).read_bytes() == (base / "model" / "config.json").read_bytes()
     proc = script("export.py", "--run_dir", run, "--step", STEPS, "--to", "hf", "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
@@ -151,9 +155,18 @@ def test_finetune_audit_export_round_trip(source, tmp_path):
     with torch.no_grad():
         theirs = exported(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(logits_ours(ours, ids), theirs, rtol=1e-4, atol=1e-5)
-    generated = exported.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+    # the source's max_position_embeddings (32, not seq_len 16) and <|endoftext|> as bos and eos
+    hf_cfg = json.loads((out / "config.json").read_text())
+    endoftext = get_tokenizer(f"hf:{folder}").tok.token_to_id("<|endoftext|>")
+    assert (hf_cfg["max_position_embeddings"], hf_cfg["bos_token_id"], hf_cfg["eos_token_id"]) == (32, endoftext, endoftext)
+    assert "positions 0..15" in card and "32: the imported source's config.json" in card
+    # transformers' default settings (20 new tokens) go past seq_len without a warning, and our
+    # logits there (RoPE extended, as transformers computes it) give the same greedy tokens
+    generated = exported.generate(torch.tensor([ids]), do_sample=False, eos_token_id=None,
                                   attention_mask=torch.ones(1, len(ids), dtype=torch.int64))
-    assert generated[0].tolist() == greedy_ours(ours, ids, 6)
+    assert len(generated[0]) == len(ids) + 20 > 16
+    assert "maximum length" not in capfd.readouterr().err
+    assert generated[0].tolist() == greedy_ours(ours, ids, 20)
     fast = transformers.AutoTokenizer.from_pretrained(str(out))
     assert fast.encode("The king", add_special_tokens=False) == get_tokenizer(f"hf:{folder}").encode("The king")
 
@@ -269,3 +282,33 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     capsys.readouterr()
     line = one_line_error(capsys, export.main(["--run_dir", str(qk), "--to", "hf", "--out", str(tmp_path / "out")]), "export.py")
     assert "qk_norm" in line and not (tmp_path / "out").exists()
+    # a changed copy of the source's config.json is refused; without one the card says so
+    ok = tmp_path / "ok"
+    config = ok / hfllama.SOURCE_CONFIG
+    original = config.read_bytes()
+    config.write_bytes(original.replace(b'"max_position_embeddings": 32', b'"max_position_embeddings": 4096'))
+    line = one_line_error(capsys, export.main(["--run_dir", str(ok), "--to", "hf", "--out", str(tmp_path / "out")]),
+                          "export.py")
+    assert "source_config.json is not the source's config.json" in line and not (tmp_path / "out").exists()
+    config.unlink()
+    assert export.main(["--run_dir", str(ok), "--to", "hf", "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["max_position_embeddings"] == 2048
+    assert "keeps no source_config.json" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_native_run_exports_2048_positions(reference, tmp_path, capfd):
+    """A run trained here (byte tokenizer, seq_len 16): max_position_embeddings max(16, 2048), no
+    <|endoftext|> to name, and transformers generates past seq_len without a warning."""
+    out = tmp_path / "export"
+    assert export.main(["--run_dir", str(reference), "--to", "hf", "--out", str(out)]) == 0
+    hf_cfg = json.loads((out / "config.json").read_text())
+    assert (hf_cfg["max_position_embeddings"], hf_cfg["bos_token_id"], hf_cfg["eos_token_id"]) == (2048, None, None)
+    card = (out / "README.md").read_text()
+    assert "max(seq_len 16, transformers' default 2048)" in card and "none (the tokenizer has no <|endoftext|>)" in card
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = [84, 104, 101, 32, 107, 105, 110, 103]           # "The king"
+    generated = exported.generate(torch.tensor([ids]), do_sample=False,
+                                  attention_mask=torch.ones(1, len(ids), dtype=torch.int64))
+    assert len(generated[0]) == len(ids) + 20 and "maximum length" not in capfd.readouterr().err
+    ours, _ = sample.load_model(str(reference), None)
+    assert generated[0].tolist() == greedy_ours(ours, ids, 20)

@@ -16,10 +16,7 @@
 """
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -33,7 +30,7 @@ import test_kernels as TK
 import train
 from model import Llama, ModelConfig
 from tiny import (TINY, launcher, assert_one_line_error, audit, chain_records, copy_run, launch_env, make_corpus, mismatch_lines,
-                  other_kernels_env, reseal, script, share_secret, write_chain)
+                  other_kernels_env, reseal, run_process, script, share_secret, write_chain)
 
 assert_bits, T, N = TK.assert_bits, TK.T, TK.N
 ops = torch.ops.repops
@@ -226,9 +223,9 @@ def runs(tmp_path_factory, corpus):
         if world > 1:
             share_secret(out[1], run)
         run.parent.mkdir(exist_ok=True)
-        proc = subprocess.run(launcher(world) + [f"--run_dir={run}", f"--data_dir={corpus}", *PV],
-                              env=other_kernels_env() if world == 2 else launch_env(),
-                              capture_output=True, text=True, timeout=600)
+        proc = run_process(launcher(world) + [f"--run_dir={run}", f"--data_dir={corpus}", *PV],
+                           env=other_kernels_env() if world == 2 else launch_env(),
+                           capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[world] = run
     return out

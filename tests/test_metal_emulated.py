@@ -34,7 +34,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import textwrap
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +47,7 @@ import torch
 import repops_mps
 import test_kernels as TK
 import test_selftest as ST
+from tiny import run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 METAL_DIR = ROOT / "kernels" / "metal"
@@ -57,7 +57,7 @@ FLAGS = ["-std=c++20", "-O1", "-ffp-contract=off", "-fsigned-char", "-pthread", 
 CPU_INCLUDES = ["-I", str(ROOT / "kernels" / "cpu"), "-I", str(ROOT / "kernels" / "common")]
 
 def _run(cmd, **kw):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    r = run_process([str(c) for c in cmd], capture_output=True, text=True, **kw)
     assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout}\n{r.stderr}"
     return r
 
@@ -111,8 +111,8 @@ def test_products_around_2_126_give_the_contract_bits(tmp_path, isa, hw_flush):
     exe = tmp_path / f"metal_window_{isa}"
     _run([cxx, *flags, *FLAGS, "-I", METAL_DIR, SHIM_DIR / "metal_window.cpp", "-o", exe], timeout=600)
     pairs = ST.window_pairs()
-    r = subprocess.run([*runner, str(exe)], input="".join(f"{a:08x} {b:08x}\n" for a, b in pairs),
-                       capture_output=True, text=True, timeout=600, env=_flush_env(hw_flush), check=True)
+    r = run_process([*runner, str(exe)], input="".join(f"{a:08x} {b:08x}\n" for a, b in pairs),
+                    capture_output=True, text=True, timeout=600, env=_flush_env(hw_flush), check=True)
     out = [[int(v, 16) for v in line.split()] for line in r.stdout.splitlines()]
     assert len(out) == len(pairs)
     raw_differs = []
@@ -160,7 +160,7 @@ def test_emulation_catches_a_missing_flush(selftest_object, cpu_digests, tmp_pat
     assert header.count(line) == 1
     (broken / "canonical.h").write_text(header.replace(line, "  if (false) return fl(s);"))
     exe = _metal_selftest(selftest_object, broken, tmp_path / "broken_selftest")
-    mine = _digests(subprocess.run([str(exe)], capture_output=True, text=True, timeout=300).stdout)
+    mine = _digests(run_process([str(exe)], capture_output=True, text=True, timeout=300).stdout)
     changed = {n for n in ST.EXPECTED_NAMES if mine.get(n) != cpu_digests[n]}
     assert {"mul", "scale", "canary"} <= changed, sorted(changed)
 
@@ -489,8 +489,8 @@ def test_every_source_compiles_alone_as_compile_shader_gets_it(pyshim, tmp_path)
 
     def check(path):
         source = repops_mps.metal_source(path.stem)
-        r = subprocess.run(["g++", *FLAGS, "-fsyntax-only", "-include", str(tmp_path / "metal_shim.h"),
-                            "-x", "c++", "-"], input=source, capture_output=True, text=True, timeout=300)
+        r = run_process(["g++", *FLAGS, "-fsyntax-only", "-include", str(tmp_path / "metal_shim.h"),
+                         "-x", "c++", "-"], input=source, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{path.name}:\n{r.stderr}"
         return [k for k in re.findall(r"kernel void (\w+)\(", source) if pyshim.rp_signature(k.encode()) is None]
 

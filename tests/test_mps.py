@@ -15,13 +15,14 @@ PTX and binding compile checks, CUDA-graph stream capture and torchrun with NCCL
 MPS replayed on the CPU, and one trained on the CPU replayed on MPS) and sampling on MPS.
 """
 import re
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+
+from tiny import run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_MPS = "hardware: needs Apple MPS (an Apple GPU)"
@@ -68,8 +69,8 @@ _train, RUN_FLAGS = _cuda._train, _cuda.RUN_FLAGS
 
 
 def _audit(run_dir, device, step):
-    r = subprocess.run([sys.executable, str(ROOT / "audit.py"), f"--run_dir={run_dir}", f"--step={step}",
-                        f"--device={device}"], capture_output=True, text=True, timeout=900)
+    r = run_process([sys.executable, str(ROOT / "audit.py"), f"--run_dir={run_dir}", f"--step={step}",
+                     f"--device={device}"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -97,8 +98,8 @@ def test_cpu_run_audits_on_mps(corpus, tmp_path, step):  # noqa: F811
 @needs_mps
 def test_sampling_on_mps_gives_the_cpu_text(mps_run):
     def sample(device):
-        r = subprocess.run([sys.executable, str(ROOT / "sample.py"), f"--run_dir={mps_run}", "--tokens=40", "--seed=3",
-                            f"--device={device}"], capture_output=True, text=True, timeout=600)
+        r = run_process([sys.executable, str(ROOT / "sample.py"), f"--run_dir={mps_run}", "--tokens=40", "--seed=3",
+                         f"--device={device}"], capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr
         return r.stdout
     assert sample("mps") == sample("cpu")
@@ -118,8 +119,8 @@ def test_mps_is_refused_with_one_line_where_absent(corpus, tmp_path):  # noqa: F
         pytest.skip("hardware: this machine has MPS, so --device mps is accepted here")
     for script, args in (("train.py", [f"--data_dir={corpus}", f"--run_dir={tmp_path / 'run'}", "--max_steps=1"]),
                          ("sample.py", [f"--run_dir={tmp_path / 'run'}"])):
-        r = subprocess.run([sys.executable, str(ROOT / script), "--device=mps", *args], capture_output=True, text=True,
-                           timeout=300)
+        r = run_process([sys.executable, str(ROOT / script), "--device=mps", *args], capture_output=True, text=True,
+                        timeout=300)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "error:" in r.stderr, (script, r.stderr)
         assert "MPS" in r.stderr or "mps" in r.stderr
     assert not (tmp_path / "run").exists()

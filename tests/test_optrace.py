@@ -7,7 +7,6 @@ named by the diff as the first difference.
 """
 import contextlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,15 +16,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import audit
 import optrace as trace
-from tiny import TINY, make_corpus
+from tiny import TINY, make_corpus, run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = 2
 
 
 def script(name, *args):
-    return subprocess.run([sys.executable, str(ROOT / name), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+    return run_process([sys.executable, str(ROOT / name), *map(str, args)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=180)
 
 
 @pytest.fixture(scope="module")

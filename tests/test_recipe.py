@@ -31,7 +31,8 @@ import reference as R
 import receipts
 from config import UsageError, lr_at, micro_batches_at, parse_config, phase_counts, validate
 from model import windowed
-from tiny import TINY, assert_one_line_error, launch_env as env, launcher, make_corpus, script, share_secret
+from tiny import (TINY, assert_one_line_error, launch_env as env, launcher, make_corpus, run_process, script,
+                  share_secret, start_process)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
@@ -60,8 +61,8 @@ def runs(tmp_path_factory, corpus):
         if world > 1:
             share_secret(out[1], cwd / "run")
         cwd.mkdir(exist_ok=True)
-        proc = subprocess.run(launcher(world) + args(corpus), cwd=cwd, env=env(), capture_output=True, text=True,
-                              timeout=600)
+        proc = run_process(launcher(world) + args(corpus), cwd=cwd, env=env(), capture_output=True, text=True,
+                           timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         out[world] = cwd / "run"
     return out
@@ -76,7 +77,7 @@ def test_chains_and_checkpoints_identical_for_1_2_4_ranks_across_a_phase_boundar
         for ckpt in sorted((runs[1] / "checkpoints").iterdir()):
             assert (runs[world] / "checkpoints" / ckpt.name).read_bytes() == ckpt.read_bytes(), (world, ckpt.name)
     log = (runs[1] / "train.log").read_text()
-    assert "step     3 |" in log and "| 4 rank(s)" not in log
+    assert f"step     3/{STEPS} |" in log and "| 4 rank(s)" not in log
 
 
 def test_audit_match_on_both_sides_of_the_boundary(runs, corpus):
@@ -101,8 +102,8 @@ def test_sigkill_after_the_boundary_then_resume(runs, corpus, tmp_path):
     cwd = tmp_path / "k"
     share_secret(runs[1], cwd / "run")
     chain = cwd / "run" / "chain.jsonl"
-    proc = subprocess.Popen([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_process([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.monotonic()
     while proc.poll() is None and time.monotonic() - t0 < 300:
         if chain.exists() and chain.read_bytes().count(b"\n") - 1 >= 4:   # step 4 (N = 8) published
@@ -111,8 +112,8 @@ def test_sigkill_after_the_boundary_then_resume(runs, corpus, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run ended before the kill"
-    done = subprocess.run([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(), capture_output=True,
-                          text=True, timeout=600)
+    done = run_process([sys.executable, TRAIN] + args(corpus), cwd=cwd, env=env(), capture_output=True,
+                       text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     # from checkpoint 2 (steps 3, 4 re-derived across the boundary) or 4 (if it was written)
     assert re.search(r"resume: from step [24] ", done.stdout), done.stdout
@@ -121,8 +122,8 @@ def test_sigkill_after_the_boundary_then_resume(runs, corpus, tmp_path):
 
 def test_ranks_must_divide_every_phase_before_any_work(corpus, tmp_path):
     e = dict(env(), WORLD_SIZE="4", RANK="0")
-    proc = subprocess.run([sys.executable, TRAIN, f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY,
-                           "--micro_batches=4@0,6@3"], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
+    proc = run_process([sys.executable, TRAIN, f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY,
+                        "--micro_batches=4@0,6@3"], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
     assert_one_line_error(proc, "train.py")
     assert "world size 4" in proc.stderr and "micro_batches=6" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()

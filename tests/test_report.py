@@ -1,12 +1,14 @@
-"""Tests for report.py: the page's content on a synthetic 81,000-step chain with receipts and
-anchors (every step in the coverage strip, curves downsampled with their spikes kept, a small
-file, fast), the refusals (output inside the run, a broken chain, a contradicting anchor), a
-real tiny run, and one render in headless Chromium where one is installed."""
-import hashlib
+"""Tests for report.py and svgchart.py: the page's content on a synthetic 81,000-step chain with
+receipts and anchors (every step in the coverage strip, curves downsampled with their spikes
+kept and clipped, not flattening the curve, a small file, fast), the refusals (output inside the
+run, a broken chain, a contradicting anchor), what a verified chain is said to mean (a resealed
+chain without anchors: the publisher's word, no step replayed), real tiny runs (validation loss
+against the unigram baseline, throughput, two runs compared: where their chains part and the
+commands that localize it), the axes' ticks, the strip of a 10-step run, and one render in
+headless Chromium where one is installed."""
 import json
 import re
 import shutil
-import subprocess
 import time
 
 import pytest
@@ -14,73 +16,20 @@ import pytest
 import hashchain
 import receipts
 import report
-import repops
-from tiny import assert_one_line_error, script
+import svgchart
+from tiny import (assert_one_line_error, chain_records, reseal, run_process, script, train,
+                  write_chain as write_records)
+from tools import synthetic_run
+from tools.synthetic_run import BAD_STEP, ONE_AUDITOR, STEPS, TWO_AUDITORS, fake_hash
 
-STEPS = 81_000
-TWO_AUDITORS, ONE_AUDITOR, BAD_STEP, SPIKE = range(1, 201), range(201, 301), 250, 40_000
-
-
-def fake_hash(*parts):
-    return hashlib.sha256(repr(parts).encode()).hexdigest()
-
-
-def write_chain(run, n_steps, secret):
-    """A sealed chain of n_steps step records shaped like train.py's (no tensors behind it)."""
-    genesis = {"kind": "genesis", "step": 0, "contract": repops.CONTRACT,
-               "config": {"seed": 1337, "n_layer": 4, "lr": 0.003},
-               "code_digest": fake_hash("code"), "data_manifest": fake_hash("data"),
-               "tokenizer": {"name": "bytes", "vocab_size": 256}, "vocab_size": 256,
-               "state_hash": fake_hash("state", 0), "tensor_hashes": {}}
-    lines, prev = [], hashchain.GENESIS_PREV
-    for s in range(n_steps + 1):
-        rec = genesis if s == 0 else {
-            "kind": "step", "step": s, "state_hash": fake_hash("state", s), "tensor_hashes": {},
-            "batch_digest": fake_hash("batch", s), "loss": 99.0 if s == SPIKE else 5.0 - s / n_steps,
-            "grad_norm": 0.3 + 2.0 * (1 - s / n_steps) ** 4 + (s % 7) / 100, "lr": 0.003 * (1 - s / (n_steps + 1)),
-            "step_commit": receipts.commit(receipts.salt(secret, s), fake_hash("grad", s), fake_hash("result", s))}
-        rec = hashchain.seal(rec, prev)
-        prev = rec["record_hash"]
-        lines.append(json.dumps(rec, sort_keys=True, separators=(",", ":")))
-    (run / "chain.jsonl").write_text("\n".join(lines) + "\n")
-    return genesis
-
-
-def receipt(chain, step, auditor, grad_root=None, findings=()):
-    return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(chain.records[0]), "step": step,
-            "record_hash": chain.records[step]["record_hash"], "state_hash": fake_hash("state", step),
-            "grad_root": grad_root or fake_hash("grad", step), "result_root": fake_hash("result", step),
-            "auditor": auditor, "machine": {}, "cost": {"seconds": 2.5, "steps_replayed": 3,
-                                                        "peak_mib": 100 + step % 3, "bytes_read": 10**6},
-            "code_digest": fake_hash("code"), "data_manifest": fake_hash("data"),
-            "verdict": "MISMATCH" if findings else "MATCH", "findings": list(findings)}
 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    """(run, receipts dir, anchors file) of an 81,000-step synthetic run: steps 1..200 have two
-    auditors' accepted receipts, 201..300 one, step 250 a reported MISMATCH, one echo."""
-    base = tmp_path_factory.mktemp("big")
-    run = base / "run"
-    run.mkdir()
-    secret = receipts.make_secret(run)
-    write_chain(run, STEPS, secret)
-    (run / "checkpoints").mkdir()                # listed by name only: the report never reads them
-    for s in range(0, STEPS + 1, 10_000):
-        (run / "checkpoints" / f"step_{s:08d}.safetensors").touch()
-    chain = hashchain.Chain(run / "chain.jsonl")
-    chain.load(repair=False)
-    rdir = base / "receipts"
-    rdir.mkdir()
-    todo = [(s, a) for s in TWO_AUDITORS for a in ("alice", "bob")] + [(s, "carol") for s in ONE_AUDITOR]
-    for s, a in todo:
-        findings = [f"MISMATCH at step {BAD_STEP}: field loss differs"] if (s, a) == (BAD_STEP, "carol") else []
-        receipts.write_receipt(rdir / f"{a}_{s}.json", receipt(chain, s, a, findings=findings))
-    receipts.write_receipt(rdir / "echo_400.json", receipt(chain, 400, "mallory", fake_hash("echo")))
-    anchors = base / "anchors.jsonl"
-    anchors.write_text("".join(json.dumps({"step": s, "record_hash": chain.records[s]["record_hash"],
-                                           "utc": "2026-12-01T00:00:00Z"}) + "\n" for s in (1000, 50_000)))
-    return run, rdir, anchors
+    """(run, receipts dir, anchors file) of the 81,000-step synthetic run (tools/synthetic_run.py):
+    steps 1..200 have two auditors' accepted receipts, 201..300 one, step 250 a reported
+    MISMATCH, one echo; a train.log with a validation loss every 5,000 steps and a resume."""
+    return synthetic_run.make(tmp_path_factory.mktemp("big"))
 
 
 def strip_levels(page):
@@ -120,10 +69,21 @@ def test_big_run_report(big, big_report):
     assert strip_levels(page) == expected
     # the echo and the MISMATCH receipt are rejected: listed, not counted as coverage
     assert "499 accepted, 2 rejected" in page and "echo_400.json" in page
-    # the curves: downsampled, the one-step loss spike kept
+    # the curves: downsampled, the one-step loss spike kept but clipped at the axis edge and
+    # labelled, so the loss axis spans the curve (about 4 to 5), not the spike
     for points in re.findall(r'<polyline [^>]*points="([^"]*)"', page):
-        assert len(points.split()) <= 2 * report.CURVE_POINTS
-    assert ">99<" in page                                        # the loss axis reaches the spike
+        assert len(points.split()) <= 2 * svgchart.CURVE_POINTS
+    loss_chart = page.split("<h3>Loss</h3>")[1].split("</svg>")[0]
+    assert "99 at step 40,000" in loss_chart and loss_chart.count('class="spike"') == 2   # marker, label
+    assert max(float(t.replace(",", "")) for t in re.findall(r'text-anchor="end">([0-9.,]+)</text>', loss_chart)) < 6
+    # train.log: the validation loss against the baseline, as points, a line and a table; the
+    # step timings, the resume's 9 s step clipped and labelled
+    assert page.count("<circle") == 16 and "unigram baseline 3.324" in page
+    assert page.count("<td>3.3240</td>") == 16 and "<td>5000</td><td>4.9864</td><td>3.3240</td><td>+1.6624</td>" in page
+    assert "9000 ms at step 30,000" in page and re.search(r"<td>81000</td><td>6\d\d</td><td>6\d\d\d</td><td>15h", page)
+    assert ("Replayed, by accepted receipts: steps 1-249,251-300 (299 of 81000 steps covered by accepted receipts, "
+            "200 by at least 2 distinct auditors); steps 301-81000 have none; <span class='bad'>a MISMATCH is "
+            "reported at steps 250</span>.") in page
     # the costs, and the anchors
     assert re.search(r"<td>alice</td><td>200</td><td>600</td><td>500.0</td><td>102</td><td>200.0</td>", page)
     assert "ANCHORED" in page and page.count('class="anchor"') == 2
@@ -157,14 +117,109 @@ def test_refusals(big, tmp_path):
     assert not (tmp_path / "tampered.html").exists()
 
 
+def test_a_resealed_chain_without_anchors_is_the_publishers_word(tmp_path, capsys):
+    """A forger edits a loss, reseals every link and drops the anchors: the chain verifies (exit
+    0), and the page says what was checked and what that is worth: the links, no step replayed,
+    the publisher's word, no receipt covering any step, nothing outside the run pinning it; it
+    never says that the chain "verified", as if a step had been replayed."""
+    run = tmp_path / "run"
+    run.mkdir()
+    synthetic_run.write_chain(run, 50, receipts.make_secret(run))
+    records = chain_records(run)
+    records[20]["loss"] = 0.001
+    write_records(run, reseal(records, 20))
+    out = tmp_path / "r.html"
+    assert report.main(["--run_dir", str(run), "--out", str(out)]) == 0
+    text = re.sub(r"<[^>]+>", "", out.read_text())
+    assert not re.search(r"chain[^.]{0,40} verified", text), text[:300]
+    for said in ("Checked before anything here was read: the links of the 51 records of the chain",
+                 "Checking the links replays no step", "the publisher's word until audited",
+                 "Replayed, by accepted receipts: no step", "0 of 50 steps covered by accepted receipts",
+                 "No anchors: nothing published outside the run"):
+        assert said in text, said
+
+
+@pytest.fixture(scope="module")
+def evaluated(corpus, tmp_path_factory):
+    """A tiny run like the reference but with another lr, a validation loss every 10 steps."""
+    return train(tmp_path_factory.mktemp("evaluated") / "run", corpus, "--lr=0.002", "--eval_every=10")
+
+
 def test_real_run(reference, tmp_path):
     out = tmp_path / "report.html"
     proc = script("report.py", "--run_dir", reference, "--out", out)
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     assert "4 checkpoint files (steps 0,10,20,30)" in page
-    assert "No receipts given" in page and page.count("<polyline") == 3
+    assert "No receipts given" in page and page.count("<polyline") == 4        # loss, norm, lr, ms/step
+    assert re.search(r"<td>[^<]*reference[^<]*</td><td>30</td><td>\d+</td><td>\d+</td>", page)   # throughput
     assert "<script" not in page and "http" not in page.replace("http-equiv", "")   # self-contained
+
+
+def test_validation_against_the_unigram_baseline(evaluated, tmp_path):
+    out = tmp_path / "report.html"
+    assert report.main(["--run_dir", str(evaluated), "--log_y", "--out", str(out)]) == 0
+    page = out.read_text()
+    log = (evaluated / "train.log").read_text()
+    baseline = float(re.search(r"unigram baseline ([0-9.]+) nats", log).group(1))
+    vals = {int(s): float(v) for s, v in report.VAL_LINE.findall(log)}
+    assert sorted(vals) == [10, 20, 30]
+    assert f"unigram baseline {baseline:.3f}" in page and "stroke-dasharray" in page       # the line
+    for step, v in vals.items():                                                      # the table
+        assert f"<td>{step}</td><td>{v:.4f}</td><td>{baseline:.4f}</td><td>{v - baseline:+.4f}</td>" in page
+    assert "Loss (log scale)" in page
+
+
+def test_the_baseline_comes_from_the_corpus_when_the_log_lacks_it(evaluated, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(evaluated, run)
+    log = (run / "train.log").read_text()
+    (run / "train.log").write_text(re.sub(r"unigram baseline [0-9.]+ nats", "", log))
+    assert report.main(["--run_dir", str(run), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "computed from" in page and re.search(r"unigram baseline \d\.\d{4} nats", page)
+    (run / "config.json").write_text('{"data_dir": "/nowhere"}')
+    assert report.main(["--run_dir", str(run), "--out", str(tmp_path / "r.html")]) == 0
+    assert "no unigram baseline: train.log does not give it" in (tmp_path / "r.html").read_text()
+
+
+def test_two_runs_compared(reference, evaluated, tmp_path):
+    """The reference and a run with another lr: the same genesis state, so they part at step 1,
+    in the tensors AdamW moved; the page gives the commands that name the first operator."""
+    out = tmp_path / "compare.html"
+    assert report.main(["--run_dir", str(reference), "--compare", str(evaluated), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "First difference: step 1." in page and "params." in page
+    assert re.search(r"<td>lr</td><td>0\.003</td><td>0\.002</td>", page)                 # the config diff
+    assert f"audit.py --run_dir {evaluated} --step 1 --trace" in page and "optrace.py out/a_1.jsonl out/b_1.jsonl" in page
+    loss_chart = page.split("<h3>Loss</h3>")[1].split("</svg>")[0]
+    assert loss_chart.count("<polyline") == 2                                            # overlaid
+    # a run against itself: the same state at every step
+    assert report.main(["--run_dir", str(reference), "--compare", str(reference), "--out", str(out)]) == 0
+    assert "the same state at every common step" in out.read_text()
+
+
+def test_axes_have_nice_ticks():
+    assert svgchart.nice_ticks(0.00131, 0.00209) == [0.0014, 0.0016, 0.0018, 0.002]
+    assert svgchart.nice_ticks(1, 81000, 6) == [k * 10000.0 for k in range(1, 9)]
+    assert svgchart.log_ticks(1.7, 99) == [2, 5, 10, 20, 50]
+    assert [svgchart.tick_label(t) for t in (0.0016, 2.5, 20000.0, 3e-5, 0)] == ["0.0016", "2.5", "20,000", "3e-5", "0"]
+    page = svgchart.chart("x", [svgchart.Series("a", "#000", [1, 2, 3], [0.001575, 0.0016, 0.00165])], (1, 3))
+    labels = re.findall(r'text-anchor="end">([0-9.,e-]+)</text>', page)
+    assert len(labels) >= 3 and "0.001575" not in labels                                  # not min/mid/max
+
+
+def test_a_short_run_has_wide_cells_and_a_redundancy_of_one_reads_right(big, tmp_path):
+    """10 steps: cells 40 pixels wide, numbered; --redundancy 1: no "1..0 auditors" class."""
+    levels = ["full"] * 3 + ["none"] * 7
+    strip = svgchart.strip(levels, report.COLOURS, [5])
+    assert re.findall(r'data-steps="(\d+-\d+)" x="\d+" y="\d+" width="(\d+)"', strip) == [("1-3", "119"), ("4-10", "279")]
+    assert ">10</text>" in strip
+    run, rdir, _ = big
+    out = tmp_path / "r.html"
+    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--redundancy", "1", "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "1..0" not in page and "&gt;= 1 auditor (" in page
 
 
 @pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
@@ -173,6 +228,6 @@ def test_renders_in_headless_chromium(big_report, tmp_path):
     out, _ = big_report
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     png = tmp_path / "report.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
-                    "--window-size=1150,2400", out.as_uri()], capture_output=True, timeout=300)
+    run_process([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
+                 "--window-size=1150,2400", out.as_uri()], capture_output=True, timeout=300)
     assert png.exists() and png.stat().st_size > 10_000

@@ -12,7 +12,6 @@
 - a vocab larger than the corpus's trains and audits; a smaller one is refused (exit 2).
 """
 import math
-import subprocess
 import sys
 
 import pytest
@@ -25,7 +24,7 @@ import train
 from model import Llama, ModelConfig, param_shapes
 from test_distributed import env, torchrun_cmd
 from test_guard import OpRecorder, report, violations
-from tiny import assert_one_line_error, make_corpus, script, share_secret
+from tiny import assert_one_line_error, make_corpus, script, share_secret, run_process
 
 STEPS, CKPT_EVERY = 2, 1
 MINI = ["--preset=open1b-mini", "--seq_len=32", f"--max_steps={STEPS}", f"--checkpoint_every={CKPT_EVERY}",
@@ -40,8 +39,8 @@ def corpus(tmp_path_factory):
 def run_train(cwd, corpus, *extra, world=1):
     cwd.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(train.__file__)] if world == 1 else torchrun_cmd(world)
-    proc = subprocess.run(cmd + ["--run_dir=run", f"--data_dir={corpus}", *MINI, *extra], cwd=cwd,
-                          env=env(), capture_output=True, text=True, timeout=300)
+    proc = run_process(cmd + ["--run_dir=run", f"--data_dir={corpus}", *MINI, *extra], cwd=cwd,
+                       env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     return cwd / "run"
 

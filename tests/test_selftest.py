@@ -83,7 +83,6 @@ import hashlib
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from fractions import Fraction
@@ -92,6 +91,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+
+from tiny import run_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_DIR = os.path.join(ROOT, "kernels", "cpu")
@@ -156,7 +157,7 @@ def binaries(tmp_path_factory):
             return name, None
         exe = str(out_dir / name)
         cmd = [cxx] + flags + BASE_FLAGS + SOURCES + ["-o", exe]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = run_process(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise AssertionError(f"building the self-test failed: {' '.join(cmd)}\n{r.stderr}")
         return name, exe
@@ -167,7 +168,7 @@ def binaries(tmp_path_factory):
 
 def _run(*cmd):
     t0 = time.perf_counter()
-    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
+    r = run_process(list(cmd), capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - t0
     assert r.returncode == 0, f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr}"
     lines = r.stdout.splitlines()
@@ -209,7 +210,7 @@ def test_gcc_O3_native_matches_O0(results):
 def test_native_kernel_versions_match_O0(binaries, results, options):
     """The native build with each matmul tile (256- or 512-bit vectors) and int8 GEMM path (the
     SIMD path, VNNI here, or AMX-INT8) this CPU has, chosen at run time: the same digests."""
-    r = subprocess.run([binaries["gcc_O3_native"], *options], capture_output=True, text=True, timeout=120)
+    r = run_process([binaries["gcc_O3_native"], *options], capture_output=True, text=True, timeout=120)
     if r.returncode == 3:
         pytest.skip(f"hardware: {' '.join(options)}: {r.stderr.strip()}")
     assert r.returncode == 0 and r.stderr == "", r.stderr
@@ -270,7 +271,7 @@ def test_cross_build_matches(results, tmp_path, isa):
         pytest.skip(f"no {isa} cross compiler or qemu-user (Debian packages {packages})")
     exe = str(tmp_path / f"selftest_{isa}")
     cmd = [cxx] + flags + CONTRACT + BASE_FLAGS + SOURCES + ["-o", exe]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = run_process(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"building for {isa} failed: {' '.join(cmd)}\n{r.stderr}"
     lines, _, stderr, _ = _run(*runner, exe)
     assert stderr == "" and lines == results["gcc_O0"][0]
@@ -297,7 +298,7 @@ def test_soft_flush_is_needed(results, tmp_path):
     exe = str(tmp_path / "no_flush")
     srcs = [str(src / os.path.basename(f)) for f in SOURCES]
     flags = ["-std=c++17", "-pthread", "-Wno-psabi", "-I", str(src), "-I", COMMON_DIR]
-    subprocess.run(["g++", "-O1", "-DRP_SOFT_FLUSH"] + CONTRACT + flags + srcs + ["-o", exe], check=True)
+    run_process(["g++", "-O1", "-DRP_SOFT_FLUSH"] + CONTRACT + flags + srcs + ["-o", exe], check=True)
     _, digests, _, _ = _run(exe)
     ref = results["gcc_O0"][1]
     changed = [n for n in ref if digests[n] != ref[n]]
@@ -477,7 +478,7 @@ def test_a_cpu_without_avx512_reports_the_window_build_it_cannot_run():
     test = f"{os.path.abspath(__file__)}::test_ftz_window_gives_x86_bits_everywhere"
 
     def pytest_run(*args):
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
+        return run_process([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
                               env=env, capture_output=True, text=True, timeout=300)
 
     proc = pytest_run("--collect-only", test)
@@ -506,8 +507,8 @@ def test_ftz_window_gives_x86_bits_everywhere(tmp_path, build):
     src.write_text(WINDOW_PROGRAM.replace("PAIRS", ", ".join(f"{{{a:#x}u, {b:#x}u}}" for a, b in pairs)))
     sources = [str(src), os.path.join(CPU_DIR, "elementwise.cpp"), os.path.join(CPU_DIR, "matmul.cpp")]
     exe = str(tmp_path / build)
-    subprocess.run([cxx] + flags + BASE_FLAGS + sources + ["-o", exe], check=True)
-    out = subprocess.run(runner + [exe], capture_output=True, text=True, check=True).stdout.splitlines()
+    run_process([cxx] + flags + BASE_FLAGS + sources + ["-o", exe], check=True)
+    out = run_process(runner + [exe], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "ordinary-matmul-mismatches 0", f"{build}: {out[0]}"
     out = out[1:]
     assert len(out) == len(pairs)

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -43,7 +42,7 @@ import receipts
 import repops
 import rundir
 import train
-from tiny import ROOT, TIMEOUT, make_corpus, script, train_args
+from tiny import ROOT, TIMEOUT, make_corpus, script, train_args, run_process
 
 import numpy_contract as C
 import numpy_model
@@ -271,9 +270,9 @@ def replay(run, corpus, steps=REPLAY_STEPS, *extra):
     """Run the replay as its own process, from outside the repository, with no PYTHONPATH:
     the project's modules cannot be imported there."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, str(REPLAY), "--run_dir", str(run), "--data_dir", str(corpus),
-                           "--steps", str(steps), "--code_root", str(ROOT), *extra],
-                          cwd=run.parent, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    return run_process([sys.executable, str(REPLAY), "--run_dir", str(run), "--data_dir", str(corpus),
+                        "--steps", str(steps), "--code_root", str(ROOT), *extra],
+                       cwd=run.parent, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
 def train_replay_run(corpus, base, *extra):

@@ -13,13 +13,13 @@
 """
 import platform
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
 import repops  # noqa: F401  (tests/conftest.py builds and loads torch.ops.repops)
+from tiny import run_process
 
 OPS = torch.ops.repops
 THREADS = (1, 2, 3)
@@ -275,9 +275,9 @@ def test_canary_can_fail(tmp_path):
     results = {}
     for contract in ("fast", "off"):
         exe = tmp_path / f"probe_{contract}"
-        subprocess.run([cxx, "-O2", f"-ffp-contract={contract}", *flags, str(src), "-o", str(exe)],
-                       check=True, capture_output=True, timeout=120)
-        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=30).stdout
+        run_process([cxx, "-O2", f"-ffp-contract={contract}", *flags, str(src), "-o", str(exe)],
+                    check=True, capture_output=True, timeout=120)
+        out = run_process([str(exe)], check=True, capture_output=True, text=True, timeout=30).stdout
         results[contract] = float.fromhex(out.strip())
     assert results["fast"] == 2.0 ** -24, f"-ffp-contract=fast gave {results['fast']!r}, not the fused 2^-24"
     assert results["off"] == 0.0, f"-ffp-contract=off gave {results['off']!r}"

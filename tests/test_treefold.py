@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import os
-import subprocess
 import sys
 import types
 import weakref
@@ -31,6 +30,7 @@ import torch
 import repops
 import treefold
 from treefold_ranks import leaf as ranks_leaf
+from tiny import run_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 2048
@@ -336,10 +336,10 @@ def test_allreduce_under_torchrun(tmp_path, world):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    proc = subprocess.run(launcher + ["--standalone", f"--nproc_per_node={world}",
-                                      os.path.join(ROOT, "tests", "treefold_ranks.py"), str(tmp_path),
-                                      *CASES[world]],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = run_process(launcher + ["--standalone", f"--nproc_per_node={world}",
+                                   os.path.join(ROOT, "tests", "treefold_ranks.py"), str(tmp_path),
+                                   *CASES[world]],
+                       env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [json.loads(line) for r in range(world) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
     assert len(lines) == world * len(CASES[world])

@@ -24,9 +24,10 @@ REPOPS_VMATH_EXHAUSTIVE=1 checks all 2^32 inputs of every function natively inst
 import os
 import platform
 import shutil
-import subprocess
 
 import pytest
+
+from tiny import run_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "tests", "vmath_check.cpp")
@@ -56,14 +57,14 @@ RANGES = {
 
 def _build(cxx, flags, out):
     cmd = [cxx, "-O2"] + flags + FLAGS + ["-o", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = run_process(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"building vmath_check failed: {' '.join(cmd)}\n{r.stderr}"
     return str(out)
 
 
 def _check(runner, fn, lo, hi, stride):
     """Runs one check; returns its output line (which ends with the digest of the results)."""
-    r = subprocess.run(runner + [fn, hex(lo), hex(hi), str(stride)], capture_output=True, text=True, timeout=600)
+    r = run_process(runner + [fn, hex(lo), hex(hi), str(stride)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{fn} [{lo:#x}, {hi:#x}) stride {stride}: vector != scalar\n{r.stdout}{r.stderr}"
     assert "mismatches 0" in r.stdout
     return r.stdout.strip()
@@ -200,6 +201,6 @@ def test_check_catches_a_difference(tmp_path):
     bad = tmp_path / "vmath_check_bad.cpp"
     bad.write_text(src)
     exe = str(tmp_path / "bad")
-    subprocess.run(["g++", "-O2"] + FLAGS[:-1] + [str(bad), "-o", exe], check=True)
-    r = subprocess.run([exe, "exp", hex(b(1.0)), hex(b(2.0)), "997"], capture_output=True, text=True)
+    run_process(["g++", "-O2"] + FLAGS[:-1] + [str(bad), "-o", exe], check=True)
+    r = run_process([exe, "exp", hex(b(1.0)), hex(b(2.0)), "997"], capture_output=True, text=True)
     assert r.returncode == 1 and "mismatches 0" not in r.stdout

@@ -1,10 +1,22 @@
-"""Shared by the tests that train: the tiny model's flags, a generated corpus, and the
-project's programs run as subprocesses on tiny runs.
+"""Shared by the tests that train: the tiny model's flags, a generated corpus, the project's
+programs run as subprocesses on tiny runs, and the one way a test starts a process.
 
     from tiny import TINY, make_corpus, train, audit
     corpus = make_corpus(tmp_dir, seed=7, lines=600)      # data dir with manifest.json
     run = train(tmp_dir / "run", corpus)                  # STEPS steps, a checkpoint every 10
     proc = audit(run, "--all")                            # CompletedProcess
+    proc = run_process([exe, "arg"], capture_output=True, text=True, timeout=60)  # subprocess.run
+    proc = start_process([sys.executable, "train.py", ...])   # subprocess.Popen; stop_process(proc)
+
+Every process a test starts goes through start_process (run_process and script use it): it runs
+in its own session, hence its own process group (start_new_session), so a Ctrl-C at the
+terminal reaches pytest alone. stop_process stops the process, its group and every process below
+it (a compiler's children; torchrun's ranks, which torchrun starts in sessions of their own):
+SIGINT, two seconds of grace, SIGKILL; then it reaps the process. run_process stops its process
+when the wait ends for any reason (done, timeout, interrupt); the autouse fixture in
+tests/conftest.py stops every process a test left running when the test ends, and conftest turns
+SIGTERM into KeyboardInterrupt, so an interrupted or terminated pytest tears its fixtures down,
+leaves no child behind and prints its summary (tests/test_interrupt.py).
 
 tests/conftest.py provides the `corpus` and `reference` (an uninterrupted run) fixtures.
 """
@@ -12,6 +24,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +45,89 @@ SEQ_LEN, MICRO_BATCH_SIZE, MICRO_BATCHES = 16, 2, 4   # as in TINY
 WORDS = ("the king queen sword night day love death crown fair lord lady house war peace "
          "gold blood heart hand eye sea storm fool wise old young sweet bitter speak hear "
          "come go stay fly fall rise thou thee my our their never ever now").split()
+
+
+_STARTED = set()       # Popen objects started by start_process and not yet stopped
+
+
+def start_process(argv, **kwargs):
+    """subprocess.Popen(argv, **kwargs) in a new session and process group, registered so that
+    stop_all (after every test) kills it and everything it started."""
+    proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+    _STARTED.add(proc)
+    return proc
+
+
+def descendants(pid):
+    """The pids of every live process below `pid`, by /proc's parent links ([] without /proc)."""
+    children = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):     # not a process, or it exited meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        out += below
+        todo += below
+    return out
+
+
+def stop_process(proc, grace=2.0):
+    """Stop proc and every process below it, and reap proc. Still running, they get SIGINT first
+    (a Python program unwinds: a kernel build it holds releases its lock in build/, which a
+    SIGKILL would leave behind for every later run to wait on) and `grace` seconds to exit; then
+    SIGKILL goes to proc's process group (after proc exited: the children it left there) and to
+    every process below it in a group of its own (torchrun starts each rank in a new session)."""
+    below = descendants(proc.pid) if proc.poll() is None else []
+    if proc.poll() is None:
+        _signal_all(proc.pid, below, signal.SIGINT)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_all(proc.pid, below, signal.SIGKILL)
+    proc.wait()
+    _STARTED.discard(proc)
+
+
+def _signal_all(leader, pids, sig):
+    """Send sig to the process group of `leader` and to each of `pids`; gone ones are skipped."""
+    for send, target in [(os.killpg, leader)] + [(os.kill, pid) for pid in pids]:
+        try:
+            send(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop_all():
+    """Stop every process a test started and left (tests/conftest.py calls it after each test)."""
+    for proc in list(_STARTED):
+        stop_process(proc)
+
+
+def run_process(argv, *, input=None, capture_output=False, timeout=None, check=False, **kwargs):
+    """subprocess.run(argv, ...) through start_process: whether the wait ends with the process's
+    exit, a timeout (subprocess.TimeoutExpired) or an interrupt, its process group is stopped
+    before this returns or raises."""
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    proc = start_process(argv, **kwargs)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    finally:
+        stop_process(proc)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        result.check_returncode()
+    return result
 
 
 def launch_env():
@@ -75,8 +171,8 @@ def make_corpus(base, seed=7, lines=600, chunk_bytes=prepare.CHUNK_BYTES):
 
 def script(name, *args, env=None, timeout=TIMEOUT):
     """Run one of the project's programs to completion."""
-    return subprocess.run([sys.executable, str(ROOT / name), *map(str, args)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return run_process([sys.executable, str(ROOT / name), *map(str, args)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def train_args(run, corpus, *extra):
