@@ -289,7 +289,7 @@ void reconstruct_panel(const int32_t* res, int64_t i0, int64_t m, int64_t N, int
 
 // rp_exact_product on AMX-INT8 (K <= kChunk). B's eight planes are split and packed into the tile
 // layout once; then per panel of rows of C, A's planes (rows of Kp = K rounded up to 64,
-// zero-padded, so its tiles are read in place) and either (K <= kFusedK) the eight residue GEMMs
+// zero-padded) and either (K <= kFusedK) the eight residue GEMMs
 // of each 32 x 32 block of C one after the other on the tiles (rp_amx_gemm with nmat = 8), the
 // block reconstructed from the eight [32][32] sums while they are in L1, or eight GEMMs into the
 // panel's residue sums and one reconstruction pass.

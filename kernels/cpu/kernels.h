@@ -113,8 +113,8 @@ bool rp_int8_uses_amx();   // the path now in use is AMX-INT8
 // rp_amx_packed_bytes). rp_amx_gemm: each finished block of outputs (mr <= 32 rows at i0, nr <= 32
 // columns at j0) goes to finish(ctx, i0, mr, j0, nr, tiles, 32) in the thread that computed it,
 // tiles holding nmat blocks [32][32] one after the other; with nmat = 1 and direct (the output
-// [M, N]) given, full 32 x 32 blocks are stored there instead. lda >= K rounded up to 64 lets A be
-// read in place (the bytes past K are multiplied by B's zero padding); otherwise blocks are copied.
+// [M, N]) given, full 32 x 32 blocks are stored there instead. A needs lda >= K only (its blocks
+// are copied into tile order, zero past K).
 // n elements of v at a 64-byte boundary (v resized to n plus a cache line): AMX reads and writes
 // tile rows of 64 bytes, and a row that straddles two cache lines costs two accesses.
 template <class T>
