@@ -2,7 +2,8 @@
 // later): C[i,j] = sum_k A[i,k] * B[j,k], A [M, K], B [N, K] int8, C int32, exact.
 //
 //   rp_amx_usable()                                  AMX-INT8 here: CPU, build and Linux permission
-//   rp_amx_pack_b(B, ldb, b_next, N, K, nmat, out)   B (nmat matrices) into the tile layout
+//   rp_amx_pack_b(B, ldb, b_next, N, K, nmat, j0, j1, out)
+//                                                    rows [j0, j1) of B (nmat matrices) into the tile layout
 //   rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, direct, finish, ctx)
 //                                                    the nmat GEMMs, block by finished block
 // (kernels.h says more; int8.cpp runs one matrix, exact.cpp the eight residue GEMMs at once.)
@@ -236,27 +237,26 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
   _tile_release();
 }
 
-// Rows [16p, 16p + 16) of B (row j at B + j * ldb; rows >= N zero) into panel p, k >= K zero: the
-// tile of k-step s (k in [64 s, 64 s + 64): [16 groups of 4 k][16 columns][4]) at
-// out + s * 2048 (out: the panel's half of its pair, rp_amx_pack_b). Whole 16 x 64-byte chunks (16
-// rows, 64 k) are a 16 x 16 transpose of 4-byte words in AVX-512 registers (transpose.h); the rest
-// (the last rows or k) byte by byte.
+// Panel p (columns [16p, 16p + 16)) of one matrix, k >= K zero, columns >= N zero; B: its
+// column 16p (row j of B at B + (j - 16p) * ldb). The tile of k-step s (k in [64 s, 64 s + 64):
+// [16 groups of 4 k][16 columns][4]) goes to out + s * 2048 (out: the panel's half of its pair,
+// rp_amx_pack_b). Whole 16 x 64-byte chunks (16 rows, 64 k) are a 16 x 16 transpose of 4-byte
+// words in AVX-512 registers (transpose.h); the rest (the last rows or k) byte by byte.
 __attribute__((target("avx512f"))) void pack_panel(const int8_t* B, int64_t ldb, int64_t N, int64_t K, int64_t Kp,
                                                    int64_t p, uint8_t* out) {
-  const int64_t j0 = 16 * p, rows = std::max<int64_t>(0, std::min<int64_t>(16, N - j0));
+  const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(16, N - 16 * p));
   const int64_t kvec = rows == 16 ? K / 64 * 64 : 0;
   for (int64_t k0 = 0; k0 < kvec; k0 += 64) {
     __m512i r[16];
-    for (int n = 0; n < 16; ++n) r[n] = _mm512_loadu_si512(B + (j0 + n) * ldb + k0);
+    for (int n = 0; n < 16; ++n) r[n] = _mm512_loadu_si512(B + n * ldb + k0);
     rp::transpose16(r);
     for (int g = 0; g < 16; ++g) _mm512_storeu_si512(out + (k0 / 64) * 2 * TILE + g * 64, r[g]);   // r[g]: word g of rows 0-15
   }
   for (int64_t n = 0; n < 16; ++n) {
     uint8_t* o = out + n * 4;
-    const int8_t* src = B + (j0 + n) * ldb;
     for (int64_t g = kvec / 4; g < Kp / 4; ++g)
       for (int64_t u = 0; u < 4; ++u)
-        o[(g / 16) * 2 * TILE + (g % 16) * 64 + u] = n < rows && 4 * g + u < K ? (uint8_t)src[4 * g + u] : 0;
+        o[(g / 16) * 2 * TILE + (g % 16) * 64 + u] = n < rows && 4 * g + u < K ? (uint8_t)B[n * ldb + 4 * g + u] : 0;
   }
 }
 
@@ -269,10 +269,15 @@ bool rp_amx_usable() {
 
 int64_t rp_amx_packed_bytes(int64_t N, int64_t K, int nmat) { return nmat * panels(N) * padded_k(K) * 16; }
 
-void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, uint8_t* out) {
-  const int64_t Kp = padded_k(K), np = panels(N);
-  rp::parallel_for(nmat * np, 2, [&](int64_t b, int64_t e) {
-    for (int64_t q = b; q < e; ++q) pack_panel(B + (q / np) * b_next, ldb, N, K, Kp, q % np, out + (q / 2) * Kp * 32 + (q % 2) * TILE);
+void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
+                   int64_t j1, uint8_t* out) {
+  const int64_t Kp = padded_k(K), np = panels(N), p0 = j0 / 16, p1 = j1 >= N ? np : j1 / 16, n = p1 - p0;
+  rp::parallel_for(nmat * n, 2, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      const int64_t m = q / n, p = p0 + q % n;   // panel p of matrix m: half p % 2 of pair m * np / 2 + p / 2
+      pack_panel(B + m * b_next + (16 * p - j0) * ldb, ldb, N, K, Kp, p,
+                 out + (m * np / 2 + p / 2) * Kp * 32 + (p % 2) * TILE);
+    }
   });
 }
 
@@ -292,7 +297,7 @@ void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp
 
 bool rp_amx_usable() { return false; }
 int64_t rp_amx_packed_bytes(int64_t, int64_t, int) { return 0; }
-void rp_amx_pack_b(const int8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*) {}
+void rp_amx_pack_b(const int8_t*, int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, uint8_t*) {}
 void rp_amx_gemm(const int8_t*, int64_t, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int, int32_t*, RpTileFinish,
                  void*) {}
 
