@@ -292,16 +292,18 @@ void reconstruct_panel(const int32_t* res, int64_t i0, int64_t m, int64_t N, int
 // of Kp = K rounded up to 64, zero-padded) and either (K <= kFusedK) the eight residue GEMMs of
 // each 32 x 32 block of C one after the other on the tiles (rp_amx_gemm with nmat = 8), the block
 // reconstructed from the eight [32][32] sums while they are in L1, or eight GEMMs into the panel's
-// residue sums and one reconstruction pass. The buffers' sizes keep a 2048^3 product's (B packed
-// 32 MB, the rest 24 MB) under kKeepBytes, so that repeated products of that size reuse them
-// without page faults.
-constexpr int64_t kAmxPlaneBytes = int64_t(4) << 20, kAmxResBytes = int64_t(16) << 20;
+// residue sums and one reconstruction pass. Where B packed takes at most half of kKeepBytes the
+// panels are small (A's planes ~4 MB, residue sums ~16 MB), so that all buffers stay under
+// kKeepBytes (a 2048^3 product's: 32 MB + 24 MB) and repeated products reuse them without page
+// faults; above it (released anyway) they are twice that, so that B's planes stream from memory
+// half as often (4096^3: 256-row panels ran faster than 128-row ones, 2026-12-02).
 void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                        const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   const int64_t Kp = (K + 63) / 64 * 64;
   const bool fused = K <= kFusedK;
-  const int64_t planes_rows = std::max<int64_t>(32, kAmxPlaneBytes / (kMod * Kp) / 32 * 32);
-  const int64_t res_rows = std::max<int64_t>(32, kAmxResBytes / (4 * kMod * N) / 32 * 32);
+  const int64_t scale = rp_amx_packed_bytes(N, K, kMod) <= int64_t(kKeepBytes / 2) ? 1 : 2;
+  const int64_t planes_rows = std::max<int64_t>(32, scale * (int64_t(4) << 20) / (kMod * Kp) / 32 * 32);
+  const int64_t res_rows = std::max<int64_t>(32, scale * (int64_t(16) << 20) / (4 * kMod * N) / 32 * 32);
   const int64_t mp = std::min(M, fused ? planes_rows : std::min(planes_rows, res_rows)), nb = std::min(N, planes_rows);
   Buffers& buf = buffers();
   int8_t* pa = rp_aligned64(buf.pa, kMod * mp * Kp);   // tile rows start on cache lines
