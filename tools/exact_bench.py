@@ -17,6 +17,7 @@ Speed: median time of each product at the default model's shapes and at 1024^3, 
 (the int8 GEMM of the residues: AMX-INT8 or the SIMD path, REPOPS_CPU_INT8). Not a test: run it
 alone (nice 0).
 """
+import os
 import statistics
 import time
 

@@ -287,25 +287,34 @@ void reconstruct_panel(const int32_t* res, int64_t i0, int64_t m, int64_t N, int
   });
 }
 
-// rp_exact_product on AMX-INT8 (K <= kChunk). B's eight planes are split and packed into the tile
-// layout once; then per panel of rows of C, A's planes (rows of Kp = K rounded up to 64,
-// zero-padded, so its tiles are read in place) and either (K <= kFusedK) the eight residue GEMMs
-// of each 32 x 32 block of C one after the other on the tiles (rp_amx_gemm with nmat = 8), the
-// block reconstructed from the eight [32][32] sums while they are in L1, or eight GEMMs into the
-// panel's residue sums and one reconstruction pass.
+// rp_exact_product on AMX-INT8 (K <= kChunk). B's eight planes are split (kAmxPlaneBytes of rows
+// at a time) and packed into the tile layout once; then per panel of rows of C, A's planes (rows
+// of Kp = K rounded up to 64, zero-padded) and either (K <= kFusedK) the eight residue GEMMs of
+// each 32 x 32 block of C one after the other on the tiles (rp_amx_gemm with nmat = 8), the block
+// reconstructed from the eight [32][32] sums while they are in L1, or eight GEMMs into the panel's
+// residue sums and one reconstruction pass. Where B packed takes at most half of kKeepBytes the
+// panels are small (A's planes ~4 MB, residue sums ~16 MB), so that all buffers stay under
+// kKeepBytes (a 2048^3 product's: 32 MB + 24 MB) and repeated products reuse them without page
+// faults; above it (released anyway) they are twice that, so that B's planes stream from memory
+// half as often (4096^3: 256-row panels ran faster than 128-row ones, 2026-12-02).
 void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                        const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   const int64_t Kp = (K + 63) / 64 * 64;
   const bool fused = K <= kFusedK;
-  const int64_t planes_rows = (kResBytes / 4) / (kMod * Kp), res_rows = kResBytes / (4 * kMod * N);   // ~8 MB, ~32 MB
-  const int64_t mp = std::min(M, std::max<int64_t>(32, std::min(planes_rows, fused ? planes_rows : res_rows) / 32 * 32));
+  const int64_t scale = rp_amx_packed_bytes(N, K, kMod) <= int64_t(kKeepBytes / 2) ? 1 : 2;
+  const int64_t planes_rows = std::max<int64_t>(32, scale * (int64_t(4) << 20) / (kMod * Kp) / 32 * 32);
+  const int64_t res_rows = std::max<int64_t>(32, scale * (int64_t(16) << 20) / (4 * kMod * N) / 32 * 32);
+  const int64_t mp = std::min(M, fused ? planes_rows : std::min(planes_rows, res_rows)), nb = std::min(N, planes_rows);
   Buffers& buf = buffers();
   int8_t* pa = rp_aligned64(buf.pa, kMod * mp * Kp);   // tile rows start on cache lines
-  int8_t* pb = rp_aligned64(buf.pb, kMod * N * Kp);
+  int8_t* pb = rp_aligned64(buf.pb, kMod * nb * Kp);   // the planes of nb rows of B
   uint8_t* bp = rp_aligned64(buf.bpacked, rp_amx_packed_bytes(N, K, kMod));
   int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * N);
-  rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, 0, K, eb, beta, pb, N, Kp, b, e); });
-  rp_amx_pack_b(pb, Kp, N * Kp, N, K, kMod, bp);
+  for (int64_t j0 = 0; j0 < N; j0 += nb) {
+    const int64_t n = std::min(nb, N - j0);
+    rp::parallel_for(n, 4, [&](int64_t b, int64_t e) { split_rows(Bt + j0 * K, K, 0, K, eb + j0, beta, pb, n, Kp, b, e); });
+    rp_amx_pack_b(pb, Kp, n * Kp, N, K, kMod, j0, j0 + n, bp);
+  }
   std::vector<int32_t> exb(N);
   for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
   for (int64_t i0 = 0; i0 < M; i0 += mp) {

@@ -391,7 +391,7 @@ void gemm_amx(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K,
               int32_t* direct = nullptr) {
   static thread_local std::vector<uint8_t> bp;   // the calling thread's; workers fill disjoint panels
   uint8_t* b = rp_aligned64(bp, rp_amx_packed_bytes(N, K, 1));
-  rp_amx_pack_b(B, K, 0, N, K, 1, b);
+  rp_amx_pack_b(B, K, 0, N, K, 1, 0, N, b);
   rp_amx_gemm(A, K, 0, b, M, N, K, 1, direct,
               [](void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
                 (*static_cast<const Finish*>(ctx))(i0, mr, j0, nr, t, ldt);

@@ -2,7 +2,8 @@
 // later): C[i,j] = sum_k A[i,k] * B[j,k], A [M, K], B [N, K] int8, C int32, exact.
 //
 //   rp_amx_usable()                                  AMX-INT8 here: CPU, build and Linux permission
-//   rp_amx_pack_b(B, ldb, b_next, N, K, nmat, out)   B (nmat matrices) into the tile layout
+//   rp_amx_pack_b(B, ldb, b_next, N, K, nmat, j0, j1, out)
+//                                                    rows [j0, j1) of B (nmat matrices) into the tile layout
 //   rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, direct, finish, ctx)
 //                                                    the nmat GEMMs, block by finished block
 // (kernels.h says more; int8.cpp runs one matrix, exact.cpp the eight residue GEMMs at once.)
@@ -17,11 +18,16 @@
 //
 // The tiles: 8 registers of up to 16 rows x 64 bytes. A block of 32 x 32 outputs is 2 x 2 C tiles
 // (tmm0-3, 16 x 16 int32 each), updated per 64 k by 2 A tiles (tmm4-5: 16 rows x 64 int8) and 2 B
-// tiles (tmm6-7: 16 rows of 16 columns x 4 consecutive k, the "VNNI layout"). A is read in place
-// where its row stride is at least K rounded up to 64 and the 32 rows exist (bytes past K meet B's
-// zero padding); otherwise its block is copied into a zero-padded scratch. B is packed into panels
-// of 16 columns, panel[k / 4][16][4], k padded with zeros to a multiple of 64 (zeros add nothing:
-// exact). Buffers start on cache lines (a 64-byte tile row across two lines costs two accesses).
+// tiles (tmm6-7: 16 rows of 16 columns x 4 consecutive k, the "VNNI layout"). Both operands are
+// laid out so that every tile load reads 1 KB of consecutive bytes (rows 64 bytes apart: no
+// cache-set conflicts, whatever the operands' strides):
+//   - B is packed once per call into pairs of 16-column panels: the pair of columns [32q, 32q + 32)
+//     holds, per 64 k (a k-step s), the tile of its first 16 columns, then that of the other 16
+//     ([16 groups of 4 k][16 columns][4] each, 2 KB per step), k padded with zeros to a multiple
+//     of 64 (zeros add nothing: exact);
+//   - A is copied per row block (32 rows x KC k) into the same order: per k-step its tile of rows
+//     0-15, then that of rows 16-31, zero past the last row and past K.
+// Buffers start on cache lines (a 64-byte tile row across two lines costs two accesses).
 // Threads take disjoint blocks of outputs; each configures its tiles (ldtilecfg) per chunk of
 // work and releases them after.
 //
@@ -50,13 +56,25 @@ namespace {
 
 constexpr int64_t TR = 16;   // rows of a tile
 constexpr int64_t TB = 64;   // bytes of a tile row: 64 int8 k values (A), 16 columns x 4 k (B)
+constexpr int64_t TILE = TR * TB;    // bytes of a tile
 constexpr int64_t BM = 32, BN = 32;  // a block: 2 x 2 C tiles
-// A task: MC rows x NC columns of outputs, its row blocks in turn, each against the task's columns;
-// k in passes of KC (one matrix only; nmat > 1 takes one pass), so that a row block's A tiles
-// (32 x KC bytes) stay in L1 while the B panels come from L2. Chosen by timing 2048^3 single
-// threaded (2026-12-01, this Xeon, a shared machine: +-25% between runs): KC = 512, 128 x 128
-// tasks ran at 1.4-1.8 T op/s against 1.1-1.2 for one pass over K with 32 x 512 tasks.
-constexpr int64_t KC = 512, MC = 128, NC = 128;
+// The blocking (a task: MC rows x nc columns of outputs, all of K; tasks run column-chunk by
+// column-chunk, rows inner, so a thread's consecutive tasks share their B panels):
+//   - a row block's A tiles (32 rows x KC k, 16 KB) are copied into tile order and stay in L1
+//     while the B panels of the task's columns stream from L2;
+//   - nc is chosen so that those B panels (nc columns x K, all nmat matrices) fit in half of L2
+//     (kL2Bytes), so the row blocks of a chunk's tasks reuse them from L2 and B comes from memory
+//     about once per call;
+//   - k runs in passes of KC per row block; the partial sums of the row block (nmat x 32 x nc
+//     int32) wait in a buffer between passes (tile loads and stores, L1/L2);
+//   - while a row block runs, the next one's A is prefetched into L2, a slice per column block.
+// Measured 2026-12-01 on this Xeon (one thread, CPU time): the 2 x 2 tile step runs at 4.9 T op/s
+// with all tiles in L1, 4.6 with B streaming from L2, 3.5-3.9 with A and B both from L2, 1.2-1.4
+// with B from memory; A read in place (rows lda bytes apart, 16 KB per row block spread over 32
+// rows) missed L1 on set conflicts when lda is a multiple of 1 KB. KC = 256 / 1024, MC = 256 and
+// kL2Bytes = 512 KB could not be told apart from these on the shared machine (2026-12-02).
+constexpr int64_t KC = 512, MC = 128;
+constexpr int64_t kL2Bytes = int64_t(1) << 20;
 
 inline int64_t padded_k(int64_t K) { return std::max<int64_t>(TB, (K + TB - 1) / TB * TB); }
 inline int64_t panels(int64_t N) { return (N + BN - 1) / BN * 2; }   // 16-column panels, in pairs
@@ -83,17 +101,84 @@ bool request_amx() {
 struct Job {
   const int8_t* A;
   int64_t lda, a_next;
-  const uint8_t* Bp;   // packed B: matrix t, panel p at Bp + (t * npanels + p) * Kp * 16
-  int64_t M, N, K, Kp, npanels;
+  const uint8_t* Bp;   // packed B: matrix t, pair of panels (columns 32q) at Bp + (t * npanels + 2 q) * Kp * 16
+  int64_t M, N, K, Kp, npanels, nc;   // nc: the columns of a task
   int nmat;
   int32_t* direct;
   RpTileFinish finish;
   void* ctx;
 };
 
-// The tasks [t0, t1) of a job (task t: rows (t / nblocks) * MC .., columns (t % nblocks) * NC ..).
-// One pass over k (the block's 2 x 2 tiles hold the sums), except with one matrix and
-// Kp > KC: then passes of KC, the partial sums kept in `part` between them.
+// Rows [r0, r0 + mr) of A (row r at A + r * lda; mr <= 32), k in [k0, k0 + kc), into tile order
+// with the two tiles of a k-step side by side: rows 16h + r' (h = 0, 1), k = k0 + 64 s + u at
+// out[s * 2048 + h * 1024 + r' * 64 + u]; zero past mr rows and past K (a masked load reads no
+// byte past K).
+__attribute__((target("avx512f,avx512bw"))) void pack_a(const int8_t* A, int64_t lda, int64_t r0, int64_t mr,
+                                                         int64_t K, int64_t k0, int64_t kc, int8_t* out) {
+  for (int64_t r = 0; r < BM; ++r) {
+    int8_t* o = out + (r / TR) * TILE + (r % TR) * TB;
+    const int8_t* src = A + (r0 + r) * lda;
+    for (int64_t s = 0; s < kc / TB; ++s) {
+      const int64_t k = k0 + s * TB, n = r < mr ? std::max<int64_t>(0, std::min<int64_t>(TB, K - k)) : 0;
+      const __m512i v = n == TB ? _mm512_loadu_si512(src + k)
+                                : _mm512_maskz_loadu_epi8(n ? (__mmask64)(~0ull >> (64 - n)) : 0, src + k);
+      _mm512_store_si512(o + s * 2 * TILE, v);
+    }
+  }
+}
+
+// Part `part` of `parts` of the cache lines of rows [r0, r0 + mr) x k [k0, k0 + kc) of A, into L2:
+// the next row block's A, a little while each column block of this one runs, so that its packing
+// does not wait on memory.
+inline void prefetch_a(const int8_t* A, int64_t lda, int64_t r0, int64_t mr, int64_t k0, int64_t kc, int64_t part,
+                       int64_t parts) {
+  const int64_t lines = (kc + 63) / 64, total = mr * lines, q1 = total * (part + 1) / parts;
+  int64_t q = total * part / parts, r = q / lines, l = q % lines;
+  for (; q < q1; ++q) {
+    _mm_prefetch(reinterpret_cast<const char*>(A + (r0 + r) * lda + k0 + l * 64), _MM_HINT_T1);
+    if (++l == lines) l = 0, ++r;
+  }
+}
+
+// kc / 64 steps of the 2 x 2 tiles into tmm0-3: A's two tiles of step s at a + s * 2048 (pack_a's
+// order: rows 0-15, then 16-31), B's at b + s * 2048 (columns 0-15, then 16-31): one contiguous
+// stream of 2 KB per operand and step.
+__attribute__((target("amx-tile,amx-int8"))) inline void tile_steps(const int8_t* a, const uint8_t* b, int64_t steps) {
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, a + s * 2 * TILE, TB);
+    _tile_loadd(5, a + s * 2 * TILE + TILE, TB);
+    _tile_loadd(6, b + s * 2 * TILE, TB);
+    _tile_loadd(7, b + s * 2 * TILE + TILE, TB);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+}
+
+__attribute__((target("amx-tile,amx-int8"))) inline void tiles_zero() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+__attribute__((target("amx-tile,amx-int8"))) inline void tiles_load(const int32_t* c, int64_t ldc) {
+  _tile_loadd(0, c, ldc * 4);
+  _tile_loadd(1, c + 16, ldc * 4);
+  _tile_loadd(2, c + 16 * ldc, ldc * 4);
+  _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+}
+__attribute__((target("amx-tile,amx-int8"))) inline void tiles_store(int32_t* c, int64_t ldc) {
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  _tile_stored(2, c + 16 * ldc, ldc * 4);
+  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+
+// The tasks [t0, t1) of a job (task t: rows (t % ntm) * MC .., columns (t / ntm) * nc ..). ct holds
+// the task's finished (or, between passes, partial) blocks: block jb of matrix m at
+// ct + (jb * nmat + m) * 1024, [32][32] int32, so that finish gets the nmat blocks of one output
+// block one after the other.
 __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int64_t t0, int64_t t1) {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
@@ -101,102 +186,77 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
     cfg.colsb[t] = TB;
   }
   _tile_loadconfig(&cfg);
-  const int64_t M = job.M, N = job.N, Kp = job.Kp, lda = job.lda;
-  const int64_t kpass = job.nmat == 1 ? KC : Kp, nblocks = (N + NC - 1) / NC;
-  std::vector<int8_t> apad_buf;
-  std::vector<int32_t> part_buf, ct_buf;
-  int8_t* apad = rp_aligned64(apad_buf, BM * std::min(kpass, Kp));        // a copied A block
-  int32_t* part = rp_aligned64(part_buf, Kp > kpass ? MC * NC : 0);       // partial sums between k passes
-  int32_t* ct = rp_aligned64(ct_buf, job.nmat * BM * BN);                 // the finished blocks, one per matrix
+  const int64_t M = job.M, N = job.N, Kp = job.Kp, NCT = job.nc, K = std::min(job.K, job.lda);
+  const int64_t kpass = std::min(KC, Kp), ntm = (M + MC - 1) / MC;
+  std::vector<int8_t> apack_buf;
+  std::vector<int32_t> ct_buf;
+  int8_t* apack = rp_aligned64(apack_buf, BM * kpass);
+  int32_t* ct = rp_aligned64(ct_buf, (NCT / BN) * job.nmat * BM * BN);
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t i0 = (t / nblocks) * MC, mc = std::min(MC, M - i0);
-    const int64_t j0 = (t % nblocks) * NC, nc = std::min(NC, N - j0);
-    for (int64_t k0 = 0; k0 < Kp; k0 += kpass) {
-      const int64_t kc = std::min(kpass, Kp - k0);
-      const bool first = k0 == 0, last = k0 + kc >= Kp;
-      for (int64_t ib = 0; ib < mc; ib += BM) {
-        const int64_t mr = std::min(BM, mc - ib), r0 = i0 + ib;
-        const bool in_place = mr == BM && lda >= Kp;   // else a zero-padded copy per matrix
-        for (int64_t jb = 0; jb < nc; jb += BN) {
-          const int64_t nr = std::min(BN, nc - jb), c0 = j0 + jb;
-          int32_t* pt = part + ib * NC + jb;   // this block's partial sums (passes)
-          for (int m = 0; m < job.nmat; ++m) {
-            const int8_t* a = job.A + m * job.a_next + r0 * lda + k0;
-            int64_t ld = lda;
-            if (!in_place) {
-              for (int64_t r = 0; r < BM; ++r) {
-                int8_t* o = apad + r * kc;
-                const int64_t n = r < mr ? std::max<int64_t>(0, std::min(kc, std::min(lda, job.K) - k0)) : 0;
-                if (n) std::memcpy(o, a + r * lda, n);
-                std::memset(o + n, 0, kc - n);
-              }
-              a = apad;
-              ld = kc;
-              __asm__ volatile("" ::: "memory");   // GCC's tileloadd asm declares no memory input
-            }
-            if (first) {
-              _tile_zero(0);
-              _tile_zero(1);
-              _tile_zero(2);
-              _tile_zero(3);
-            } else {
-              _tile_loadd(0, pt, NC * 4);
-              _tile_loadd(1, pt + 16, NC * 4);
-              _tile_loadd(2, pt + 16 * NC, NC * 4);
-              _tile_loadd(3, pt + 16 * NC + 16, NC * 4);
-            }
-            const uint8_t* b0 = job.Bp + (m * job.npanels + c0 / 16) * Kp * 16 + k0 * 16;
-            const uint8_t* b1 = b0 + Kp * 16;
-            for (int64_t k = 0; k < kc; k += TB) {
-              _tile_loadd(4, a + k, ld);
-              _tile_loadd(5, a + 16 * ld + k, ld);
-              _tile_loadd(6, b0 + k * 16, TB);
-              _tile_loadd(7, b1 + k * 16, TB);
-              _tile_dpbssd(0, 4, 6);
-              _tile_dpbssd(1, 4, 7);
-              _tile_dpbssd(2, 5, 6);
-              _tile_dpbssd(3, 5, 7);
-            }
-            int32_t* out = ct + m * BM * BN;
-            int64_t ldo = BN;
-            if (!last) {
-              out = pt;
-              ldo = NC;
-            } else if (job.direct && mr == BM && nr == BN) {
-              out = job.direct + r0 * N + c0;
-              ldo = N;
-            }
-            _tile_stored(0, out, ldo * 4);
-            _tile_stored(1, out + 16, ldo * 4);
-            _tile_stored(2, out + 16 * ldo, ldo * 4);
-            _tile_stored(3, out + 16 * ldo + 16, ldo * 4);
+    const int64_t i0 = (t % ntm) * MC, mc = std::min(MC, M - i0);
+    const int64_t j0 = (t / ntm) * NCT, nc = std::min(NCT, N - j0), nblk = (nc + BN - 1) / BN;
+    for (int64_t ib = 0; ib < mc; ib += BM) {
+      const int64_t mr = std::min(BM, mc - ib), r0 = i0 + ib;
+      for (int m = 0; m < job.nmat; ++m) {
+        const int8_t* am = job.A + m * job.a_next;
+        const uint8_t* bm = job.Bp + (m * job.npanels + j0 / 16) * Kp * 16;
+        for (int64_t k0 = 0; k0 < Kp; k0 += kpass) {
+          const int64_t kc = std::min(kpass, Kp - k0), steps = kc / TB;
+          const bool first = k0 == 0, last = k0 + kc >= Kp;
+          // the A block that runs next: this rows' next pass, the next matrix, or the next rows
+          const int8_t* an = am;
+          int64_t nr0 = r0, nmr = mr, nk0 = k0 + kc;
+          if (nk0 >= Kp) {
+            nk0 = 0;
+            if (m + 1 < job.nmat) an = am + job.a_next;
+            else nr0 = r0 + BM, nmr = std::max<int64_t>(0, std::min(BM, (t == t1 - 1 ? i0 + mc : M) - nr0)), an = job.A;
           }
-          if (last && !(job.direct && mr == BM && nr == BN)) job.finish(job.ctx, r0, mr, c0, nr, ct, BN);
+          pack_a(am, job.lda, r0, mr, K, k0, kc, apack);
+          __asm__ volatile("" ::: "memory");   // GCC's tileloadd asm declares no memory input
+          for (int64_t jb = 0; jb < nc; jb += BN) {
+            const int64_t nr = std::min(BN, nc - jb);
+            prefetch_a(an, job.lda, nr0, nmr, nk0, std::min(kpass, K - nk0), jb / BN, nblk);
+            int32_t* cb = ct + ((jb / BN) * job.nmat + m) * BM * BN;
+            if (first) tiles_zero();
+            else tiles_load(cb, BN);
+            tile_steps(apack, bm + jb * Kp + k0 * 32, steps);
+            if (last && job.direct && mr == BM && nr == BN) {
+              tiles_store(job.direct + r0 * N + j0 + jb, N);
+              continue;
+            }
+            tiles_store(cb, BN);
+            if (last && job.nmat == 1) job.finish(job.ctx, r0, mr, j0 + jb, nr, cb, BN);
+          }
         }
       }
+      if (job.nmat > 1)
+        for (int64_t jb = 0; jb < nc; jb += BN)
+          job.finish(job.ctx, r0, mr, j0 + jb, std::min(BN, nc - jb), ct + (jb / BN) * job.nmat * BM * BN, BN);
     }
   }
   _tile_release();
 }
 
-// Rows [16p, 16p + 16) of B (row j at B + j * ldb; rows >= N zero) into panel p: [Kp / 4][16][4],
-// k >= K zero. Whole 16 x 64-byte chunks (16 rows, 64 k) are a 16 x 16 transpose of 4-byte words
-// in AVX-512 registers (transpose.h); the rest (the last rows or k) byte by byte.
+// Panel p (columns [16p, 16p + 16)) of one matrix, k >= K zero, columns >= N zero; B: its
+// column 16p (row j of B at B + (j - 16p) * ldb). The tile of k-step s (k in [64 s, 64 s + 64):
+// [16 groups of 4 k][16 columns][4]) goes to out + s * 2048 (out: the panel's half of its pair,
+// rp_amx_pack_b). Whole 16 x 64-byte chunks (16 rows, 64 k) are a 16 x 16 transpose of 4-byte
+// words in AVX-512 registers (transpose.h); the rest (the last rows or k) byte by byte.
 __attribute__((target("avx512f"))) void pack_panel(const int8_t* B, int64_t ldb, int64_t N, int64_t K, int64_t Kp,
                                                    int64_t p, uint8_t* out) {
-  const int64_t j0 = 16 * p, rows = std::max<int64_t>(0, std::min<int64_t>(16, N - j0));
+  const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(16, N - 16 * p));
   const int64_t kvec = rows == 16 ? K / 64 * 64 : 0;
   for (int64_t k0 = 0; k0 < kvec; k0 += 64) {
     __m512i r[16];
-    for (int n = 0; n < 16; ++n) r[n] = _mm512_loadu_si512(B + (j0 + n) * ldb + k0);
+    for (int n = 0; n < 16; ++n) r[n] = _mm512_loadu_si512(B + n * ldb + k0);
     rp::transpose16(r);
-    for (int g = 0; g < 16; ++g) _mm512_storeu_si512(out + (k0 / 4 + g) * 64, r[g]);   // r[g]: word g of rows 0-15
+    for (int g = 0; g < 16; ++g) _mm512_storeu_si512(out + (k0 / 64) * 2 * TILE + g * 64, r[g]);   // r[g]: word g of rows 0-15
   }
   for (int64_t n = 0; n < 16; ++n) {
     uint8_t* o = out + n * 4;
-    const int8_t* src = B + (j0 + n) * ldb;
     for (int64_t g = kvec / 4; g < Kp / 4; ++g)
-      for (int64_t u = 0; u < 4; ++u) o[g * 64 + u] = n < rows && 4 * g + u < K ? (uint8_t)src[4 * g + u] : 0;
+      for (int64_t u = 0; u < 4; ++u)
+        o[(g / 16) * 2 * TILE + (g % 16) * 64 + u] = n < rows && 4 * g + u < K ? (uint8_t)B[n * ldb + 4 * g + u] : 0;
   }
 }
 
@@ -209,18 +269,27 @@ bool rp_amx_usable() {
 
 int64_t rp_amx_packed_bytes(int64_t N, int64_t K, int nmat) { return nmat * panels(N) * padded_k(K) * 16; }
 
-void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, uint8_t* out) {
-  const int64_t Kp = padded_k(K), np = panels(N);
-  rp::parallel_for(nmat * np, 2, [&](int64_t b, int64_t e) {
-    for (int64_t q = b; q < e; ++q) pack_panel(B + (q / np) * b_next, ldb, N, K, Kp, q % np, out + q * Kp * 16);
+void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
+                   int64_t j1, uint8_t* out) {
+  const int64_t Kp = padded_k(K), np = panels(N), p0 = j0 / 16, p1 = j1 >= N ? np : j1 / 16, n = p1 - p0;
+  rp::parallel_for(nmat * n, 2, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      const int64_t m = q / n, p = p0 + q % n;   // panel p of matrix m: half p % 2 of pair m * np / 2 + p / 2
+      pack_panel(B + m * b_next + (16 * p - j0) * ldb, ldb, N, K, Kp, p,
+                 out + (m * np / 2 + p / 2) * Kp * 32 + (p % 2) * TILE);
+    }
   });
 }
 
 void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
                  int nmat, int32_t* direct, RpTileFinish finish, void* ctx) {
   if (M == 0 || N == 0) return;
-  const Job job{A, lda, a_next, Bp, M, N, K, padded_k(K), panels(N), nmat, nmat == 1 ? direct : nullptr, finish, ctx};
-  const int64_t tasks = ((M + MC - 1) / MC) * ((N + NC - 1) / NC);
+  const int64_t Kp = padded_k(K);
+  // the task's columns: its B panels (nmat x nc x Kp bytes) in kL2Bytes, at least one block, at
+  // most N rounded up to a block
+  const int64_t nc = std::clamp<int64_t>(kL2Bytes / (nmat * Kp) / BN * BN, BN, (N + BN - 1) / BN * BN);
+  const Job job{A, lda, a_next, Bp, M, N, K, Kp, panels(N), nc, nmat, nmat == 1 ? direct : nullptr, finish, ctx};
+  const int64_t tasks = ((M + MC - 1) / MC) * ((N + nc - 1) / nc);
   rp::parallel_for(tasks, 1, [&](int64_t t0, int64_t t1) { run_tasks(job, t0, t1); });
 }
 
@@ -228,7 +297,7 @@ void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp
 
 bool rp_amx_usable() { return false; }
 int64_t rp_amx_packed_bytes(int64_t, int64_t, int) { return 0; }
-void rp_amx_pack_b(const int8_t*, int64_t, int64_t, int64_t, int64_t, int, uint8_t*) {}
+void rp_amx_pack_b(const int8_t*, int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, uint8_t*) {}
 void rp_amx_gemm(const int8_t*, int64_t, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int, int32_t*, RpTileFinish,
                  void*) {}
 

@@ -109,12 +109,13 @@ bool rp_int8_uses_amx();   // the path now in use is AMX-INT8
 // (the exact matmul's eight residue GEMMs), C_m = A_m @ B_m^T for m < nmat, A_m [M, K] (row i
 // at A + m * a_next + i * lda), B_m [N, K] (row j at B + m * b_next + j * ldb), int8, exact int32.
 // rp_amx_usable(): the CPU has AMX-INT8, the build has the AMX code and Linux granted the tile
-// state (asked once per process). rp_amx_pack_b: all B_m into the tile layout (out:
-// rp_amx_packed_bytes). rp_amx_gemm: each finished block of outputs (mr <= 32 rows at i0, nr <= 32
+// state (asked once per process). rp_amx_pack_b: rows [j0, j1) of all B_m (j0 a multiple of 16,
+// j1 one too or N; row j of B_m at B + m * b_next + (j - j0) * ldb) into their place in the tile
+// layout of all N rows (out: rp_amx_packed_bytes), so that B can be packed a chunk of rows at a time. rp_amx_gemm: each finished block of outputs (mr <= 32 rows at i0, nr <= 32
 // columns at j0) goes to finish(ctx, i0, mr, j0, nr, tiles, 32) in the thread that computed it,
 // tiles holding nmat blocks [32][32] one after the other; with nmat = 1 and direct (the output
-// [M, N]) given, full 32 x 32 blocks are stored there instead. lda >= K rounded up to 64 lets A be
-// read in place (the bytes past K are multiplied by B's zero padding); otherwise blocks are copied.
+// [M, N]) given, full 32 x 32 blocks are stored there instead. A needs lda >= K only (its blocks
+// are copied into tile order, zero past K).
 // n elements of v at a 64-byte boundary (v resized to n plus a cache line): AMX reads and writes
 // tile rows of 64 bytes, and a row that straddles two cache lines costs two accesses.
 template <class T>
@@ -126,7 +127,8 @@ typedef void (*RpTileFinish)(void* ctx, int64_t i0, int64_t mr, int64_t j0, int6
                              int64_t ldt);
 bool rp_amx_usable();
 int64_t rp_amx_packed_bytes(int64_t N, int64_t K, int nmat);
-void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, uint8_t* out);
+void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
+                   int64_t j1, uint8_t* out);
 void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
                  int nmat, int32_t* direct, RpTileFinish finish, void* ctx);
 // int8_pv.cpp (§10 int8 P·V): the block step rule over rows of x [R, C] -> s [R]; the int8 band
