@@ -210,6 +210,7 @@ class Audit:
         self.device = device
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
+        self.notes = []                          # what was not checked: printed before the verdict
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
         self.state = None                        # the replay's state (after its last replayed step)
@@ -280,8 +281,8 @@ class Audit:
             if diff:
                 self.find(0, diff)
         else:
-            print("note: the run was imported (genesis init); its source files were not checked "
-                  "(--init_from DIR checks them)")
+            self.notes.append("the run was imported (genesis init); its source files were not checked "
+                              "(--init_from DIR checks them)")
 
     def checkpoint(self, step, path):
         """Verify one checkpoint file against its record (once); a finding if it does not match."""
@@ -384,6 +385,8 @@ def replay_command(args):
     else:
         first, last = (1, audit.run.chain.lines - 1) if args.all else parse_range(args.range, "--range")
     audit.replay(first, last, args.trace)
+    for note in audit.notes:
+        print(f"note: {note}")
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
     if not audit.findings:

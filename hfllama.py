@@ -177,20 +177,30 @@ def _names(i):
 
 
 def to_hf(params, cfg):
-    """{HF name: tensor} of our parameters {name: tensor} under the resolved config cfg."""
+    """{HF name: tensor} of our parameters {name: tensor} under the resolved config cfg. A
+    parameter the mapping has no place for is refused (UsageError): nothing is dropped."""
     H, Hkv, Dh = cfg.n_head, cfg.n_kv_head, cfg.d_model // cfg.n_head
-    out = {"model.embed_tokens.weight": params["tok_emb"], "model.norm.weight": params["norm"]}
+    used = set()
+
+    def take(name):
+        used.add(name)
+        return params[name]
+
+    out = {"model.embed_tokens.weight": take("tok_emb"), "model.norm.weight": take("norm")}
     if not cfg.tie_embeddings:
-        out["lm_head.weight"] = params["lm_head"]
+        out["lm_head.weight"] = take("lm_head")
     for i in range(cfg.n_layer):
         p = f"model.layers.{i}."
-        out.update({hf: params[f"layers.{i}.{ours}"] for ours, hf in _names(i).items()})
-        q, k, v = params[f"layers.{i}.wqkv"].split([H * Dh, Hkv * Dh, Hkv * Dh])
+        out.update({hf: take(f"layers.{i}.{ours}") for ours, hf in _names(i).items()})
+        q, k, v = take(f"layers.{i}.wqkv").split([H * Dh, Hkv * Dh, Hkv * Dh])
         out[p + "self_attn.q_proj.weight"] = _rope_rows(q, H, Dh, True)
         out[p + "self_attn.k_proj.weight"] = _rope_rows(k, Hkv, Dh, True)
         out[p + "self_attn.v_proj.weight"] = v
-        gate, up = params[f"layers.{i}.w_gate_up"].split([cfg.d_hidden, cfg.d_hidden])
+        gate, up = take(f"layers.{i}.w_gate_up").split([cfg.d_hidden, cfg.d_hidden])
         out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+    unmapped = sorted(set(params) - used)
+    if unmapped:
+        raise UsageError(f"parameter {unmapped[0]} has no place in a LlamaForCausalLM")
     return {n: t.contiguous() for n, t in sorted(out.items())}
 
 

@@ -29,6 +29,7 @@ import repops  # noqa: E402
 import train  # noqa: E402
 from config import Config, UsageError  # noqa: E402
 from data import TokenData  # noqa: E402
+from model import param_shapes  # noqa: E402
 from tokenizer import get_tokenizer  # noqa: E402
 from tiny import ROOT, WORDS, audit, chain_records, script  # noqa: E402
 from tools import hf_tiny  # noqa: E402
@@ -145,6 +146,7 @@ def test_finetune_audit_export_round_trip(source, tmp_path):
     assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
     card = (out / "README.md").read_text()
     assert chain_records(run)[STEPS]["state_hash"] in card and genesis["record_hash"] in card
+    assert "its checkpoint 0" in card and "No training step was replayed" in card    # what was checked
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     assert type(exported).__name__ == "LlamaForCausalLM"
     ours, _ = sample.load_model(str(run), STEPS)
@@ -253,6 +255,10 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     assert hfllama.model_keys(hf, "x")["n_layer"] == 2
     with pytest.raises(UsageError, match="mlp.gate_proj.weight would be|has no place|missing"):
         hfllama.from_hf({"model.embed_tokens.weight": torch.zeros(3)}, Config(), {}, "x")
+    params = {n: torch.zeros(s) for n, s in param_shapes(Config(vocab_size=8, n_kv_head=4)).items()}
+    assert len(hfllama.to_hf(params, Config(vocab_size=8, n_kv_head=4))) == len(params) + 3 * 4   # q, k, v and gate, up split
+    with pytest.raises(UsageError, match="parameter emb_norm has no place"):     # nothing is dropped
+        hfllama.to_hf({**params, "emb_norm": torch.ones(128)}, Config(vocab_size=8, n_kv_head=4))
 
     line = one_line_error(capsys, data.main(["--input", str(base / "corpus.txt"), "--data_dir",
                                              str(tmp_path / "c"), "--tokenizer", f"hf:{tmp_path}"]), "data.py")
