@@ -7,9 +7,11 @@ that tokenizer (streaming = whole-text encoding); train.py fine-tunes it a few s
 loads, whose logits equal ours within float32 tolerance and whose greedy tokens equal ours; and
 importing the export gives back the exported parameters bit for bit.
 """
+import hashlib
 import json
 import os
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -31,7 +33,7 @@ from config import Config, UsageError  # noqa: E402
 from data import TokenData  # noqa: E402
 from model import param_shapes  # noqa: E402
 from tokenizer import get_tokenizer  # noqa: E402
-from tiny import ROOT, WORDS, audit, chain_records, script  # noqa: E402
+from tiny import ROOT, WORDS, assert_one_line_error, audit, chain_records, script  # noqa: E402
 from tools import hf_tiny  # noqa: E402
 
 transformers = pytest.importorskip("transformers")   # pinned in requirements.txt: CI has it
@@ -118,7 +120,8 @@ def test_finetune_audit_export_round_trip(source, tmp_path):
     assert proc.returncode == 0, proc.stderr
     genesis = chain_records(run)[0]
     assert genesis["init"]["format"] == "hf-llama"
-    assert genesis["init"]["files"]["model.safetensors"] == hfllama._sha256(os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "model.safetensors"), "rb") as f:
+        assert genesis["init"]["files"]["model.safetensors"] == hashlib.sha256(f.read()).hexdigest()
     assert genesis["config"]["n_kv_head"] == 2 and genesis["config"]["vocab_size"] == HF_vocab(folder)
 
     # the initial state is the source's weights, mapped: our step-0 logits are transformers'
@@ -275,3 +278,48 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     capsys.readouterr()
     line = one_line_error(capsys, export.main(["--run_dir", str(qk), "--to", "hf", "--out", str(tmp_path / "out")]), "export.py")
     assert "qk_norm" in line and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- hostile source folders
+HOSTILE = {
+    "config.json a link to /dev/zero": lambda d: os.symlink("/dev/zero", d / "config.json"),
+    "model.safetensors a FIFO": lambda d: os.mkfifo(d / "model.safetensors"),
+    "config.json of 1 TiB (sparse)": lambda d: os.truncate(d / "config.json", 1 << 40),
+    "model.safetensors of 1 TiB (sparse)": lambda d: os.truncate(d / "model.safetensors", 1 << 40),
+    "an index naming 10^5 tensors": lambda d: (d / hfllama.INDEX).write_text(json.dumps(
+        {"weight_map": {f"t{i}": "model.safetensors" for i in range(10 ** 5)}})),
+    "a shard that is a directory": lambda d: ((d / hfllama.INDEX).write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "sub"}})), (d / "sub").mkdir()),
+}
+
+
+@pytest.fixture(scope="module")
+def imported_run(source, tmp_path_factory):
+    """A 1-step run imported from the source folder."""
+    base, folder = source
+    _, corpus = prepare_with(base, folder, "tokens_hostile")
+    run = tmp_path_factory.mktemp("imported") / "run"
+    assert train.main([f"--init_from={folder}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN[:3],
+                       "--max_steps=1", *RUN[4:]]) == 0
+    return run, corpus
+
+
+@pytest.mark.parametrize("what", HOSTILE)
+def test_source_files_are_bounded_before_they_are_read(source, imported_run, tmp_path, what):
+    """A source folder whose file is a device, a FIFO, far larger than the model can need, or an
+    index naming more tensors than the model has: the audit's source check and the import
+    refuse it with one line, at once (no hang, nothing hashed to the end), and create nothing."""
+    _, folder = source
+    run, corpus = imported_run
+    hostile = tmp_path / "hostile"
+    shutil.copytree(folder, hostile)
+    for name in ("config.json", "model.safetensors"):
+        if f"{name} a" in what:         # replaced by a link or a FIFO
+            os.unlink(hostile / name)
+    HOSTILE[what](hostile)
+    proc = script("audit.py", "--run_dir", run, "--step", "1", "--init_from", hostile, timeout=60)
+    assert_one_line_error(proc, "audit.py")
+    proc = script("train.py", f"--init_from={hostile}", f"--run_dir={tmp_path / 'new'}", f"--data_dir={corpus}",
+                  *RUN, timeout=60)
+    assert_one_line_error(proc, "train.py")
+    assert not (tmp_path / "new").exists()
