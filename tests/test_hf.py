@@ -102,13 +102,27 @@ def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monk
     stored = np.concatenate([np.fromfile(os.path.join(out, f), "<u2") for f in ("train.bin", "val.bin")])
     assert stored.tolist() == enc.encode(text)
     assert manifest["tokenizer"] == {"name": "hf", "vocab_size": enc.n_vocab,
-                                     "files": {"tokenizer.json": tokenizer.file_hashes(folder)["tokenizer.json"]}}
+                                     "files": {"tokenizer.json": enc.files["tokenizer.json"]}}
     copy = get_tokenizer("hf", out, manifest["tokenizer"]["files"])     # the corpus's own copy
     assert copy.decode(copy.encode("Thou fair lord.")) == "Thou fair lord."
     with open(os.path.join(out, "tokenizer", "tokenizer.json"), "a") as f:
         f.write(" ")
     with pytest.raises(Exception, match="not the ones the manifest records"):
         get_tokenizer("hf", out, manifest["tokenizer"]["files"])
+
+
+def test_a_huge_tokenizer_file_is_refused_by_its_size(source, tmp_path):
+    """A 1.5 GB tokenizer.json (sparse: no disk) is refused before a byte of it is read, under a
+    1 GiB address-space limit: one line naming the limit, nothing created."""
+    base, folder = source
+    huge = tmp_path / "tok"
+    huge.mkdir()
+    with open(huge / "tokenizer.json", "wb") as f:
+        f.truncate(1500 * 10 ** 6)
+    proc = script("data.py", "--input", base / "corpus.txt", "--data_dir", tmp_path / "c", "--tokenizer",
+                  f"hf:{huge}", memory=1 << 30, timeout=60)
+    assert_one_line_error(proc, "data.py")
+    assert f"larger than {tokenizer.MAX_TOKENIZER_FILE} bytes" in proc.stderr and not (tmp_path / "c").exists()
 
 
 # ----------------------------------------------------------------------------- end to end
