@@ -63,7 +63,7 @@ import statistics
 import sys
 import time
 
-from config import CommandLine, Config, UsageError, micro_batches_at, resolve, validate
+from config import CommandLine, Config, UsageError, micro_batches_at, out_of_memory, resolve, validate
 
 REPLAY = ("step", "range", "all")
 
@@ -598,6 +598,11 @@ def main(argv=None):
         return 1
     except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:   # never exit 1: that is MISMATCH
+        if not (line := out_of_memory(e, "audit this run")):
+            raise
+        print(f"audit.py: error: {line}", file=sys.stderr)
         return 2
 
 

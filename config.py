@@ -451,6 +451,18 @@ class CommandLine(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
+def out_of_memory(error, what):
+    """The one line of bad input for an allocation that failed (`what`: "train this run", ...),
+    or None when `error` is not one (a bug: the caller re-raises it). Python raises MemoryError;
+    torch's allocators raise RuntimeError ("can't allocate memory" on the CPU, "out of memory"
+    on a GPU, torch.OutOfMemoryError). Every command reports it as exit 2, never 1 (the audit's
+    MISMATCH) and never a traceback: the machine, not the run, is short."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if isinstance(error, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower():
+        return f"not enough memory to {what} on this machine ({text})"
+    return None
+
+
 class _Recorded:
     """An argparse group that remembers the actions added to it (CommandLine's mode rule)."""
 

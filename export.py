@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 
-from config import CommandLine, UsageError
+from config import CommandLine, UsageError, out_of_memory
 
 
 def parser():
@@ -170,6 +170,11 @@ def main(argv=None):
         return 2
     except OSError as e:
         print(f"export.py: error: cannot write {args.out}: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not (line := out_of_memory(e, "export this run")):
+            raise
+        print(f"export.py: error: {line}", file=sys.stderr)
         return 2
     print(f"exported step {step} of {args.run_dir} to {args.out} (LlamaForCausalLM)")
     return 0

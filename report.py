@@ -27,7 +27,7 @@ import os
 import re
 import sys
 
-from config import CommandLine, UsageError
+from config import CommandLine, UsageError, out_of_memory
 
 
 def parser():
@@ -321,6 +321,11 @@ def main(argv=None):
         return 2
     except OSError as e:
         print(f"report.py: error: cannot write {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not (line := out_of_memory(e, "report this run")):
+            raise
+        print(f"report.py: error: {line}", file=sys.stderr)
         return 2
     print(f"report: {len(run.chain) - 1} steps of {args.run_dir} written to {args.out}"
           + (f" (MISMATCH at step {contradiction[0]} against the anchors)" if contradiction else ""))

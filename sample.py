@@ -11,7 +11,7 @@ against the published records. Sampling is Gumbel-max with Philox noise, all in 
 import math
 import sys
 
-from config import CommandLine, UsageError
+from config import CommandLine, UsageError, out_of_memory
 
 
 def parser():
@@ -72,6 +72,11 @@ def main(argv=None):
         ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
     except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not (line := out_of_memory(e, "sample this run")):
+            raise
+        print(f"sample.py: error: {line}", file=sys.stderr)
         return 2
     print(enc.decode(ids))
     return 0

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from config import (UsageError, answered_help, decisive_config, differences, given_keys, lr_at, micro_batches_at,
-                    parse_config, phase_counts, resolve, validate)
+                    out_of_memory, parse_config, phase_counts, resolve, validate)
 
 if __name__ == "__main__" and answered_help(sys.argv[1:]):
     sys.exit(0)                 # --help answers here, before torch is imported
@@ -555,7 +555,10 @@ def main(argv):
     except OSError as e:                # a full disk, a run directory made read-only meanwhile
         print(f"train.py: error (rank {rank}): {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:
+    except (MemoryError, RuntimeError) as e:
+        if line := out_of_memory(e, "train this run"):
+            print(f"train.py: error{'' if world == 1 else f' (rank {rank})'}: {line}", file=sys.stderr)
+            return 2
         if world == 1:
             raise                      # a bug, not a broken peer: keep the traceback
         print(f"train.py: error (rank {rank}): a peer failed or the connection broke: {e}", file=sys.stderr)

@@ -27,6 +27,7 @@ import torch
 
 import audit as audit_module
 import config
+import hashchain
 import receipts
 import rundir
 import train
@@ -354,3 +355,41 @@ def test_code_digest_covers_the_sources(tmp_path):
             f.write("\n// \n" if rel.endswith(".cpp") else "\n# \n")
         digests.append(digest())
     assert len(set(digests)) == 3, digests
+
+
+# ----------------------------------------------------------------------------- sizes, and memory
+GiB = 1 << 30
+
+
+def test_the_readers_run_under_an_address_space_limit(reference, tmp_path):
+    """Under `ulimit -v` 12 GiB (shared clusters), audit.py and report.py read a tiny run: the
+    chain is read for what it holds, never for its 16 GiB maximum."""
+    proc = script("audit.py", "--run_dir", reference, "--step", "1", memory=12 * GiB)
+    assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
+    proc = script("report.py", "--run_dir", reference, "--out", tmp_path / "r.html", memory=12 * GiB)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError(
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+    "allocate 70368744177664 bytes. Error code 12 (Cannot allocate memory)")])
+def test_running_out_of_memory_is_one_line_exit_2_in_every_command(reference, corpus, tmp_path, monkeypatch,
+                                                                   capsys, error):
+    """Never exit 1 (the audit's MISMATCH code) and never a traceback: in-process, with the
+    chain's reader running out of memory."""
+    import export
+    import report
+    import sample
+
+    def no_memory(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(hashchain.Chain, "load", no_memory)
+    out = str(tmp_path / "out")
+    for main, argv, prog in ((audit_module.main, ["--step", "1"], "audit.py"),
+                             (report.main, ["--out", out], "report.py"),
+                             (sample.main, ["--tokens", "5"], "sample.py"),
+                             (export.main, ["--to", "hf", "--out", out], "export.py"),
+                             (train.main, train_args(tmp_path / "new", corpus), "train.py")):
+        rc = main(["--run_dir", str(reference), *argv] if prog != "train.py" else argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith(f"{prog}: error: not enough memory to "), (prog, rc, err)
