@@ -63,7 +63,8 @@ import statistics
 import sys
 import time
 
-from config import CommandLine, Config, UsageError, micro_batches_at, out_of_memory, resolve, validate
+from config import (CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve,
+                    validate)
 
 REPLAY = ("step", "range", "all")
 
@@ -223,7 +224,7 @@ class Audit:
                   for k, v in (("recompute", recompute), ("offload", offload))}
         # dead_tensor_steps=0: an alarm for the trainer (deadcheck.py), not part of what is checked
         self.cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0, **memory)
-        validate(self.cfg)                       # the genesis config, and this machine's device
+        validate(self.cfg, recorded=True)        # the genesis config, and this machine's device
         # decisive keys on which config.json (for people) disagrees with the genesis record
         self.config_json_differences = self.run.config_json_differences()
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
@@ -254,6 +255,8 @@ class Audit:
         diff = compare(genesis_record(state, self.data, self.cfg, init=init), self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
+        if late := late_phases(self.cfg):       # the record says what did not train
+            self.find(0, f"genesis config: {late}")
         for key in self.config_json_differences:
             self.find(0, f"config.json disagrees with the genesis record on {key}")
         return state
@@ -522,7 +525,7 @@ def plan_command(args):
     first, last = chain_steps(run, args.steps)
     seed = secrets.randbits(63) if args.seed is None else args.seed
     cfg, vocab = run.cfg, run.vocab_size
-    validate(cfg)
+    validate(cfg, recorded=True)
     ckpts = [s for s, _ in run.checkpoints() if s < len(run.chain)]
     steps_replayed = receipts.replay_costs(first, last, ckpts)
     # a step's cost is its micro-batches (phases change their number from step to step)
