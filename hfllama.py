@@ -283,7 +283,8 @@ def to_hf(params, cfg):
 
 def from_hf(hf, cfg, shapes, where):
     """{our name: tensor} from HF tensors `hf`; `shapes` {our name: shape} is the model's
-    (model.param_shapes). UsageError for a tensor missing, left over or of the wrong shape."""
+    (model.param_shapes). UsageError for a tensor missing, left over, of the wrong shape, or
+    holding a NaN or an infinity."""
     hf = {n: t for n, t in hf.items() if not n.endswith("rotary_emb.inv_freq")}
     H, Hkv, Dh = cfg.n_head, cfg.n_kv_head, cfg.d_model // cfg.n_head
     used = set()
@@ -291,6 +292,9 @@ def from_hf(hf, cfg, shapes, where):
     def take(name):
         if name not in hf:
             raise UsageError(f"{where}: tensor {name} is missing")
+        if hf[name].is_floating_point() and not torch.isfinite(hf[name]).all():
+            raise UsageError(f"{where}: tensor {name} holds a NaN or an infinity (an imported weight must be "
+                             "finite: the first step would stop on it)")
         used.add(name)
         return hf[name]
 

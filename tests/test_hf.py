@@ -337,3 +337,43 @@ def test_source_files_are_bounded_before_they_are_read(source, imported_run, tmp
                   *RUN, timeout=60)
     assert_one_line_error(proc, "train.py")
     assert not (tmp_path / "new").exists()
+
+
+# ----------------------------------------------------------------------------- hostile weights and configs
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_an_imported_weight_that_is_not_finite_is_refused(source, imported_run, tmp_path, capsys, bad):
+    """A NaN or an infinity in any imported weight: refused at import, one line naming the
+    tensor, nothing created (it would be the genesis, and the first step would stop on it)."""
+    from safetensors.torch import load_file, save_file
+    _, folder = source
+    _, corpus = imported_run
+    hostile = tmp_path / "hostile"
+    shutil.copytree(folder, hostile)
+    tensors = load_file(hostile / "model.safetensors")
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = bad
+    save_file(tensors, hostile / "model.safetensors", metadata={"format": "pt"})
+    code = train.main([f"--init_from={hostile}", f"--run_dir={tmp_path / 'new'}", f"--data_dir={corpus}", *RUN])
+    line = one_line_error(capsys, code, "train.py")
+    assert "tensor model.layers.1.mlp.down_proj.weight holds a NaN or an infinity" in line, line
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("key, value, ours", [("num_hidden_layers", 10 ** 9, "n_layer"),
+                                              ("vocab_size", 1 << 40, "vocab_size"),
+                                              ("intermediate_size", 10 ** 12, "d_hidden")])
+def test_an_imported_config_beyond_the_limits_is_refused_before_anything_is_read(source, imported_run, tmp_path,
+                                                                                 key, value, ours):
+    """config.json declaring a model no machine holds: refused by the config's limits
+    (config.LIMITS) before a weight is read or anything allocated, one line, under an 8 GiB
+    address-space limit."""
+    _, folder = source
+    _, corpus = imported_run
+    hostile = tmp_path / "hostile"
+    shutil.copytree(folder, hostile)
+    hf = json.loads((hostile / "config.json").read_text())
+    (hostile / "config.json").write_text(json.dumps({**hf, key: value}))
+    proc = script("train.py", f"--init_from={hostile}", f"--run_dir={tmp_path / 'new'}", f"--data_dir={corpus}",
+                  *RUN, memory=8 << 30, timeout=120)
+    assert_one_line_error(proc, "train.py")
+    assert f"--{ours}={value} is out of range" in proc.stderr and "config.LIMITS" in proc.stderr, proc.stderr
+    assert not (tmp_path / "new").exists()
