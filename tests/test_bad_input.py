@@ -437,6 +437,7 @@ def test_running_out_of_memory_is_one_line_exit_2_in_every_command(reference, co
                                                                    capsys, error):
     """Never exit 1 (the audit's MISMATCH code) and never a traceback: in-process, with the
     chain's reader running out of memory."""
+    import data
     import export
     import report
     import sample
@@ -449,6 +450,7 @@ def test_running_out_of_memory_is_one_line_exit_2_in_every_command(reference, co
                              (report.main, ["--out", out], "report.py"),
                              (sample.main, ["--tokens", "5"], "sample.py"),
                              (export.main, ["--to", "hf", "--out", out], "export.py"),
+                             (data.main, ["--bundle", "--step", "1", "--data_dir", out], "data.py"),
                              (train.main, train_args(tmp_path / "new", corpus), "train.py")):
         rc = main(["--run_dir", str(reference), *argv] if prog != "train.py" else argv)
         err = capsys.readouterr().err.strip().splitlines()
