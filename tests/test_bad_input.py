@@ -373,7 +373,7 @@ def test_out_of_range_sizes_are_refused_before_anything_is_allocated(corpus, tmp
     limit, exit 2, nothing created, under an 8 GiB address-space limit (the machine's memory is
     never at stake)."""
     proc = script("train.py", *train_args(tmp_path / "run", corpus), "--max_steps=1", *args,
-                  memory=8 * GiB, timeout=120)
+                  memory=8 * GiB)
     assert_one_line_error(proc, "train.py")
     key = args[0].partition("=")[0].replace("micro_batches", "micro_batch_phases")
     assert "config.LIMITS" in proc.stderr and key in proc.stderr, proc.stderr
@@ -385,7 +385,7 @@ def test_a_model_this_machine_cannot_hold_is_refused_before_it_is_allocated(corp
     limit): the state's size is checked before any of it is allocated (train.check_memory),
     one line, exit 2, nothing created."""
     proc = script("train.py", *train_args(tmp_path / "run", corpus), "--max_steps=1", "--vocab_size=16777216",
-                  "--d_model=65536", memory=8 * GiB, timeout=120)
+                  "--d_model=65536", memory=8 * GiB)
     assert_one_line_error(proc, "train.py")
     assert "not enough memory for this model on this machine" in proc.stderr, proc.stderr
     assert "GiB, and this process can hold 8.0 GiB" in proc.stderr, proc.stderr
@@ -399,11 +399,11 @@ def test_a_genesis_config_beyond_the_limits_is_refused_by_every_reader(reference
     records = chain_records(run)
     records[0]["config"]["n_layer"] = 10 ** 9
     write_chain(run, reseal(records))
-    for proc, prog in ((script("audit.py", "--run_dir", run, "--step", "1", memory=8 * GiB, timeout=120), "audit.py"),
-                       (script("sample.py", "--run_dir", run, "--tokens", "5", memory=8 * GiB, timeout=120),
+    for proc, prog in ((script("audit.py", "--run_dir", run, "--step", "1", memory=8 * GiB), "audit.py"),
+                       (script("sample.py", "--run_dir", run, "--tokens", "5", memory=8 * GiB),
                         "sample.py"),
                        (script("export.py", "--run_dir", run, "--to", "hf", "--out", tmp_path / "out",
-                               memory=8 * GiB, timeout=120), "export.py")):
+                               memory=8 * GiB), "export.py")):
         assert_one_line_error(proc, prog)
         assert "genesis config: --n_layer=1000000000 is out of range" in proc.stderr, proc.stderr
 

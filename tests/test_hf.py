@@ -120,7 +120,7 @@ def test_a_huge_tokenizer_file_is_refused_by_its_size(source, tmp_path):
     with open(huge / "tokenizer.json", "wb") as f:
         f.truncate(1500 * 10 ** 6)
     proc = script("data.py", "--input", base / "corpus.txt", "--data_dir", tmp_path / "c", "--tokenizer",
-                  f"hf:{huge}", memory=1 << 30, timeout=60)
+                  f"hf:{huge}", memory=1 << 30)
     assert_one_line_error(proc, "data.py")
     assert f"larger than {tokenizer.MAX_TOKENIZER_FILE} bytes" in proc.stderr and not (tmp_path / "c").exists()
 
@@ -373,7 +373,7 @@ def test_an_imported_config_beyond_the_limits_is_refused_before_anything_is_read
     hf = json.loads((hostile / "config.json").read_text())
     (hostile / "config.json").write_text(json.dumps({**hf, key: value}))
     proc = script("train.py", f"--init_from={hostile}", f"--run_dir={tmp_path / 'new'}", f"--data_dir={corpus}",
-                  *RUN, memory=8 << 30, timeout=120)
+                  *RUN, memory=8 << 30)
     assert_one_line_error(proc, "train.py")
     assert f"--{ours}={value} is out of range" in proc.stderr and "config.LIMITS" in proc.stderr, proc.stderr
     assert not (tmp_path / "new").exists()
