@@ -63,7 +63,8 @@ import statistics
 import sys
 import time
 
-from config import CommandLine, Config, UsageError, micro_batches_at, resolve, validate
+from config import (CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve,
+                    validate)
 
 REPLAY = ("step", "range", "all")
 
@@ -210,6 +211,7 @@ class Audit:
         self.device = device
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
+        self.notes = []                          # what was not checked: printed before the verdict
         self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root) of the replay
         self.state = None                        # the replay's state (after its last replayed step)
@@ -222,7 +224,7 @@ class Audit:
                   for k, v in (("recompute", recompute), ("offload", offload))}
         # dead_tensor_steps=0: an alarm for the trainer (deadcheck.py), not part of what is checked
         self.cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0, **memory)
-        validate(self.cfg)                       # the genesis config, and this machine's device
+        validate(self.cfg, recorded=True)        # the genesis config, and this machine's device
         # decisive keys on which config.json (for people) disagrees with the genesis record
         self.config_json_differences = self.run.config_json_differences()
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
@@ -253,6 +255,8 @@ class Audit:
         diff = compare(genesis_record(state, self.data, self.cfg, init=init), self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
+        if late := late_phases(self.cfg):       # the record says what did not train
+            self.find(0, f"genesis config: {late}")
         for key in self.config_json_differences:
             self.find(0, f"config.json disagrees with the genesis record on {key}")
         return state
@@ -280,8 +284,8 @@ class Audit:
             if diff:
                 self.find(0, diff)
         else:
-            print("note: the run was imported (genesis init); its source files were not checked "
-                  "(--init_from DIR checks them)")
+            self.notes.append("the run was imported (genesis init); its source files were not checked "
+                              "(--init_from DIR checks them)")
 
     def checkpoint(self, step, path):
         """Verify one checkpoint file against its record (once); a finding if it does not match."""
@@ -384,6 +388,8 @@ def replay_command(args):
     else:
         first, last = (1, audit.run.chain.lines - 1) if args.all else parse_range(args.range, "--range")
     audit.replay(first, last, args.trace)
+    for note in audit.notes:
+        print(f"note: {note}")
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
     if not audit.findings:
@@ -519,7 +525,7 @@ def plan_command(args):
     first, last = chain_steps(run, args.steps)
     seed = secrets.randbits(63) if args.seed is None else args.seed
     cfg, vocab = run.cfg, run.vocab_size
-    validate(cfg)
+    validate(cfg, recorded=True)
     ckpts = [s for s, _ in run.checkpoints() if s < len(run.chain)]
     steps_replayed = receipts.replay_costs(first, last, ckpts)
     # a step's cost is its micro-batches (phases change their number from step to step)
@@ -595,6 +601,11 @@ def main(argv=None):
         return 1
     except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:   # never exit 1: that is MISMATCH
+        if not (line := out_of_memory(e, "audit this run")):
+            raise
+        print(f"audit.py: error: {line}", file=sys.stderr)
         return 2
 
 

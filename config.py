@@ -37,7 +37,8 @@ written as exactly specified arithmetic:
   float64 product, rounded once to float32), progress = min((s - warmup) / (max_steps -
   warmup), 1); the rest in float64 + - * (math.cos is not used: it is not correctly rounded
   everywhere).
-* micro-batch phases: micro_batch_phases "N1@S1,N2@S2,..." (S strictly increasing, S1 >= 1):
+* micro-batch phases: micro_batch_phases "N1@S1,N2@S2,..." (S strictly increasing, S1 >= 1, every
+  S < max_steps: a phase that no step takes is refused, late_phases):
   steps 1..S1 take cfg.micro_batches, steps S1+1..S2 take N1, and so on. On the command line
   --micro_batches=192@0,288@S1,576@S2 sets both keys (micro_batches=192 and the rest).
 """
@@ -156,6 +157,18 @@ PRESETS = {
 }
 
 SEED_LIMIT = 1 << 64                    # Philox keys are 64-bit
+# The largest value of each integer key (validate; docs/limits.md says why each). The model's
+# dimensions are capped 4-64x beyond the largest published models (Llama 3 405B: 126 layers,
+# width 16384, hidden 53248, 128 heads; Gemma 3: a 262144-token vocabulary), so that a typo or a
+# hostile config.json or genesis record is refused at once, before anything is allocated, and
+# never a model no machine holds; what the limits allow but this machine cannot hold is refused
+# by the state's size (train.check_memory) or, during a step, by the allocator (out_of_memory).
+# Every other integer key (steps, counts, seconds) stays within int32, so that every integer a
+# run records is exact in int64 and in a JSON reader's float64.
+INT_LIMIT = (1 << 31) - 1
+LIMITS = {"vocab_size": 1 << 24, "n_layer": 4096, "n_head": 4096, "n_kv_head": 4096, "d_model": 1 << 16,
+          "d_hidden": 1 << 18, "seq_len": 1 << 20, "attn_window": 1 << 20, "micro_batch_size": 1 << 16,
+          "micro_batches": 1 << 20}
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -192,7 +205,7 @@ def given_keys(argv):
 
 def _arguments(argv):
     """([preset names], [(key, value)]) of a command line, in order; UsageError if bad."""
-    presets, pairs = [], []
+    presets, pairs, phases = [], [], []     # phases: the arguments that set micro_batch_phases
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -203,6 +216,10 @@ def _arguments(argv):
             if i + 1 >= len(argv):
                 raise UsageError(f"--{key} needs a value")
             value, i = argv[i + 1], i + 1
+        if key == "micro_batch_phases" or key == "micro_batches" and "@" in value:
+            phases.append(f"--{key}={value}")
+            if len(phases) > 1:      # two spellings of one setting: neither may silently win
+                raise UsageError(f"{phases[0]} and {phases[1]} both set the micro-batch phases: give one")
         if key == "preset":
             if value not in PRESETS:
                 raise UsageError(f"unknown preset {value!r} (known: {', '.join(PRESETS)})")
@@ -242,8 +259,10 @@ def from_record(fields, where):
     return Config(**values)
 
 
-def validate(cfg, world=1):
-    """Raise UsageError naming the first field whose value is out of range."""
+def validate(cfg, world=1, recorded=False):
+    """Raise UsageError naming the first field whose value is out of range. `recorded`: cfg is
+    a genesis record's (rundir.Run.cfg), whose phases past max_steps the audit reports as a
+    finding at step 0 (audit.Audit.check_genesis: the record says what did not train)."""
     def need(ok, key, rule, *others):
         """Refuse naming `key` (and the `others` a joint rule involves, so that whichever of them
         the user gave is named)."""
@@ -251,6 +270,10 @@ def validate(cfg, world=1):
             given = " and ".join(f"--{k}={getattr(cfg, k)!r}" for k in (key, *others))
             raise UsageError(f"{given} {'are' if others else 'is'} out of range: {rule}")
 
+    for key in FIELDS:          # first: no rule below computes with a value beyond its limit
+        if FIELDS[key] is int and key != "seed":
+            limit = LIMITS.get(key, INT_LIMIT)
+            need(getattr(cfg, key) <= limit, key, f"must be <= {limit} (config.LIMITS; docs/limits.md)")
     for key in ("vocab_size", "n_kv_head"):
         need(getattr(cfg, key) >= 0, key, "must be >= 0 (0: the default)")
     for key in ("n_layer", "n_head", "d_model", "d_hidden", "seq_len", "micro_batches",
@@ -289,9 +312,11 @@ def validate(cfg, world=1):
         need(cfg.device == "cpu" or cuda_dev, "matmul", "exact runs on the cpu only until a GPU has verified its "
              "CUDA kernels (dev/cuda; REPOPS_CUDA_DEV=1 builds them for that check; docs/exact-matmul.md)", "device")
     try:
-        parse_phases(cfg.micro_batch_phases)
+        phases = parse_phases(cfg.micro_batch_phases)
     except ScheduleError as e:
         raise UsageError(f"--micro_batch_phases={cfg.micro_batch_phases!r} is out of range: {e}") from None
+    need(all(n <= LIMITS["micro_batches"] for n, _ in phases), "micro_batch_phases",
+         f"every phase's N must be <= {LIMITS['micro_batches']} (config.LIMITS; docs/limits.md)")
     if cfg.quant == "int8":
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
             need(getattr(cfg, key) <= 133144, key, "must be <= 133144 with --quant=int8 (K * 127^2 < 2^31)")
@@ -314,6 +339,18 @@ def validate(cfg, world=1):
     if cfg.device == "mps":
         need(torch.backends.mps.is_available(), "device", "this machine has no Apple GPU (MPS) that torch can use")
         need(world == 1, "device", "mps runs on one GPU (one rank)")
+    if not recorded:
+        need(not late_phases(cfg), "micro_batch_phases", late_phases(cfg), "max_steps")
+
+
+def late_phases(cfg):
+    """What is wrong with a phase that starts at or after max_steps (no step of the run takes it,
+    so the config would say what did not train), or None."""
+    late = [f"{n}@{s}" for n, s in parse_phases(cfg.micro_batch_phases) if s >= cfg.max_steps]
+    if not late:
+        return None
+    return (f"phase {late[0]} starts at or after max_steps {cfg.max_steps}: no step of the run takes it "
+                     "(a phase N@S serves steps S+1 on)")
 
 
 def resolve(cfg, corpus_vocab):
@@ -457,6 +494,18 @@ def duration(seconds):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+def out_of_memory(error, what):
+    """The one line of bad input for an allocation that failed (`what`: "train this run", ...),
+    or None when `error` is not one (a bug: the caller re-raises it). Python raises MemoryError;
+    torch's allocators raise RuntimeError ("can't allocate memory" on the CPU, "out of memory"
+    on a GPU, torch.OutOfMemoryError). Every command reports it as exit 2, never 1 (the audit's
+    MISMATCH) and never a traceback: the machine, not the run, is short."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if isinstance(error, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower():
+        return f"not enough memory to {what} on this machine ({text})"
+    return None
+
+
 class _Recorded:
     """An argparse group that remembers the actions added to it (CommandLine's mode rule)."""
 
@@ -483,6 +532,9 @@ def parse_phases(text):
         n, at, s = part.strip().partition("@")
         if not at or not n.isdigit() or not s.isdigit():
             raise ScheduleError(f"phase {part!r} is not N@S (N micro-batches from step S+1 on)")
+        # the length first: int() of a string of any length is slow
+        if max(len(n), len(s)) > len(str(INT_LIMIT)) or max(int(n), int(s)) > INT_LIMIT:
+            raise ScheduleError(f"phase {part!r}: N and S must be <= {INT_LIMIT} (config.LIMITS; docs/limits.md)")
         phases.append((int(n), int(s)))
     starts = [s for _, s in phases]
     if any(n < 1 for n, _ in phases) or starts[0] < 1 or any(b <= a for a, b in zip(starts, starts[1:])):

@@ -59,7 +59,7 @@ import numpy as np
 
 import hashchain
 import prepare
-from config import CommandLine, UsageError
+from config import CommandLine, UsageError, out_of_memory
 from prepare import (BUNDLE, DTYPES, MANIFEST, MANIFEST_FORMAT, SOURCE_NAME, ChunkHasher, DataError, DataMismatch,
                      chunk_file, leaves_root, manifest_digest, mix_thresholds, read_json)
 from tokenizer import TokenizerError
@@ -501,6 +501,11 @@ def main(argv=None):
             print(f"manifest digest {manifest_digest(manifest)}")
     except (DataError, TokenizerError, UsageError, OSError, hashchain.HashChainError) as e:  # OSError: not writable
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:      # one line, exit 2, as in every command
+        if not (line := out_of_memory(e, "prepare this data")):
+            raise
+        print(f"{ap.prog}: error: {line}", file=sys.stderr)
         return 2
     return 0
 

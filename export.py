@@ -10,13 +10,19 @@ OUT gets config.json, model.safetensors (the parameters only, never the Adam mom
 names: hfllama.py's mapping, fused matrices split, RoPE rows permuted), the tokenizer files when
 the corpus's tokenizer is a Hugging Face one (tokenizer.py; for "bytes" and tiktoken encodings there
 is none), and README.md, a model card naming the run, step, state hash, genesis record hash and
-code digest, how to audit it, and the context it was trained on. config.json's
+code digest, what was checked, how to audit it, and the context it was trained on. config.json's
 max_position_embeddings is the imported source's for an imported run, else max(seq_len, 2048)
 (hfllama.max_positions says why); bos_token_id and eos_token_id are the tokenizer's
-<|endoftext|> where it has one (GPT-2's encodings, most BPEs), else null (the byte tokenizer). The checkpoint is exported only after the chain up to its step
-and the checkpoint itself verify, as sample.py does. Export is a reader: it writes nothing in
-the run directory, and OUT (new, or an empty directory) must lie outside it; the folder appears
-complete or not at all (written beside it, then renamed).
+<|endoftext|> where it has one (GPT-2's encodings, most BPEs), else null (the byte tokenizer).
+Export vouches only for what an audit would:
+before writing, it verifies the chain's links up to the step and the checkpoint against its
+record (as sample.py does), and runs the audit's genesis check (audit.Audit.check_genesis: the
+genesis record against one recomputed from its config, this code and the corpus's manifest, so
+it needs the corpus or a bundle of it, --data_dir), then loads the checkpoint into the state of
+the genesis config's model (names, shapes, dtypes). Anything the audit would report at genesis
+is refused with one line (exit 2); no step is replayed (the card says so). Export is a reader:
+it writes nothing in the run directory, and OUT (new, or an empty directory) must lie outside
+it; the folder appears complete or not at all (written beside it, then renamed).
 
 What LlamaForCausalLM cannot represent is refused with one line (exit 2): --quant=int8 (W8A8
 quantizes the activations too, so exported dequantized weights would not give the run's
@@ -29,7 +35,7 @@ import shutil
 import sys
 import tempfile
 
-from config import CommandLine, UsageError
+from config import CommandLine, UsageError, out_of_memory
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -42,7 +48,8 @@ def parser():
     ap.add_argument("--out", metavar="DIR", required=True,
                     help="the folder to write: new or empty, outside the run (required)")
     ap.add_argument("--data_dir", metavar="DIR",
-                    help="the run's corpus, for its tokenizer files (default: the data_dir its config.json names)")
+                    help="the run's corpus, or a bundle of it: its manifest, for the genesis check, and its "
+                    "tokenizer files (default: the data_dir the run's config.json names)")
     return ap
 
 
@@ -51,6 +58,7 @@ if __name__ == "__main__":
 
 import hashchain  # noqa: E402  (below the command line's first answer, above)
 import hfllama
+from audit import Audit
 import repops
 import rundir
 from data import DataError
@@ -83,6 +91,14 @@ and generated) the model sees positions it never trained on. The run's own sampl
 (`python sample.py --run_dir {run}`) keeps the last {seq_len} tokens at positions 0..{last}
 instead (a sliding context); the two agree while prompt and generated tokens fit in {seq_len}.
 
+## What was checked, and what was not
+
+Before writing this folder, export.py verified the chain's links from the genesis record to step
+{step}; the genesis record against one recomputed from its config, this code (the code digest
+above) and the corpus's manifest `{data_manifest}`{imported}; and this checkpoint's tensors against
+the step-{step} record, as the state of the genesis config's model. No training step was replayed:
+that steps 1..{step} produce this state is what `audit.py --all` checks (below).
+
 ## How to audit it
 
 With the run directory and the RepOps code at the code digest above:
@@ -112,9 +128,9 @@ def export(run_dir, step, out, data_dir=None):
     rundir.check_outside(run_dir, out, "OUT")
     if os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
         raise UsageError(f"OUT {out} exists and is not an empty directory")
-    run = rundir.Run(run_dir)
-    run.check_contract(repops.CONTRACT)      # another contract's weights are not this code's to vouch for
-    cfg = run.cfg
+    # the run, its contract and genesis config, the corpus's manifest: as an audit opens them
+    audit = Audit(run_dir, data_dir)
+    run, cfg = audit.run, audit.cfg
     if cfg.quant != "none":
         raise UsageError("a --quant=int8 run cannot be represented: its linears quantize the "
                          "activations too (W8A8), which LlamaForCausalLM cannot express")
@@ -126,12 +142,19 @@ def export(run_dir, step, out, data_dir=None):
     if extra:
         raise UsageError(f"a run with --{extra[0]}={getattr(cfg, extra[0])} cannot be represented: "
                          "LlamaForCausalLM has no sliding window, QK-norm or embedding norm")
-    step, tensors = run.checkpoint_for_reader(step)
-    params = {n[len("params."):]: t for n, t in tensors.items() if n.startswith("params.")}
+    step, tensors = run.checkpoint_for_reader(step)     # the chain's links to it, it against its record
+    state = audit.check_genesis()               # what the audit checks at genesis, or a refusal
+    if audit.findings:
+        found, message = min(audit.findings, key=lambda f: f[0])
+        raise UsageError(f"the audit finds MISMATCH at step {found}: {message}; export vouches only for "
+                         f"what an audit would (python audit.py --run_dir {run_dir} --step 1)")
+    state.load(tensors)                         # StateMismatch unless the genesis config's state
+    del tensors
+    params = {n: p.detach() for n, p in state.params.items()}
     tok = run.genesis.get("tokenizer") or {}
     enc = folder = None
     if tok.get("name") == "hf":   # the corpus's copy, checked against the manifest's SHA-256s
-        enc = get_tokenizer("hf", data_dir or run.recorded_data_dir(), tok.get("files"))
+        enc = get_tokenizer("hf", audit.data.path, tok.get("files"))
         folder = enc.folder
     elif isinstance(tok.get("name"), str):
         try:
@@ -161,6 +184,9 @@ def export(run_dir, step, out, data_dir=None):
                 genesis_hash=run.genesis["record_hash"], code_digest=code_digest(),
                 n_layer=cfg.n_layer, d_model=cfg.d_model, n_head=cfg.n_head,
                 n_kv_head=cfg.n_kv_head, vocab_size=cfg.vocab_size, tie=cfg.tie_embeddings,
+                data_manifest=run.genesis.get("data_manifest"),
+                imported=" and, the run being imported, its checkpoint 0 (the source folder itself was not "
+                         "checked: `audit.py --step 1 --init_from DIR` checks it)" if "init" in run.genesis else "",
                 tokenizer="files included (Hugging Face tokenizers)" if folder else
                 f"{tok.get('name')!r}, which has no Hugging Face form: none included",
                 special=special_said, seq_len=cfg.seq_len, last=cfg.seq_len - 1,
@@ -183,6 +209,11 @@ def main(argv=None):
         return 2
     except OSError as e:
         print(f"export.py: error: cannot write {args.out}: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not (line := out_of_memory(e, "export this run")):
+            raise
+        print(f"export.py: error: {line}", file=sys.stderr)
         return 2
     print(f"exported step {step} of {args.run_dir} to {args.out} (LlamaForCausalLM)")
     return 0

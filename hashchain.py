@@ -140,8 +140,11 @@ def read_bytes(path, what, limit, error=None):
     without blocking; a huge file is refused before it fills memory)."""
     error = error or HashChainError
     with open_regular(path, what, error) as f:
-        raw = f.read(limit + 1)
-    if len(raw) > limit:
+        # read(n) allocates n bytes before it reads one: ask for the file's size (plus one byte,
+        # to see a file that grew meanwhile), never for the limit
+        size = os.fstat(f.fileno()).st_size
+        raw = f.read(size + 1) if size <= limit else b""
+    if size > limit or len(raw) > limit:
         raise error(f"{what} {path} is larger than {limit} bytes")
     return raw
 

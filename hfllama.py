@@ -30,7 +30,15 @@ A source folder holds config.json and model.safetensors (or model.safetensors.in
 its shards), float32, bfloat16 or float16 (each widened to float32 exactly). What our model
 cannot express is refused with one line (UsageError): biases, another activation, a scaled RoPE,
 a head size other than hidden / heads, a tensor we have no parameter for (old checkpoints'
-rotary_emb.inv_freq buffers are skipped: they are not parameters), a shape that does not fit.
+rotary_emb.inv_freq buffers are skipped: they are not parameters), a shape that does not fit,
+sizes beyond config.MODEL_LIMITS, a weight that is NaN or infinite.
+
+The folder's files are bounded before they are read (source_files): each must be a regular file
+(a symbolic link is followed to one; a device, a FIFO or a directory is refused), config.json
+at most 1 MiB, the index at most 16 MiB naming at most as many tensors as the model has, and the
+shards together at most what the model's tensors take in float32 plus their headers
+(weights_limit: the model of config.json on import, of the genesis config in the audit's
+source check), so nothing is hashed or mapped past what the model can need.
 The `safetensors` library is imported only here, inside the functions that read or write.
 
 max_position_embeddings of an export. An imported run keeps its source's value: train.py keeps
@@ -45,10 +53,13 @@ context; docs/finetune-hf.md says how transformers differs).
 import dataclasses
 import hashlib
 import json
+import math
 import os
+import stat
 
 import torch
 
+import hashchain
 from config import UsageError
 from model import param_shapes
 
@@ -58,22 +69,24 @@ SHAPE_KEYS = {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
               "intermediate_size": "d_hidden", "vocab_size": "vocab_size",
               "rms_norm_eps": "norm_eps", "tie_word_embeddings": "tie_embeddings"}
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_CONFIG = 1 << 20
+INDEX = "model.safetensors.index.json"
 NATIVE_MAX_POSITIONS = 2048             # transformers' LlamaConfig default (module docstring)
 SOURCE_CONFIG = "source_config.json"    # in an imported run's directory: the source's config.json
+MAX_CONFIG = 1 << 20            # config.json
+MAX_INDEX = 16 << 20            # the shard index: about 100 bytes per tensor
+SHARD_HEADER = 64 << 10         # a shard's safetensors header: its fixed part, then per tensor
+TENSOR_HEADER = 4 << 10
 
 
 def _read_config(folder):
     path = os.path.join(folder, "config.json")
+    if not os.path.lexists(path):
+        raise UsageError(f"--init_from={folder}: no config.json there (a Hugging Face model folder)")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG + 1)
-        hf = json.loads(raw)
-        if len(raw) > MAX_CONFIG or not isinstance(hf, dict):
-            raise ValueError("not a JSON object under 1 MiB")
-    except FileNotFoundError:
-        raise UsageError(f"--init_from={folder}: no config.json there (a Hugging Face model folder)") from None
-    except (OSError, ValueError) as e:
+        hf = json.loads(hashchain.read_bytes(path, "config.json", MAX_CONFIG, UsageError))
+        if not isinstance(hf, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
         raise UsageError(f"--init_from={folder}: cannot read config.json: {e}") from None
     return hf
 
@@ -138,40 +151,104 @@ def configure(cfg, given):
     return dataclasses.replace(cfg, **keys)
 
 
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
+def weights_limit(cfg, n_shards):
+    """The most bytes `n_shards` safetensors files can need for the model of cfg: every tensor
+    in float32 (a tied model may also save lm_head, and old checkpoints a rotary_emb.inv_freq of
+    head_dim / 2 per layer), plus the headers."""
+    elements = sum(math.prod(s) for s in param_shapes(cfg).values())
+    elements += cfg.vocab_size * cfg.d_model * cfg.tie_embeddings + cfg.n_layer * cfg.d_model // cfg.n_head // 2
+    return 4 * elements + n_shards * (8 + SHARD_HEADER) + TENSOR_HEADER * max_tensors(cfg)
 
 
-def read_source(folder):
-    """({HF name: float32 tensor}, {file name: SHA-256}) of a source folder."""
+def max_tensors(cfg):
+    """The most tensors a source of cfg's model holds: 9 per layer (and an inv_freq buffer),
+    the embedding, the final norm and lm_head."""
+    return 3 + 10 * cfg.n_layer
+
+
+def _regular_size(path, where):
+    """The size of `path`, a regular file (a symbolic link is followed); UsageError otherwise."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise UsageError(f"{where}: {os.path.basename(path)} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{where}: {os.path.basename(path)} is not a regular file")
+    return st.st_size
+
+
+def source_files(folder, cfg):
+    """({file name: size}, [shard name]) of a source folder for the model of cfg: config.json and
+    model.safetensors, or config.json, the index and the shards it names; UsageError for a file
+    that is not a regular file or is larger than the model can need (the module's docstring),
+    before any of it is hashed or mapped."""
+    where = f"--init_from={folder}"
+    if os.path.lexists(os.path.join(folder, INDEX)):
+        index = hashchain.read_json(os.path.join(folder, INDEX), f"{where}: {INDEX}", MAX_INDEX, UsageError)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise UsageError(f"{where}: {INDEX} has no weight_map of tensor names to shard files")
+        if len(weight_map) > max_tensors(cfg):
+            raise UsageError(f"{where}: {INDEX} names {len(weight_map)} tensors; the model has at most "
+                             f"{max_tensors(cfg)}")
+        shards = sorted(set(weight_map.values()))
+        files = ["config.json", INDEX] + shards
+    else:
+        shards = ["model.safetensors"]
+        files = ["config.json"] + shards
+    if any(os.path.basename(s) != s or s in ("", ".", "..", "config.json", INDEX) for s in shards):
+        raise UsageError(f"{where}: a shard name is not a weights file of the folder")
+    sizes = {name: _regular_size(os.path.join(folder, name), where) for name in files}
+    for name, limit in (("config.json", MAX_CONFIG), (INDEX, MAX_INDEX)):
+        if sizes.get(name, 0) > limit:
+            raise UsageError(f"{where}: {name} is larger than {limit} bytes")
+    limit = weights_limit(cfg, len(shards))
+    if sum(sizes[s] for s in shards) > limit:
+        raise UsageError(f"{where}: the weights files hold {sum(sizes[s] for s in shards)} bytes; a "
+                         f"{cfg.n_layer}-layer model of width {cfg.d_model} and vocab {cfg.vocab_size} "
+                         f"needs at most {limit}")
+    return sizes, shards
+
+
+def _hashes(folder, sizes):
+    """{file name: SHA-256 hex} of the files source_files sized, each read in blocks up to its
+    size (UsageError if it is no regular file any more, or grew)."""
+    where, out = f"--init_from={folder}", {}
+    for name, size in sizes.items():
+        h, total = hashlib.sha256(), 0
+        with hashchain.open_regular(os.path.join(folder, name), f"{where}: {name}", UsageError) as f:
+            while block := f.read(min(1 << 24, size + 1 - total)):
+                total += len(block)
+                if total > size:
+                    raise UsageError(f"{where}: {name} grew past {size} bytes while it was read")
+                h.update(block)
+        out[name] = h.hexdigest()
+    return out
+
+
+def read_source(folder, cfg):
+    """({HF name: float32 tensor}, {file name: SHA-256}) of a source folder for the model of
+    cfg (source_files bounds its files first)."""
+    sizes, shards = source_files(folder, cfg)
+    hashes = _hashes(folder, sizes)
+    return _load(folder, shards), hashes
+
+
+def _load(folder, shards):
+    """{HF name: float32 tensor} of the shards (bounded by source_files)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-    index = os.path.join(folder, "model.safetensors.index.json")
+    tensors = {}
     try:
-        if os.path.exists(index):
-            with open(index) as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
-            files = ["config.json", "model.safetensors.index.json"] + shards
-        else:
-            shards = ["model.safetensors"]
-            files = ["config.json"] + shards
-        if any(os.path.basename(s) != s for s in shards):
-            raise ValueError("a shard name is not a file of the folder")
-        tensors = {}
         for shard in shards:
             tensors.update(load_file(os.path.join(folder, shard)))
-        hashes = {name: _sha256(os.path.join(folder, name)) for name in files}
-    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
+    except (OSError, ValueError, SafetensorError) as e:
         raise UsageError(f"--init_from={folder}: cannot read the weights: {e}") from None
     for name, t in tensors.items():
         if t.dtype not in FLOAT_DTYPES:
             raise UsageError(f"--init_from={folder}: tensor {name} is {t.dtype}, not float32, "
                              "bfloat16 or float16")
-    return {n: t.to(torch.float32) for n, t in tensors.items()}, hashes
+    return {n: t.to(torch.float32) for n, t in tensors.items()}
 
 
 def _rope_rows(w, n_heads, head_dim, to_hf):
@@ -190,26 +267,37 @@ def _names(i):
 
 
 def to_hf(params, cfg):
-    """{HF name: tensor} of our parameters {name: tensor} under the resolved config cfg."""
+    """{HF name: tensor} of our parameters {name: tensor} under the resolved config cfg. A
+    parameter the mapping has no place for is refused (UsageError): nothing is dropped."""
     H, Hkv, Dh = cfg.n_head, cfg.n_kv_head, cfg.d_model // cfg.n_head
-    out = {"model.embed_tokens.weight": params["tok_emb"], "model.norm.weight": params["norm"]}
+    used = set()
+
+    def take(name):
+        used.add(name)
+        return params[name]
+
+    out = {"model.embed_tokens.weight": take("tok_emb"), "model.norm.weight": take("norm")}
     if not cfg.tie_embeddings:
-        out["lm_head.weight"] = params["lm_head"]
+        out["lm_head.weight"] = take("lm_head")
     for i in range(cfg.n_layer):
         p = f"model.layers.{i}."
-        out.update({hf: params[f"layers.{i}.{ours}"] for ours, hf in _names(i).items()})
-        q, k, v = params[f"layers.{i}.wqkv"].split([H * Dh, Hkv * Dh, Hkv * Dh])
+        out.update({hf: take(f"layers.{i}.{ours}") for ours, hf in _names(i).items()})
+        q, k, v = take(f"layers.{i}.wqkv").split([H * Dh, Hkv * Dh, Hkv * Dh])
         out[p + "self_attn.q_proj.weight"] = _rope_rows(q, H, Dh, True)
         out[p + "self_attn.k_proj.weight"] = _rope_rows(k, Hkv, Dh, True)
         out[p + "self_attn.v_proj.weight"] = v
-        gate, up = params[f"layers.{i}.w_gate_up"].split([cfg.d_hidden, cfg.d_hidden])
+        gate, up = take(f"layers.{i}.w_gate_up").split([cfg.d_hidden, cfg.d_hidden])
         out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+    unmapped = sorted(set(params) - used)
+    if unmapped:
+        raise UsageError(f"parameter {unmapped[0]} has no place in a LlamaForCausalLM")
     return {n: t.contiguous() for n, t in sorted(out.items())}
 
 
 def from_hf(hf, cfg, shapes, where):
     """{our name: tensor} from HF tensors `hf`; `shapes` {our name: shape} is the model's
-    (model.param_shapes). UsageError for a tensor missing, left over or of the wrong shape."""
+    (model.param_shapes). UsageError for a tensor missing, left over, of the wrong shape, or
+    holding a NaN or an infinity."""
     hf = {n: t for n, t in hf.items() if not n.endswith("rotary_emb.inv_freq")}
     H, Hkv, Dh = cfg.n_head, cfg.n_kv_head, cfg.d_model // cfg.n_head
     used = set()
@@ -217,6 +305,9 @@ def from_hf(hf, cfg, shapes, where):
     def take(name):
         if name not in hf:
             raise UsageError(f"{where}: tensor {name} is missing")
+        if hf[name].is_floating_point() and not torch.isfinite(hf[name]).all():
+            raise UsageError(f"{where}: tensor {name} holds a NaN or an infinity (an imported weight must be "
+                             "finite: the first step would stop on it)")
         used.add(name)
         return hf[name]
 
@@ -253,7 +344,7 @@ def load_into(state, folder):
     """Set the parameters of `state` (train.TrainState, moments zero) to the weights of the HF
     folder; returns the genesis record's "init" field: {"format": "hf-llama", "files": {name:
     SHA-256}} (the tensors that result are the genesis record's tensor hashes)."""
-    tensors, hashes = read_source(folder)
+    tensors, hashes = read_source(folder, state.model.cfg)
     params = from_hf(tensors, state.model.cfg, param_shapes(state.model.cfg), f"--init_from={folder}")
     with torch.no_grad():
         for name, p in state.params.items():
@@ -264,13 +355,16 @@ def load_into(state, folder):
 
 def source_difference(folder, init, params, cfg):
     """None if `folder` is the source that a genesis record's `init` names and its weights map
-    to `params` (the genesis parameters, {name: tensor}) bit for bit; else what differs."""
-    tensors, hashes = read_source(folder)
-    if hashes != init.get("files"):
-        bad = sorted(k for k in set(hashes) | set(init.get("files") or {})
-                     if hashes.get(k) != (init.get("files") or {}).get(k))
+    to `params` (the genesis parameters, {name: tensor}) bit for bit; else what differs. The
+    files are bounded by the genesis config's model (source_files) and their names compared
+    with the record's before any is hashed."""
+    sizes, shards = source_files(folder, cfg)
+    recorded = init.get("files") if isinstance(init.get("files"), dict) else {}
+    hashes = _hashes(folder, sizes) if set(sizes) == set(recorded) else dict.fromkeys(sizes)
+    if hashes != recorded:
+        bad = sorted(k for k in set(hashes) | set(recorded) if hashes.get(k) != recorded.get(k))
         return f"the source folder {folder} is not the one the genesis record names ({bad[0]} differs)"
-    mapped = from_hf(tensors, cfg, param_shapes(cfg), folder)
+    mapped = from_hf(_load(folder, shards), cfg, param_shapes(cfg), folder)
     for name in sorted(mapped):
         if not torch.equal(mapped[name].view(torch.int32), params[name].contiguous().view(torch.int32)):
             return f"the source's weights do not map to the genesis parameters ({name} differs)"

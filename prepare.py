@@ -454,8 +454,9 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
         if isinstance(enc, HFTokenizer):      # the copy that decoders of the corpus load
             shutil.rmtree(os.path.join(out_dir, "tokenizer"), ignore_errors=True)
             os.makedirs(os.path.join(out_dir, "tokenizer"))
-            for name in enc.files:
-                shutil.copyfile(os.path.join(enc.folder, name), os.path.join(out_dir, "tokenizer", name))
+            for name, raw in enc.contents.items():      # the bytes hashed and loaded
+                with open(os.path.join(out_dir, "tokenizer", name), "wb") as f:
+                    f.write(raw)
         for key, name in names.items():
             os.replace(tmps[key], os.path.join(out_dir, name))
         hashchain.fsync_dir(out_dir)

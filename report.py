@@ -42,7 +42,7 @@ import os
 import re
 import sys
 
-from config import CommandLine, UsageError, differences, duration
+from config import CommandLine, UsageError, differences, duration, out_of_memory
 
 
 def parser():
@@ -492,6 +492,11 @@ def main(argv=None):
         return 2
     except OSError as e:
         print(f"report.py: error: cannot write {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not (line := out_of_memory(e, "report this run")):
+            raise
+        print(f"report.py: error: {line}", file=sys.stderr)
         return 2
     print(f"report: {len(run.chain) - 1} steps of {args.run_dir}" + (f" and {args.compare}" if args.compare else "")
           + f" written to {args.out}" + (f" (MISMATCH at step {contradiction[0]} against the anchors)" if contradiction else ""))

@@ -334,10 +334,18 @@ class Run:
 
     @property
     def cfg(self):
-        """The run's Config: the genesis record's decisive fields, bookkeeping defaults."""
+        """The run's Config: the genesis record's decisive fields, bookkeeping defaults; every
+        value in range (config.validate, its LIMITS first), so that no reader builds a model
+        from a record that no machine holds."""
         if "config" not in self.genesis:
             raise UsageError(f"{self.chain.path}: the genesis record has no config")
-        return config.from_record(self.genesis["config"], f"{self.chain.path}: genesis config")
+        where = f"{self.chain.path}: genesis config"
+        cfg = config.from_record(self.genesis["config"], where)
+        try:
+            config.validate(cfg, recorded=True)
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
+        return cfg
 
     @property
     def vocab_size(self):

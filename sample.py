@@ -23,7 +23,7 @@ Exit code 2 on bad input, with one line naming the option at fault.
 import os
 import sys
 
-from config import CommandLine, UsageError
+from config import CommandLine, UsageError, out_of_memory
 
 MAX_TOKENS = 1 << 20       # --tokens: a sample, not a corpus
 
@@ -113,6 +113,11 @@ def main(argv=None):
             torch.set_num_threads(threads)      # main() also runs inside other programs and tests
     except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if not (line := out_of_memory(e, "sample this run")):
+            raise
+        print(f"sample.py: error: {line}", file=sys.stderr)
         return 2
     print(enc.decode(ids))
     return 0

@@ -36,6 +36,8 @@ import os
 import numpy as np
 import tiktoken
 
+import hashchain
+
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -43,17 +45,21 @@ class TokenizerError(Exception):
     """A tokenizer that cannot be had: an unknown name, files missing offline, a bad folder."""
 
 
-def file_hashes(folder):
-    """{file: SHA-256} of the tokenizer files present in `folder` (tokenizer.json required)."""
+# The largest tokenizer file read (tokenizer.json, its config, its special-tokens map): the
+# largest published tokenizer.json is a few tens of MB (Gemma's, 33 MB; Llama 3's, 9 MB), so a
+# file larger than this is refused by its size before a byte of it is read (docs/limits.md).
+MAX_TOKENIZER_FILE = 256 << 20
+
+
+def read_files(folder):
+    """{file: bytes} of the tokenizer files present in `folder` (tokenizer.json required), each a
+    regular file of at most MAX_TOKENIZER_FILE bytes: what is hashed is what is loaded (and
+    copied into a corpus)."""
     if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
         raise TokenizerError(f"hf:{folder}: no tokenizer.json there")
-    out = {}
-    for name in FILES:
-        path = os.path.join(folder, name)
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                out[name] = hashlib.sha256(f.read()).hexdigest()
-    return out
+    return {name: hashchain.read_bytes(os.path.join(folder, name), f"hf:{folder}: {name}",
+                                       MAX_TOKENIZER_FILE, TokenizerError)
+            for name in FILES if os.path.isfile(os.path.join(folder, name))}
 
 
 class HFTokenizer:
@@ -61,12 +67,13 @@ class HFTokenizer:
 
     def __init__(self, folder, expected=None):
         from tokenizers import Tokenizer
-        self.folder, self.files = folder, file_hashes(folder)
+        self.folder, self.contents = folder, read_files(folder)
+        self.files = {name: hashlib.sha256(raw).hexdigest() for name, raw in self.contents.items()}
         if expected is not None and self.files != expected:
             raise TokenizerError(f"the tokenizer files in {folder} are not the ones the manifest "
                                  "records (SHA-256 differs or a file is missing)")
         try:
-            self.tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+            self.tok = Tokenizer.from_str(self.contents["tokenizer.json"].decode("utf-8"))
         except Exception as e:   # the Rust library raises plain Exception for a bad file
             raise TokenizerError(f"hf:{folder}: cannot load tokenizer.json ({e})") from None
         self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)

@@ -40,12 +40,13 @@ import hashlib
 import json
 import math
 import os
+import resource
 import sys
 import time
 from pathlib import Path
 
 from config import (UsageError, answered_help, decisive_config, differences, duration, given_keys, lr_at,
-                    micro_batches_at, parse_config, phase_counts, resolve, validate)
+                    micro_batches_at, out_of_memory, parse_config, phase_counts, resolve, validate)
 
 if __name__ == "__main__" and answered_help(sys.argv[1:]):
     sys.exit(0)                 # --help answers here, before torch is imported
@@ -64,7 +65,7 @@ import rundir
 import snapshot
 import treefold
 from data import DataError, TokenData, batch_digest
-from model import Llama, ModelConfig
+from model import Llama, ModelConfig, param_shapes
 from tokenizer import TokenizerError, get_tokenizer
 
 
@@ -80,6 +81,31 @@ def model_config(cfg, vocab_size):
     """The model of cfg; vocab_size is the corpus's, used when cfg.vocab_size is 0 (unresolved)."""
     names = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"}
     return ModelConfig(vocab_size=cfg.vocab_size or vocab_size, **{k: getattr(cfg, k) for k in names})
+
+
+def memory_limit():
+    """Bytes this process can ever hold: the machine's memory and swap, or its address-space
+    limit (RLIMIT_AS: `ulimit -v`) if lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as f:
+            swap = [int(line.split()[1]) for line in f if line.startswith("SwapTotal:")]
+        total += 1024 * sum(swap)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return total if soft == resource.RLIM_INFINITY else min(total, soft)
+
+
+def check_memory(cfg, vocab_size):
+    """Refuse (UsageError) a model whose state cannot fit this machine's memory, before any of
+    it is allocated: float32 parameters and, unless offloaded, their two Adam moments (a lower
+    bound: a step needs gradients and activations too; a step that runs out is out_of_memory's)."""
+    n = sum(math.prod(s) for s in param_shapes(model_config(cfg, vocab_size)).values())
+    need, limit = 4 * n * (1 if cfg.offload else 3), memory_limit()
+    if need > limit:
+        held = "parameters" if cfg.offload else "parameters and two Adam moments"
+        raise UsageError(f"not enough memory for this model on this machine: its state ({n:,} float32 {held}) "
+                         f"is {need / 2**30:,.1f} GiB, and this process can hold {limit / 2**30:,.1f} GiB "
+                         "(memory and swap, or its address-space limit)")
 
 
 def code_digest():
@@ -104,6 +130,7 @@ class TrainState:
 
     def __init__(self, cfg, vocab_size, device="cpu"):
         self.device = torch.device(device)
+        check_memory(cfg, vocab_size)
         # Canonical init runs on the CPU kernels; the bits then move to the device unchanged.
         self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed).to(self.device)
         self.params = self.model.named_tensors()           # canonical (sorted) order
@@ -620,7 +647,10 @@ def main(argv):
     except OSError as e:                # a full disk, a run directory made read-only meanwhile
         print(f"train.py: error (rank {rank}): {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:
+    except (MemoryError, RuntimeError) as e:
+        if line := out_of_memory(e, "train this run"):
+            print(f"train.py: error{'' if world == 1 else f' (rank {rank})'}: {line}", file=sys.stderr)
+            return 2
         if world == 1:
             raise                      # a bug, not a broken peer: keep the traceback
         print(f"train.py: error (rank {rank}): a peer failed or the connection broke: {e}", file=sys.stderr)

@@ -27,11 +27,13 @@ import torch
 
 import audit as audit_module
 import config
+import hashchain
 import receipts
 import rundir
 import train
 from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records, copy_run, make_corpus,
-                  script, train as train_run, train_args, write_chain, run_process, start_process, stop_process)
+                  mismatch_lines, reseal, run_process, script, start_process, stop_process, train as train_run,
+                  train_args, write_chain)
 
 
 @pytest.mark.parametrize("arg", [
@@ -353,3 +355,103 @@ def test_code_digest_covers_the_sources(tmp_path):
             f.write("\n// \n" if rel.endswith(".cpp") else "\n# \n")
         digests.append(digest())
     assert len(set(digests)) == 3, digests
+
+
+# ----------------------------------------------------------------------------- sizes, and memory
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("args", [
+    ["--n_layer=1000000000"], ["--vocab_size=1099511627776"], ["--d_model=131072", "--n_head=4"],
+    ["--d_hidden=1000000000000"], ["--seq_len=4294967296"], ["--micro_batch_size=10000000"],
+    ["--micro_batches=4@0,2000000000@1"], ["--attn_window=" + "1" + "0" * 30], ["--max_steps=" + "1" + "0" * 30],
+    ["--micro_batches=4@0,8@" + "1" + "0" * 30],
+])
+def test_out_of_range_sizes_are_refused_before_anything_is_allocated(corpus, tmp_path, args):
+    """Every integer key has an upper bound (config.LIMITS: the model's dimensions, a phase's N
+    and S, every count within int32), checked with the config: one line naming the key and the
+    limit, exit 2, nothing created, under an 8 GiB address-space limit (the machine's memory is
+    never at stake)."""
+    proc = script("train.py", *train_args(tmp_path / "run", corpus), "--max_steps=1", *args,
+                  memory=8 * GiB)
+    assert_one_line_error(proc, "train.py")
+    key = args[0].partition("=")[0].replace("micro_batches", "micro_batch_phases")
+    assert "config.LIMITS" in proc.stderr and key in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_this_machine_cannot_hold_is_refused_before_it_is_allocated(corpus, tmp_path):
+    """Within the limits, but not within this process's memory (here, an 8 GiB address-space
+    limit): the state's size is checked before any of it is allocated (train.check_memory),
+    one line, exit 2, nothing created."""
+    proc = script("train.py", *train_args(tmp_path / "run", corpus), "--max_steps=1", "--vocab_size=16777216",
+                  "--d_model=65536", memory=8 * GiB)
+    assert_one_line_error(proc, "train.py")
+    assert "not enough memory for this model on this machine" in proc.stderr, proc.stderr
+    assert "GiB, and this process can hold 8.0 GiB" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_genesis_config_beyond_the_limits_is_refused_by_every_reader(reference, tmp_path):
+    """A resealed genesis record declaring 10^9 layers: audit, sample and export refuse it with
+    one line before they build anything (rundir.Run.cfg validates)."""
+    run = copy_run(reference, tmp_path / "run")
+    records = chain_records(run)
+    records[0]["config"]["n_layer"] = 10 ** 9
+    write_chain(run, reseal(records))
+    for proc, prog in ((script("audit.py", "--run_dir", run, "--step", "1", memory=8 * GiB), "audit.py"),
+                       (script("sample.py", "--run_dir", run, "--tokens", "5", memory=8 * GiB),
+                        "sample.py"),
+                       (script("export.py", "--run_dir", run, "--to", "hf", "--out", tmp_path / "out",
+                               memory=8 * GiB), "export.py")):
+        assert_one_line_error(proc, prog)
+        assert "genesis config: --n_layer=1000000000 is out of range" in proc.stderr, proc.stderr
+
+
+def test_a_resealed_genesis_with_a_phase_past_max_steps_is_found_at_step_0(reference, tmp_path):
+    """The phase that no step takes, added to a genesis and resealed: every step still replays,
+    but the published config is not the one that trained, so the audit says so at step 0."""
+    run = copy_run(reference, tmp_path / "run")
+    records = chain_records(run)
+    records[0]["config"]["micro_batch_phases"] = f"8@{STEPS + 5}"
+    write_chain(run, reseal(records))
+    proc = audit(run, "--step", "1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (f"MISMATCH at step 0: genesis config: phase 8@{STEPS + 5} starts at or after max_steps {STEPS}: no step "
+            "of the run takes it (a phase N@S serves steps S+1 on)") in mismatch_lines(proc), proc.stdout
+
+
+def test_the_readers_run_under_an_address_space_limit(reference, tmp_path):
+    """Under `ulimit -v` 12 GiB (shared clusters), audit.py and report.py read a tiny run: the
+    chain is read for what it holds, never for its 16 GiB maximum."""
+    proc = script("audit.py", "--run_dir", reference, "--step", "1", memory=12 * GiB)
+    assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
+    proc = script("report.py", "--run_dir", reference, "--out", tmp_path / "r.html", memory=12 * GiB)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError(
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+    "allocate 70368744177664 bytes. Error code 12 (Cannot allocate memory)")])
+def test_running_out_of_memory_is_one_line_exit_2_in_every_command(reference, corpus, tmp_path, monkeypatch,
+                                                                   capsys, error):
+    """Never exit 1 (the audit's MISMATCH code) and never a traceback: in-process, with the
+    chain's reader running out of memory."""
+    import data
+    import export
+    import report
+    import sample
+
+    def no_memory(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(hashchain.Chain, "load", no_memory)
+    out = str(tmp_path / "out")
+    for main, argv, prog in ((audit_module.main, ["--step", "1"], "audit.py"),
+                             (report.main, ["--out", out], "report.py"),
+                             (sample.main, ["--tokens", "5"], "sample.py"),
+                             (export.main, ["--to", "hf", "--out", out], "export.py"),
+                             (data.main, ["--bundle", "--step", "1", "--data_dir", out], "data.py"),
+                             (train.main, train_args(tmp_path / "new", corpus), "train.py")):
+        rc = main(["--run_dir", str(reference), *argv] if prog != "train.py" else argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith(f"{prog}: error: not enough memory to "), (prog, rc, err)

@@ -10,9 +10,11 @@ is the source's), with bos/eos set to the tokenizer's <|endoftext|>; importing t
 back the exported parameters bit for bit. A native run's export gets max(seq_len, 2048)
 positions; a changed copy of the source's config.json is refused.
 """
+import hashlib
 import json
 import os
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -32,8 +34,9 @@ import repops  # noqa: E402
 import train  # noqa: E402
 from config import Config, UsageError  # noqa: E402
 from data import TokenData  # noqa: E402
+from model import param_shapes  # noqa: E402
 from tokenizer import get_tokenizer  # noqa: E402
-from tiny import ROOT, WORDS, audit, chain_records, script  # noqa: E402
+from tiny import ROOT, WORDS, assert_one_line_error, audit, chain_records, script  # noqa: E402
 from tools import hf_tiny  # noqa: E402
 
 transformers = pytest.importorskip("transformers")   # pinned in requirements.txt: CI has it
@@ -102,13 +105,27 @@ def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monk
     stored = np.concatenate([np.fromfile(os.path.join(out, f), "<u2") for f in ("train.bin", "val.bin")])
     assert stored.tolist() == enc.encode(text)
     assert manifest["tokenizer"] == {"name": "hf", "vocab_size": enc.n_vocab,
-                                     "files": {"tokenizer.json": tokenizer.file_hashes(folder)["tokenizer.json"]}}
+                                     "files": {"tokenizer.json": enc.files["tokenizer.json"]}}
     copy = get_tokenizer("hf", out, manifest["tokenizer"]["files"])     # the corpus's own copy
     assert copy.decode(copy.encode("Thou fair lord.")) == "Thou fair lord."
     with open(os.path.join(out, "tokenizer", "tokenizer.json"), "a") as f:
         f.write(" ")
     with pytest.raises(Exception, match="not the ones the manifest records"):
         get_tokenizer("hf", out, manifest["tokenizer"]["files"])
+
+
+def test_a_huge_tokenizer_file_is_refused_by_its_size(source, tmp_path):
+    """A 1.5 GB tokenizer.json (sparse: no disk) is refused before a byte of it is read, under a
+    1 GiB address-space limit: one line naming the limit, nothing created."""
+    base, folder = source
+    huge = tmp_path / "tok"
+    huge.mkdir()
+    with open(huge / "tokenizer.json", "wb") as f:
+        f.truncate(1500 * 10 ** 6)
+    proc = script("data.py", "--input", base / "corpus.txt", "--data_dir", tmp_path / "c", "--tokenizer",
+                  f"hf:{huge}", memory=1 << 30)
+    assert_one_line_error(proc, "data.py")
+    assert f"larger than {tokenizer.MAX_TOKENIZER_FILE} bytes" in proc.stderr and not (tmp_path / "c").exists()
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -120,7 +137,8 @@ def test_finetune_audit_export_round_trip(source, tmp_path, capfd):
     assert proc.returncode == 0, proc.stderr
     genesis = chain_records(run)[0]
     assert genesis["init"]["format"] == "hf-llama"
-    assert genesis["init"]["files"]["model.safetensors"] == hfllama._sha256(os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "model.safetensors"), "rb") as f:
+        assert genesis["init"]["files"]["model.safetensors"] == hashlib.sha256(f.read()).hexdigest()
     assert genesis["config"]["n_kv_head"] == 2 and genesis["config"]["vocab_size"] == HF_vocab(folder)
 
     # the initial state is the source's weights, mapped: our step-0 logits are transformers'
@@ -149,6 +167,7 @@ def test_finetune_audit_export_round_trip(source, tmp_path, capfd):
     assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
     card = (out / "README.md").read_text()
     assert chain_records(run)[STEPS]["state_hash"] in card and genesis["record_hash"] in card
+    assert "its checkpoint 0" in card and "No training step was replayed" in card    # what was checked
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     assert type(exported).__name__ == "LlamaForCausalLM"
     ours, _ = sample.load_model(str(run), STEPS)
@@ -266,6 +285,10 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     assert hfllama.model_keys(hf, "x")["n_layer"] == 2
     with pytest.raises(UsageError, match="mlp.gate_proj.weight would be|has no place|missing"):
         hfllama.from_hf({"model.embed_tokens.weight": torch.zeros(3)}, Config(), {}, "x")
+    params = {n: torch.zeros(s) for n, s in param_shapes(Config(vocab_size=8, n_kv_head=4)).items()}
+    assert len(hfllama.to_hf(params, Config(vocab_size=8, n_kv_head=4))) == len(params) + 3 * 4   # q, k, v and gate, up split
+    with pytest.raises(UsageError, match="parameter emb_norm has no place"):     # nothing is dropped
+        hfllama.to_hf({**params, "emb_norm": torch.ones(128)}, Config(vocab_size=8, n_kv_head=4))
 
     line = one_line_error(capsys, data.main(["--input", str(base / "corpus.txt"), "--data_dir",
                                              str(tmp_path / "c"), "--tokenizer", f"hf:{tmp_path}"]), "data.py")
@@ -312,3 +335,88 @@ def test_a_native_run_exports_2048_positions(reference, tmp_path, capfd):
     assert len(generated[0]) == len(ids) + 20 and "maximum length" not in capfd.readouterr().err
     ours, _ = sample.load_model(str(reference), None)
     assert generated[0].tolist() == greedy_ours(ours, ids, 20)
+
+
+# ----------------------------------------------------------------------------- hostile source folders
+HOSTILE = {
+    "config.json a link to /dev/zero": lambda d: os.symlink("/dev/zero", d / "config.json"),
+    "model.safetensors a FIFO": lambda d: os.mkfifo(d / "model.safetensors"),
+    "config.json of 1 TiB (sparse)": lambda d: os.truncate(d / "config.json", 1 << 40),
+    "model.safetensors of 1 TiB (sparse)": lambda d: os.truncate(d / "model.safetensors", 1 << 40),
+    "an index naming 10^5 tensors": lambda d: (d / hfllama.INDEX).write_text(json.dumps(
+        {"weight_map": {f"t{i}": "model.safetensors" for i in range(10 ** 5)}})),
+    "a shard that is a directory": lambda d: ((d / hfllama.INDEX).write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "sub"}})), (d / "sub").mkdir()),
+}
+
+
+@pytest.fixture(scope="module")
+def imported_run(source, tmp_path_factory):
+    """A 1-step run imported from the source folder."""
+    base, folder = source
+    _, corpus = prepare_with(base, folder, "tokens_hostile")
+    run = tmp_path_factory.mktemp("imported") / "run"
+    assert train.main([f"--init_from={folder}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN[:3],
+                       "--max_steps=1", *RUN[4:]]) == 0
+    return run, corpus
+
+
+@pytest.mark.parametrize("what", HOSTILE)
+def test_source_files_are_bounded_before_they_are_read(source, imported_run, tmp_path, what):
+    """A source folder whose file is a device, a FIFO, far larger than the model can need, or an
+    index naming more tensors than the model has: the audit's source check and the import
+    refuse it with one line, at once (no hang, nothing hashed to the end), and create nothing."""
+    _, folder = source
+    run, corpus = imported_run
+    hostile = tmp_path / "hostile"
+    shutil.copytree(folder, hostile)
+    for name in ("config.json", "model.safetensors"):
+        if f"{name} a" in what:         # replaced by a link or a FIFO
+            os.unlink(hostile / name)
+    HOSTILE[what](hostile)
+    proc = script("audit.py", "--run_dir", run, "--step", "1", "--init_from", hostile, timeout=60)
+    assert_one_line_error(proc, "audit.py")
+    proc = script("train.py", f"--init_from={hostile}", f"--run_dir={tmp_path / 'new'}", f"--data_dir={corpus}",
+                  *RUN, timeout=60)
+    assert_one_line_error(proc, "train.py")
+    assert not (tmp_path / "new").exists()
+
+
+# ----------------------------------------------------------------------------- hostile weights and configs
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_an_imported_weight_that_is_not_finite_is_refused(source, imported_run, tmp_path, capsys, bad):
+    """A NaN or an infinity in any imported weight: refused at import, one line naming the
+    tensor, nothing created (it would be the genesis, and the first step would stop on it)."""
+    from safetensors.torch import load_file, save_file
+    _, folder = source
+    _, corpus = imported_run
+    hostile = tmp_path / "hostile"
+    shutil.copytree(folder, hostile)
+    tensors = load_file(hostile / "model.safetensors")
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = bad
+    save_file(tensors, hostile / "model.safetensors", metadata={"format": "pt"})
+    code = train.main([f"--init_from={hostile}", f"--run_dir={tmp_path / 'new'}", f"--data_dir={corpus}", *RUN])
+    line = one_line_error(capsys, code, "train.py")
+    assert "tensor model.layers.1.mlp.down_proj.weight holds a NaN or an infinity" in line, line
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("key, value, ours", [("num_hidden_layers", 10 ** 9, "n_layer"),
+                                              ("vocab_size", 1 << 40, "vocab_size"),
+                                              ("intermediate_size", 10 ** 12, "d_hidden")])
+def test_an_imported_config_beyond_the_limits_is_refused_before_anything_is_read(source, imported_run, tmp_path,
+                                                                                 key, value, ours):
+    """config.json declaring a model no machine holds: refused by the config's limits
+    (config.LIMITS) before a weight is read or anything allocated, one line, under an 8 GiB
+    address-space limit."""
+    _, folder = source
+    _, corpus = imported_run
+    hostile = tmp_path / "hostile"
+    shutil.copytree(folder, hostile)
+    hf = json.loads((hostile / "config.json").read_text())
+    (hostile / "config.json").write_text(json.dumps({**hf, key: value}))
+    proc = script("train.py", f"--init_from={hostile}", f"--run_dir={tmp_path / 'new'}", f"--data_dir={corpus}",
+                  *RUN, memory=8 << 30)
+    assert_one_line_error(proc, "train.py")
+    assert f"--{ours}={value} is out of range" in proc.stderr and "config.LIMITS" in proc.stderr, proc.stderr
+    assert not (tmp_path / "new").exists()

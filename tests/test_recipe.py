@@ -135,6 +135,30 @@ def test_bad_phases_are_refused(value):
         validate(parse_config([f"--micro_batches={value}"]))
 
 
+def test_two_spellings_of_the_phases_are_refused():
+    """--micro_batches=N@0,... and --micro_batch_phases set one setting: given both, neither wins
+    silently (in either order), one line names both."""
+    for argv in (["--micro_batches=2@0,4@2", "--micro_batch_phases=8@3"],
+                 ["--micro_batch_phases", "8@3", "--micro_batches", "2@0,4@2"]):
+        with pytest.raises(UsageError, match="--micro_batch(es=2@0,4@2|_phases=8@3) and --micro_batch.* both set "
+                                             "the micro-batch phases"):
+            parse_config(argv)
+    assert parse_config(["--micro_batches=4", "--micro_batch_phases=8@3"]).micro_batch_phases == "8@3"
+
+
+def test_a_phase_past_max_steps_is_refused(tmp_path):
+    """A phase N@S serves steps S+1 on: one at or after max_steps is trained by no step, and a
+    config holding it would publish what did not train (the audit finds it in a genesis record:
+    tests/test_bad_input.py)."""
+    with pytest.raises(UsageError, match="phase 8@9 starts at or after max_steps 4"):
+        validate(parse_config(["--micro_batches=2@0,4@2,8@9", "--max_steps=4"]))
+    validate(parse_config(["--micro_batches=2@0,4@2,8@3", "--max_steps=4"]))     # step 4 takes 8
+    proc = script("train.py", f"--run_dir={tmp_path / 'run'}", "--micro_batches=2@0,4@2,8@9", "--max_steps=4")
+    assert_one_line_error(proc, "train.py")
+    assert "--micro_batch_phases='4@2,8@9' and --max_steps=4 are out of range" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_bad_phase_is_one_line_and_creates_nothing(tmp_path):
     proc = script("train.py", f"--run_dir={tmp_path / 'run'}", "--micro_batches=4@0,8@3,2@3")
     assert_one_line_error(proc, "train.py")
@@ -142,7 +166,7 @@ def test_a_bad_phase_is_one_line_and_creates_nothing(tmp_path):
 
 
 def test_each_steps_micro_batches():
-    cfg = parse_config(["--micro_batches=192@0,288@100,576@300"])
+    cfg = parse_config(["--micro_batches=192@0,288@100,576@300", "--max_steps=1000"])
     validate(cfg)
     assert (cfg.micro_batches, cfg.micro_batch_phases) == (192, "288@100,576@300")
     assert [micro_batches_at(cfg, s) for s in (1, 100, 101, 300, 301, 10**6)] == [192, 192, 288, 288, 576, 576]

@@ -13,6 +13,8 @@
   genesis; lsq_repin, inert in an fp32 run, must replay to MATCH.
 - A deleted record, a duplicate JSON key, an injected field: a break or mismatch at that step.
 - sample.py refuses a checkpoint whose chain link is broken.
+- export.py vouches only for what an audit would: a genesis config forged with the recipe's
+  options turned off, and a tensor added to the final checkpoint and its record, are refused.
 """
 import json
 import shutil
@@ -291,3 +293,49 @@ def test_config_forgery_with_a_consistent_config_json(reference, records, tmp_pa
             missed.append(key)
     assert not missed, f"a consistent forgery of these keys passed the audit of steps {AFTER_WARMUP}: {missed}"
     assert not inert_found, inert_found
+
+
+RECIPE_OPTIONS = {"attn_window": 5, "full_attn_every": 2, "qk_norm": True, "emb_norm": True}
+
+
+def test_export_refuses_a_forgery_the_audit_finds_at_genesis(corpus, tmp_path):
+    """A recipe run whose genesis config has the four recipe options turned off (and config.json
+    to agree), the chain resealed: the chain's links and the final checkpoint against its record
+    still verify, but the audit finds the forgery at step 0, so export must refuse it rather than
+    write a plain LlamaForCausalLM without the checkpoint's params.emb_norm."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    options = [f"--{k}={str(v).lower()}" for k, v in RECIPE_OPTIONS.items()]
+    proc = script("train.py", *train_args(run, corpus, "--max_steps=4", *options))
+    assert proc.returncode == 0, proc.stderr
+    records = chain_records(run)
+    assert "params.emb_norm" in records[4]["tensor_hashes"]
+    records[0]["config"].update({k: type(v)() for k, v in RECIPE_OPTIONS.items()})
+    write_chain(run, reseal(records))
+    config_json = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config_json, **records[0]["config"]}, indent=2))
+    proc = audit_cli(run, "--step", "1")
+    assert proc.returncode == 1 and mismatch_lines(proc)[0].startswith("MISMATCH at step 0: genesis record"), proc.stdout
+    proc = script("export.py", "--run_dir", run, "--step", "4", "--to", "hf", "--out", out)
+    assert_one_line_error(proc, "export.py")
+    assert "genesis record" in proc.stderr and "audit.py" in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+def test_export_loads_the_checkpoint_into_the_state_of_the_genesis_config(reference, records, tmp_path):
+    """A tensor the genesis config's model does not have (params.emb_norm), added to the final
+    checkpoint and its record, the chain resealed: the genesis check passes (only a replay of
+    step 30 finds the record), but the checkpoint is not the state of the genesis config's
+    model, so export refuses it instead of dropping the tensor."""
+    run, out = copy_run(reference, tmp_path / "run"), tmp_path / "out"
+    path = rundir.checkpoint_path(run / "checkpoints", STEPS)
+    tensors, _ = rundir.load_checkpoint(path)
+    tensors["params.emb_norm"] = tensors["params.norm"].clone()
+    root, leaves = hashchain.state_hash(tensors)
+    forged = json.loads(json.dumps(records))
+    forged[STEPS].update(state_hash=root, tensor_hashes=leaves)
+    rundir.save_checkpoint(path, tensors, {"step": STEPS, "state_hash": root, "tensor_hashes": leaves})
+    write_chain(run, reseal(forged))
+    proc = script("export.py", "--run_dir", run, "--to", "hf", "--out", out)
+    assert_one_line_error(proc, "export.py")
+    assert "params.emb_norm does not fit the state of the run's config" in proc.stderr, proc.stderr
+    assert not out.exists()

@@ -23,6 +23,7 @@ tests/conftest.py provides the `corpus` and `reference` (an uninterrupted run) f
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -169,10 +170,14 @@ def make_corpus(base, seed=7, lines=600, chunk_bytes=prepare.CHUNK_BYTES):
     return Path(out)
 
 
-def script(name, *args, env=None, timeout=TIMEOUT):
-    """Run one of the project's programs to completion."""
+def script(name, *args, env=None, timeout=TIMEOUT, memory=None):
+    """Run one of the project's programs to completion; `memory` (bytes) limits its address
+    space (RLIMIT_AS, as `ulimit -v` does on shared clusters)."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     return run_process([sys.executable, str(ROOT / name), *map(str, args)], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=timeout)
+                       env=env, capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=limit if memory else None)
 
 
 def train_args(run, corpus, *extra):
