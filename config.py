@@ -38,7 +38,8 @@ written as exactly specified arithmetic:
   warmup), 1); the rest in float64 + - * (math.cos is not used: it is not correctly rounded
   everywhere).
 * micro-batch phases: micro_batch_phases "N1@S1,N2@S2,..." (S strictly increasing, S1 >= 1, every
-  S < max_steps: a phase that no step takes is refused, late_phases):
+  S < max_steps: a phase that no step takes is refused, late_phases; a preset's are cut to
+  max_steps, parse_config):
   steps 1..S1 take cfg.micro_batches, steps S1+1..S2 take N1, and so on. On the command line
   --micro_batches=192@0,288@S1,576@S2 sets both keys (micro_batches=192 and the rest).
 """
@@ -189,12 +190,19 @@ def _parse_value(key, kind, text):
 
 def parse_config(argv, base=None):
     """Config from --key=value / --key value overrides; unknown keys and bad types refused.
-    A --preset's keys are applied first, so the other keys override it in any order."""
+    A --preset's keys are applied first, so the other keys override it in any order. A preset's
+    phases that start at or after max_steps are dropped: a preset cut short by --max_steps
+    trains its prefix, and the config (the genesis record) holds the phases that train. Phases
+    given on the command line are kept as given (validate refuses a late one: late_phases)."""
     cfg = base or Config()
     presets, pairs = _arguments(argv)
     for preset in presets:
         cfg = dataclasses.replace(cfg, **PRESETS[preset])
-    return dataclasses.replace(cfg, **dict(pairs))
+    cfg = dataclasses.replace(cfg, **dict(pairs))
+    if presets and "micro_batch_phases" not in dict(pairs) and isinstance(cfg.max_steps, int):
+        kept = [f"{n}@{s}" for n, s in parse_phases(cfg.micro_batch_phases) if s < cfg.max_steps]
+        cfg = dataclasses.replace(cfg, micro_batch_phases=",".join(kept))
+    return cfg
 
 
 def given_keys(argv):

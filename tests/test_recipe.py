@@ -149,7 +149,7 @@ def test_two_spellings_of_the_phases_are_refused():
 def test_a_phase_past_max_steps_is_refused(tmp_path):
     """A phase N@S serves steps S+1 on: one at or after max_steps is trained by no step, and a
     config holding it would publish what did not train (the audit finds it in a genesis record:
-    tests/test_bad_input.py)."""
+    tests/test_bad_input.py). A preset's late phases are cut instead (config.parse_config)."""
     with pytest.raises(UsageError, match="phase 8@9 starts at or after max_steps 4"):
         validate(parse_config(["--micro_batches=2@0,4@2,8@9", "--max_steps=4"]))
     validate(parse_config(["--micro_batches=2@0,4@2,8@3", "--max_steps=4"]))     # step 4 takes 8
@@ -157,6 +157,10 @@ def test_a_phase_past_max_steps_is_refused(tmp_path):
     assert_one_line_error(proc, "train.py")
     assert "--micro_batch_phases='4@2,8@9' and --max_steps=4 are out of range" in proc.stderr
     assert not (tmp_path / "run").exists()
+    # a preset cut short by --max_steps trains its prefix: its later phases are not in the config
+    assert parse_config(["--preset=open1b", "--max_steps=2000"]).micro_batch_phases == "1152@1272"
+    assert parse_config(["--preset=open1b", "--micro_batches=2", "--max_steps=1"]).micro_batch_phases == ""
+    assert parse_config(["--preset=open1b"]).micro_batch_phases == "1152@1272,2304@76718"
 
 
 def test_a_bad_phase_is_one_line_and_creates_nothing(tmp_path):
