@@ -73,7 +73,8 @@ from train import StepRefused, TrainState, code_digest, genesis_record, step_rec
 FIRST_FIELDS = ("kind", "step", "batch_digest", "state_hash")
 # The one field of each kind of record that a replay cannot recompute: it commits with the run's
 # secret (to the secret; to the step's gradient and result). Here it must be present and
-# well-formed; --check_receipts opens the step's (receipts.py).
+# well-formed; --check_receipts opens the step's (receipts.py). A field a replay leaves None
+# (units_root without the step's salt, units.py) is such a commitment too.
 COMMITMENTS = {"genesis": "secret_commit", "step": "step_commit"}
 
 
@@ -91,14 +92,15 @@ def compare(replayed, published):
     step_commit commits to this step's gradient and result."""
     mine = json.loads(json.dumps(replayed))
     theirs = {k: v for k, v in published.items() if k not in ("prev", "record_hash")}
-    commitment = COMMITMENTS.get(mine.get("kind"))
-    expected = set(mine) | ({commitment} if commitment else set())
+    commitments = {k for k, v in mine.items() if v is None}
+    commitments |= {COMMITMENTS[mine["kind"]]} - set(mine) if mine.get("kind") in COMMITMENTS else set()
+    expected = set(mine) | commitments
     keys = [k for k in FIRST_FIELDS if k in expected or k in theirs]
     keys += sorted((expected | set(theirs)) - set(FIRST_FIELDS))
     for key in keys:
         if key not in theirs:
             return f"field {key} is missing from the published record"
-        if key == commitment and key not in mine:
+        if key in commitments:
             if not receipts.is_hex64(theirs[key]):
                 return f"field {key} is not a commitment (64 hex digits): published {_canon(theirs[key])[:70]}"
             continue

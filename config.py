@@ -58,6 +58,10 @@ class Config:
     qk_norm: bool = False               # gain-free RMSNorm of each query and key head, before RoPE
     emb_norm: bool = False              # RMSNorm (learned weight emb_norm [d]) after the token embedding
     matmul: str = "fp32"                # "exact": every model matmul is the exact integer matmul (contract §11)
+    # Commit to every piece of each step (micro-batch gradients, fold nodes) in the record's
+    # units_root, so that one micro-batch, one fold node or the update can be audited alone
+    # (units.py, docs/auditing.md); it adds commitments only, the state hashes are the same.
+    unit_commits: bool = False
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
     micro_batches: int = 4
     # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (schedule.py);
@@ -107,7 +111,7 @@ BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_ba
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 # Decisive keys added after the genesis format was fixed: left out of the genesis record at
 # their default, so a run that does not use them keeps its genesis bytes (and older runs audit).
-OPTIONAL = {"tie_embeddings": False, "int8_pv": False, "matmul": "fp32"}
+OPTIONAL = {"tie_embeddings": False, "int8_pv": False, "matmul": "fp32", "unit_commits": False}
 # Named recipes (--preset=NAME). open1b: the OPEN-1B reference run (gensyn-ai/open-transformers,
 # configs/train/1b_repop_v2.yaml; docs/open1b-recipe.md lists what still differs): its model
 # (1.61B parameters; sliding window 512 with every 5th and the last layer full, gain-free QK-norm,
