@@ -265,3 +265,28 @@ def check_list(entries, step, n, units_root):
         raise UnitsError(f"the unit list of step {step} hashes to {got[:16]}, not to the record's "
                          f"units_root {str(units_root)[:16]}")
     return {e["unit"]: e for e in entries}
+
+
+# ----------------------------------------------------------------------------- the publisher's files
+def state_file(directory, step):
+    """A state revealed by the publisher: the state after `step` (SPEC §13's file layout; all
+    its tensors, or only its params.* ones), checked tensor by tensor against that step's record."""
+    return Path(directory) / f"state_{step:08d}.safetensors"
+
+
+def unit_file(directory, step, name):
+    """A revealed unit tensor: one float32 tensor [P + 1] named by the unit (SPEC §13's layout)."""
+    return Path(directory) / f"step_{step:08d}.{name.replace(':', '_')}.safetensors"
+
+
+def list_file(directory, step):
+    """The unit list of `step` handed out with revealed pieces (list_bytes, as the trainer's)."""
+    return Path(directory) / f"step_{step:08d}.units.json"
+
+
+def fold_key(run_id, piece, auditor):
+    """The key of a fold-node receipt's keyed digest: SHA-256 of "repops-fold-key-v1" 0x00, the
+    run id (the genesis record hash, raw 32 bytes), the node's uid, 0x00 and the auditor's name
+    (UTF-8). Only whoever holds the node's value (its children, summed) can make the digest."""
+    return hashlib.sha256(b"repops-fold-key-v1\0" + bytes.fromhex(run_id) + piece + b"\0"
+                          + auditor.encode("utf-8")).digest()

@@ -1,0 +1,91 @@
+"""What the unit commitments cost the trainer (docs/auditing.md, "Audit units: measurements").
+
+    python -m tools.unit_costs [--preset NAME] [--steps 20] [--data_dir data/shakespeare]
+
+Trains the same steps twice in this process, from the same initial state, with unit_commits off
+and on, alternating step by step (so a change in the machine's load hits both alike), and
+prints per step the wall time and this process's CPU time of what the trainer does
+for a step: train_step, the state hash with its result_root (snapshot.hash_state) and the
+record (train.step_record, which with units collects every digest and makes units_root), and
+that both runs reach the same state hashes; then the hashing work alone (the digests of one
+step's 2N - 1 pieces and N witnesses, on HASH_POOL's threads, as the trainer computes them), in
+CPU time. The load average is printed before and after.
+"""
+import argparse
+import dataclasses
+import os
+import statistics
+import time
+
+import torch
+
+import config
+import data
+import receipts
+import snapshot
+import train
+import units
+
+
+def one_step(state, corpus, cfg, salt):
+    """The trainer's work for one step, without writing files; returns the state hash."""
+    fields = train.train_step(state, corpus, cfg)
+    hashed = snapshot.hash_state(state.step, state.tensors(), fields["grad_root"])
+    record = train.step_record(state.step, hashed.root, hashed.leaves, corpus, cfg, fields,
+                               result_root=hashed.result_root, salt=salt)
+    return record["state_hash"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="", help="a config preset (default: the default model)")
+    ap.add_argument("--data_dir", default="data/shakespeare")
+    ap.add_argument("--steps", type=int, default=20, help="steps of each run")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base = config.parse_config(([f"--preset={args.preset}"] if args.preset else []) + [f"--data_dir={args.data_dir}"])
+    base = dataclasses.replace(base, offload=False, recompute=base.recompute)
+    corpus = data.TokenData(base.data_dir, base.seed)
+    base = config.resolve(base, corpus.vocab_size)
+    salt = receipts.salt(bytes(32), 1)
+    runs = {on: (dataclasses.replace(base, unit_commits=on), train.TrainState(base, corpus.vocab_size))
+            for on in (False, True)}
+    wall, cpu, hashes = {False: [], True: []}, {False: [], True: []}, {False: [], True: []}
+    print(f"model: {args.preset or 'default'}, {runs[False][1].n_params():,} parameters, "
+          f"{base.micro_batches} micro-batches x {base.micro_batch_size * base.seq_len} tokens, "
+          f"{torch.get_num_threads()} threads; load average before {os.getloadavg()[0]:.2f}")
+    one_step(runs[True][1], corpus, runs[True][0], salt)          # warm-up (kernels, pools)
+    runs[True] = (runs[True][0], train.TrainState(base, corpus.vocab_size))
+    for step in range(args.steps):
+        for on in (step % 2 == 0, step % 2 == 1):       # who goes first alternates too
+            cfg, state = runs[on]
+            w0, c0 = time.perf_counter(), time.process_time()
+            hashes[on].append(one_step(state, corpus, cfg, salt))
+            wall[on].append(time.perf_counter() - w0)
+            cpu[on].append(time.process_time() - c0)
+    assert hashes[False] == hashes[True], "unit commitments changed a state hash"
+    print(f"state hashes equal with and without unit commitments over {len(hashes[True])} steps")
+    for what, times in (("wall", wall), ("CPU", cpu)):
+        off, on = statistics.median(times[False]), statistics.median(times[True])
+        paired = statistics.median(b - a for a, b in zip(times[False], times[True]))
+        print(f"{what:4s} s/step (median of {len(times[False])}): off {off:.4f}, on {on:.4f}; "
+              f"median paired overhead {paired:+.4f} s ({100 * paired / off:+.1f}%)")
+    n, numel = base.micro_batches, runs[True][1].flat_numel()
+    piece, witness = torch.ones(numel), torch.ones(base.micro_batch_size * base.seq_len * base.d_model)
+    c0 = time.process_time()
+    for _ in range(args.steps):
+        for name in units.names(n):
+            units.digest(units.uid(1, name), piece)
+        for m in range(n):
+            units.digest(units.witness_uid(1, m), witness)
+    work = (time.process_time() - c0) / args.steps
+    print(f"the hashing work alone: {2 * n - 1} digests of {numel:,} floats and {n} of {witness.numel():,}: "
+          f"{work * 1000:.1f} ms CPU per step ({100 * work / statistics.median(cpu[False]):.1f}% of the "
+          f"step's CPU time without units)")
+    print(f"load average after {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""Audit one unit of a step (units.py): one micro-batch, one fold node or the update.
+
+    audit = UnitAudit("runs/x", step=12)     # the chain up to 12 and step 12's unit list, verified
+    audit.micro_batch(3)                     # replay micro-batch 3 alone from the state after step 11
+    audit.micro_batch(3, state="pub/state_00000011.safetensors")   # that state, from the publisher
+    audit.fold(0, 4, "pub/")                 # fold:0:4 = the contract's sum of its revealed children
+    audit.update("pub/")                     # clip, AdamW, re-pin and the record from the revealed S
+    audit.findings                           # [] (MATCH) or ["field loss differs: ...", ...]
+    audit.proof                              # what the unit's receipt reveals (unitreceipts.py)
+
+Every tensor handed in is checked before it is used: a state against the previous record's
+tensor_hashes, tensor by tensor (a micro-batch needs only the params.* tensors: no Adam
+moments), a revealed unit tensor against its digest in the step's unit list, and the unit list
+against the record's units_root. The replays use the trainer's own functions
+(train.micro_batch_gradient, repops' add as treefold's Fold does, train.update): no second copy
+of the step's math. The state before the step comes from a file the publisher revealed
+(audit.py --materialize, publisher.py) or from the run's checkpoint of that step.
+
+Bad input (a missing file, a unit that is not in the step, a run without unit commitments)
+raises config.UsageError; what does not match the chain becomes a finding.
+"""
+import dataclasses
+import json
+import os
+
+import torch
+
+import checkpoint
+import hashchain
+import repops
+import rundir
+import train
+import units
+from config import UsageError, resolve, validate
+from data import DataMismatch, TokenData, batch_digest
+from schedule import micro_batches_at
+
+RECORD_FIELDS = ("loss", "loss_bits", "grad_norm", "grad_norm_bits", "lr", "lr_bits")
+
+
+class UnitAudit:
+    def __init__(self, run_dir, step, data_dir=None, device="cpu", units_file=None, recompute=None,
+                 offload=None):
+        self.run = rundir.Run(run_dir)
+        self.run.check_contract(repops.CONTRACT)
+        self.step, self.data_dir, self.device = step, data_dir, device
+        self.findings = []
+        self.proof = {}
+        self.bytes_read = 0
+        chain = self.run.chain
+        if step < 1 or step >= chain.lines:
+            raise UsageError(f"step {step} is not in the chain (it holds steps 1..{chain.lines - 1})")
+        memory = {k: self.run.recorded(k, bool, False) if v is None else v
+                  for k, v in (("recompute", recompute), ("offload", offload))}
+        cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0, **memory)
+        validate(cfg)
+        self.cfg = resolve(cfg, self.run.vocab_size)
+        if not self.cfg.unit_commits:
+            raise UsageError(f"{run_dir} has no unit commitments (its genesis config has no unit_commits): "
+                             "audit whole steps (--step S)")
+        self.n = micro_batches_at(self.cfg, step)
+        try:
+            chain.verify(upto=step)
+        except hashchain.ChainError as e:
+            self.find(f"the chain breaks at step {e.line - 1}: {e.message}")
+            self.entries = None
+            return
+        self.record, self.before = chain.records[step], chain.records[step - 1]
+        self.entries = self.unit_list(units_file or units.list_path(run_dir, step))
+
+    def find(self, message):
+        if message not in self.findings:
+            self.findings.append(message)
+
+    def unit_list(self, path):
+        """{unit: entry} of the step's unit list, checked against the record's units_root."""
+        if not os.path.exists(path):
+            raise UsageError(f"no unit list of step {self.step} at {path}: the publisher reveals it "
+                             f"(audit.py --reveal_unit) or the run's units/ folder holds it")
+        entries = units.read_list(path, self.step)
+        try:
+            return units.check_list(entries, self.step, self.n, self.record.get("units_root"))
+        except units.UnitsError as e:
+            self.find(f"field units_root: {e}")
+            return None
+
+    # ------------------------------------------------------------------------- inputs
+    def state_before(self, path, params_only, directory=None):
+        """{name: tensor} of the state after step - 1 from `path`, else the publisher's file of it
+        in `directory`, else the run's checkpoint of that step; each tensor used is checked
+        against that record's tensor_hashes. None on a finding."""
+        before = self.step - 1
+        if path is None and directory is not None and units.state_file(directory, before).exists():
+            path = units.state_file(directory, before)
+        if path is None:
+            path = dict(self.run.checkpoints()).get(before)
+            if path is None:
+                raise UsageError(f"the run has no checkpoint of step {before}: get that state from the "
+                                 f"publisher (audit.py --materialize {before}) and give it with --state FILE")
+        try:
+            tensors, _ = checkpoint.load_checkpoint(path, mmap=self.cfg.offload)
+        except checkpoint.CheckpointError as e:
+            raise UsageError(str(e)) from None
+        expected = self.before.get("tensor_hashes") or {}
+        needed = sorted(n for n in expected if n.startswith("params.") or not params_only)
+        for name in sorted(set(tensors) - set(expected)):
+            self.find(f"the state of step {before} ({path}): tensor {name} is not in that step's state")
+        missing = [n for n in needed if n not in tensors]
+        if missing:
+            self.find(f"the state of step {before} ({path}): tensor {missing[0]} is missing")
+        leaves = hashchain.map_tensors(hashchain.tensor_leaf, {n: tensors[n] for n in needed if n in tensors})
+        for name, leaf in leaves.items():
+            if leaf != expected[name]:
+                self.find(f"the state of step {before} ({path}): tensor {name} does not match step {before}'s "
+                          "tensor_hashes")
+        self.bytes_read += sum(tensors[n].numel() * tensors[n].element_size() for n in leaves)
+        return None if self.findings else {n: tensors[n] for n in needed}
+
+    def revealed(self, directory, name):
+        """The unit tensor `name` the publisher revealed in `directory`, checked against its digest
+        and loss bits in the unit list; None on a finding."""
+        path = units.unit_file(directory, self.step, name)
+        try:
+            tensors, _ = checkpoint.load_checkpoint(path)
+        except checkpoint.CheckpointError as e:
+            raise UsageError(f"{e} (the publisher reveals it: audit.py --reveal_unit)") from None
+        t = tensors.get(name)
+        if set(tensors) != {name} or t.dtype != torch.float32 or t.dim() != 1:
+            raise UsageError(f"{path} does not hold one float32 vector named {name}")
+        self.bytes_read += t.numel() * 4
+        entry = self.entries[name]
+        if units.digest(units.uid(self.step, name), t).hex() != entry["digest"] or units.loss_bits(t) != entry["loss_bits"]:
+            self.find(f"the revealed {name} ({path}) does not match its commitment (its digest in the unit list)")
+            return None
+        return t
+
+    def data(self):
+        corpus = TokenData(self.data_dir or self.run.recorded_data_dir(), self.cfg.seed)
+        try:
+            corpus.check_run(self.run.genesis)
+        except DataMismatch as e:
+            self.find(str(e))
+            return None
+        return corpus
+
+    # ------------------------------------------------------------------------- the units
+    def micro_batch(self, m, state=None, directory=None):
+        """Replay micro-batch m from the parameters after step - 1 (state_before): its loss, its
+        gradient's digest and the step's batch digest against the published ones; proof: its
+        witness W_m."""
+        name = f"micro_batch:{m}"
+        self.check_unit(name)
+        if self.entries is None:
+            return
+        corpus = self.data()
+        tensors = self.state_before(state, True, directory)
+        if corpus is None or tensors is None:
+            return
+        model = train.TrainState(self.cfg, self.run.vocab_size, self.device, moments=False)
+        model.load_params(tensors, self.step - 1)
+        del tensors
+        witness = []
+        try:
+            grad = train.micro_batch_gradient(model, corpus, self.cfg, self.step, m, witness.append)
+        except DataMismatch as e:
+            self.find(f"the micro-batch reads data that is not the corpus's: {e}")
+            return
+        self.compare(name, grad.cpu(), "the replayed micro-batch")
+        windows = [corpus.window("train", self.step, k, self.cfg.micro_batch_size, self.cfg.seq_len)
+                   for k in range(self.n)]
+        if batch_digest(windows) != self.record.get("batch_digest"):
+            self.find("field batch_digest differs from the step's windows")
+        self.proof = {"witness": units.digest(units.witness_uid(self.step, m), witness[0].cpu()).hex()}
+
+    def fold(self, lo, size, directory):
+        """Check the fold node (lo, size): its two revealed children against their commitments,
+        and the node against the contract's sum of them (one RepOps add, left first)."""
+        name = f"fold:{lo}:{size}"
+        self.check_unit(name)
+        if self.entries is None:
+            return
+        left, right = (self.revealed(directory, child) for child in units.children(lo, size))
+        if left is None or right is None:
+            return
+        node = repops.ops.add(left, right)
+        self.compare(name, node, "the sum of its children")
+        self.node = node
+
+    def update(self, directory, state=None):
+        """The update from the revealed S (the tree's root) and the state after step - 1: clip,
+        AdamW, re-pin, then the record's state hash, loss, gradient norm and learning rate."""
+        self.check_unit("update")
+        if self.entries is None:
+            return
+        total = self.revealed(directory, units.root_name(self.n))
+        tensors = self.state_before(state, False, directory)
+        if total is None or tensors is None:
+            return
+        model = train.TrainState(self.cfg, self.run.vocab_size, self.device)
+        model.load(tensors)
+        del tensors
+        try:
+            fields = train.update(model, self.cfg, [total.to(model.device)])
+        except train.StepRefused as e:
+            self.find(str(e))
+            return
+        root, leaves = model.hash()
+        if root != self.record.get("state_hash"):
+            published = self.record.get("tensor_hashes") or {}
+            bad = [n for n, h in leaves.items() if published.get(n) != h]
+            self.find(f"field state_hash: {'tensor ' + bad[0] if bad else 'the state hash'} differs from the update")
+        for key in RECORD_FIELDS:
+            if _canon(fields[key]) != _canon(self.record.get(key)):
+                self.find(f"field {key} differs: updated {_canon(fields[key])}, published {_canon(self.record.get(key))}")
+        grad_root = fields["grad_root"].result()
+        self.proof = {"state_hash": root, "grad_root": grad_root,
+                      "result_root": hashchain.keyed_state_root(grad_root, model.tensors())}
+
+    # ------------------------------------------------------------------------- helpers
+    def check_unit(self, name):
+        try:
+            units.parse(name, self.n)
+        except units.UnitsError as e:
+            raise UsageError(f"step {self.step}: {e}") from None
+        self.unit = name
+
+    def compare(self, name, t, what):
+        """Findings where t (a unit's value as replayed) is not what the unit list commits to."""
+        entry, bits = self.entries[name], units.loss_bits(t)
+        if bits != entry["loss_bits"]:
+            self.find(f"field loss differs: {what} has {_loss(bits)} ({bits}), published {_loss(entry['loss_bits'])} "
+                      f"({entry['loss_bits']})")
+            return
+        got = units.digest(units.uid(self.step, name), t).hex()
+        if got != entry["digest"]:
+            self.find(f"field digest differs: {what} has {got[:16]}, published {entry['digest'][:16]}")
+
+
+def _loss(bits):
+    return hashchain.bits_f32(bits)
+
+
+def _canon(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
