@@ -30,6 +30,7 @@ import hashchain
 import repops
 import rundir
 import train
+import unitreceipts
 import units
 from config import UsageError, resolve, validate
 from data import DataMismatch, TokenData, batch_digest
@@ -215,6 +216,23 @@ class UnitAudit:
         grad_root = fields["grad_root"].result()
         self.proof = {"state_hash": root, "grad_root": grad_root,
                       "result_root": hashchain.keyed_state_root(grad_root, model.tensors())}
+
+    def receipt(self, auditor, machine, cost, code_digest):
+        """The unit's receipt (unitreceipts.py), or None when the audit stopped before it had
+        the unit's proof. A fold node's proof is its keyed digest under the auditor's key."""
+        proof = dict(self.proof)
+        if self.unit.startswith("fold:") and getattr(self, "node", None) is not None:
+            proof = {"keyed": self.keyed(auditor)}
+        if not proof:
+            return None
+        return unitreceipts.make(self.run.genesis, self.record, self.unit, proof, auditor, machine, cost,
+                                 code_digest, self.run.genesis.get("data_manifest"), self.findings)
+
+    def keyed(self, auditor):
+        """The fold node's chunked digest keyed by units.fold_key(run, node, auditor)."""
+        piece = units.uid(self.step, self.unit)
+        key = units.fold_key(self.run.genesis["record_hash"], piece, auditor)
+        return units.digest(piece, self.node, key).hex()
 
     # ------------------------------------------------------------------------- helpers
     def check_unit(self, name):

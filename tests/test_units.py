@@ -1,0 +1,253 @@
+"""Unit commitments and unit audits (units.py, unitstep.py, unitaudit.py, publisher.py,
+unitreceipts.py; docs/auditing.md "Audit units").
+
+- The format: the units of a step and their order, the chunked digest (chunk hashes with the
+  piece's id and index, combined with the length) also when its chunks are hashed on different
+  ranks, the unit list and its check against units_root.
+- The option adds commitments only: a run with --unit_commits has the state hashes and
+  checkpoints of the run without it (the records gain units_root, the run a units/ folder);
+  --offload and --recompute (hashed in place, the witness behind activation checkpointing) give
+  the same unit list.
+- Every unit of a step (each micro-batch, each fold node, the update), audited from the
+  publisher's reveals, gives MATCH, and its receipt is accepted; a micro-batch receipt cannot be
+  made from the chain and every revealed piece.
+- R = 1 and R = 2 runs (torchrun) of a config whose pieces span 3 chunks write byte-identical
+  chains and unit lists, and the units of one step audited on each run all MATCH.
+
+The attacks (a tampered micro-batch, fold node or update, a resealed units_root, a lazy receipt,
+revealed tensors that do not match the chain) are in tests/test_attacks.py.
+"""
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import checkpoint
+import config
+import hashchain
+import model
+import receipts
+import rundir
+import train
+import treefold
+import unitaudit
+import unitreceipts
+import units
+import unitstep
+from tiny import chain_records, launch_env, launcher, share_secret, train_args
+from unit_runs import STEP, audit_every_unit, train_in_process, unit_dir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+# ----------------------------------------------------------------------------- the format
+def test_the_units_of_a_step_and_their_order():
+    assert units.names(1) == ["micro_batch:0"]
+    assert units.names(3) == ["micro_batch:0", "micro_batch:1", "micro_batch:2", "fold:0:2", "fold:0:3"]
+    assert units.names(6)[6:] == ["fold:0:2", "fold:2:2", "fold:0:4", "fold:4:2", "fold:0:6"]
+    for n in range(1, 40):
+        assert len(units.names(n)) == 2 * n - 1 and units.all_units(n)[-1] == "update"
+        assert units.root_name(n) == (units.names(n)[-1] if n > 1 else "micro_batch:0")
+        for lo, size in units.fold_nodes(n):      # each node's children are units formed before it
+            left, right = units.children(lo, size)
+            order = units.names(n)
+            assert max(order.index(left), order.index(right)) < order.index(f"fold:{lo}:{size}")
+    assert units.parse("fold:0:2", 3) == ("fold", 0, 2) and units.parse("update", 3) == ("update",)
+    for bad in ("micro_batch:3", "fold:1:2", "fold:0:1", "micro_batch:01", "step", "fold:0:2 "):
+        with pytest.raises(units.UnitsError):
+            units.parse(bad, 3)
+
+
+def test_the_chunked_digest_is_its_documented_bytes(monkeypatch):
+    monkeypatch.setattr(units, "CHUNK", 4)
+    t = torch.arange(10, dtype=torch.float32)
+    piece = units.uid(7, "fold:0:2")
+    assert piece == b"7/fold:0:2"
+    chunks = [hashlib.sha256(b"repops-chunk-v1\0" + piece + b"\0" + k.to_bytes(8, "little")
+                             + t[4 * k:4 * k + 4].numpy().astype("<f4").tobytes()).digest() for k in range(3)]
+    node = lambda leaf: hashlib.sha256(b"\0" + leaf).digest()          # noqa: E731  (SPEC §11.2)
+    inner = hashlib.sha256(b"\1" + node(chunks[0]) + node(chunks[1])).digest()
+    merkle = hashlib.sha256(b"\1" + inner + node(chunks[2])).digest()
+    expected = hashlib.sha256(b"repops-digest-v1\0" + piece + b"\0" + (10).to_bytes(8, "little") + merkle).digest()
+    assert units.digest(piece, t) == expected
+    assert units.digest(piece, t, key=bytes(32)) != expected             # keyed: other bytes
+    assert units.digest(units.uid(8, "fold:0:2"), t) != expected          # the id is bound in
+    assert units.loss_bits(t) == "0x41100000"                             # 9.0, the last element
+
+
+def test_a_digest_hashed_chunk_by_chunk_on_ranks_is_the_whole_ones(monkeypatch):
+    """allreduce's slices, aligned to the chunk, hashed by their ranks (StepUnits.row) and
+    exchanged, give the digest of the whole tensor, for every R."""
+    monkeypatch.setattr(units, "CHUNK", 4)
+    t = torch.arange(23, dtype=torch.float32)
+    piece = units.uid(1, "fold:0:4")
+    for world in (1, 2, 3, 4, 6):
+        q = treefold.slice_size(t.numel(), world, units.CHUNK)
+        assert q % units.CHUNK == 0
+        hashes = {}
+        for rank in range(world):
+            row = torch.zeros(q)
+            part = t[rank * q:(rank + 1) * q]
+            row[:part.numel()] = part
+            for k in unitstep.owned_chunks(t.numel(), q, rank):
+                hashes[k] = units.chunk_hash(piece, k, row[k * 4 - rank * q:min(k * 4 + 4, 23) - rank * q].numpy())
+        assert units.combine(piece, 23, [hashes[k] for k in range(6)]) == units.digest(piece, t), world
+
+
+def test_a_unit_list_is_checked_against_units_root(tmp_path):
+    entries = [{"unit": u, "digest": hashlib.sha256(u.encode()).hexdigest(), "loss_bits": "0x3f800000"}
+               for u in units.names(3)]
+    for m in range(3):
+        entries[m]["commit"] = hashlib.sha256(b"c%d" % m).hexdigest()
+    root = units.root([units.entry_leaf(5, e) for e in entries])
+    units.write_list(tmp_path / "l.json", 5, entries)
+    assert (tmp_path / "l.json").read_bytes() == units.list_bytes(5, entries)
+    assert units.check_list(units.read_list(tmp_path / "l.json", 5), 5, 3, root)["fold:0:3"] == entries[-1]
+    with pytest.raises(units.UnitsError, match="not the unit list of step 6"):
+        units.read_list(tmp_path / "l.json", 6)
+    for change in ("digest", "loss_bits", "commit", "order"):
+        forged = json.loads(json.dumps(entries))
+        if change == "order":
+            forged[0], forged[1] = forged[1], forged[0]
+        elif change == "loss_bits":
+            forged[1]["loss_bits"] = "0x3f800001"
+        else:
+            forged[1][change] = "0" * 64
+        with pytest.raises(units.UnitsError):
+            units.check_list(forged, 5, 3, root)
+    index, proof = units.proof(5, entries, "micro_batch:2")
+    leaf = units.entry_leaf(5, entries[2])
+    assert hashchain.merkle_root_from_proof(leaf, index, 5, proof) == root
+
+
+def test_the_option_is_left_out_of_the_genesis_when_off():
+    assert "unit_commits" not in config.decisive_config(config.Config())
+    assert config.decisive_config(config.Config(unit_commits=True))["unit_commits"] is True
+    assert config.from_record({}, "x").unit_commits is False
+
+
+# ----------------------------------------------------------------------------- a run with units
+@pytest.fixture(scope="module")
+def unit_run(corpus, tmp_path_factory):
+    return train_in_process(tmp_path_factory.mktemp("units") / "run", corpus)
+
+
+def test_units_add_commitments_only(unit_run, corpus, tmp_path):
+    off = tmp_path / "off"
+    out = train.main([str(a) for a in train_args(off, corpus, "--micro_batches=3", "--max_steps=8",
+                                                  "--checkpoint_every=4")])
+    assert out == 0
+    on_records, off_records = chain_records(unit_run), chain_records(off)
+    assert [r["state_hash"] for r in on_records] == [r["state_hash"] for r in off_records]
+    assert all("units_root" in r for r in on_records[1:]) and not any("units_root" in r for r in off_records)
+    assert not (off / "units").exists() and len(list((unit_run / "units").iterdir())) == 8
+    for (s, a), (_, b) in zip(rundir.Run(unit_run).checkpoints(), rundir.Run(off).checkpoints()):
+        assert a.read_bytes() == b.read_bytes(), s
+    for s in range(1, 9):
+        entries = units.read_list(units.list_path(unit_run, s), s)
+        units.check_list(entries, s, 3, on_records[s]["units_root"])
+
+
+def test_offload_and_recompute_give_the_same_unit_list(unit_run, corpus, tmp_path):
+    other = share_secret(unit_run, tmp_path / "run")
+    train_in_process(other, corpus, "--offload=1", "--recompute=1", "--max_steps=2")
+    for s in (1, 2):
+        assert units.list_path(other, s).read_bytes() == units.list_path(unit_run, s).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def audits(unit_run, corpus, tmp_path_factory):
+    """{unit: UnitAudit} of every unit of STEP, from the publisher's reveals."""
+    base = tmp_path_factory.mktemp("revealed")
+    return base, audit_every_unit(unit_run, STEP, corpus, base)
+
+
+def publisher_salts(run):
+    secret = receipts.read_secret(run, "")
+    return lambda step: receipts.salt(secret, step)
+
+
+def unit_lists(run):
+    records = chain_records(run)
+    return lambda s: units.check_list(units.read_list(units.list_path(run, s), s), s, 3, records[s]["units_root"])
+
+
+def test_every_unit_of_a_step_matches_and_its_receipt_is_accepted(unit_run, audits, tmp_path):
+    base, found = audits
+    assert sorted(found) == sorted(units.all_units(3))
+    assert {u: a.findings for u, a in found.items() if a.findings} == {}
+    code = train.code_digest()
+    for unit, a in found.items():
+        receipts.write_receipt(tmp_path / f"{unit.replace(':', '_')}.json", a.receipt("alice", {}, {}, code))
+    chain = rundir.Run(unit_run).chain
+
+    def fold_keyed(step, unit, auditor):
+        kind, lo, size = units.parse(unit, 3)
+        a = unitaudit.UnitAudit(str(unit_run), step)
+        a.fold(lo, size, unit_dir(base, unit))
+        return None if a.findings else a.keyed(auditor)
+
+    results = unitreceipts.check(tmp_path, chain, publisher_salts(unit_run), unit_lists(unit_run), fold_keyed)
+    assert [(r.receipt["unit"], r.status) for r in results] == \
+        [(u, "accepted") for u in sorted(units.all_units(3), key=lambda u: u.replace(":", "_"))]
+    covered = unitreceipts.covered(results, chain, STEP, STEP)
+    assert all(covered[STEP][u] == {"alice"} for u in units.all_units(3))
+
+
+def test_a_micro_batch_receipt_cannot_be_made_from_the_chain_and_the_revealed_pieces(unit_run, audits, tmp_path):
+    """Every value a lazy auditor holds after every reveal of the step (the unit list and its
+    c_m, g_m and every node, the states) fails to open c_m; the replay's witness opens it."""
+    base, found = audits
+    g1, _ = checkpoint.load_checkpoint(units.unit_file(unit_dir(base, "fold:0:2"), STEP, "micro_batch:1"))
+    entry = unit_lists(unit_run)(STEP)["micro_batch:1"]
+    record = chain_records(unit_run)[STEP]
+    candidates = [entry["commit"], entry["digest"], record["units_root"], record["state_hash"], record["step_commit"],
+                  units.digest(units.witness_uid(STEP, 1), g1["micro_batch:1"]).hex(),
+                  hashlib.sha256(g1["micro_batch:1"].numpy().tobytes()).hexdigest()]
+    honest = found["micro_batch:1"].receipt("alice", {}, {}, train.code_digest())
+    chain = rundir.Run(unit_run).chain
+    judge = lambda r: unitreceipts.judge(r, chain, publisher_salts(unit_run), unit_lists(unit_run),  # noqa: E731
+                                         lambda *_: None)
+    assert judge(honest) == ("accepted", "")
+    for value in candidates:
+        status, reason = judge({**honest, "auditor": "lazy", "witness": value})
+        assert status == "rejected" and "does not open the micro-batch's commitment" in reason, value
+
+
+# ----------------------------------------------------------------------------- R = 1 and R = 2
+WIDE = ["--n_layer=2", "--d_model=128", "--n_head=2", "--d_hidden=512"]   # 590k floats: 3 chunks
+
+
+def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, tmp_path):
+    import subprocess
+    runs = {}
+    for world in (1, 2):
+        run = tmp_path / f"r{world}" / "run"
+        if world == 2:
+            share_secret(runs[1], run)
+        args = train_args(run, corpus, *WIDE, "--unit_commits=1", "--micro_batches=4", "--max_steps=2",
+                          "--checkpoint_every=1", "--threads=1")
+        proc = subprocess.run(launcher(world) + [str(a) for a in args], env=launch_env(), capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        runs[world] = run
+    cfg = rundir.Run(runs[1]).cfg
+    numel = sum(int(np.prod(s)) for s in model.param_shapes(train.model_config(cfg, 256)).values()) + 1
+    assert units.n_chunks(numel) == 3
+    assert (runs[1] / "chain.jsonl").read_bytes() == (runs[2] / "chain.jsonl").read_bytes()
+    for s in (1, 2):
+        assert units.list_path(runs[1], s).read_bytes() == units.list_path(runs[2], s).read_bytes()
+    witnesses = {}
+    for world, run in runs.items():
+        found = audit_every_unit(run, 2, corpus, tmp_path / f"pub{world}")
+        assert {u: a.findings for u, a in found.items() if a.findings} == {}, world
+        witnesses[world] = [found[f"micro_batch:{m}"].proof["witness"] for m in range(4)]
+    assert witnesses[1] == witnesses[2]
