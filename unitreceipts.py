@@ -113,13 +113,15 @@ def judge(receipt, chain, salt_of, unit_list, fold_keyed):
             reasons.append(f"it was replayed with another {key}")
     if receipt["verdict"] != "MATCH":
         reasons.append("the auditor reports " + receipts.shown((receipt["findings"] or ["MISMATCH"])[0])[:200])
+    if reasons:                              # decided without a salt, a unit list or a reveal
+        return "rejected", "; ".join(reasons)
     if kind(unit) == "fold":
         keyed = fold_keyed(step, unit, receipt["auditor"])
         if keyed is None:
             return "unchecked", f"the children of {unit} of step {step} are not at hand (--revealed DIR)"
         if keyed != receipt["keyed"]:
-            reasons.append("its keyed digest is not the node's (the sum was not formed from its children?)")
-        return ("rejected", "; ".join(reasons)) if reasons else ("accepted", "")
+            return "rejected", "its keyed digest is not the node's (the sum was not formed from its children?)"
+        return "accepted", ""
     salt = salt_of(step)
     if salt is None:
         return "unchecked", f"no salt revealed for step {step}"

@@ -18,7 +18,16 @@
   in the run's own anchors.jsonl, temp files of any name in checkpoints/, and a refusal that
   names the option given.
 
-Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here.
+- Audit units (issue 35, a run with --unit_commits): data changed in one micro-batch of one
+  step, a tampered fold node and a nudged update, each revealed as committed by the dishonest
+  trainer, are reported by exactly the micro-batch, the fold node and the update that hold them,
+  and every other unit gives MATCH; a units_root resealed after the fact rejects every earlier
+  receipt of its step and its changed unit reports it; a lazy micro-batch receipt (the
+  commitment or the digest copied) is rejected; a revealed child or state tensor that is not the
+  chain's is refused by the audit it is handed to, before use.
+
+Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here,
+and on tiny runs with unit commitments (tests/unit_runs.py).
 """
 import contextlib
 import hashlib
@@ -43,10 +52,17 @@ import hashchain
 import receipts
 import report
 import rundir
+import publisher
 import sample
 import train
+import treefold
+import unitaudit
+import unitreceipts
+import units
 from data import DataError, DataMismatch, TokenData
 from tiny import TINY, chain_records, copy_run, reseal, train_args, write_chain
+from unit_runs import (STEP, audit_every_unit, mismatches, patched, reveal_every_unit, train_in_process,
+                       unit_dir)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -412,3 +428,131 @@ def test_a_trace_fifo_and_sample_sizes(reference, tmp_path):
     assert one_line_error(result, "optrace.py") and "not a regular file" in result[2], result
     for argv in (["--tokens", 10**12], ["--temperature", "inf"]):
         assert one_line_error(call(sample.main, ["--run_dir", reference, *argv]), "sample.py")
+
+
+# ----------------------------------------------------------------------------- 5. audit units
+# A run with unit commitments (tests/unit_runs.py: N = 3, 8 steps, checkpoints 0, 4, 8) whose
+# step STEP a dishonest trainer tampered with in one piece, revealing what it committed to:
+# exactly the unit that holds the lie reports it, by name, and every other unit gives MATCH.
+
+
+@pytest.fixture(scope="module")
+def unit_run(corpus, tmp_path_factory):
+    return train_in_process(tmp_path_factory.mktemp("units") / "run", corpus)
+
+
+def dishonest(corpus, base, tampering):
+    """Train the unit run under `tampering` (monkeypatches) and audit every unit of STEP from
+    the reveals the trainer makes under the same tampering; {unit: findings} of the mismatches."""
+    with patched(*tampering):
+        run = train_in_process(base / "run", corpus)
+        reveal_every_unit(run, STEP, corpus, base / "pub")
+    return run, mismatches(audit_every_unit(run, STEP, corpus, base / "pub", reveal=False))
+
+
+def test_data_changed_in_one_micro_batch_is_caught_by_that_micro_batch(corpus, tmp_path):
+    true_batch = TokenData.micro_batch
+
+    def injected(self, split, step, micro, *args):
+        x, y = true_batch(self, split, step, micro, *args)
+        return (x.flip(-1).contiguous(), y.flip(-1).contiguous()) if (split, step, micro) == ("train", STEP, 1) else (x, y)
+
+    _, found = dishonest(corpus, tmp_path, [(TokenData, "micro_batch", injected)])
+    assert list(found) == ["micro_batch:1"] and found["micro_batch:1"][0].startswith("field loss differs"), found
+
+
+def test_a_tampered_fold_node_is_caught_by_that_fold_node(corpus, tmp_path):
+    true_gradient, true_fold, seen = train.micro_batch_gradient, treefold.Fold, {}
+
+    def gradient(state, data, cfg, step, micro, *args):
+        seen["step"] = step
+        return true_gradient(state, data, cfg, step, micro, *args)
+
+    def tampering_fold(*args, observe=None, **kwargs):
+        def nudged(lo, size, t):
+            if (seen["step"], lo, size) == (STEP, 0, 2):
+                t.view(-1)[5] = 0.125                    # one element of the sum, after the add
+            if observe:
+                observe(lo, size, t)
+        return true_fold(*args, observe=nudged, **kwargs)
+
+    _, found = dishonest(corpus, tmp_path, [(train, "micro_batch_gradient", gradient),
+                                            (treefold, "Fold", tampering_fold)])
+    assert list(found) == ["fold:0:2"] and found["fold:0:2"][0].startswith("field digest differs"), found
+
+
+def test_a_nudged_update_is_caught_by_the_update(corpus, tmp_path):
+    true_update = train.update
+
+    def nudged(state, cfg, sums):
+        fields = true_update(state, cfg, sums)
+        if state.step == STEP:
+            with torch.no_grad():
+                state.params["norm"].view(-1)[0] = 0.5
+        return fields
+
+    _, found = dishonest(corpus, tmp_path, [(train, "update", nudged)])
+    assert list(found) == ["update"] and found["update"] == ["field state_hash: tensor params.norm differs from the update"], found
+
+
+def test_a_units_root_resealed_after_the_fact(unit_run, corpus, tmp_path):
+    """A publisher who swaps a micro-batch's digest in step STEP's unit list and reseals
+    units_root and the chain: every receipt of the step made before names another record; on
+    the new chain the micro-batch's audit reports the digest, and the fold node above it cannot
+    be served (no tensor the publisher can reveal matches the forged digest)."""
+    before = audit_every_unit(unit_run, STEP, corpus, tmp_path / "pub")
+    assert mismatches(before) == {}
+    run = copy_run(unit_run, tmp_path / "run")
+    entries = units.read_list(units.list_path(run, STEP), STEP)
+    entries[1]["digest"] = entries[0]["digest"]
+    units.write_list(units.list_path(run, STEP), STEP, entries)
+    records = chain_records(run)
+    records[STEP]["units_root"] = units.root([units.entry_leaf(STEP, e) for e in entries])
+    write_chain(run, reseal(records))
+    chain = rundir.Run(run).chain
+    chain.verify()
+    for unit, a in before.items():
+        status, reason = unitreceipts.judge(a.receipt("alice", {}, {}, train.code_digest()), chain,
+                                            publisher(run), lambda s: None, lambda *_: None)
+        assert status == "rejected" and "another record of this step" in reason, unit
+    found = mismatches(audit_every_unit(run, STEP, corpus, tmp_path / "pub2"))
+    assert sorted(found) == ["fold:0:2", "micro_batch:1"], found
+    assert found["micro_batch:1"][0].startswith("field digest differs"), found
+    assert found["fold:0:2"][0].startswith("the revealed micro_batch:1") and "does not match its commitment" in found["fold:0:2"][0]
+
+
+def test_a_lazy_micro_batch_receipt_is_rejected(unit_run, corpus, tmp_path):
+    """The commitment c_m or the public digest copied into a micro-batch receipt, no replay."""
+    entry = units.read_list(units.list_path(unit_run, STEP), STEP)[2]
+    chain = rundir.Run(unit_run).chain
+    lists = lambda s: units.check_list(units.read_list(units.list_path(unit_run, s), s), s, 3,  # noqa: E731
+                                       chain.records[s]["units_root"])
+    for copied in (entry["commit"], entry["digest"]):
+        lazy = unitreceipts.make(chain.records[0], chain.records[STEP], "micro_batch:2", {"witness": copied},
+                                 "lazy", {}, {}, train.code_digest(), chain.records[0]["data_manifest"], [])
+        status, reason = unitreceipts.judge(lazy, chain, publisher(unit_run), lists, lambda *_: None)
+        assert status == "rejected" and "does not open the micro-batch's commitment" in reason
+
+
+def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path):
+    """A child revealed for a fold audit that is not the committed one, and a state tensor that is
+    not the record's: each is caught before use by the audit it is handed to."""
+    pub = publisher.Publisher(unit_run, str(corpus))
+    for unit in ("fold:0:3", "micro_batch:0"):
+        pub.reveal(STEP, unit, unit_dir(tmp_path, unit))
+    child = units.unit_file(unit_dir(tmp_path, "fold:0:3"), STEP, "fold:0:2")
+    tensors, meta = checkpoint.load_checkpoint(child)
+    tensors["fold:0:2"][7] = 1.0
+    checkpoint.save_checkpoint(child, tensors, meta)
+    state = units.state_file(unit_dir(tmp_path, "micro_batch:0"), STEP - 1)
+    tensors, meta = checkpoint.load_checkpoint(state)
+    tensors["params.layers.1.wo"][0, 0] = 1.0
+    checkpoint.save_checkpoint(state, tensors, meta)
+    fold = unitaudit.UnitAudit(str(unit_run), STEP)
+    fold.fold(0, 3, unit_dir(tmp_path, "fold:0:3"))
+    assert [f.split(" (")[0] for f in fold.findings] == ["the revealed fold:0:2"] and \
+        "does not match its commitment" in fold.findings[0]
+    micro = unitaudit.UnitAudit(str(unit_run), STEP, str(corpus))
+    micro.micro_batch(0, directory=unit_dir(tmp_path, "micro_batch:0"))
+    assert len(micro.findings) == 1 and "tensor params.layers.1.wo does not match step 5's tensor_hashes" in micro.findings[0]
+    assert micro.receipt("alice", {}, {}, train.code_digest()) is None
