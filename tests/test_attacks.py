@@ -52,7 +52,7 @@ import hashchain
 import receipts
 import report
 import rundir
-import publisher
+from publisher import Publisher
 import sample
 import train
 import treefold
@@ -537,7 +537,7 @@ def test_a_lazy_micro_batch_receipt_is_rejected(unit_run, corpus, tmp_path):
 def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path):
     """A child revealed for a fold audit that is not the committed one, and a state tensor that is
     not the record's: each is caught before use by the audit it is handed to."""
-    pub = publisher.Publisher(unit_run, str(corpus))
+    pub = Publisher(unit_run, str(corpus))
     for unit in ("fold:0:3", "micro_batch:0"):
         pub.reveal(STEP, unit, unit_dir(tmp_path, unit))
     child = units.unit_file(unit_dir(tmp_path, "fold:0:3"), STEP, "fold:0:2")
