@@ -19,6 +19,7 @@ revealed tensors that do not match the chain) are in tests/test_attacks.py.
 """
 import hashlib
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -226,22 +227,28 @@ def test_a_micro_batch_receipt_cannot_be_made_from_the_chain_and_the_revealed_pi
 WIDE = ["--n_layer=2", "--d_model=128", "--n_head=2", "--d_hidden=512"]   # 590k floats: 3 chunks
 
 
-def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, tmp_path):
-    import subprocess
+def train_ranks(corpus, base, n, worlds, steps):
+    """{R: run} of the WIDE config with unit commitments on each R of `worlds` (R = 1 plain
+    python, the others torchrun, under R = 1's secret), n micro-batches, a checkpoint every step."""
     runs = {}
-    for world in (1, 2):
-        run = tmp_path / f"r{world}" / "run"
-        if world == 2:
+    for world in worlds:
+        run = base / f"r{world}" / "run"
+        if world > 1:
             share_secret(runs[1], run)
-        args = train_args(run, corpus, *WIDE, "--unit_commits=1", "--micro_batches=4", "--max_steps=2",
+        args = train_args(run, corpus, *WIDE, "--unit_commits=1", f"--micro_batches={n}", f"--max_steps={steps}",
                           "--checkpoint_every=1", "--threads=1")
         proc = subprocess.run(launcher(world) + [str(a) for a in args], env=launch_env(), capture_output=True,
-                              text=True, timeout=600)
+                              text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         runs[world] = run
+    return runs
+
+
+def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, tmp_path):
+    runs = train_ranks(corpus, tmp_path, 4, (1, 2), 2)
     cfg = rundir.Run(runs[1]).cfg
     numel = sum(int(np.prod(s)) for s in model.param_shapes(train.model_config(cfg, 256)).values()) + 1
-    assert units.n_chunks(numel) == 3
+    assert units.n_chunks(numel) == 3            # the upper nodes' chunks are hashed on both ranks
     assert (runs[1] / "chain.jsonl").read_bytes() == (runs[2] / "chain.jsonl").read_bytes()
     for s in (1, 2):
         assert units.list_path(runs[1], s).read_bytes() == units.list_path(runs[2], s).read_bytes()
@@ -251,3 +258,12 @@ def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, tmp_p
         assert {u: a.findings for u, a in found.items() if a.findings} == {}, world
         witnesses[world] = [found[f"micro_batch:{m}"].proof["witness"] for m in range(4)]
     assert witnesses[1] == witnesses[2]
+
+
+def test_units_are_the_same_when_blocks_are_not_subtrees(corpus, tmp_path):
+    """N = 12 on R = 4: blocks of 3 micro-batches, each rank hands on two partial sums, and the
+    nodes above them (fold:2:2, which spans two ranks, up to fold:0:12) are completed chunk by chunk."""
+    runs = train_ranks(corpus, tmp_path, 12, (1, 4), 1)
+    assert units.list_path(runs[1], 1).read_bytes() == units.list_path(runs[4], 1).read_bytes()
+    assert (runs[1] / "chain.jsonl").read_bytes() == (runs[4] / "chain.jsonl").read_bytes()
+    assert unitstep.upper_nodes(12, 4) == [(2, 2), (0, 4), (4, 4), (0, 8), (8, 2), (8, 4), (0, 12)]
