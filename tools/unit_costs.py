@@ -25,6 +25,7 @@ import receipts
 import snapshot
 import train
 import units
+from schedule import micro_batches_at
 
 
 def one_step(state, corpus, cfg, salt):
@@ -72,7 +73,7 @@ def main():
         paired = statistics.median(b - a for a, b in zip(times[False], times[True]))
         print(f"{what:4s} s/step (median of {len(times[False])}): off {off:.4f}, on {on:.4f}; "
               f"median paired overhead {paired:+.4f} s ({100 * paired / off:+.1f}%)")
-    n, numel = base.micro_batches, runs[True][1].flat_numel()
+    n, numel = micro_batches_at(base, args.steps), runs[True][1].flat_numel()   # the last step's N
     piece, witness = torch.ones(numel), torch.ones(base.micro_batch_size * base.seq_len * base.d_model)
     c0 = time.process_time()
     for _ in range(args.steps):
