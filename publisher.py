@@ -162,3 +162,24 @@ class Publisher:
             checkpoint.save_checkpoint(path, {unit: t}, {"step": step, "unit": unit})
             paths.append(path)
         return paths
+
+
+# ----------------------------------------------------------------------------- the commands
+def materialize_command(args):
+    """audit.py --materialize S --out DIR [--params_only]: the state after step S, by replay."""
+    path = Publisher(args.run_dir, args.data_dir, args.device).materialize(args.materialize, args.out,
+                                                                          args.params_only)
+    print(f"state of step {args.materialize} ({'parameters only' if args.params_only else 'all tensors'}) "
+          f"written to {path}")
+    return 0
+
+
+def reveal_command(args):
+    """audit.py --reveal_unit S:UNIT --out DIR: what the audit of that unit needs."""
+    step, _, unit = args.reveal_unit.partition(":")
+    if not step.isdigit() or not unit:
+        raise UsageError(f"--reveal_unit expects STEP:UNIT (12:micro_batch:3, 12:fold:0:4, 12:update), "
+                         f"got {args.reveal_unit!r}")
+    paths = Publisher(args.run_dir, args.data_dir, args.device).reveal(int(step), unit, args.out)
+    print(f"revealed for the audit of {unit} of step {step}: " + ", ".join(p.name for p in paths) + f" in {args.out}")
+    return 0

@@ -237,7 +237,10 @@ def train_step(state, data, cfg, rank=0, world=1):
     step = state.step + 1
     n = micro_batches_at(cfg, step)         # the step's N (its phase), hence its tree
     state.model.train()
-    pieces = unitstep.StepUnits(step, n, state.flat_numel(), world, rank, sync=cfg.offload) if cfg.unit_commits else None
+    # the pieces are hashed beside the step where the state hash is (hash_overlaps: a GPU step
+    # leaves the host's cores idle), else in the step's own thread, chunks in parallel
+    pieces = (unitstep.StepUnits(step, n, state.flat_numel(), world, rank, sync=cfg.offload or not hash_overlaps(cfg))
+              if cfg.unit_commits else None)
     fold = treefold.Fold(n, world, rank, spill=cfg.offload, observe=pieces and pieces.node)
     for micro in fold.leaves:
         grad = micro_batch_gradient(state, data, cfg, step, micro, pieces and pieces.witness(micro))

@@ -22,11 +22,15 @@ raises config.UsageError; what does not match the chain becomes a finding.
 import dataclasses
 import json
 import os
+import resource
+import time
 
 import torch
 
 import checkpoint
 import hashchain
+import optrace
+import receipts
 import repops
 import rundir
 import train
@@ -46,7 +50,9 @@ class UnitAudit:
         self.run.check_contract(repops.CONTRACT)
         self.step, self.data_dir, self.device = step, data_dir, device
         self.findings = []
-        self.proof = {}
+        self.proof = {}                  # what the unit's receipt reveals (unitreceipts.py)
+        self.node = None                 # a fold node's value, once summed (its receipt's keyed digest)
+        self.unit = None
         self.bytes_read = 0
         chain = self.run.chain
         if step < 1 or step >= chain.lines:
@@ -221,7 +227,7 @@ class UnitAudit:
         """The unit's receipt (unitreceipts.py), or None when the audit stopped before it had
         the unit's proof. A fold node's proof is its keyed digest under the auditor's key."""
         proof = dict(self.proof)
-        if self.unit.startswith("fold:") and getattr(self, "node", None) is not None:
+        if self.unit.startswith("fold:") and self.node is not None:
             proof = {"keyed": self.keyed(auditor)}
         if not proof:
             return None
@@ -236,11 +242,13 @@ class UnitAudit:
 
     # ------------------------------------------------------------------------- helpers
     def check_unit(self, name):
+        """units.parse(name) for this step; UsageError if it is not one of its units."""
         try:
-            units.parse(name, self.n)
+            parsed = units.parse(name, self.n)
         except units.UnitsError as e:
             raise UsageError(f"step {self.step}: {e}") from None
         self.unit = name
+        return parsed
 
     def compare(self, name, t, what):
         """Findings where t (a unit's value as replayed) is not what the unit list commits to."""
@@ -260,3 +268,53 @@ def _loss(bits):
 
 def _canon(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------- the command
+def label(unit):
+    """How a unit is named in the audit's lines: micro-batch 3, fold node 0:4, update."""
+    kind, _, rest = unit.partition(":")
+    return {"micro_batch": f"micro-batch {rest}", "fold": f"fold node {rest}"}.get(kind, unit)
+
+
+def command(args, unit, code_digest):
+    """Audit one unit of step args.step (audit.py --step S --micro_batch M | --fold_node LO:SIZE |
+    --update): print MATCH or each "MISMATCH at step S, <unit>: ...", the cost, and with
+    args.receipt the unit's receipt. Returns the exit code (0 match, 1 mismatch)."""
+    t0 = time.perf_counter()
+    audit = UnitAudit(args.run_dir, args.step, args.data_dir, args.device, args.units,
+                      **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")})
+    kind, *where = audit.check_unit(unit)
+    if audit.entries is None:
+        pass                                                  # the chain or the unit list did not check
+    elif kind == "micro_batch":
+        audit.micro_batch(where[0], args.state, args.revealed)
+    elif kind == "fold":
+        if args.revealed is None:
+            raise UsageError(f"--fold_node {where[0]}:{where[1]} needs --revealed DIR: its two children, "
+                             "from the publisher (audit.py --reveal_unit)")
+        audit.fold(where[0], where[1], args.revealed)
+    else:
+        if args.revealed is None:
+            raise UsageError("--update needs --revealed DIR: S (the tree's root), from the publisher "
+                             "(audit.py --reveal_unit S:update)")
+        audit.update(args.revealed, args.state)
+    where_text = f"step {args.step}, {label(unit)}"
+    for finding in audit.findings:
+        print(f"MISMATCH at {where_text}: {finding}")
+    if not audit.findings:
+        print(f"MATCH: {label(unit)} of step {args.step} of {args.run_dir} replays to its commitment "
+              f"(units_root {audit.record['units_root'][:16]})")
+    cost = {"seconds": round(time.perf_counter() - t0, 3),
+            "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "bytes_read": audit.bytes_read}
+    print(f"audit cost: {cost['seconds']:.1f} s, peak memory {cost['peak_mib']} MiB, read "
+          f"{audit.bytes_read / 1e6:.1f} MB" + (" (+ token windows)" if kind == "micro_batch" else ""))
+    if args.receipt:
+        receipt = None if audit.entries is None else audit.receipt(args.auditor, optrace.machine(), cost, code_digest)
+        if receipt is None:
+            print(f"receipt: none written, the audit of {label(unit)} stopped before its proof")
+        else:
+            receipts.write_receipt(args.receipt, receipt)
+            print(f"receipt: step {args.step}, {unit} ({receipt['verdict']}) by {args.auditor} written to {args.receipt}")
+    return 1 if audit.findings else 0

@@ -178,3 +178,26 @@ def covered(results, chain, first, last):
         for u in (out[r.receipt["step"]] if unit == "step" else [unit]):
             out[r.receipt["step"]][u].add(r.receipt["auditor"])
     return out
+
+
+# ----------------------------------------------------------------------------- plans by unit
+def unit_costs(chain, first, last, seconds):
+    """{(step, unit): estimated seconds} of every unit of steps first..last; seconds(kind) is a
+    unit's cost by kind (micro_batch, fold, update)."""
+    return {(s, u): seconds(kind(u)) for s in range(first, last + 1) for u in step_units(chain, s)}
+
+
+def describe(items):
+    """Compact text of sorted (step, unit) items: "12: micro_batch 0-2, fold 0:2 0:4, update; 13: ..."."""
+    by_step = {}
+    for step, unit in items:
+        by_step.setdefault(step, []).append(unit)
+    parts = []
+    for step, names in sorted(by_step.items()):
+        micro = sorted(int(u.partition(":")[2]) for u in names if u.startswith("micro_batch:"))
+        folds = sorted((tuple(map(int, u.split(":")[1:])) for u in names if u.startswith("fold:")))
+        text = ([f"micro_batch {receipts.ranges(micro)}"] if micro else []) + \
+               ([("fold " + " ".join(f"{lo}:{size}" for lo, size in folds))] if folds else []) + \
+               [u for u in names if u in ("update", "step")]
+        parts.append(f"{step}: {', '.join(text)}")
+    return "; ".join(parts) or "none"

@@ -13,8 +13,10 @@ snapshot.LeafLater hashes grad_root. finish() collects them where the record is 
 ranks it exchanges what each rank hashed (its micro-batches' digests and witnesses, the nodes
 inside its block, its chunks of the nodes above: 32 bytes a chunk), so every rank assembles
 the same list. A CUDA tensor is copied to pinned host memory on a side stream first (at most
-IN_FLIGHT such copies at once). sync=True (the trainer's --offload, whose fold adds into its
-buffers in place) hashes each piece before the call returns.
+IN_FLIGHT such copies at once). sync=True hashes each piece before the call returns (its chunks
+still in parallel, on every core while the step waits): the trainer's choice on the CPU, where
+hashing beside the step would take the cores the step's kernels run on (as the state hash,
+train.hash_overlaps), and with --offload, whose fold adds into its buffers in place.
 
 The witness of micro-batch m is the gradient of the loss with respect to the residual stream
 after block 0 ([B, T, d]; with one block, the final norm's input): the backward computes it on

@@ -6,8 +6,8 @@ unitreceipts.py; docs/auditing.md "Audit units").
   ranks, the unit list and its check against units_root.
 - The option adds commitments only: a run with --unit_commits has the state hashes and
   checkpoints of the run without it (the records gain units_root, the run a units/ folder);
-  --offload and --recompute (hashed in place, the witness behind activation checkpointing) give
-  the same unit list.
+  hashing beside the step (--hash_async=on), --offload and --recompute (hashed in place, the
+  witness behind activation checkpointing) give the same unit list.
 - Every unit of a step (each micro-batch, each fold node, the update), audited from the
   publisher's reveals, gives MATCH, and its receipt is accepted; a micro-batch receipt cannot be
   made from the chain and every revealed piece.
@@ -157,9 +157,12 @@ def test_units_add_commitments_only(unit_run, corpus, tmp_path):
         units.check_list(entries, s, 3, on_records[s]["units_root"])
 
 
-def test_offload_and_recompute_give_the_same_unit_list(unit_run, corpus, tmp_path):
+@pytest.mark.parametrize("flags", [["--hash_async=on"], ["--offload=1", "--recompute=1"]])
+def test_overlap_offload_and_recompute_give_the_same_unit_list(unit_run, corpus, tmp_path, flags):
+    """Hashed beside the step (--hash_async=on, as on a GPU) or in place with --offload and
+    --recompute (the witness taken behind activation checkpointing): the same unit list."""
     other = share_secret(unit_run, tmp_path / "run")
-    train_in_process(other, corpus, "--offload=1", "--recompute=1", "--max_steps=2")
+    train_in_process(other, corpus, *flags, "--max_steps=2")
     for s in (1, 2):
         assert units.list_path(other, s).read_bytes() == units.list_path(unit_run, s).read_bytes()
 

@@ -2,9 +2,11 @@
 
     python -m tools.unit_costs [--preset NAME] [--steps 20] [--data_dir data/shakespeare]
 
-Trains the same steps twice in this process, from the same initial state, with unit_commits off
-and on, alternating step by step (so a change in the machine's load hits both alike), and
-prints per step the wall time and this process's CPU time of what the trainer does
+Trains the same steps three times in this process, from the same initial state: unit_commits
+off, on (the pieces hashed in the step's thread, the CPU default) and on with --hash_async=on
+(hashed beside the step, as on a GPU), alternating step by step (so a change in the machine's
+load hits each alike), and prints per step the wall time and this process's CPU time of what
+the trainer does
 for a step: train_step, the state hash with its result_root (snapshot.hash_state) and the
 record (train.step_record, which with units collects every digest and makes units_root), and
 that both runs reach the same state hashes; then the hashing work alone (the digests of one
@@ -51,29 +53,32 @@ def main():
     corpus = data.TokenData(base.data_dir, base.seed)
     base = config.resolve(base, corpus.vocab_size)
     salt = receipts.salt(bytes(32), 1)
-    runs = {on: (dataclasses.replace(base, unit_commits=on), train.TrainState(base, corpus.vocab_size))
-            for on in (False, True)}
-    wall, cpu, hashes = {False: [], True: []}, {False: [], True: []}, {False: [], True: []}
-    print(f"model: {args.preset or 'default'}, {runs[False][1].n_params():,} parameters, "
+    variants = {"off": {}, "on": {"unit_commits": True}, "on, overlapped": {"unit_commits": True, "hash_async": "on"}}
+    runs = {v: (dataclasses.replace(base, **k), train.TrainState(base, corpus.vocab_size)) for v, k in variants.items()}
+    wall, cpu, hashes = ({v: [] for v in variants} for _ in range(3))
+    print(f"model: {args.preset or 'default'}, {runs['off'][1].n_params():,} parameters, "
           f"{base.micro_batches} micro-batches x {base.micro_batch_size * base.seq_len} tokens, "
           f"{torch.get_num_threads()} threads; load average before {os.getloadavg()[0]:.2f}")
-    one_step(runs[True][1], corpus, runs[True][0], salt)          # warm-up (kernels, pools)
-    runs[True] = (runs[True][0], train.TrainState(base, corpus.vocab_size))
+    one_step(runs["on"][1], corpus, runs["on"][0], salt)          # warm-up (kernels, pools)
+    runs["on"] = (runs["on"][0], train.TrainState(base, corpus.vocab_size))
+    names = list(variants)
     for step in range(args.steps):
-        for on in (step % 2 == 0, step % 2 == 1):       # who goes first alternates too
-            cfg, state = runs[on]
+        for v in names[step % 3:] + names[:step % 3]:       # who goes first rotates too
+            cfg, state = runs[v]
             w0, c0 = time.perf_counter(), time.process_time()
-            hashes[on].append(one_step(state, corpus, cfg, salt))
-            wall[on].append(time.perf_counter() - w0)
-            cpu[on].append(time.process_time() - c0)
-    assert hashes[False] == hashes[True], "unit commitments changed a state hash"
-    print(f"state hashes equal with and without unit commitments over {len(hashes[True])} steps")
+            hashes[v].append(one_step(state, corpus, cfg, salt))
+            wall[v].append(time.perf_counter() - w0)
+            cpu[v].append(time.process_time() - c0)
+    assert hashes["off"] == hashes["on"] == hashes["on, overlapped"], "unit commitments changed a state hash"
+    print(f"state hashes equal with and without unit commitments over {args.steps} steps")
     for what, times in (("wall", wall), ("CPU", cpu)):
-        off, on = statistics.median(times[False]), statistics.median(times[True])
-        paired = statistics.median(b - a for a, b in zip(times[False], times[True]))
-        print(f"{what:4s} s/step (median of {len(times[False])}): off {off:.4f}, on {on:.4f}; "
-              f"median paired overhead {paired:+.4f} s ({100 * paired / off:+.1f}%)")
-    n, numel = micro_batches_at(base, args.steps), runs[True][1].flat_numel()   # the last step's N
+        off = statistics.median(times["off"])
+        line = f"{what:4s} s/step (median of {args.steps}): off {off:.4f}"
+        for v in names[1:]:
+            paired = statistics.median(b - a for a, b in zip(times["off"], times[v]))
+            line += f"; {v} {statistics.median(times[v]):.4f}, paired overhead {paired:+.4f} s ({100 * paired / off:+.1f}%)"
+        print(line)
+    n, numel = micro_batches_at(base, args.steps), runs["on"][1].flat_numel()   # the last step's N
     piece, witness = torch.ones(numel), torch.ones(base.micro_batch_size * base.seq_len * base.d_model)
     c0 = time.process_time()
     for _ in range(args.steps):
@@ -83,7 +88,7 @@ def main():
             units.digest(units.witness_uid(1, m), witness)
     work = (time.process_time() - c0) / args.steps
     print(f"the hashing work alone: {2 * n - 1} digests of {numel:,} floats and {n} of {witness.numel():,}: "
-          f"{work * 1000:.1f} ms CPU per step ({100 * work / statistics.median(cpu[False]):.1f}% of the "
+          f"{work * 1000:.1f} ms CPU per step ({100 * work / statistics.median(cpu['off']):.1f}% of the "
           f"step's CPU time without units)")
     print(f"load average after {os.getloadavg()[0]:.2f}")
 
