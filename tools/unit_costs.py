@@ -53,7 +53,7 @@ def main():
     corpus = data.TokenData(base.data_dir, base.seed)
     base = config.resolve(base, corpus.vocab_size)
     salt = receipts.salt(bytes(32), 1)
-    variants = {"off": {}, "on": {"unit_commits": True}, "on, overlapped": {"unit_commits": True, "hash_async": "on"}}
+    variants = {"off": {"unit_commits": False}, "on": {"unit_commits": True}, "on, overlapped": {"unit_commits": True, "hash_async": "on"}}
     runs = {v: (dataclasses.replace(base, **k), train.TrainState(base, corpus.vocab_size)) for v, k in variants.items()}
     wall, cpu, hashes = ({v: [] for v in variants} for _ in range(3))
     print(f"model: {args.preset or 'default'}, {runs['off'][1].n_params():,} parameters, "
