@@ -19,6 +19,7 @@ revealed tensors that do not match the chain) are in tests/test_attacks.py.
 """
 import hashlib
 import json
+import shutil
 import subprocess
 
 import numpy as np
@@ -29,6 +30,7 @@ import checkpoint
 import config
 import hashchain
 import model
+import publisher
 import receipts
 import rundir
 import train
@@ -270,3 +272,16 @@ def test_units_are_the_same_when_blocks_are_not_subtrees(corpus, tmp_path):
     assert units.list_path(runs[1], 1).read_bytes() == units.list_path(runs[4], 1).read_bytes()
     assert (runs[1] / "chain.jsonl").read_bytes() == (runs[4] / "chain.jsonl").read_bytes()
     assert unitstep.upper_nodes(12, 4) == [(2, 2), (0, 4), (4, 4), (0, 8), (8, 2), (8, 4), (0, 12)]
+
+
+def test_the_publisher_makes_a_lost_unit_list_again(unit_run, corpus, tmp_path):
+    """A run that lost units/step_<s>.json: the publisher's reveal replays the step with the
+    run's secret and writes the same list (checked against units_root)."""
+    import publisher
+    run = tmp_path / "run"
+    shutil.copytree(unit_run, run)
+    original = units.list_path(run, STEP).read_bytes()
+    units.list_path(run, STEP).unlink()
+    publisher.Publisher(run, str(corpus)).reveal(STEP, "micro_batch:0", tmp_path / "pub")
+    assert units.list_file(tmp_path / "pub", STEP).read_bytes() == original
+    assert not units.list_path(run, STEP).exists()          # readers never write into the run
