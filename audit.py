@@ -65,6 +65,7 @@ import receipts
 import receipts_cli
 import repops
 import rundir
+import unitreceipts
 from config import UsageError, resolve, validate
 from data import DataError, DataMismatch, TokenData
 from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step
@@ -137,14 +138,19 @@ def trace_step(state, data, cfg, path, record):
 
 
 class Audit:
-    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None):
+    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
+                 salts=None):
         self.run = rundir.Run(run_dir)          # reads only: repair=False
         self.run.check_contract(repops.CONTRACT)
         self.device = device
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
         self.checked = set()                     # checkpoint steps already verified
-        self.replayed = {}                       # step: (state hash, grad_root) of the replay
+        self.replayed = {}                       # step: (state hash, grad_root, witnesses) of the replay
+        # salt_of(step): from the run's secret (the publisher) or revealed salts (--salts FILE);
+        # where it is known the replay makes step_commit (and units_root) and compares them too
+        self.salt_of = receipts.salt_lookup(run_dir, self.run.genesis, salts, required=False)
+        self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
         if source and "init" not in self.run.genesis:
@@ -257,14 +263,23 @@ class Audit:
                     fields = trace_step(state, self.data, self.cfg, trace, self.run.chain.records[step])
                 else:
                     fields = train_step(state, self.data, self.cfg)
-                record = step_record(state.step, *state.hash(), self.data, self.cfg, fields)
+                salt = self.salt_of(step)
+                root, leaves = state.hash()
+                # result_root: the post-step state keyed by grad_root (a pass only a known salt needs)
+                result_root = hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors()) if salt else None
+                record = step_record(step, root, leaves, self.data, self.cfg, fields, result_root=result_root,
+                                     salt=salt)
             except StepRefused as e:        # the published run cannot have recorded this step
                 self.find(step, str(e))
                 return
             except DataMismatch as e:       # a chunk the step reads is not the manifest's
                 self.find(step, f"the step reads data that is not the corpus's: {e}")
                 return
-            self.replayed[step] = record["state_hash"], fields["grad_root"].result()
+            pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
+            self.replayed[step] = (record["state_hash"], fields["grad_root"].result(),
+                                   pieces and [w.hex() for w in pieces.witness_digests])
+            if salt is None:
+                self.unchecked.append(step)
             diff = compare(record, self.run.chain.records[step])
             if diff:
                 self.find(step, diff)
@@ -281,16 +296,22 @@ class Audit:
         no published field gives them."""
         if step not in self.replayed or self.state.step != step:
             return None
-        state_hash, grad_root = self.replayed[step]
+        state_hash, grad_root, witnesses = self.replayed[step]
         # result_root: the post-step state keyed by grad_root (only a receipt needs the pass)
         result_root = hashchain.keyed_state_root(grad_root, self.state.tensors())
+        findings = [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]
+        if witnesses is not None:               # a run with unit commitments: repops-receipt-v3
+            proof = {"state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
+                     "witnesses": witnesses}
+            return unitreceipts.make(self.run.genesis, self.run.chain.records[step], "step", proof, auditor,
+                                     optrace.machine(), cost, code_digest(), self.data.digest, findings)
         return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(self.run.genesis),
                 "step": step, "record_hash": self.run.chain.records[step]["record_hash"],
                 "state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
                 "auditor": auditor,
                 "machine": optrace.machine(), "cost": cost, "code_digest": code_digest(),
                 "data_manifest": self.data.digest, "verdict": "MISMATCH" if self.findings else "MATCH",
-                "findings": [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]}
+                "findings": findings}
 
     def check_later_checkpoints(self, last):
         """The run's latest checkpoint (what people download) and any file beyond the chain."""

@@ -283,11 +283,14 @@ def read_salts(path, run):
     return {int(k): bytes.fromhex(v) for k, v in doc["salts"].items()}
 
 
-def salt_lookup(run_dir, genesis, salts_path=None):
+def salt_lookup(run_dir, genesis, salts_path=None, required=True):
     """salt_of(step) for check_receipts: from revealed salts (salts_path; None where a step's
-    salt is not revealed) or else from the run's secret (the publisher). UsageError if neither."""
+    salt is not revealed) or else from the run's secret (the publisher). UsageError if neither,
+    unless not `required` (a replay checks step_commit where it can): then None for every step."""
     if salts_path:
         return read_salts(salts_path, run_id(genesis)).get
+    if not required and not (Path(run_dir) / SECRET).exists():
+        return lambda step: None
     secret = read_secret(run_dir, "checking receipts needs the publisher's secret "
                          "(or --salts FILE with revealed salts)")
     return lambda step: salt(secret, step)
