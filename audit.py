@@ -2,7 +2,7 @@
 prove the replays (receipts), plan them across many auditors, and pin the chain (anchors).
 
     python audit.py --step 120                        # run directory runs/default
-    python audit.py --step 15 --run_dir runs/x        # another run (--run is an alias)
+    python audit.py --step 15 --run_dir runs/x        # another run
     python audit.py --range 1:40                      # every step from 1 to 40
     python audit.py --all                             # the whole chain
     python audit.py --step 17 --trace a.jsonl         # also a per-operator trace (optrace.py)
@@ -16,6 +16,9 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --plan --auditors 8 --redundancy 2 --seed 42 # who replays which steps
     python audit.py --coverage receipts/ --redundancy 2          # what accepted receipts cover
     python audit.py --anchors anchors.jsonl           # the chain against published chain heads
+
+One mode flag per call (the first group of `python audit.py --help`); every other option
+belongs to the modes its group names, and is refused with any other (config.CommandLine).
 
 The audit vouches only for what it checked, and checks everything it vouches for:
 1. the chain's links up to the last audited step: a malformed, edited, missing, inserted or
@@ -39,36 +42,99 @@ Replays use train.train_step (the one step function) on one device with no topol
 Each problem prints as "MISMATCH at step S: ..." in step order, then what the audit cost.
 Exit code: 0 match, 1 mismatch, 2 bad input (missing run or data, step out of range, malformed
 checkpoint or config). The audit only reads the run directory: it creates, renames and deletes
-nothing there, and the files it writes (receipts, salts) must lie outside it.
+nothing there, and the files it writes (traces, receipts, salts) must lie outside it.
 
-The protocol (receipts.py holds its logic, receipts_cli.py its commands): --check_receipts
-exits 0 when every well-formed receipt it could check is accepted, 1 if any is rejected (a
-receipt whose step has no revealed salt is listed as unchecked and counts for neither);
---coverage exits 0 when every step has --redundancy accepted receipts from distinct auditors, 1
-otherwise. A malformed receipt (not JSON, a wrong type, a field missing or unknown) is listed
-with the others, then either command exits 2 with one error line: it is bad input, not evidence
-about the run. --anchors exits 1 at the first anchor the chain contradicts.
+The protocol's commands (receipts.py holds its logic): --check_receipts exits 0 when every
+well-formed receipt it could check is accepted, 1 if any is rejected (a receipt whose step has
+no revealed salt is listed as unchecked and counts for neither); --coverage exits 0 when every
+step has --redundancy accepted receipts from distinct auditors, 1 otherwise. A malformed
+receipt (not JSON, a wrong type, a field missing or unknown) is listed with the others, then
+either command exits 2 with one error line: it is bad input, not evidence about the run.
+--anchors exits 1 at the first anchor the chain contradicts. --plan assigns every step to
+--redundancy of --auditors, balanced by replay cost, and prints the chance that a tampered step
+goes undetected.
 """
-import argparse
 import dataclasses
 import json
 import os
 import resource
+import secrets
+import statistics
 import sys
 import time
 
-import checkpoint
-import hashchain
-import hfllama
-import optrace
-import receipts
-import receipts_cli
-import repops
-import rundir
-import unitreceipts
-from config import UsageError, resolve, validate
-from data import DataError, DataMismatch, TokenData
-from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step
+from config import CommandLine, Config, UsageError, micro_batches_at, resolve, validate
+
+REPLAY = ("step", "range", "all")
+
+
+def parser():
+    """The audit's command line (config.CommandLine's convention); main, at the end, runs it."""
+    ap = CommandLine("audit.py", "Replay steps and check them against the run's hash chain; receipts, "
+                     "coverage plans and anchors for many auditors.")
+    mode = ap.add_modes("modes (exactly one)")
+    mode.add_argument("--step", type=int, metavar="N", help="replay step N (from the latest checkpoint before "
+                      "it) and check it, and the checkpoints on the way, against the chain")
+    mode.add_argument("--range", metavar="A:B", help="replay and check every step from A to B")
+    mode.add_argument("--all", action="store_true", help="replay and check every step of the chain")
+    mode.add_argument("--check_receipts", metavar="DIR", help="check every receipt (*.json) under DIR: "
+                      "with the run's secret (the publisher), or with --salts")
+    mode.add_argument("--coverage", metavar="DIR", help="which steps the accepted receipts under DIR cover, "
+                      "by how many distinct auditors")
+    mode.add_argument("--reveal_salts", metavar="A:B", help="the publisher: print the salts of steps A..B "
+                      "(JSON), with which anyone can check those steps' receipts")
+    mode.add_argument("--plan", action="store_true", help="assign every step to --redundancy of --auditors, "
+                      "balanced by the replay cost measured here")
+    mode.add_argument("--anchors", metavar="FILE", help="check the chain against anchors (chain heads) "
+                      "obtained outside the run")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    replayed = ap.options_for(REPLAY + ("plan",), "replaying (--step, --range, --all; --plan times one step)")
+    replayed.add_argument("--data_dir", metavar="DIR", help="the run's corpus, or a bundle of it (default: "
+                          "the data_dir the run's config.json names)")
+    replayed.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                          help="where the steps replay; every device gives the same bits (default %(default)s)")
+    memory = ap.options_for(REPLAY, "the replay's memory and source (--step, --range, --all)")
+    memory.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations in "
+                        "backward: same bits, less memory (default: what the trainer used)")
+    memory.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting gradient "
+                        "in temp files under TMPDIR: same bits (default: what the trainer used)")
+    memory.add_argument("--init_from", metavar="DIR", help="an imported run: check that DIR is its source "
+                        "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0)")
+    one = ap.options_for(("step",), "one step's evidence (--step)")
+    one.add_argument("--trace", metavar="FILE", help="write a per-operator trace of the step to FILE "
+                     "(compare two with python optrace.py A B)")
+    one.add_argument("--receipt", metavar="FILE", help="write the step's receipt to FILE (with --auditor)")
+    one.add_argument("--auditor", metavar="NAME", help="who replayed the step (with --receipt)")
+    checked = ap.options_for(("check_receipts", "coverage"), "checking receipts (--check_receipts, --coverage)")
+    checked.add_argument("--salts", metavar="FILE", help="check with revealed salts (--reveal_salts) instead "
+                         "of the run's secret")
+    shared = ap.options_for(("plan", "coverage"), "sharing the steps (--plan, --coverage)")
+    shared.add_argument("--redundancy", type=int, default=2, metavar="C",
+                        help="distinct auditors per step (default %(default)s)")
+    shared.add_argument("--steps", metavar="A:B", help="the steps (default: the whole chain)")
+    plan = ap.options_for(("plan",), "the plan (--plan)")
+    plan.add_argument("--auditors", type=int, metavar="K", help="how many auditors (required)")
+    plan.add_argument("--seed", type=int, help="the plan's private seed (default: drawn now, and printed)")
+    plan.add_argument("--absent", type=float, default=0.25, metavar="F", help="the fraction of auditors "
+                      "assumed absent or dishonest, for the chance of a miss (default %(default)s)")
+    reveal = ap.options_for(("reveal_salts",), "revealing salts (--reveal_salts)")
+    reveal.add_argument("--out", metavar="FILE", help="write the salts to FILE (default: standard output)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import hashchain  # noqa: E402  (below the command line's first answer, above)
+import hfllama  # noqa: E402
+import optrace  # noqa: E402
+import receipts  # noqa: E402
+import repops  # noqa: E402
+import rundir  # noqa: E402
+import unitreceipts  # noqa: E402
+from data import DataError, DataMismatch, TokenData  # noqa: E402
+from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step  # noqa: E402
+
 
 # Fields compared first: a changed batch explains a changed state, and the state names a tensor.
 FIRST_FIELDS = ("kind", "step", "batch_digest", "state_hash")
@@ -138,9 +204,12 @@ def trace_step(state, data, cfg, path, record):
 
 
 class Audit:
+    """An audit of one run on this machine: open it (the run, its config, its corpus), then replay
+    steps (replay); every problem found is a finding (step, message), in self.findings."""
+
     def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
                  salts=None):
-        self.run = rundir.Run(run_dir)          # reads only: repair=False
+        self.run = rundir.Run(run_dir)          # a reader: it changes nothing in the run
         self.run.check_contract(repops.CONTRACT)
         self.device = device
         self.bytes_read = os.path.getsize(self.run.chain.path)
@@ -162,6 +231,8 @@ class Audit:
         # dead_tensor_steps=0: an alarm for the trainer (deadcheck.py), not part of what is checked
         self.cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0, **memory)
         validate(self.cfg)                       # the genesis config, and this machine's device
+        # decisive keys on which config.json (for people) disagrees with the genesis record
+        self.config_json_differences = self.run.config_json_differences()
         self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
         self.cfg = resolve(self.cfg, self.data.vocab_size)
 
@@ -190,7 +261,7 @@ class Audit:
         diff = compare(genesis_record(state, self.data, self.cfg, init=init), self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
-        for key in self.run.config_json_differences():
+        for key in self.config_json_differences:
             self.find(0, f"config.json disagrees with the genesis record on {key}")
         return state
 
@@ -233,7 +304,7 @@ class Audit:
         except hashchain.ChainError as e:       # the chain breaks before this checkpoint
             self.find(e.line - 1, e.message)
             return None
-        except checkpoint.CheckpointError as e:
+        except rundir.CheckpointError as e:
             raise UsageError(str(e)) from None
         self.bytes_read += os.path.getsize(path)
         return tensors
@@ -323,7 +394,7 @@ class Audit:
             self.checkpoint(*later[-1])         # behind a chain break, the break is reported
 
 
-# ----------------------------------------------------------------------------- replay
+# ----------------------------------------------------------------------------- the commands
 def replay_command(args):
     t0 = time.perf_counter()
     audit = Audit(args.run_dir, args.data_dir, args.device,
@@ -334,7 +405,7 @@ def replay_command(args):
         if args.step < 1:
             raise UsageError(f"--step {args.step}: steps start at 1")
     else:
-        first, last = (1, audit.run.chain.lines - 1) if args.all else rundir.parse_range(args.range, "--range")
+        first, last = (1, audit.run.chain.lines - 1) if args.all else parse_range(args.range, "--range")
     audit.replay(first, last, args.trace)
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
@@ -357,68 +428,180 @@ def replay_command(args):
     return 1 if audit.findings else 0
 
 
+def parse_range(text, flag):
+    """(first, last) of a command line's A:B step range (UsageError unless 1 <= A <= B)."""
+    a, _, b = text.partition(":")
+    try:
+        first, last = int(a), int(b)
+    except ValueError:
+        raise UsageError(f"{flag} expects A:B, got {text!r}") from None
+    if not 1 <= first <= last:
+        raise UsageError(f"{flag} {text}: steps start at 1 and a range runs forward")
+    return first, last
+
+
+def chain_steps(run, steps, flag="--steps"):
+    """(first, last) of `steps` (A:B, default: every step), refused unless in the chain."""
+    run.chain.verify()
+    last_step = len(run.chain) - 1
+    first, last = parse_range(steps, flag) if steps else (1, last_step)
+    if last > last_step:
+        raise UsageError(f"{flag}: steps {first}..{last} are not in the chain (it holds steps 1..{last_step})")
+    return first, last
+
+
+# ---- receipts, coverage, salts (receipts.py holds the protocol's logic)
+def receipt_results(args):
+    """The opened run and [receipts.Result] for every receipt under the directory given,
+    checked with the run's secret or with revealed salts (--salts)."""
+    run = rundir.Run(args.run_dir)
+    run.chain.verify()
+    salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
+    return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of)
+
+
+def summarize(results, directory):
+    """Print the count of each status; refuse (exit 2) if any receipt is malformed."""
+    counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
+    print(f"receipts under {directory}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n or s != "unchecked"))
+    if counts["malformed"]:
+        raise UsageError(f"{counts['malformed']} malformed receipt(s) under {directory} (listed above)")
+    return counts
+
+
+def check_receipts_command(args):
+    _, results = receipt_results(args)
+    for r in results:
+        about = [f"step {r.receipt['step']} by {receipts.shown(r.receipt['auditor'])}"] if r.receipt else []
+        print(f"{r.status:9s} {receipts.shown(r.path)}: "
+              + ": ".join(about + [receipts.shown(r.reason)] * bool(r.reason)))
+    return 1 if summarize(results, args.check_receipts)["rejected"] else 0
+
+
+def coverage_command(args):
+    run, results = receipt_results(args)
+    first, last = chain_steps(run, args.steps)
+    counts = receipts.coverage(results, first, last)
+    summarize(results, args.coverage)
+    total = last - first + 1
+    for need in sorted({1, args.redundancy}):
+        steps = [s for s, n in counts.items() if n >= need]
+        print(f"steps {first}..{last} with >= {need} accepted receipt{'s' * (need > 1)} from distinct auditors: "
+              f"{len(steps)}/{total} ({100 * len(steps) / total:.1f}%): {receipts.ranges(steps)}")
+    print(f"steps with none: {receipts.ranges(s for s, n in counts.items() if n == 0)}")
+    return 0 if all(n >= args.redundancy for n in counts.values()) else 1
+
+
+def reveal_command(args):
+    run = rundir.Run(args.run_dir)
+    first, last = chain_steps(run, args.reveal_salts, "--reveal_salts")
+    secret = receipts.read_secret(run.dir, "revealing salts needs the publisher's secret")
+    text = json.dumps(receipts.reveal(secret, receipts.run_id(run.genesis), first, last), indent=1) + "\n"
+    if not args.out:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.out, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
+    print(f"salts of steps {first}..{last} written to {args.out}: anyone can now check those steps' "
+          f"receipts with --check_receipts DIR --salts {args.out}")
+    return 0
+
+
+# ---- the plan
+def tokens(cfg):
+    """Tokens of one micro-batch (a step has micro_batches_at(cfg, step) of them)."""
+    return cfg.micro_batch_size * cfg.seq_len
+
+
+def probe_step(cfg, state, data, repeats=5):
+    """Seconds of one replayed step of `state` under `cfg` on this machine: the median of
+    `repeats` steps after a warm-up one."""
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        train_step(state, data, cfg)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def plan_command(args):
+    """Every step of --steps to --redundancy C distinct auditors of --auditors K, balanced by
+    replay cost; the estimated hours per auditor (receipts.replay_hours, from probe_step); and
+    the chance that a tampered step goes undetected: f^C, if each auditor is absent or
+    dishonest with probability f independently of the others and of the step (the seed, kept
+    private, is what makes the assignment unpredictable). f^C is an upper bound: an audit of a
+    later step also replays the steps between it and its checkpoint."""
+    if args.auditors is None:
+        raise UsageError("--plan needs --auditors K")
+    if not 0 <= args.absent <= 1:
+        raise UsageError(f"--absent {args.absent}: a fraction of the auditors, in [0, 1]")
+    run = rundir.Run(args.run_dir)
+    first, last = chain_steps(run, args.steps)
+    seed = secrets.randbits(63) if args.seed is None else args.seed
+    cfg, vocab = run.cfg, run.vocab_size
+    validate(cfg)
+    ckpts = [s for s, _ in run.checkpoints() if s < len(run.chain)]
+    steps_replayed = receipts.replay_costs(first, last, ckpts)
+    # a step's cost is its micro-batches (phases change their number from step to step)
+    costs = receipts.replay_costs(first, last, ckpts, lambda s: micro_batches_at(cfg, s))
+    assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
+    # The probe: one micro-batch of the run's model, or of the default model where that is less
+    # work (a large run's model need not be timed here; a small one's overheads are measured).
+    run_state = TrainState(cfg, vocab, args.device)
+    probes = [(dataclasses.replace(c, micro_batches=1, micro_batch_phases=""), s) for c, s in
+              ((cfg, run_state), (Config(), TrainState(Config(), vocab, args.device)))]
+    probe_cfg, probe_state = min(probes, key=lambda p: p[1].n_params() * tokens(p[0]))
+    probe_s = probe_step(probe_cfg, probe_state, TokenData(args.data_dir or run.recorded_data_dir(), cfg.seed))
+    run_work = run_state.n_params() * tokens(cfg)
+    probe_work = probe_state.n_params() * tokens(probe_cfg)
+    print(f"plan: steps {first}..{last} of {args.run_dir} for {args.auditors} auditors, each step replayed "
+          f"by {args.redundancy} of them, seed {seed}" + (" (drawn now: keep it private)" if args.seed is None else ""))
+    print(f"replay cost: a probe step ({probe_state.n_params():,} params x {tokens(probe_cfg)} tokens) took "
+          f"{probe_s:.3f} s here; a step of this run ({run_state.n_params():,} params x "
+          f"{tokens(cfg) * micro_batches_at(cfg, last)} tokens) about "
+          f"{receipts.replay_hours(micro_batches_at(cfg, last), probe_s, probe_work, run_work) * 3600:.3f} s")
+    print("auditor  steps  replayed  est. hours  assigned steps")
+    for a, steps in enumerate(assignment, start=1):
+        replayed = sum(steps_replayed[s] for s in steps)
+        hours = receipts.replay_hours(sum(costs[s] for s in steps), probe_s, probe_work, run_work)
+        print(f"{a:7d}  {len(steps):5d}  {replayed:8d}  {hours:10.2g}  {receipts.ranges(steps)}")
+    print(f"a tampered step goes undetected only if all {args.redundancy} of its auditors are absent or "
+          f"dishonest: with each so with probability f = {args.absent} independently, "
+          f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    return 0
+
+
+# ---- anchors
+def anchors_command(args):
+    run = rundir.Run(args.run_dir)
+    anchors = receipts.read_anchors(args.anchors)
+    if os.path.realpath(args.anchors) == os.path.realpath(run.dir / receipts.ANCHORS):
+        print("note: this is the run's own anchors.jsonl; anchors pin the chain only as copies "
+              "published outside the run")
+    found = receipts.first_contradiction(run.chain, anchors)
+    if found:
+        print(f"MISMATCH at step {found[0]}: {found[1]}")
+        return 1
+    latest = max(anchors, key=lambda a: a["step"])
+    print(f"ANCHORED: the chain agrees with all {len(anchors)} anchors of {args.anchors} (latest: step "
+          f"{latest['step']}, anchored at {latest['utc']})")
+    return 0
+
+# ----------------------------------------------------------------------------- the command line
 # The options that name a file the audit writes: each must lie outside the run (rundir.check_outside).
 OUTPUT_OPTIONS = ("trace", "receipt", "out")
-# Which mode each option belongs to; any other use is refused with one line.
-OPTION_MODES = {"recompute": ("step", "range", "all"), "offload": ("step", "range", "all"), "trace": ("step",), "receipt": ("step",), "auditor": ("step",),
-                "init_from": ("step", "range", "all"),
-                "salts": ("check_receipts", "coverage"), "out": ("reveal_salts",),
-                "auditors": ("plan",), "seed": ("plan",), "absent": ("plan",),
-                "redundancy": ("plan", "coverage"), "steps": ("plan", "coverage")}
 COMMANDS = {"step": replay_command, "range": replay_command, "all": replay_command,
-            "check_receipts": receipts_cli.check_receipts_command,
-            "coverage": receipts_cli.coverage_command, "reveal_salts": receipts_cli.reveal_command,
-            "plan": receipts_cli.plan_command, "anchors": receipts_cli.anchors_command}
+            "check_receipts": check_receipts_command, "coverage": coverage_command,
+            "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command}
 
 
-def parser():
-    ap = argparse.ArgumentParser(description="Replay steps and check them against the hash chain; "
-                                 "receipts, coverage plans and anchors for many auditors.")
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--step", type=int, help="the step to audit")
-    mode.add_argument("--range", help="A:B, every step from A to B")
-    mode.add_argument("--all", action="store_true", help="every step in the chain")
-    mode.add_argument("--check_receipts", "--check-receipts", metavar="DIR", help="publisher: check every receipt (*.json) under DIR")
-    mode.add_argument("--coverage", metavar="DIR", help="the steps that DIR's accepted receipts cover")
-    mode.add_argument("--reveal_salts", "--reveal-salts", metavar="A:B", help="publisher: the salts of steps A..B (JSON)")
-    mode.add_argument("--plan", action="store_true", help="assign every step to --redundancy of --auditors")
-    mode.add_argument("--anchors", metavar="FILE", help="check the chain against anchors obtained outside the run")
-    ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
-    ap.add_argument("--data_dir", "--data", help="corpus directory (default: the run's config.json data_dir)")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
-                    help="replay on cpu (default), cuda or mps: same bits")
-    ap.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations "
-                    "in backward (same bits, less memory; default: what the trainer used)")
-    ap.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting "
-                    "gradient in temp files under TMPDIR (same bits; default: what the trainer used)")
-    ap.add_argument("--init_from", metavar="DIR", help="an imported run: check that DIR is its source "
-                    "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0)")
-    ap.add_argument("--trace", metavar="FILE", help="with --step: write a per-operator trace of "
-                    "the step to FILE (compare two with python optrace.py A B)")
-    ap.add_argument("--receipt", metavar="FILE", help="with --step: write the step's receipt to FILE")
-    ap.add_argument("--auditor", metavar="NAME", help="with --receipt: who replayed the step")
-    ap.add_argument("--salts", metavar="FILE", help="check receipts with revealed salts instead of the secret")
-    ap.add_argument("--out", metavar="FILE", help="with --reveal_salts: write to FILE, not stdout")
-    ap.add_argument("--auditors", type=int, metavar="K", help="with --plan: how many auditors")
-    ap.add_argument("--redundancy", type=int, metavar="C", help="auditors per step (default 2)")
-    ap.add_argument("--steps", metavar="A:B", help="with --plan or --coverage: the steps (default all)")
-    ap.add_argument("--seed", type=int, help="with --plan: the plan's private seed (default: drawn now)")
-    ap.add_argument("--absent", type=float, metavar="F", help="with --plan: the fraction of auditors absent "
-                    "or dishonest (default 0.25)")
-    return ap
-
-
-def parse_args(argv):
-    return parser().parse_args(argv)
-
-
-def main(argv):
-    args = parse_args(argv)
-    mode = next(m for m in COMMANDS if getattr(args, m) is not None and getattr(args, m) is not False)
+def main(argv=None):
+    ap = parser()
     try:
-        for option, modes in OPTION_MODES.items():
-            if getattr(args, option) is not None and mode not in modes:
-                raise UsageError(f"--{option} goes with " + " or ".join("--" + m for m in modes))
+        args = ap.parse_args(argv)
         if (args.receipt is None) != (args.auditor is None):
             raise UsageError("--receipt FILE and --auditor NAME go together")
         if args.auditor is not None and receipts.auditor_problem(args.auditor):
@@ -427,11 +610,9 @@ def main(argv):
         for option in OUTPUT_OPTIONS:
             if getattr(args, option):
                 rundir.check_outside(args.run_dir, getattr(args, option), "--" + option)
-        args.redundancy = 2 if args.redundancy is None else args.redundancy
-        args.absent = 0.25 if args.absent is None else args.absent
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
-        return COMMANDS[mode](args)
+        return COMMANDS[ap.mode(args)](args)
     except DataMismatch as e:       # a bundle chunk is not what the run published
         print(f"MISMATCH: {e}")
         return 1
@@ -441,4 +622,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

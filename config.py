@@ -1,4 +1,6 @@
-"""The run's configuration: one commented block, a strict command-line parser, full validation.
+"""The run's configuration: one commented block, a strict command-line parser, full validation,
+the per-step schedules (learning rate, micro-batches per step) that it decides, and the
+command-line convention of every other command. It loads without torch (so does --help).
 
     from config import Config, parse_config, validate
     cfg = parse_config(["--max_steps=50", "--run_dir", "runs/x"])   # UsageError on bad input
@@ -8,23 +10,45 @@
 
     parse_config(["--preset=open1b", "--seq_len=1024"])   # a preset, then any override
 
-Every field can be overridden as --key=value or --key value (dashes or underscores). Unknown
+    lr_at(cfg, 120)              # float64 learning rate of step 120 (1-based); adamw_ rounds it once
+    micro_batches_at(cfg, 120)   # N of step 120: cfg.micro_batches, or its micro_batch_phases entry
+    phase_counts(cfg)            # every N the run uses (the ranks must divide each one)
+
+    ap = CommandLine("audit.py", "Replay steps ...")   # every other command's line (CommandLine)
+    ap.add_modes("modes (exactly one)").add_argument("--plan", action="store_true", help="...")
+    ap.options_for(("plan",), "the plan (--plan)").add_argument("--auditors", type=int, help="...")
+    args = ap.parse_args(argv)      # UsageError for an option given with another mode
+
+Every field can be overridden as --key=value or --key value, spelled as in Config. Unknown
 keys, wrong types and out-of-range values are refused with one line (UsageError); nothing is
 created before the whole config is valid. --preset=NAME (PRESETS) sets a group of keys first,
-wherever it stands on the line; every other key overrides it. Bookkeeping fields (where files live, how often to
-checkpoint, threads, device) do not decide any step's bits, so they stay out of the genesis
-record and may differ when resuming or auditing.
+wherever it stands on the line; every other key overrides it. Bookkeeping fields (where files
+live, how often to checkpoint, threads, device) do not decide any step's bits, so they stay out
+of the genesis record and may differ when resuming or auditing.
+
+The per-step schedules (lr_at, micro_batches_at) are decisive (in the genesis config) and are
+written as exactly specified arithmetic:
+
+* lr_schedule "linear" (the default): linear warmup to lr over warmup_steps, then linear decay
+  to min_lr at max_steps, float64 + - * / only (contract §1).
+* lr_schedule "cosine": the same warmup, then lr(s) = min_lr + (lr - min_lr) * 0.5 * (1 + c)
+  with c = cos(x) the contract's canonical float32 cos (§5.5, ops.cos on one value, the same
+  bits on every machine), x = f32(pi * progress) (math.pi is the float64 nearest pi; one
+  float64 product, rounded once to float32), progress = min((s - warmup) / (max_steps -
+  warmup), 1); the rest in float64 + - * (math.cos is not used: it is not correctly rounded
+  everywhere).
+* micro-batch phases: micro_batch_phases "N1@S1,N2@S2,..." (S strictly increasing, S1 >= 1):
+  steps 1..S1 take cfg.micro_batches, steps S1+1..S2 take N1, and so on. On the command line
+  --micro_batches=192@0,288@S1,576@S2 sets both keys (micro_batches=192 and the rest).
 """
+import argparse
 import dataclasses
 import inspect
 import math
 import os
+import sys
 import textwrap
 from dataclasses import dataclass
-
-import torch
-
-import schedule
 
 
 @dataclass
@@ -35,16 +59,16 @@ class Config:
     seed: int = 1337                    # init, data order and dropout all derive from it
     # model
     vocab_size: int = 0                 # 0: the corpus tokenizer's; larger pads (rows no data indexes)
-    n_layer: int = 4
-    n_head: int = 4
+    n_layer: int = 4                    # transformer blocks
+    n_head: int = 4                     # query heads per block
     n_kv_head: int = 0                  # 0: n_head; fewer: grouped-query attention (divides n_head)
-    d_model: int = 128
-    d_hidden: int = 384
-    seq_len: int = 128
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    init_std: float = 0.02
+    d_model: int = 128                  # the residual stream's width
+    d_hidden: int = 384                 # SwiGLU's hidden width
+    seq_len: int = 128                  # tokens per sequence (the context)
+    rope_theta: float = 10000.0         # RoPE's base
+    norm_eps: float = 1e-5              # RMSNorm's epsilon
+    dropout: float = 0.0                # residual dropout (Philox masks, replayable)
+    init_std: float = 0.02              # standard deviation of the initial weights
     tie_embeddings: bool = False        # one tensor tok_emb is the input and output embedding
     # A Hugging Face Llama folder (hfllama.py): the initial parameters are its weights, mapped;
     # its config.json sets the model keys. Bookkeeping: the genesis record commits to the files'
@@ -52,7 +76,7 @@ class Config:
     init_from: str = ""
     quant: str = "none"                 # "int8": W8A8 block linears with LSQ step sizes (quant.py)
     lsq_repin: bool = True              # int8: re-pin weight step sizes after every step (else learned)
-    int8_pv: bool = False               # int8: attention's P·V in int8, per-block steps (quant_pv.py)
+    int8_pv: bool = False               # int8: attention's P·V in int8, per-block steps (quant.py)
     attn_window: int = 0                # > 0: sliding-window attention over the last W keys (0: full)
     full_attn_every: int = 0            # with a window, layers i with (i+1) % this == 0 stay full; the last always
     qk_norm: bool = False               # gain-free RMSNorm of each query and key head, before RoPE
@@ -63,27 +87,27 @@ class Config:
     # (units.py, docs/auditing.md); it adds commitments only, the state hashes are the same.
     unit_commits: bool = False
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
-    micro_batches: int = 4
-    # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (schedule.py);
+    micro_batches: int = 4              # N, the micro-batches of a step (the first phase's)
+    # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (config.micro_batches_at);
     # --micro_batches=192@0,288@S1 sets micro_batches=192 and this to "288@S1"
     micro_batch_phases: str = ""
-    micro_batch_size: int = 8
-    # optimizer: AdamW, linear warmup then decay to min_lr at max_steps (schedule.py)
-    max_steps: int = 300
+    micro_batch_size: int = 8           # sequences per micro-batch
+    # optimizer: AdamW, linear warmup then decay to min_lr at max_steps (config.lr_at)
+    max_steps: int = 300                # the run's last step
     lr_schedule: str = "linear"         # the decay: linear, or cosine (the contract's canonical cos)
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 20
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
+    lr: float = 3e-3                    # peak learning rate, reached after warmup
+    min_lr: float = 3e-4                # the learning rate at max_steps
+    warmup_steps: int = 20              # steps of linear warmup from 0
+    beta1: float = 0.9                  # AdamW's first-moment decay
+    beta2: float = 0.95                 # AdamW's second-moment decay
+    adam_eps: float = 1e-8              # AdamW's epsilon
     weight_decay: float = 0.1           # on matrices only
-    grad_clip: float = 1.0
-    zloss: float = 1e-4
+    grad_clip: float = 1.0              # the gradient's largest L2 norm (clipped above it)
+    zloss: float = 1e-4                 # weight of the z-loss (logsumexp^2) in the loss
     # bookkeeping (does not change the chain)
-    checkpoint_every: int = 50
-    eval_every: int = 100
-    eval_batches: int = 4
+    checkpoint_every: int = 50          # a checkpoint every N steps (and at max_steps)
+    eval_every: int = 100               # validation loss every N steps (0: never)
+    eval_batches: int = 4               # micro-batches of validation data per evaluation
     sample_tokens: int = 200            # printed at the end (0: none)
     threads: int = 0                    # torch threads per process (0: torch's default)
     device: str = "cpu"                 # "cuda" / "mps": same bits on the GPU kernels (rank r uses GPU r)
@@ -187,7 +211,6 @@ def _arguments(argv):
             if i + 1 >= len(argv):
                 raise UsageError(f"--{key} needs a value")
             value, i = argv[i + 1], i + 1
-        key = key.replace("-", "_")
         if key == "preset":
             if value not in PRESETS:
                 raise UsageError(f"unknown preset {value!r} (known: {', '.join(PRESETS)})")
@@ -269,12 +292,13 @@ def validate(cfg, world=1):
         need(cfg.quant == "none", "matmul", "exact has no int8 form (the int8 block linears are their own GEMM)", "quant")
         need(cfg.attn_window == 0 or cfg.device == "cpu", "matmul", "exact's windowed attention (its band "
              "products) has CPU kernels only", "attn_window", "device")
-        cuda_opt_in = cfg.device == "cuda" and os.environ.get("REPOPS_CUDA_EXACT", "") == "1"
-        need(cfg.device == "cpu" or cuda_opt_in, "matmul", "exact runs on the cpu only until a GPU has verified its "
-             "CUDA kernels (REPOPS_CUDA_EXACT=1 opts in for that check; docs/exact-matmul.md)", "device")
+        # its CUDA kernels are in dev/cuda until a GPU has verified them: built only with REPOPS_CUDA_DEV=1
+        cuda_dev = cfg.device == "cuda" and os.environ.get("REPOPS_CUDA_DEV", "") == "1"
+        need(cfg.device == "cpu" or cuda_dev, "matmul", "exact runs on the cpu only until a GPU has verified its "
+             "CUDA kernels (dev/cuda; REPOPS_CUDA_DEV=1 builds them for that check; docs/exact-matmul.md)", "device")
     try:
-        schedule.parse_phases(cfg.micro_batch_phases)
-    except schedule.ScheduleError as e:
+        parse_phases(cfg.micro_batch_phases)
+    except ScheduleError as e:
         raise UsageError(f"--micro_batch_phases={cfg.micro_batch_phases!r} is out of range: {e}") from None
     if cfg.quant == "int8":
         for key in ("d_model", "d_hidden"):   # the K of the int8 GEMMs: exact int32 sums need K * 127^2 < 2^31
@@ -289,6 +313,8 @@ def validate(cfg, world=1):
     need(not (cfg.offload and cfg.hash_async == "on"), "hash_async",
          "an overlapped hash copies the whole state to memory, which --offload is there to avoid",
          "offload")
+    if cfg.device in ("cuda", "mps"):
+        import torch        # here, not at the top: config.py (train.py --help) loads without torch
     if cfg.device == "cuda":
         need(torch.cuda.is_available(), "device", "this machine has no CUDA GPU that torch can use")
         need(torch.cuda.device_count() >= world, "device",
@@ -316,8 +342,8 @@ def usage(prog="train.py"):
     a "*" marks the decisive keys (the genesis record holds them)."""
     lines = [f"usage: {prog} [--preset=NAME] [--KEY=VALUE | --KEY VALUE ...]",
              "",
-             "Every key of config.Config; --key_name and --key-name are the same key. --preset sets",
-             f"a group of keys first ({', '.join(PRESETS)}), any other key overrides it.",
+             "Every key of config.Config, spelled as below (underscores). --preset sets a group of keys",
+             f"first ({', '.join(PRESETS)}), any other key overrides it.",
              "* decisive: in the genesis record; a resume or an audit must use the same value.",
              "  (unmarked: bookkeeping, may differ when resuming or auditing)"]
     defaults = dataclasses.asdict(Config())
@@ -340,6 +366,15 @@ def usage(prog="train.py"):
     return "\n".join(lines) + "\n"
 
 
+def answered_help(argv, prog="train.py"):
+    """Print usage() and return True when argv asks for it (-h, --help). train.py asks at the top
+    of its file, before it imports torch, so that --help answers at once, and in main."""
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(usage(prog), end="")
+        return True
+    return False
+
+
 def decisive_config(cfg):
     """The config fields that decide the chain (the genesis record holds exactly these, so a
     run's chain does not depend on where it was written or how many threads it used)."""
@@ -352,3 +387,134 @@ def differences(mine, theirs):
     missing from one stands for its default)."""
     return [k for k in sorted(set(mine) | set(theirs))
             if mine.get(k, OPTIONAL.get(k)) != theirs.get(k, OPTIONAL.get(k))]
+
+
+
+# ----------------------------------------------------------------------------- command lines
+class CommandLine(argparse.ArgumentParser):
+    """The command line of every command but train.py (whose keys are the Config block above:
+    parse_config, usage). One convention:
+
+    * one spelling per option, with underscores (--run_dir, --data_dir, --check_receipts): no
+      aliases, no abbreviations (allow_abbrev=False), no subcommands;
+    * the run is named by --run_dir, the corpus by --data_dir;
+    * a command with modes (audit.py, data.py) declares them as one group of mutually exclusive
+      flags (add_modes), and every other option that belongs to some modes in an argument group
+      whose title names them (options_for); parse_args refuses such an option given with
+      another mode (UsageError), so the groups in --help are the rule itself;
+    * bad input is one line `PROG: error: ...` and exit 2;
+    * every option's help says what it does and its default (set here, in argparse).
+
+    A command defines its parser before it imports torch and calls answer_early() there, so
+    `--help` answers at once.
+    """
+
+    def __init__(self, prog, description):
+        super().__init__(prog=prog, description=description, allow_abbrev=False)
+        self.mode_flags, self.mode_groups = None, []
+
+    def add_modes(self, title, required=True):
+        """The group of mutually exclusive mode flags, titled `title` in --help."""
+        group = self.add_argument_group(title).add_mutually_exclusive_group(required=required)
+        self.mode_flags = _Recorded(group, None)
+        return self.mode_flags
+
+    def options_for(self, modes, title):
+        """An argument group, titled `title` in --help, of options that go only with the mode
+        flags `modes` (their dests; None: no mode flag given)."""
+        group = _Recorded(self.add_argument_group(title), tuple(modes))
+        self.mode_groups.append(group)
+        return group
+
+    def mode(self, args):
+        """The dest of the mode flag given in parsed `args` (None: none)."""
+        for action in self.mode_flags.actions if self.mode_flags else ():
+            value = getattr(args, action.dest)
+            if value is not None and value is not False:      # --step 0 is a mode too
+                return action.dest
+        return None
+
+    def parse_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        parsed = super().parse_args(argv, namespace)
+        mode = self.mode(parsed)
+        given = {a.partition("=")[0] for a in argv if a.startswith("--")}
+        for group in self.mode_groups:
+            for action in group.actions:
+                if mode not in group.modes and given & set(action.option_strings):
+                    allowed = " or ".join("--" + m if m else "no mode flag" for m in group.modes)
+                    raise UsageError(f"{action.option_strings[0]} goes with {allowed}")
+        return parsed
+
+    def answer_early(self):
+        """Parse sys.argv at the top of a command's file, before it imports torch: `--help` and
+        bad input answer at once (main parses again, and reports the rest)."""
+        try:
+            self.parse_args()
+        except UsageError as e:
+            self.exit(2, f"{self.prog}: error: {e}\n")
+
+    def error(self, message):
+        """Bad input is one line and exit 2 (argparse would print the usage first)."""
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+class _Recorded:
+    """An argparse group that remembers the actions added to it (CommandLine's mode rule)."""
+
+    def __init__(self, group, modes):
+        self.group, self.modes, self.actions = group, modes, []
+
+    def add_argument(self, *args, **kwargs):
+        action = self.group.add_argument(*args, **kwargs)
+        self.actions.append(action)
+        return action
+
+
+# ----------------------------------------------------------------------------- the per-step schedules
+class ScheduleError(ValueError):
+    """A micro_batch_phases string that is not N@S,N@S,... with increasing S."""
+
+
+def parse_phases(text):
+    """[(N, S), ...] of a micro_batch_phases string ("" -> [])."""
+    if text == "":
+        return []
+    phases = []
+    for part in text.split(","):
+        n, at, s = part.strip().partition("@")
+        if not at or not n.isdigit() or not s.isdigit():
+            raise ScheduleError(f"phase {part!r} is not N@S (N micro-batches from step S+1 on)")
+        phases.append((int(n), int(s)))
+    starts = [s for _, s in phases]
+    if any(n < 1 for n, _ in phases) or starts[0] < 1 or any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ScheduleError(f"phases {text!r}: every N >= 1, and each S >= 1 and larger than the one before")
+    return phases
+
+
+def micro_batches_at(cfg, step):
+    """N, the micro-batch count of step (1-based): the last phase whose start S is below step."""
+    n = cfg.micro_batches
+    for count, start in parse_phases(cfg.micro_batch_phases):
+        if step > start:
+            n = count
+    return n
+
+
+def phase_counts(cfg):
+    """Every micro-batch count the run's steps use, in phase order."""
+    return [cfg.micro_batches] + [n for n, _ in parse_phases(cfg.micro_batch_phases)]
+
+
+def lr_at(cfg, step):
+    """Learning rate of step (1-based), as the module docstring specifies."""
+    if step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    span = max(cfg.max_steps - cfg.warmup_steps, 1)
+    progress = min((step - cfg.warmup_steps) / span, 1.0)
+    if cfg.lr_schedule == "cosine":
+        import repops       # here, not at the top: config.py (train.py --help) loads without torch
+        import torch
+        c = repops.ops.cos(torch.tensor([repops.f32(math.pi * progress)], dtype=torch.float32)).tolist()[0]
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + c)
+    return cfg.lr - (cfg.lr - cfg.min_lr) * progress

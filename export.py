@@ -1,14 +1,14 @@
 """Export a verified checkpoint as a Hugging Face LlamaForCausalLM folder.
 
-    python export.py runs/default --step 300 --to hf out/default-300
-    python export.py runs/ft --to hf out/ft      # the latest checkpoint in the chain
+    python export.py --run_dir runs/default --step 300 --to hf --out out/default-300
+    python export.py --run_dir runs/ft --to hf --out out/ft     # the latest checkpoint in the chain
 
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained("out/default-300")   # a LlamaForCausalLM
 
 OUT gets config.json, model.safetensors (the parameters only, never the Adam moments, with HF
 names: hfllama.py's mapping, fused matrices split, RoPE rows permuted), the tokenizer files when
-the corpus's tokenizer is a Hugging Face one (hftok.py; for "bytes" and tiktoken encodings there
+the corpus's tokenizer is a Hugging Face one (tokenizer.py; for "bytes" and tiktoken encodings there
 is none), and README.md, a model card naming the run, step, state hash, genesis record hash and
 code digest, and how to audit it. The checkpoint is exported only after the chain up to its step
 and the checkpoint itself verify, as sample.py does. Export is a reader: it writes nothing in
@@ -20,24 +20,42 @@ quantizes the activations too, so exported dequantized weights would not give th
 logits), residual dropout (no HF Llama field; the exported model would train differently),
 a sliding attention window, QK-norm and the embedding norm (the OPEN-1B recipe's options).
 """
-import argparse
 import json
 import os
 import shutil
 import sys
 import tempfile
 
-import hashchain
+from config import CommandLine, UsageError
+
+
+def parser():
+    ap = CommandLine("export.py", "Export a verified checkpoint of a run as a Hugging Face LlamaForCausalLM folder.")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    ap.add_argument("--step", type=int, metavar="N", help="the checkpoint's step (default: the latest in the chain)")
+    ap.add_argument("--to", required=True, choices=("hf",), help="the format: hf, a Hugging Face Llama (required)")
+    ap.add_argument("--out", metavar="DIR", required=True,
+                    help="the folder to write: new or empty, outside the run (required)")
+    ap.add_argument("--data_dir", metavar="DIR",
+                    help="the run's corpus, for its tokenizer files (default: the data_dir its config.json names)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import hashchain  # noqa: E402  (below the command line's first answer, above)
 import hfllama
 import repops
 import rundir
-from config import UsageError
-from data import DataError, get_tokenizer
+from data import DataError
+from tokenizer import TokenizerError, get_tokenizer
 from train import code_digest
+
 
 CARD = """# {name}: step {step} of an auditable RepOps run
 
-Exported by `python export.py {run} --step {step} --to hf OUT` from a checkpoint that verified
+Exported by `python export.py --run_dir {run} --step {step} --to hf --out OUT` from a checkpoint that verified
 against the run's hash chain.
 
 | | |
@@ -55,7 +73,7 @@ against the run's hash chain.
 With the run directory and the RepOps code at the code digest above:
 
     python audit.py --run_dir {run} --all          # every step replays to its record: MATCH
-    python export.py {run} --step {step} --to hf OUT2   # the same export, byte for byte
+    python export.py --run_dir {run} --step {step} --to hf --out OUT2   # the same export, byte for byte
 
 The parameters in model.safetensors are the checkpoint's, moved and never recomputed
 (hfllama.py), so importing this folder (`train.py --init_from=THIS_FOLDER`) gives back the
@@ -117,17 +135,11 @@ def export(run_dir, step, out, data_dir=None):
     return step
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", help="the run directory")
-    ap.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
-    ap.add_argument("--to", required=True, choices=("hf",), help="the format (hf: Hugging Face Llama)")
-    ap.add_argument("out", help="the folder to write (new or empty, outside the run)")
-    ap.add_argument("--data_dir", help="the corpus, for its tokenizer files (default: the run's)")
-    args = ap.parse_args(argv)
+def main(argv=None):
     try:
+        args = parser().parse_args(argv)
         step = export(args.run_dir, args.step, args.out, args.data_dir)
-    except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
+    except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"export.py: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
@@ -138,4 +150,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """Canonical hashing of the training state, and the hash chain.
 
 Two pieces, both plain files a third party can check with a few lines of any language
-(checkpoint files, which hold the state, are checkpoint.py; SPEC.md §11-§13 specifies every byte):
+(checkpoint files, which hold the state, are rundir.py; SPEC.md §11-§13 specifies every byte):
 
     import hashchain as hc
 
@@ -21,9 +21,9 @@ strict JSON (no duplicate keys, no NaN or Infinity, bounded nesting and size). E
 raised here derives from HashChainError and has a one-line message, so a CLI can catch
 HashChainError and print str(e).
 
-Why over ~450 lines: the canonical bytes of every published hash (leaf, Merkle, record, chain
-links) and the one bounded reader of the files an audit accepts sit together, so a verifier
-reads every rule that decides a hash in one file (SPEC.md §11-§12 follows its order).
+The canonical bytes of every published hash (leaf, Merkle, record, chain links) and the one
+bounded reader of the files an audit accepts are in this one file, so a verifier reads every rule
+that decides a hash in one place (SPEC.md §11-§12 follows its order). It loads without torch.
 """
 
 import hashlib
@@ -36,7 +36,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 
 GENESIS_PREV = "0" * 64
 
@@ -159,12 +158,14 @@ class ChainError(HashChainError):
 # ---------------------------------------------------------------------------------------------
 # Canonical tensor bytes and the Merkle state hash
 
-# torch dtype -> (name in the leaf hash, safetensors dtype, little-endian numpy dtype)
+# torch dtype (as str(tensor.dtype): this module loads without torch, so that the commands that
+# read chains answer --help at once) -> (name in the leaf hash, safetensors dtype, little-endian
+# numpy dtype)
 _DTYPES = {
-    torch.float32: ("float32", "F32", np.dtype("<f4")),
-    torch.int64: ("int64", "I64", np.dtype("<i8")),
-    torch.int32: ("int32", "I32", np.dtype("<i4")),
-    torch.uint8: ("uint8", "U8", np.dtype("u1")),
+    "torch.float32": ("float32", "F32", np.dtype("<f4")),
+    "torch.int64": ("int64", "I64", np.dtype("<i8")),
+    "torch.int32": ("int32", "I32", np.dtype("<i4")),
+    "torch.uint8": ("uint8", "U8", np.dtype("u1")),
 }
 ST_DTYPES = {st: np_dt for _, st, np_dt in _DTYPES.values()}
 
@@ -174,11 +175,11 @@ def canonical_tensor(name, t):
     if not isinstance(name, str) or "\0" in name:
         # A NUL inside a name would make the leaf encoding ambiguous.
         raise HashChainError(f"tensor name {name!r} must be a string without NUL characters")
-    if t.dtype not in _DTYPES:
+    if str(t.dtype) not in _DTYPES:
         raise HashChainError(
             f"tensor {name!r} has dtype {t.dtype}; only float32, int64, int32 and uint8 are "
             "hashed and checkpointed")
-    dname, st_dtype, le = _DTYPES[t.dtype]
+    dname, st_dtype, le = _DTYPES[str(t.dtype)]
     # For a contiguous CPU tensor every step below is a view, not a copy; astype only copies
     # (byte-swaps) on a big-endian host.
     arr = t.detach().cpu().contiguous().numpy().astype(le, copy=False)

@@ -35,7 +35,7 @@ Recipe options (all off by default; docs/open1b-recipe.md): attn_window W > 0 ma
 attend over its last W keys in O(T*W) (repops.window_attention; every full_attn_every-th layer
 and the last stay full, `windowed`); qk_norm is a gain-free RMSNorm of each q and k head before
 RoPE; emb_norm an RMSNorm (weight emb_norm [d]) of the embeddings before the first block.
-int8_pv (with quant="int8") computes every layer's P·V, full and windowed, in int8 (quant_pv.py).
+int8_pv (with quant="int8") computes every layer's P·V, full and windowed, in int8 (quant.py).
 
 With recompute, each block runs under activation checkpointing: backward re-runs the block's
 forward (the same kernels on the same inputs, the same Philox dropout masks), so the bits are
@@ -50,7 +50,6 @@ import torch.nn as nn
 import torch.utils.checkpoint
 
 import quant
-import quant_pv
 import repops
 
 
@@ -75,7 +74,7 @@ class ModelConfig:
     qk_norm: bool = False      # gain-free RMSNorm of each query and key head before RoPE
     emb_norm: bool = False     # RMSNorm (weight emb_norm [d]) of the token embeddings
     tie_embeddings: bool = False  # lm_head is tok_emb (no lm_head parameter)
-    int8_pv: bool = False      # with quant="int8": attention's P·V in int8 (quant_pv.py)
+    int8_pv: bool = False      # with quant="int8": attention's P·V in int8 (quant.py)
     matmul: str = "fp32"       # "exact": every matmul is the exact integer matmul (contract §11)
 
 
@@ -185,12 +184,12 @@ class Llama(nn.Module):
         k, v = (t.permute(0, 2, 1, 3).reshape(B * Hkv, T, Dh) for t in (k, v))
         if windowed(cfg, i):                                      # bands [B*Hkv, G*T, W]: O(T*W)
             o = repops.window_attention(q, k, v, cfg.attn_window, 1.0 / math.sqrt(Dh),
-                                        mix=quant_pv.band_mix if cfg.int8_pv else None, exact=self.exact)
+                                        mix=quant.band_mix if cfg.int8_pv else None, exact=self.exact)
         else:
             s = repops.matmul(q, k.transpose(1, 2), self.exact).view(B * H, T, T)
             p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))      # [B*H, T, T]
             if cfg.int8_pv:                                       # quant="int8" (exact is fp32-only)
-                o = quant_pv.matmul_pv(p.view(B * Hkv, G * T, T), v)
+                o = quant.matmul_pv(p.view(B * Hkv, G * T, T), v)
             else:
                 o = repops.matmul(p.view(B * Hkv, G * T, T), v, self.exact)   # [B*Hkv, G*T, Dh]
         o = o.view(B, H, T, Dh).permute(0, 2, 1, 3).reshape(B, T, H * Dh)

@@ -19,16 +19,29 @@ SHA-256 of its contiguous little-endian CPU bytes, NaNs canonicalized to 0x7FC00
 In-process: `with OpTrace() as t: train.train_step(...)`, then `write(path, t.entries, meta)`
 (audit.trace_step does exactly that for `audit.py --trace`).
 """
-import argparse
 import hashlib
 import json
 import platform
 import sys
 
-import torch
+from config import CommandLine
+
+
+def parser():
+    ap = CommandLine("optrace.py", "The first operator at which two traces of one step differ (write them with "
+                     "audit.py --step N --trace FILE).")
+    ap.add_argument("traces", nargs=2, metavar="TRACE", help="the two traces, A.jsonl and B.jsonl")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hashchain
+
 
 FORMAT = "repops-optrace-v1"
 MAX_TRACE = 1 << 30        # bytes: a line per operator of one step
@@ -156,12 +169,9 @@ def _entry(e):
     return f"op #{e['i']} {e['op']} (inputs {e.get('inputs')})" if e else "nothing (the trace ended)"
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(description="The first operator at which two traces of one step "
-                                 "differ (write them with audit.py --step N --trace FILE).")
-    ap.add_argument("traces", nargs=2, metavar="TRACE", help="A.jsonl and B.jsonl")
-    argv = ap.parse_args(argv).traces
+def main(argv=None):
     try:
+        argv = parser().parse_args(argv).traces
         found = diff(*argv)
         (ha, ea), (hb, _) = read(argv[0]), read(argv[1])
     except TraceError as e:
@@ -188,4 +198,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

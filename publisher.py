@@ -21,15 +21,13 @@ it). They go to a directory outside the run (rundir.check_outside): readers neve
 """
 import dataclasses
 
-import checkpoint
 import receipts
 import rundir
 import train
 import treefold
 import units
-from config import UsageError, resolve, validate
+from config import UsageError, micro_batches_at, resolve, validate
 from data import TokenData
-from schedule import micro_batches_at
 
 
 class Publisher:
@@ -87,7 +85,7 @@ class Publisher:
             tensors = {n: tensors[n] for n in tensors if n.startswith("params.")}
         record = self.run.chain.records[step]
         path = units.state_file(out, step)
-        checkpoint.save_checkpoint(path, tensors, {"step": step, "state_hash": record["state_hash"],
+        rundir.save_checkpoint(path, tensors, {"step": step, "state_hash": record["state_hash"],
                                                    "tensor_hashes": record["tensor_hashes"]})
         return path
 
@@ -154,12 +152,12 @@ class Publisher:
             lo, size, wanted = 0, n, {units.root_name(n)}
             path = units.state_file(out, step - 1)
             record = self.run.chain.records[step - 1]
-            checkpoint.save_checkpoint(path, state.tensors(), {"step": step - 1, "state_hash": record["state_hash"],
+            rundir.save_checkpoint(path, state.tensors(), {"step": step - 1, "state_hash": record["state_hash"],
                                                                "tensor_hashes": record["tensor_hashes"]})
             paths.append(path)
         for unit, t in sorted(self.pieces(state, step, lo, size, wanted).items()):
             path = units.unit_file(out, step, unit)
-            checkpoint.save_checkpoint(path, {unit: t}, {"step": step, "unit": unit})
+            rundir.save_checkpoint(path, {unit: t}, {"step": step, "unit": unit})
             paths.append(path)
         return paths
 

@@ -1,9 +1,11 @@
-"""Native int8 training (W8A8) with LSQ step sizes: the model side of contract §10.
+"""Native int8 training (W8A8) with LSQ step sizes, and int8 P·V: the model side of contract §10.
 
     import quant
     quant.attach(model)              # adds step sizes to every block linear, calibrates s_x
     y = quant.linear(x, w, sx, sw)   # x [..., K] fp32, w [N, K] fp32 -> [..., N] fp32 via int8
     quant.repin(model)               # s_w[row] = 2 mean|w_row| / sqrt(Qp), after each optimizer step
+    o = quant.matmul_pv(p, v)        # --int8_pv, full layers: p [batch, G*T, T], v [batch, T, Dh]
+    o = repops.window_attention(q, k, v, W, scale, mix=quant.band_mix)   # windowed layers
 
 Every block linear (wqkv, wo, w_gate_up, w_down) computes y = float(qx @ qw^T) * (s_x * s_w[n]),
 with qx = Q(x * recip(s_x)) per tensor and qw = Q(w * recip(s_w[n])) per output row, both on
@@ -27,6 +29,24 @@ parameter. Their initial values (the genesis state):
 s_x is always learned (AdamW, no weight decay: it is 1-D). With lsq_repin (the default) s_w is
 not learned (requires_grad False, no Adam moments) but re-pinned after every optimizer step,
 before the state hash; with lsq_repin off it is learned like s_x (plain LSQ).
+
+int8 P·V (`--int8_pv=1`, with `--quant=int8`; contract §10 "int8 P·V"): attention's P·V in int8.
+Forward: P is quantized with one step size per query row (a row of P [G*T, T] or of its band
+[G*T, W']), V with one per key/value head block (all T keys x Dh; `batch` = B * Hkv blocks). A
+block's step size is s = cmax|x| * recip(127), or 1.0 when that is not > 0 (an all-zero block):
+a function of the block's values, computed again in every forward (re-pinned, never learned, no
+parameter, no gradient). Codes q = Q(x * recip(s)) on [-127, 127] (§10 Q()). Then
+O[r, d] = float(sum_k qP[r, k] * qV[k, d]) * (s_V * s_P[r]): an exact int32 sum (K = T or W'
+keys, K * 127^2 < 2^31), one conversion, one multiply. The full layers use the int8 linear of
+§10 with A = qV^T [Dh, T] (s_x = s_V) and B = qP [G*T, T] (s_w = s_P per row), which gives O^T;
+the windowed layers the int8 band mix kernel (only the valid keys of each band row).
+
+Backward (the float-shadow straight-through estimator, fp32 RepOps): Ph = float(qP) * s_P and
+Vh = float(qV) * s_V (dequantize); full: gP = gO @ Vh^T, gV = Ph^T @ gO (the matmul backward of
+§8 attention with Ph, Vh in place of P, V); windowed: gP = band_scores(gO, Vh), gV =
+band_mix_t(Ph, gO). gP then enters the softmax backward, which uses the unquantized P it saved,
+exactly as without int8_pv. Nothing is clipped (a step is its block's max / 127, so no code
+saturates beyond rounding) and no step size receives a gradient.
 """
 import math
 
@@ -120,3 +140,69 @@ def repin(model):
     """s_w[row] = 2 mean|w_row| / sqrt(Qp) for every quantized linear (kernels: lsq_init_)."""
     for layer, name in step_sizes(model):
         repops.ops.lsq_init_(getattr(layer, name), getattr(layer, name + "_sw").data)
+
+
+# ----------------------------------------------------------------------------- int8 P·V (--int8_pv)
+def quantize_blocks(x2):
+    """x2 [R, C] -> (codes [R, C] int8, step sizes [R]): one block per row."""
+    s = repops.ops.int8_absmax_step(x2)
+    return repops.ops.int8_quantize(x2, s), s
+
+
+class _MatmulPV(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p, v):
+        batch, M, T = p.shape
+        D = v.shape[2]
+        qp, sp = quantize_blocks(p.reshape(batch * M, T))            # [batch*M, T], [batch*M]
+        qv, sv = quantize_blocks(v.reshape(batch, T * D))            # [batch, T*D], [batch]
+        qvt = qv.view(batch, T, D).transpose(1, 2).contiguous()      # [batch, D, T]: rows along the keys
+        qp3, sp2 = qp.view(batch, M, T), sp.view(batch, M)
+        ot = torch.stack([repops.ops.int8_linear(qvt[b], qp3[b], sv[b:b + 1], sp2[b], False)
+                          for b in range(batch)])                    # [batch, D, M] = O^T
+        ctx.save_for_backward(qp, sp, qv, sv)
+        ctx.shape = batch, M, T, D
+        return ot.transpose(1, 2).contiguous()                       # [batch, M, D]
+
+    @staticmethod
+    def backward(ctx, g):
+        qp, sp, qv, sv = ctx.saved_tensors
+        batch, M, T, D = ctx.shape
+        ph = repops.ops.int8_dequantize(qp, sp).view(batch, M, T)
+        vh = repops.ops.int8_dequantize(qv, sv).view(batch, T, D)
+        gp = repops.ops.matmul(g, vh.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        gv = repops.ops.matmul(ph.transpose(-1, -2), g) if ctx.needs_input_grad[1] else None
+        return gp, gv
+
+
+class _BandMixPV(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p, v):
+        batch, M, W = p.shape
+        T, D = v.shape[1], v.shape[2]
+        qp, sp = quantize_blocks(p.reshape(batch * M, W))            # band rows; invalid entries are +0.0
+        qv, sv = quantize_blocks(v.reshape(batch, T * D))
+        ctx.save_for_backward(qp, sp, qv, sv)
+        ctx.shape = batch, M, W, T, D
+        return repops.ops.int8_band_mix(qp.view(batch, M, W), qv.view(batch, T, D), sp, sv)
+
+    @staticmethod
+    def backward(ctx, g):
+        qp, sp, qv, sv = ctx.saved_tensors
+        batch, M, W, T, D = ctx.shape
+        ph = repops.ops.int8_dequantize(qp, sp).view(batch, M, W)
+        vh = repops.ops.int8_dequantize(qv, sv).view(batch, T, D)
+        g = g.contiguous()
+        gp = repops.ops.band_scores(g, vh, W) if ctx.needs_input_grad[0] else None
+        gv = repops.ops.band_mix_t(ph, g, T) if ctx.needs_input_grad[1] else None
+        return gp, gv
+
+
+def matmul_pv(p, v):
+    """O = P @ V through int8: p [batch, M, T] (M = G*T rows), v [batch, T, D] -> [batch, M, D]."""
+    return _MatmulPV.apply(p, v)
+
+
+def band_mix(p, v):
+    """The windowed O through int8: band p [batch, M, W], v [batch, T, D] -> [batch, M, D]."""
+    return _BandMixPV.apply(p, v)

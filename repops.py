@@ -19,9 +19,9 @@ Backends: CPU (kernels/cpu, C++); CUDA (kernels/cuda) registers the same op name
 implementations where torch has CUDA; Metal (kernels/metal, registered by repops_mps.py) where
 torch has MPS (an Apple GPU).
 
-Why over ~450 lines: the whole Python face of the contract is here, every operator with its
-autograd rule next to its forward, so a reader checks a backward against its forward without
-leaving the file; the kernels themselves are in kernels/.
+Every operator's autograd rule stands next to its forward, so a backward is checked against its
+forward in one place; the kernels are in kernels/, and the CUDA kernel versions that no GPU has
+verified yet in dev/cuda/ (built, selectable and hashed only with REPOPS_CUDA_DEV=1).
 """
 import hashlib
 import os
@@ -42,7 +42,13 @@ CPU_SOURCES = sorted(
     os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
     if f.endswith(".cpp") and f != "selftest.cpp")
 CUDA_DIR = os.path.join(ROOT, "kernels", "cuda")
-CUDA_SOURCES = sorted(os.path.join(CUDA_DIR, f) for f in os.listdir(CUDA_DIR) if f.endswith((".cu", ".cpp")))
+# CUDA kernel versions that no GPU has verified yet: built, selectable and hashed only with
+# REPOPS_CUDA_DEV=1, the GPU session that verifies them (tools/matmul_versions.py, .ci/gpu).
+# Promotion moves a verified version from dev/cuda into kernels/cuda (docs/cuda-speed.md).
+DEV_CUDA_DIR = os.path.join(ROOT, "dev", "cuda")
+CUDA_DEV = os.environ.get("REPOPS_CUDA_DEV", "") == "1"
+CUDA_SOURCES = sorted(os.path.join(d, f) for d in [CUDA_DIR] + [DEV_CUDA_DIR] * CUDA_DEV
+                      for f in os.listdir(d) if f.endswith((".cu", ".cpp")))
 # Headers both backends include: the ids they share (CPU kernels, CUDA kernels) and the
 # bindings' common argument checks.
 COMMON_DIR = os.path.join(ROOT, "kernels", "common")
@@ -55,10 +61,11 @@ def _headers(folder):
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith((".h", ".cuh")))
 
 
-# What decides the kernels' bits (the code digest of a run covers these). The CUDA and Metal
-# files count on every machine, so a CPU, a CUDA and an MPS run of the same code share one digest.
+# What decides the kernels' bits: every kernel file a run can execute (the code digest of a run
+# covers these; SPEC.md §14). The CUDA and Metal files count on every machine, so a CPU, a CUDA and
+# an MPS run of the same code share one digest; dev/cuda counts only where it is built.
 KERNEL_FILES = (CPU_SOURCES + _headers(CPU_DIR) + CUDA_SOURCES + _headers(CUDA_DIR) + _headers(COMMON_DIR)
-                + METAL_FILES)
+                + (_headers(DEV_CUDA_DIR) if CUDA_DEV else []) + METAL_FILES)
 # The instruction set the CPU kernels are built for: this CPU's (native) unless REPOPS_CPU_ARCH
 # names another -march value, e.g. REPOPS_CPU_ARCH=x86-64-v3 (AVX2 + FMA, no AVX-512) to run the
 # AVX2 code path on an AVX-512 machine. Each value builds into its own folder under build/.
@@ -76,11 +83,12 @@ HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where t
 HAS_MPS = torch.backends.mps.is_available()   # the Metal kernels are registered only where torch has MPS
 # The CUDA kernel versions the plain ops use, read once (docs/cuda-speed.md): all give the same bits;
 # a default changes only after tools/matmul_versions.py verified the new one on a GPU. MATMUL: 1
-# (kernels/cuda/matmul.cu), 2-4 (matmul_tiled.cu); INT8: mma (int8.cu) or cublaslt (torch._int_mm
-# where it fits); CLIP: 1 (optim.cu's one-warp gradient norm) or 2 (flat_sum.cu, streamed).
-CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4")
+# (kernels/cuda/matmul.cu), with REPOPS_CUDA_DEV=1 also 2-4 (dev/cuda/matmul_tiled.cu); INT8: mma
+# (int8.cu) or cublaslt (torch._int_mm where it fits); CLIP: 1 (optim.cu's one-warp gradient norm),
+# with REPOPS_CUDA_DEV=1 also 2 (dev/cuda/flat_sum.cu, streamed).
+CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4") if CUDA_DEV else ("1",)
 CUDA_INT8_PATHS = ("mma", "cublaslt")
-CUDA_CLIP_VERSIONS = ("1", "2")
+CUDA_CLIP_VERSIONS = ("1", "2") if CUDA_DEV else ("1",)
 CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "1"
 CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "mma"
 CUDA_CLIP = os.environ.get("REPOPS_CUDA_CLIP", "") or "1"
@@ -133,8 +141,11 @@ def load():
     for var, value, known in (("REPOPS_CUDA_MATMUL", CUDA_MATMUL, CUDA_MATMUL_VERSIONS),
                               ("REPOPS_CUDA_INT8", CUDA_INT8, CUDA_INT8_PATHS), ("REPOPS_CUDA_CLIP", CUDA_CLIP, CUDA_CLIP_VERSIONS)):
         if value not in known:
-            raise RepOpsBuildError(f"{var}={value!r} is not one of its kernel versions ({', '.join(known)})")
-    name = "repops_cuda" if HAS_CUDA else "repops_cpu"
+            raise RepOpsBuildError(f"{var}={value!r} is not one of its kernel versions ({', '.join(known)}"
+                                   + ("" if CUDA_DEV else "; the unverified ones in dev/cuda need REPOPS_CUDA_DEV=1")
+                                   + ")")
+    name = ("repops_cuda_dev" if CUDA_DEV else "repops_cuda") if HAS_CUDA else "repops_cpu"
+    dev_flags = ["-DRPC_DEV_VERSIONS"] if CUDA_DEV and HAS_CUDA else []   # binding_cuda.cpp and the launchers
     build_dir = os.path.join(ROOT, "build", name + "_" + _cpu_isa_tag())
     os.makedirs(build_dir, exist_ok=True)
     # The build finds ninja on PATH: a virtual environment's bin/ need not be activated. PATH is
@@ -143,9 +154,9 @@ def load():
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + saved_path
     try:
         torch.utils.cpp_extension.load(
-            name=name, sources=CPU_SOURCES + (CUDA_SOURCES if HAS_CUDA else []), extra_cflags=CPU_FLAGS,
-            extra_cuda_cflags=CUDA_FLAGS if HAS_CUDA else None, extra_ldflags=["-fopenmp"],
-            extra_include_paths=[CPU_DIR, CUDA_DIR, COMMON_DIR],
+            name=name, sources=CPU_SOURCES + (CUDA_SOURCES if HAS_CUDA else []),
+            extra_cflags=CPU_FLAGS + dev_flags, extra_cuda_cflags=CUDA_FLAGS + dev_flags if HAS_CUDA else None,
+            extra_ldflags=["-fopenmp"], extra_include_paths=[CPU_DIR, CUDA_DIR, COMMON_DIR] + [DEV_CUDA_DIR] * CUDA_DEV,
             build_directory=build_dir, is_python_module=False, verbose=False)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -390,7 +401,7 @@ def window_attention(q, k, v, window, scale, mix=None, exact=False):
     query heads of a key/value head, g-major), k, v [batch, T, Dh]; returns o [batch, G*T, Dh].
     Band [batch, G*T, W], W = min(window, T): column w is key t - (W-1) + w. With W = T it gives
     the bits of full causal attention (matmul, causal_softmax, matmul). mix(p, v): the band mix
-    (default the fp32 band_mix; quant_pv.band_mix with int8_pv). exact: the band products are
+    (default the fp32 band_mix; quant.band_mix with int8_pv). exact: the band products are
     §11's (contract §11 "Band products"), whose W = T gives the bits of exact full attention."""
     T = k.shape[1]
     W = min(window, T)

@@ -1,8 +1,8 @@
 """A run's story as one self-contained HTML file: curves, checkpoints, audit coverage, anchors.
 
-    python report.py runs/default -o report.html
-    python report.py runs/default --receipts receipts/ --anchors anchors.jsonl -o report.html
-    python report.py out/public --receipts receipts/ --salts s.json --redundancy 2 -o report.html
+    python report.py --out report.html                # the run runs/default
+    python report.py --run_dir runs/x --receipts receipts/ --anchors anchors.jsonl --out report.html
+    python report.py --run_dir out/public --receipts receipts/ --salts s.json --redundancy 2 --out report.html
 
 The report reads the run only after verifying its chain (as sample.py does): a broken chain is
 "MISMATCH at step S: ..." and exit 1, and no report is written. It then shows
@@ -22,16 +22,34 @@ of equal colour, so 81,000 steps stay a few hundred KB. The output is one file, 
 CSS, no script, no network; it must lie outside the run directory (readers never write in it).
 Bad input: one line `report.py: error: ...`, exit 2.
 """
-import argparse
 import html
 import os
 import re
 import sys
 
-import hashchain
+from config import CommandLine, UsageError
+
+
+def parser():
+    ap = CommandLine("report.py", "A run's story as one self-contained HTML file: curves, checkpoints, audit "
+                     "coverage, anchors.")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    ap.add_argument("--out", required=True, metavar="FILE", help="the HTML file to write, outside the run (required)")
+    ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from")
+    ap.add_argument("--salts", metavar="FILE", help="with --receipts: check them with revealed salts, not the run's secret")
+    ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
+    ap.add_argument("--redundancy", type=int, default=2, metavar="C",
+                    help="distinct auditors per step for full coverage (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import hashchain  # noqa: E402  (below the command line's first answer, above)
 import receipts
 import rundir
-from config import UsageError
+
 
 CURVE_POINTS = 1000      # buckets per curve (each gives its min and max)
 STRIP_ROW = 1000         # steps per row of the coverage strip, one pixel each
@@ -271,17 +289,10 @@ def render(run, args, val_losses, results, anchors, contradiction):
 
 
 # ----------------------------------------------------------------------------- command line
-def main(argv):
-    ap = argparse.ArgumentParser(prog="report.py", description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (only read)")
-    ap.add_argument("-o", "--out", required=True, metavar="FILE", help="the HTML file to write (outside the run)")
-    ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from")
-    ap.add_argument("--salts", metavar="FILE", help="check the receipts with revealed salts, not the run's secret")
-    ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
-    ap.add_argument("--redundancy", type=int, default=2, metavar="C", help="auditors per step for full coverage (default 2)")
-    args = ap.parse_args(argv)
+def main(argv=None):
     try:
-        rundir.check_outside(args.run_dir, args.out, "-o")
+        args = parser().parse_args(argv)
+        rundir.check_outside(args.run_dir, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         if args.salts and not args.receipts:
@@ -315,4 +326,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

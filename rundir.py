@@ -1,4 +1,5 @@
-"""A run directory: its files, its one writer, and opening it to train, audit or sample.
+"""A run directory: its files, the checkpoint file format, its one writer, and opening it to
+train, audit or sample.
 
     runs/default/chain.jsonl        line 0: the genesis record; line k: the record of step k
     runs/default/checkpoints/       step_00000100.safetensors, ... (verified against the chain)
@@ -14,27 +15,215 @@
     run.config_json_differences()          # config.json vs the genesis record
 
     lock = hold_lock("runs/default")       # the trainer, for its whole life; UsageError if held
+    run = Run("runs/default", writer=True) # the lock holder: repairs a torn chain tail, writes
+    run.save_checkpoint(tensors, record)   # checkpoints/step_<record step>.safetensors, atomically
     check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is the run's
-    first, last = chain_steps(run, "1:40")  # steps A:B of the chain (default all), refused if not in it
 
-Readers (audit.py, sample.py, data.py --bundle) never create, rename or delete anything in a
-run; the files they write (traces, receipts, revealed salts, bundles) must lie outside it and
-must not be a file of the run under another name (check_outside). The secret and anchors.jsonl are written
-by the trainer only (receipts.py). The trainer
-holds an flock on `lock` while it lives; the kernel drops it when the process dies, however it
-dies, so no pid or host bookkeeping decides who may write.
+    save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
+    tensors, meta = load_checkpoint(path)              # strict; mmap=True maps each tensor when read
+    for step, path in list_checkpoints("runs/x/checkpoints"): ...
+
+Readers (audit.py, sample.py, export.py, report.py, data.py --bundle) never create, rename or
+delete anything in a run; the files they write (traces, receipts, revealed salts, bundles) must
+lie outside it and must not be a file of the run under another name (check_outside). The
+secret and anchors.jsonl are written by the trainer only (receipts.py). The trainer holds an
+flock on `lock` while it lives; the kernel drops it when the process dies, however it dies, so
+no pid or host bookkeeping decides who may write.
+
+A checkpoint file is safetensors-compatible, written atomically and loaded without pickle (our
+own reader and writer; the tensor bytes are hashchain's canonical bytes): 8 bytes (little-endian
+header length n), n bytes of JSON header ({"__metadata__": {"repops": the meta as JSON}, and per
+tensor {"dtype", "shape", "data_offsets"}}, name-sorted, space-padded to 8 bytes), then the
+tensors' canonical little-endian bytes in name order (SPEC.md §13). It is read as hostile input:
+a regular file only, strict JSON, every offset and size checked against the file; every error
+is a CheckpointError (a hashchain.HashChainError) with a one-line message.
 """
 import datetime
 import fcntl
+import functools
+import json
+import math
 import os
+import re
+import secrets
 import socket
 from pathlib import Path
 
-import checkpoint
+import numpy as np
+import torch
+
 import config
 import hashchain
+import offload
 from config import UsageError
+from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, fsync_dir, is_int,
+                       open_regular, strict_json, write_all)
 
+
+# ----------------------------------------------------------------------------- checkpoint files
+class CheckpointError(HashChainError):
+    """A checkpoint file is missing, malformed, truncated or inconsistent."""
+
+
+_MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors reference reader uses
+_CKPT_RE = re.compile(r"^step_(\d{8,})\.safetensors$")
+# A checkpoint being written is ".step_N.safetensors.tmp-<random>" until its rename. Only the
+# trainer holding the run's lock removes leftovers (remove_temp_files): under the lock no other
+# writer exists, so every hidden ".*.tmp*" file is one, whoever named it (a pid, an older
+# version); readers ignore them.
+_TMP_RE = re.compile(r"^\..+\.tmp")
+# Header dimensions beyond this cannot describe a real file and would overflow numpy's shapes.
+_MAX_DIM = 1 << 48
+
+
+def checkpoint_path(ckpt_dir, step):
+    return Path(ckpt_dir) / f"step_{step:08d}.safetensors"
+
+
+def remove_temp_files(directory):
+    """Delete leftover checkpoint temp files. Only the writer that holds the run's lock may call
+    this: no one else can be writing one."""
+    for entry in os.scandir(directory):
+        if _TMP_RE.match(entry.name) and entry.is_file(follow_symlinks=False):
+            os.unlink(entry.path)
+
+
+def save_checkpoint(path, tensors, meta):
+    """Write tensors + metadata atomically: a crash leaves either no file or a complete one
+    (the bytes go to a temp file, through hashchain.write_all: REPOPS_SLOW_WRITE slows them for
+    the SIGKILL test; then fsync and rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if "__metadata__" in tensors:
+        raise CheckpointError(f"checkpoint {path}: '__metadata__' cannot be a tensor name")
+    header = {"__metadata__": {"repops": json.dumps(meta, sort_keys=True)}}
+    offset = 0
+    for name in sorted(tensors):
+        _, st_dtype, shape, data = canonical_tensor(name, tensors[name])
+        header[name] = {"dtype": st_dtype, "shape": shape,
+                        "data_offsets": [offset, offset + data.nbytes]}
+        offset += data.nbytes
+    hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hbytes += b" " * (-len(hbytes) % 8)  # safetensors allows space padding; keeps data aligned
+
+    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
+    try:
+        with open(tmp, "wb") as f:
+            write_all(f, len(hbytes).to_bytes(8, "little") + hbytes)
+            for name in sorted(tensors):   # fetched again: one tensor held at a time (offload.py)
+                write_all(f, memoryview(canonical_tensor(name, tensors[name])[3]))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)  # make the rename itself durable
+
+
+def load_checkpoint(path, mmap=False):
+    """(tensors, meta) from a checkpoint, strictly validated; never executes code. With mmap,
+    tensors is a Mapping that maps each tensor from the file when it is read (copy-on-write;
+    nothing is read before): memory for one tensor at a time, for states larger than memory."""
+    path = Path(path)
+
+    def bad(what):
+        return CheckpointError(f"checkpoint {path} {what}")
+
+    with open_regular(path, "checkpoint", CheckpointError) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise bad(f"is truncated: expected at least 8 bytes, found {size}")
+        n = int.from_bytes(f.read(8), "little")
+        if n > _MAX_HEADER:
+            raise bad(f"has an implausible header length {n} (garbage at the start of the file?)")
+        if 8 + n > size:
+            raise bad(f"is truncated: header needs {8 + n} bytes, found {size}")
+        try:
+            header = strict_json(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise bad(f"has a header that is not valid JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise bad("has a header that is not a JSON object")
+
+        md = header.pop("__metadata__", None)
+        if not isinstance(md, dict) or not isinstance(md.get("repops"), str):
+            raise bad("has no '__metadata__.repops' entry")
+        try:
+            meta = strict_json(md["repops"])
+        except ValueError as e:
+            raise bad(f"has metadata that is not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise bad("has metadata that is not a JSON object")
+
+        entries = []
+        for name, e in header.items():
+            if (not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}
+                    or e["dtype"] not in ST_DTYPES
+                    or not isinstance(e["shape"], list)
+                    or not all(is_int(d) and 0 <= d <= _MAX_DIM for d in e["shape"])
+                    or not isinstance(e["data_offsets"], list) or len(e["data_offsets"]) != 2
+                    or not all(is_int(o) for o in e["data_offsets"])):
+                raise bad(f"has a malformed header entry for tensor {name!r}")
+            entries.append((e["data_offsets"][0], e["data_offsets"][1], name, e))
+        entries.sort()
+
+        end = 0
+        for begin, stop, name, e in entries:
+            if begin != end:
+                raise bad(f"has non-contiguous data offsets at tensor {name!r}: begins at "
+                          f"{begin}, expected {end}")
+            want = ST_DTYPES[e["dtype"]].itemsize * math.prod(e["shape"])  # exact, no overflow
+            if stop - begin != want:
+                raise bad(f"has inconsistent tensor {name!r}: {e['dtype']} {e['shape']} needs "
+                          f"{want} bytes, offsets span {stop - begin}")
+            end = stop
+        expected = 8 + n + end
+        if size < expected:
+            raise bad(f"is truncated: expected {expected} bytes, found {size}")
+        if size > expected:
+            raise bad(f"has trailing data: expected {expected} bytes, found {size}")
+
+        if mmap:
+            where = {name: (8 + n + begin, e) for begin, _, name, e in entries}
+            return offload.LazyTensors(sorted(where), lambda name: _mapped(path, *where[name])), meta
+        # Read each tensor straight into its own freshly allocated (aligned) buffer: one copy,
+        # no second in-memory image of the file.
+        tensors = {}
+        for begin, stop, name, e in entries:
+            arr = np.empty(e["shape"], dtype=ST_DTYPES[e["dtype"]])
+            buf = memoryview(arr.reshape(-1).view(np.uint8))
+            got = 0
+            while got < len(buf):
+                k = f.readinto(buf[got:])
+                if not k:
+                    raise bad(f"is truncated: file shrank while reading tensor {name!r}")
+                got += k
+            tensors[name] = torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
+    return {name: tensors[name] for name in sorted(tensors)}, meta
+
+
+def _mapped(path, offset, entry):
+    """One checkpoint tensor mapped copy-on-write from the file (load_checkpoint(mmap=True))."""
+    dtype = ST_DTYPES[entry["dtype"]]
+    if math.prod(entry["shape"]) == 0:
+        arr = np.empty(entry["shape"], dtype=dtype)
+    else:
+        arr = np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=tuple(entry["shape"]))
+    return torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
+
+
+def list_checkpoints(ckpt_dir):
+    """[(step, path)] of the checkpoint files in ckpt_dir, sorted by step (reads only)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), ckpt_dir / m.group(0))
+             for m in map(_CKPT_RE.match, os.listdir(ckpt_dir)) if m]
+    return sorted(found)
+
+
+# ----------------------------------------------------------------------------- the run directory
 MAX_CONFIG_JSON = 1 << 20
 
 
@@ -43,11 +232,12 @@ def checkpoint_dir(run_dir):
 
 
 def hold_lock(run_dir):
-    """Take the run's exclusive lock for this process's lifetime; returns the open lock file.
-    A second trainer gets UsageError naming the holder."""
-    path = Path(run_dir) / "lock"
+    """Create the run directory (and checkpoints/), take its exclusive lock for this process's
+    lifetime, then remove leftover checkpoint temp files, which no one else can be writing;
+    returns the open lock file. A second trainer gets UsageError naming the holder."""
     try:
-        f = open(path, "a+")
+        os.makedirs(checkpoint_dir(run_dir), exist_ok=True)
+        f = open(Path(run_dir) / "lock", "a+")
     except OSError as e:
         raise UsageError(f"cannot write to the run directory {run_dir}: {e.strerror}") from None
     try:
@@ -62,6 +252,7 @@ def hold_lock(run_dir):
     f.write(f"train.py pid {os.getpid()} on {socket.gethostname()} since "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC\n")
     f.flush()
+    remove_temp_files(checkpoint_dir(run_dir))
     return f
 
 
@@ -98,31 +289,22 @@ def check_outside(run_dir, path, option):
                          "path outside it")
 
 
-def reject_checkpoint(run_dir, path):
-    """Move a checkpoint that failed verification to rejected/ (never overwrite or delete it:
-    it is evidence). Returns the new path. Only the lock holder calls this."""
-    dest_dir = Path(run_dir) / "rejected"
-    dest_dir.mkdir(exist_ok=True)
-    dest, n = dest_dir / Path(path).name, 1
-    while dest.exists():
-        dest, n = dest_dir / f"{Path(path).name}.{n}", n + 1
-    os.rename(path, dest)
-    return dest
-
-
 class Run:
-    """A run directory opened for reading. `chain` is loaded, not yet verified (readers decide
-    how far to verify it); `cfg` and `genesis` come from the genesis record."""
+    """A run directory opened for reading, or by its writer. `chain` is loaded, not yet verified
+    (readers decide how far to verify it); `cfg` and `genesis` come from the genesis record.
+    writer=True is the trainer that holds the lock (hold_lock): it repairs a torn chain tail on
+    opening, and writes and rejects checkpoints; a reader never changes anything."""
 
-    def __init__(self, run_dir, repair=False):
+    def __init__(self, run_dir, writer=False):
         self.dir = Path(run_dir)
+        self.writer = writer
         if not self.dir.is_dir():
             raise UsageError(f"no run directory {run_dir}")
         path = self.dir / "chain.jsonl"
         if not path.exists():
             raise UsageError(f"no chain in {run_dir} (chain.jsonl missing: train first)")
         self.chain = hashchain.Chain(path)
-        self.chain.load(repair=repair)
+        self.chain.load(repair=writer)
 
     @property
     def genesis(self):
@@ -157,18 +339,18 @@ class Run:
 
     def checkpoints(self):
         """[(step, path)] of the checkpoint files, sorted by step."""
-        return checkpoint.list_checkpoints(checkpoint_dir(self.dir))
+        return list_checkpoints(checkpoint_dir(self.dir))
 
     def verified_checkpoint(self, step, path, mmap=False):
         """The tensors of the checkpoint of `step`, after verifying the chain up to that step,
         the tensors against the record's Merkle leaves and the metadata against the record.
         HashChainError (StateMismatch for a file that does not match) otherwise. mmap: see
-        checkpoint.load_checkpoint."""
+        load_checkpoint."""
         self.chain.verify(upto=step)
         if step >= len(self.chain):
             raise hashchain.StateMismatch(f"checkpoint {path}: step {step} has no record in the chain")
         record = self.chain.records[step]
-        tensors, meta = checkpoint.load_checkpoint(path, mmap)
+        tensors, meta = load_checkpoint(path, mmap)
         hashchain.verify_state(tensors, record.get("state_hash"), record.get("tensor_hashes"))
         expected = {"step": step, "state_hash": record["state_hash"],
                     "tensor_hashes": record["tensor_hashes"]}
@@ -199,16 +381,37 @@ class Run:
                 continue
             try:
                 return step, self.verified_checkpoint(step, path, mmap)
-            except (hashchain.StateMismatch, checkpoint.CheckpointError) as e:
+            except (hashchain.StateMismatch, CheckpointError) as e:
                 on_bad(step, path, e)
         return 0, None
 
-    def config_json_differences(self):
-        """Decisive keys on which config.json disagrees with the genesis record ([] if equal or
-        absent). config.json is for people; the genesis record is what counts."""
+    def save_checkpoint(self, tensors, record):
+        """Write the checkpoint of the state `tensors` whose record (genesis or step) is
+        `record`: checkpoints/step_<step>.safetensors, atomically (the writer only)."""
+        assert self.writer, "only the run's writer writes checkpoints"
+        step = record["step"]
+        save_checkpoint(checkpoint_path(checkpoint_dir(self.dir), step), tensors,
+                        {"step": step, "state_hash": record["state_hash"], "tensor_hashes": record["tensor_hashes"]})
+
+    def reject_checkpoint(self, path):
+        """Move a checkpoint that failed verification to rejected/ (never overwrite or delete it:
+        it is evidence); returns the new path (the writer only)."""
+        assert self.writer, "only the run's writer moves checkpoints"
+        dest_dir = self.dir / "rejected"
+        dest_dir.mkdir(exist_ok=True)
+        dest, n = dest_dir / Path(path).name, 1
+        while dest.exists():
+            dest, n = dest_dir / f"{Path(path).name}.{n}", n + 1
+        os.rename(path, dest)
+        return dest
+
+    @functools.cached_property
+    def _config_json(self):
+        """(config.json as a dict, or None when it is missing; the error that makes it unusable,
+        or None), read once: config.json is for people, the genesis record is what counts."""
         path = self.dir / "config.json"
         if not path.exists():
-            return []
+            return None, None
         try:
             with hashchain.open_regular(path, "config") as f:
                 raw = f.read(MAX_CONFIG_JSON + 1)
@@ -218,45 +421,27 @@ class Run:
             if not isinstance(recorded, dict):
                 raise ValueError("not a JSON object")
         except (UnicodeDecodeError, ValueError) as e:
-            raise UsageError(f"{path} is not a config file: {e}") from None
-        decisive = {k: v for k, v in recorded.items() if k not in config.BOOKKEEPING}
-        return config.differences(decisive, self.genesis.get("config", {}))
+            return None, UsageError(f"{path} is not a config file: {e}")
+        except hashchain.HashChainError as e:
+            return None, e
+        return recorded, None
+
+    def config_json_differences(self):
+        """Decisive keys on which config.json disagrees with the genesis record ([] if equal or
+        absent); UsageError (HashChainError) if it is there but not a config file."""
+        recorded, error = self._config_json
+        if error:
+            raise error
+        decisive = {k: v for k, v in (recorded or {}).items() if k not in config.BOOKKEEPING}
+        return config.differences(decisive, self.genesis.get("config", {})) if recorded is not None else []
 
     def recorded(self, key, kind, default):
         """A bookkeeping value as config.json records it (where the data lives, whether the
         trainer recomputed activations): not part of what is audited; `default` when
         config.json is missing, unreadable or has no such value of type `kind`."""
-        path = self.dir / "config.json"
-        try:
-            with hashchain.open_regular(path, "config") as f:
-                value = hashchain.strict_json(f.read(MAX_CONFIG_JSON).decode("utf-8")).get(key)
-        except (hashchain.HashChainError, UnicodeDecodeError, ValueError, AttributeError):
-            value = None
+        value = (self._config_json[0] or {}).get(key)
         return value if isinstance(value, kind) and value != "" else default
 
     def recorded_data_dir(self):
         """The corpus the run was trained on, as config.json names it."""
         return self.recorded("data_dir", str, config.Config.data_dir)
-
-
-# ----------------------------------------------------------------------------- step ranges
-def parse_range(text, flag):
-    """(first, last) of a command line's A:B step range (UsageError unless 1 <= A <= B)."""
-    a, _, b = text.partition(":")
-    try:
-        first, last = int(a), int(b)
-    except ValueError:
-        raise UsageError(f"{flag} expects A:B, got {text!r}") from None
-    if not 1 <= first <= last:
-        raise UsageError(f"{flag} {text}: steps start at 1 and a range runs forward")
-    return first, last
-
-
-def chain_steps(run, steps, flag="--steps"):
-    """(first, last) of `steps` (A:B, default: every step), refused unless in the chain."""
-    run.chain.verify()
-    last_step = len(run.chain) - 1
-    first, last = parse_range(steps, flag) if steps else (1, last_step)
-    if last > last_step:
-        raise UsageError(f"{flag}: steps {first}..{last} are not in the chain (it holds steps 1..{last_step})")
-    return first, last

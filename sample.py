@@ -8,17 +8,37 @@ The checkpoint is loaded only after the chain up to its step and the checkpoint 
 against the published records. Sampling is Gumbel-max with Philox noise, all in RepOps
 (model.Llama.generate). It only reads the run directory. Exit code 2 on bad input.
 """
-import argparse
 import math
 import sys
 
-import torch
+from config import CommandLine, UsageError
+
+
+def parser():
+    ap = CommandLine("sample.py", "Generate text from a verified checkpoint; the same prompt and seed give the "
+                     "same text on every machine.")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    ap.add_argument("--step", type=int, metavar="N", help="the checkpoint's step (default: the latest in the chain)")
+    ap.add_argument("--prompt", default="\n", help="the text the sample continues (default: a newline)")
+    ap.add_argument("--tokens", type=int, default=300, metavar="N", help="tokens to generate (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="the Philox seed of the sampling noise (default %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                    help="the softmax temperature, > 0 (default %(default)s)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                    help="where the model runs; every device gives the same text (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
 
 import hashchain
 import repops
 import rundir
-from config import UsageError
-from data import DataError, get_tokenizer
+from data import DataError
+from tokenizer import TokenizerError, get_tokenizer
 from train import TrainState
 
 
@@ -37,17 +57,9 @@ def load_model(run_dir, step, device="cpu"):
 MAX_TOKENS = 1 << 20       # --tokens: a sample, not a corpus
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run_dir", "--run", default="runs/default", help="run directory (default %(default)s)")
-    ap.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
-    ap.add_argument("--prompt", default="\n")
-    ap.add_argument("--tokens", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"), help="where the model runs: same text")
-    args = ap.parse_args(argv)
+def main(argv=None):
     try:
+        args = parser().parse_args(argv)
         if not (0 <= args.tokens <= MAX_TOKENS and 0 < args.temperature < math.inf and 0 <= args.seed < 1 << 64):
             raise UsageError(f"--tokens must be in 0..{MAX_TOKENS}, --temperature a finite number > 0 "
                              "and --seed in [0, 2^64)")
@@ -57,7 +69,7 @@ def main(argv):
             raise UsageError("--device mps: this machine has no Apple GPU (MPS) that torch can use")
         model, enc = load_model(args.run_dir, args.step, args.device)
         ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
-    except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
+    except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
         return 2
     print(enc.decode(ids))
@@ -65,4 +77,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

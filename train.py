@@ -17,17 +17,17 @@ at any moment, `python train.py` resumes from the latest checkpoint that verifie
 re-derives the same chain; it refuses a run directory that another trainer holds
 or that was started with another config, corpus or code. Each step record also commits to the
 step's final gradient and its post-step state with the run's secret (step_commit, receipts.py),
-so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain head is appended to
-anchors.jsonl, for the publisher to copy out of the run. The config block is config.py.
+so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain
+head is appended to anchors.jsonl, for the publisher to copy out of the run.
 A state larger than memory (--preset=open1b) trains and replays with recompute and offload
 (docs/scale.md): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
 
-Why over ~450 lines: this file is what a run is (the step, the records it publishes, the loop
-and resume that publish them), and its bytes are part of code_digest; the step and its records
-stay with the loop that calls them so a reader sees the whole of what a record vouches for.
-Checkpoint files (checkpoint.py), the run directory (rundir.py), hashing (hashchain.py,
-snapshot.py) and the config (config.py) already live apart.
+The step, the records it publishes, and the loop and resume that publish them are this one file,
+so a reader sees the whole of what a record vouches for: run() opens the run (open_run), then
+train_steps runs the steps and a Publisher publishes each (step_line is the per-step log line).
+Checkpoint files and the run directory are rundir.py, hashing hashchain.py and snapshot.py, the
+config and its schedules config.py.
 """
 import dataclasses
 import datetime
@@ -39,11 +39,16 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+from config import (UsageError, answered_help, decisive_config, differences, given_keys, lr_at, micro_batches_at,
+                    parse_config, phase_counts, resolve, validate)
 
-import checkpoint
-import deadcheck
+if __name__ == "__main__" and answered_help(sys.argv[1:]):
+    sys.exit(0)                 # --help answers here, before torch is imported
+
+import torch  # noqa: E402  (below --help's answer, above)
+import torch.distributed as dist  # noqa: E402
+
+import deadcheck  # noqa: E402
 import hashchain
 import hfllama
 import offload
@@ -52,14 +57,12 @@ import receipts
 import repops
 import rundir
 import snapshot
-from schedule import lr_at, micro_batches_at, phase_counts
 import treefold
 import unitstep
 import units
-from config import (UsageError, decisive_config, differences, given_keys, parse_config, resolve, usage,
-                    validate)
-from data import DataError, TokenData, batch_digest, get_tokenizer
+from data import DataError, TokenData, batch_digest
 from model import Llama, ModelConfig
+from tokenizer import TokenizerError, get_tokenizer
 
 
 class StepRefused(Exception):
@@ -80,8 +83,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "checkpoint.py", "quant.py", "quant_pv.py", "repops_mps.py", "mps_kernels.py", "schedule.py",
-             "units.py", "unitstep.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py", "unitstep.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -349,14 +351,6 @@ def evaluate(state, data, cfg):
 
 
 # ----------------------------------------------------------------------------- run directory
-def save_checkpoint(run_dir, tensors, record):
-    """Checkpoint of the state `tensors` whose record (genesis or step) is `record`."""
-    step = record["step"]
-    checkpoint.save_checkpoint(checkpoint.checkpoint_path(rundir.checkpoint_dir(run_dir), step),
-                              tensors, {"step": step, "state_hash": record["state_hash"],
-                                        "tensor_hashes": record["tensor_hashes"]})
-
-
 def check_identity(cfg, data, genesis, secret, init):
     """A resumed run must be the run its chain started: same decisive config, data, code,
     secret (the genesis record's secret_commit) and imported source (init)."""
@@ -379,14 +373,13 @@ def check_identity(cfg, data, genesis, secret, init):
                          + "; resume with the same --init_from")
 
 
-def restore(run, state, upto, log, writer):
+def restore(run, state, upto, log):
     """Load the latest checkpoint at or before `upto` that verifies; returns its step (0: the
     genesis state, re-created from the config and checked against the genesis record). The
     writer moves a checkpoint that fails verification to rejected/ (evidence, never overwritten)."""
     def on_bad(step, path, error):
-        if writer:
-            log(f"warning: skipping checkpoint {path}: {error}; moved to "
-                f"{rundir.reject_checkpoint(run.dir, path)}")
+        if run.writer:
+            log(f"warning: skipping checkpoint {path}: {error}; moved to {run.reject_checkpoint(path)}")
 
     step, tensors = run.latest_checkpoint(upto, on_bad, mmap=state.offloaded)
     if tensors is not None:
@@ -408,7 +401,7 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         chain_path.touch()
     if world > 1 and not writer:
         dist.barrier()                  # rank 0 has written or repaired everything
-    run = rundir.Run(cfg.run_dir, repair=writer)
+    run = rundir.Run(cfg.run_dir, writer=writer)
     if run.chain.note:
         log("resume: " + run.chain.note)
     run.chain.verify()
@@ -423,25 +416,13 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         secret = receipts.read_secret(run.dir, "the chain's commitments (step_commit) cannot be "
                                       "continued without it; restore it, or start a new --run_dir")
         check_identity(cfg, data, run.genesis, secret, init)
-        start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log, writer)
+        start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
-    if writer and start == 0 and not checkpoint.checkpoint_path(rundir.checkpoint_dir(run.dir), 0).exists():
-        save_checkpoint(run.dir, state.tensors(), run.chain.records[0])
+    if writer and start == 0 and 0 not in dict(run.checkpoints()):
+        run.save_checkpoint(state.tensors(), run.chain.records[0])
     if world > 1 and writer:
         dist.barrier()
-    return run.chain, start, secret
-
-
-def prepare_run_dir(run_dir):
-    """Create the run directory and take its lock (held until this process exits); only then
-    remove leftover checkpoint temp files, which no one else can be writing."""
-    try:
-        os.makedirs(rundir.checkpoint_dir(run_dir), exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
-    lock = rundir.hold_lock(run_dir)
-    checkpoint.remove_temp_files(rundir.checkpoint_dir(run_dir))
-    return lock
+    return run, start, secret
 
 
 class Logger:
@@ -501,6 +482,85 @@ def device_of(cfg, world):
 
 
 # ----------------------------------------------------------------------------- the loop
+def step_line(step, fields, record, tokens, seconds):
+    """The log line of a published step: loss, learning rate, gradient norm, the wall time since
+    the previous step's line, throughput and the state hash's prefix."""
+    ms = seconds * 1000
+    return (f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
+            f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens / ms * 1000:7.0f} tok/s | "
+            f"state {record['state_hash'][:12]}")
+
+
+class Publisher:
+    """Publishes each step from its finished hash job, in order: refuses a non-finite state,
+    checks that the ranks agree, appends the record, anchors, checkpoints (from the hashed copy)
+    and logs the step's line (step_line)."""
+
+    def __init__(self, run, data, cfg, secret, log, world):
+        self.run, self.data, self.cfg, self.secret, self.log, self.world = run, data, cfg, secret, log, world
+        self.last_line = time.perf_counter()       # when the previous step's line was logged
+
+    def __call__(self, fields, job):
+        cfg, writer = self.cfg, self.run.writer
+        hashed = job.result()
+        step = hashed.step
+        if hashed.nonfinite:
+            raise StepRefused(f"step {step}: the update left non-finite values in {hashed.nonfinite[0]}; "
+                              "the step is refused and nothing of it is written")
+        record = step_record(step, hashed.root, hashed.leaves, self.data, cfg, fields, self.secret,
+                             hashed.result_root)
+        if self.world > 1:
+            check_same_state(record["state_hash"], self.world)
+        publish(self.run.chain, record, writer)
+        if writer and "units" in fields:     # the step's unit list, beside the chain (units.py)
+            units.write_list(units.list_path(cfg.run_dir, step), step,
+                             fields["units"].finish(receipts.salt(self.secret, step))[1])
+        if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
+            receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"])
+        if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
+            self.run.save_checkpoint(hashed.tensors, record)
+        now = time.perf_counter()
+        seconds, self.last_line = now - self.last_line, now
+        self.log(step_line(step, fields, record, tokens_at(cfg, step), seconds))
+
+
+def tokens_at(cfg, step):
+    """Tokens of step `step`: its micro-batches (its phase's N) x micro_batch_size x seq_len."""
+    return micro_batches_at(cfg, step) * cfg.micro_batch_size * cfg.seq_len
+
+
+def train_steps(state, data, cfg, rank, world, start, publish, log):
+    """Steps start+1 .. max_steps, each published by `publish` (a Publisher). With an overlapped
+    hash (hash_overlaps), step N is published after step N+1 has computed, its hash running
+    meanwhile; an evaluation, the last step or a refused step publishes what is pending first."""
+    hasher = snapshot.StateHasher(overlap=hash_overlaps(cfg))
+    pending = None
+    for step in range(start + 1, cfg.max_steps + 1):
+        try:
+            fields = train_step(state, data, cfg, rank, world)
+        except StepRefused:
+            if pending:
+                publish(*pending)
+            raise
+        if pending:
+            publish(*pending)
+        pending = (fields, hasher.submit(state, fields["grad_root"]))   # keyed by grad_root: result_root
+        evaluate_now = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps)
+        if not hasher.overlap or evaluate_now or step == cfg.max_steps:
+            publish(*pending)
+            pending = None
+        if evaluate_now:
+            log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")  # every rank evaluates
+
+
+def log_sample(state, data, cfg, log):
+    """A sample of cfg.sample_tokens tokens from the final model, decoded with the corpus's tokenizer."""
+    tok = data.manifest["tokenizer"]
+    enc = get_tokenizer(tok["name"], data.path, tok.get("files"))
+    ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
+    log("sample:\n" + enc.decode(ids))
+
+
 def run(cfg, rank, world):
     """Train (or resume) cfg.run_dir up to cfg.max_steps; returns the final state."""
     if cfg.threads:
@@ -512,74 +572,22 @@ def run(cfg, rank, world):
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
-    lock = prepare_run_dir(cfg.run_dir) if writer else None
+    lock = rundir.hold_lock(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    chain, start, secret = open_run(cfg, data, state, rank, world, log, init)
-    tokens_per_step = micro_batches_at(cfg, start + 1) * cfg.micro_batch_size * cfg.seq_len
-    log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_per_step} tokens/step | "
+    opened, start, secret = open_run(cfg, data, state, rank, world, log, init)
+    log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_at(cfg, start + 1)} tokens/step | "
         f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
-    hasher = snapshot.StateHasher(overlap=hash_overlaps(cfg))
-    last_log = [time.perf_counter()]
-
-    def finish(fields, job):
-        """Publish a step from its finished hash job: refuse a non-finite state, check the ranks
-        agree, append the record, anchor, checkpoint (from the hashed copy), log."""
-        hashed = job.result()
-        step = hashed.step
-        if hashed.nonfinite:
-            raise StepRefused(f"step {step}: the update left non-finite values in {hashed.nonfinite[0]}; "
-                              "the step is refused and nothing of it is written")
-        record = step_record(step, hashed.root, hashed.leaves, data, cfg, fields, secret, hashed.result_root)
-        if world > 1:
-            check_same_state(record["state_hash"], world)
-        publish(chain, record, writer)
-        if writer and "units" in fields:     # the step's unit list, beside the chain (units.py)
-            units.write_list(units.list_path(cfg.run_dir, step), step,
-                             fields["units"].finish(receipts.salt(secret, step))[1])
-        if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
-            receipts.append_anchor(cfg.run_dir, step, chain.records[step]["record_hash"])
-        if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
-            save_checkpoint(cfg.run_dir, hashed.tensors, record)
-        now = time.perf_counter()
-        ms, last_log[0] = (now - last_log[0]) * 1000, now
-        tokens_per_step = micro_batches_at(cfg, step) * cfg.micro_batch_size * cfg.seq_len
-        log(f"step {step:5d} | loss {fields['loss']:.4f} | lr {fields['lr']:.2e} | "
-            f"norm {fields['grad_norm']:.3f} | {ms:6.0f} ms | {tokens_per_step / ms * 1000:7.0f} tok/s | "
-            f"state {record['state_hash'][:12]}")
-
-    # With overlap, step N is published after step N+1 has computed (its hash ran meanwhile);
-    # an evaluation, the last step or a refused step publishes what is pending first.
-    pending = None
-    for step in range(start + 1, cfg.max_steps + 1):
-        try:
-            fields = train_step(state, data, cfg, rank, world)
-        except StepRefused:
-            if pending:
-                finish(*pending)
-            raise
-        if pending:
-            finish(*pending)
-        pending = (fields, hasher.submit(state, fields["grad_root"]))   # keyed by grad_root: result_root
-        evaluate_now = cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps)
-        if not hasher.overlap or evaluate_now or step == cfg.max_steps:
-            finish(*pending)
-            pending = None
-        if evaluate_now:
-            log(f"step {step:5d} | val loss {evaluate(state, data, cfg):.4f}")  # every rank evaluates
+    train_steps(state, data, cfg, rank, world, start, Publisher(opened, data, cfg, secret, log, world), log)
     if writer and cfg.sample_tokens:
-        tok = data.manifest["tokenizer"]
-        enc = get_tokenizer(tok["name"], data.path, tok.get("files"))
-        ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
-        log("sample:\n" + enc.decode(ids))
+        log_sample(state, data, cfg, log)
     if lock:
         lock.close()
     return state
 
 
 def main(argv):
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(usage(), end="")          # every config key, its default and comment (config.py)
+    if answered_help(argv):      # every config key, its default and comment (config.py)
         return 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -594,7 +602,7 @@ def main(argv):
             backend = "cpu:gloo,cuda:nccl" if cfg.device == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.dist_timeout))
         run(cfg, rank, world)
-    except (UsageError, DataError, treefold.TopologyError, hashchain.HashChainError,
+    except (UsageError, DataError, TokenizerError, treefold.TopologyError, hashchain.HashChainError,
             repops.RepOpsBuildError) as e:
         if rank == 0:
             print(f"train.py: error: {e}", file=sys.stderr)

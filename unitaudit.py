@@ -27,7 +27,6 @@ import time
 
 import torch
 
-import checkpoint
 import hashchain
 import optrace
 import receipts
@@ -36,9 +35,8 @@ import rundir
 import train
 import unitreceipts
 import units
-from config import UsageError, resolve, validate
+from config import UsageError, micro_batches_at, resolve, validate
 from data import DataMismatch, TokenData, batch_digest
-from schedule import micro_batches_at
 
 RECORD_FIELDS = ("loss", "loss_bits", "grad_norm", "grad_norm_bits", "lr", "lr_bits")
 
@@ -105,8 +103,8 @@ class UnitAudit:
                 raise UsageError(f"the run has no checkpoint of step {before}: get that state from the "
                                  f"publisher (audit.py --materialize {before}) and give it with --state FILE")
         try:
-            tensors, _ = checkpoint.load_checkpoint(path, mmap=self.cfg.offload)
-        except checkpoint.CheckpointError as e:
+            tensors, _ = rundir.load_checkpoint(path, mmap=self.cfg.offload)
+        except rundir.CheckpointError as e:
             raise UsageError(str(e)) from None
         expected = self.before.get("tensor_hashes") or {}
         needed = sorted(n for n in expected if n.startswith("params.") or not params_only)
@@ -128,8 +126,8 @@ class UnitAudit:
         and loss bits in the unit list; None on a finding."""
         path = units.unit_file(directory, self.step, name)
         try:
-            tensors, _ = checkpoint.load_checkpoint(path)
-        except checkpoint.CheckpointError as e:
+            tensors, _ = rundir.load_checkpoint(path)
+        except rundir.CheckpointError as e:
             raise UsageError(f"{e} (the publisher reveals it: audit.py --reveal_unit)") from None
         t = tensors.get(name)
         if set(tensors) != {name} or t.dtype != torch.float32 or t.dim() != 1:

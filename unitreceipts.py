@@ -25,7 +25,7 @@ import config
 import hashchain
 import receipts
 import units
-from schedule import micro_batches_at
+from config import micro_batches_at
 
 FORMAT = "repops-receipt-v3"
 HEX = receipts.HEX

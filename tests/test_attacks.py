@@ -1,4 +1,4 @@
-"""Round 2's attacks (issue 24) as tests: each failed on the code before its fix.
+"""Attacks on the data, the receipts and the readers, as tests: each names what it forges and what refuses it.
 
     python -m pytest tests/test_attacks.py -q
 
@@ -42,10 +42,8 @@ import pytest
 import torch
 
 import audit
-import checkpoint
 import config
-import databundle
-import dataprep
+import data
 import optrace
 import prepare
 import hashchain
@@ -246,19 +244,19 @@ def test_names_paths_and_findings_are_printed_escaped(reference, honest, tmp_pat
     (forged / "b.json").write_text(json.dumps({**honest, "verdict": "MISMATCH", "auditor": "carol",
                                                "findings": ["x\naccepted  /fake: step 4 by bob"]}))
     (forged / "c\naccepted  fake.json").write_text(json.dumps({**honest, "auditor": "dave"}))
-    code, out, _ = call(audit.main, ["--run_dir", reference, "--check-receipts", forged])
+    code, out, _ = call(audit.main, ["--run_dir", reference, "--check_receipts", forged])
     assert code == 2 and "/fake" in out, out
     assert [line.split()[0] for line in out.splitlines()] == ["malformed", "rejected", "accepted", "receipts"], out
 
 
 # ----------------------------------------------------------------------------- 3. readers never write
 def data_py(argv):
-    return prepare.main(argv, prog="data.py")
+    return data.main(argv)
 
 
 def output_cases(run, out):
     """(option given, argv) of every output path of every reading tool, aimed at the run."""
-    chain, ckpt = run / "chain.jsonl", checkpoint.checkpoint_path(run / "checkpoints", 10)
+    chain, ckpt = run / "chain.jsonl", rundir.checkpoint_path(run / "checkpoints", 10)
     (out / "chain_link").symlink_to(chain)
     os.link(chain, out / "chain_hard")
     os.link(run / "train.log", out / "log_hard")
@@ -272,10 +270,10 @@ def output_cases(run, out):
         ("--trace", (audit.main, step + ["--trace", out / "run_link" / "new.jsonl"])),
         ("--receipt", (audit.main, step + ["--receipt", run / "r.json", "--auditor", "a"])),
         ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--auditor", "a"])),
-        ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", run / "s.json"])),
-        ("--out", (audit.main, ["--run_dir", run, "--reveal-salts", "1:2", "--out", out / "chain_hard"])),
-        ("-o", (report.main, [run, "-o", run / "report.html"])),
-        ("-o", (report.main, [run, "-o", out / "log_hard"])),
+        ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", run / "s.json"])),
+        ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", out / "chain_hard"])),
+        ("--out", (report.main, ["--run_dir", run, "--out", run / "report.html"])),
+        ("--out", (report.main, ["--run_dir", run, "--out", out / "log_hard"])),
         ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run, "--data_dir", run / "b"])),
         ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run,
                                         "--data_dir", out / "run_link" / "checkpoints" / "b"])),
@@ -303,7 +301,7 @@ def test_a_token_id_beyond_the_vocabulary_is_one_line(corpus, tmp_path):
     shutil.copytree(corpus, bad)
     tokens = np.fromfile(bad / "train.bin", "<u2")
     tokens[::7] = 300                                # the byte tokenizer has 256 tokens
-    prepared = dataprep.ChunkHasher                  # recompute the manifest as a publisher would
+    prepared = prepare.ChunkHasher                  # recompute the manifest as a publisher would
     manifest = json.loads((bad / "manifest.json").read_text())
     rec = manifest["splits"]["train"]
     fold, leaves = hashchain.MerkleFold(), []
@@ -335,7 +333,8 @@ def no_hang(seconds=20):
 @pytest.fixture(scope="module")
 def bundle(reference, tmp_path_factory):
     out = tmp_path_factory.mktemp("bundle") / "b3"
-    databundle.write_bundle(str(out), str(reference), 3)
+    run = rundir.Run(reference)
+    prepare.write_bundle(str(out), run, TokenData(run.recorded_data_dir(), run.cfg.seed), 3)
     return out
 
 
@@ -408,7 +407,7 @@ def test_a_starting_trainer_removes_every_temp_file(tmp_path):
              ".step_00000020.safetensors.tmp123", "step_00000000.safetensors"]
     for name in names:
         (ckpts / name).write_bytes(b"x")
-    lock = train.prepare_run_dir(tmp_path / "run")
+    lock = rundir.hold_lock(tmp_path / "run")
     lock.close()
     assert sorted(os.listdir(ckpts)) == ["step_00000000.safetensors"]
 
@@ -541,13 +540,13 @@ def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path
     for unit in ("fold:0:3", "micro_batch:0"):
         pub.reveal(STEP, unit, unit_dir(tmp_path, unit))
     child = units.unit_file(unit_dir(tmp_path, "fold:0:3"), STEP, "fold:0:2")
-    tensors, meta = checkpoint.load_checkpoint(child)
+    tensors, meta = rundir.load_checkpoint(child)
     tensors["fold:0:2"][7] = 1.0
-    checkpoint.save_checkpoint(child, tensors, meta)
+    rundir.save_checkpoint(child, tensors, meta)
     state = units.state_file(unit_dir(tmp_path, "micro_batch:0"), STEP - 1)
-    tensors, meta = checkpoint.load_checkpoint(state)
+    tensors, meta = rundir.load_checkpoint(state)
     tensors["params.layers.1.wo"][0, 0] = 1.0
-    checkpoint.save_checkpoint(state, tensors, meta)
+    rundir.save_checkpoint(state, tensors, meta)
     fold = unitaudit.UnitAudit(str(unit_run), STEP)
     fold.fold(0, 3, unit_dir(tmp_path, "fold:0:3"))
     assert [f.split(" (")[0] for f in fold.findings] == ["the revealed fold:0:2"] and \

@@ -27,7 +27,6 @@ import torch
 
 import audit as audit_module
 import config
-import checkpoint
 import receipts
 import rundir
 import train
@@ -121,7 +120,7 @@ HOSTILE = {  # damage -> what the one line must say (it names the file and what 
 @pytest.mark.parametrize("damage", HOSTILE)
 def test_audit_hostile_files_one_line_exit_2(reference, corpus, tmp_path, damage):
     run = copy_run(reference, tmp_path / "run")
-    ckpt = checkpoint.checkpoint_path(run / "checkpoints", 10)
+    ckpt = rundir.checkpoint_path(run / "checkpoints", 10)
     records = chain_records(run)
     if damage == "chain_fifo":
         _fifo(run / "chain.jsonl")
@@ -178,8 +177,8 @@ def test_audit_and_sample_never_write_to_the_run(reference, tmp_path):
     assert audit(run, "--all").returncode == 0
     (tmp_path / "r").mkdir()
     assert audit(run, "--step", "12", "--receipt", tmp_path / "r" / "12.json", "--auditor", "a").returncode == 0
-    for args in (["--check-receipts", tmp_path / "r"], ["--coverage", tmp_path / "r", "--redundancy", "1",
-                 "--steps", "12:12"], ["--reveal-salts", "1:3"], ["--plan", "--auditors", "3", "--seed", "1"]):
+    for args in (["--check_receipts", tmp_path / "r"], ["--coverage", tmp_path / "r", "--redundancy", "1",
+                 "--steps", "12:12"], ["--reveal_salts", "1:3"], ["--plan", "--auditors", "3", "--seed", "1"]):
         proc = audit(run, *args)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert script("sample.py", "--run_dir", run, "--tokens", "5").returncode == 0
@@ -220,24 +219,24 @@ def test_protocol_bad_input_one_line_exit_2(reference, tmp_path, capsys, case):
     receipts_dir.mkdir()
     (tmp_path / "anchors.jsonl").write_text("")
     if case == "receipt_dir_missing":
-        args = ["--check-receipts", tmp_path / "nowhere"]
+        args = ["--check_receipts", tmp_path / "nowhere"]
     elif case == "receipt_dir_empty":
-        args = ["--check-receipts", receipts_dir]
+        args = ["--check_receipts", receipts_dir]
     elif case.startswith("receipt_") and case.endswith(("json", "type", "field")):
         text = {"receipt_not_json": "{", "receipt_wrong_type": _receipt(run, step="3"),
                 "receipt_unknown_field": _receipt(run, extra=1)}[case]
         (receipts_dir / "x.json").write_text(text)
-        args = ["--check-receipts", receipts_dir]
+        args = ["--check_receipts", receipts_dir]
     elif case.startswith("secret_missing"):
         (run / "secret").unlink()
         (receipts_dir / "x.json").write_text(_receipt(run))
-        args = ["--check-receipts", receipts_dir] if case.endswith("check") else ["--reveal-salts", "1:2"]
+        args = ["--check_receipts", receipts_dir] if case.endswith("check") else ["--reveal_salts", "1:2"]
     elif case == "reveal_beyond_chain":
-        args = ["--reveal-salts", "1:99"]
+        args = ["--reveal_salts", "1:99"]
     elif case == "salts_not_json":
         (receipts_dir / "x.json").write_text(_receipt(run))
         (tmp_path / "salts.json").write_text("salts")
-        args = ["--check-receipts", receipts_dir, "--salts", tmp_path / "salts.json"]
+        args = ["--check_receipts", receipts_dir, "--salts", tmp_path / "salts.json"]
     elif case.startswith("plan_"):
         args = ["--plan", *{"plan_without_auditors": [], "plan_zero_auditors": ["--auditors", "0"],
                             "plan_redundancy_above_auditors": ["--auditors", "2", "--redundancy", "3"],
@@ -303,13 +302,13 @@ def test_resume_with_another_corpus_is_refused(reference, tmp_path):
 
 def test_resume_moves_a_bad_checkpoint_aside_and_rederives_it(reference, corpus, tmp_path):
     run = copy_run(reference, tmp_path / "run")
-    path = checkpoint.checkpoint_path(run / "checkpoints", STEPS)
+    path = rundir.checkpoint_path(run / "checkpoints", STEPS)
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0x01                              # the last byte of the last tensor
     path.write_bytes(raw)
     train_run(run, corpus)                       # resumes from step 20, re-derives 21..30
     assert (run / "rejected" / path.name).read_bytes() == bytes(raw)
-    assert path.read_bytes() == checkpoint.checkpoint_path(reference / "checkpoints", STEPS).read_bytes()
+    assert path.read_bytes() == rundir.checkpoint_path(reference / "checkpoints", STEPS).read_bytes()
     assert "moved to" in (run / "train.log").read_text()
 
 

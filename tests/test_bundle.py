@@ -17,7 +17,7 @@ import pytest
 
 import hashchain
 from data import TokenData
-from dataprep import make_mix
+from prepare import make_mix
 from tiny import MICRO_BATCH_SIZE, MICRO_BATCHES, SEQ_LEN, TINY, make_corpus
 
 ROOT = Path(__file__).resolve().parent.parent

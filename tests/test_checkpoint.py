@@ -1,4 +1,4 @@
-"""Tests for checkpoint.py: bit-exact round trip, listing, atomic writes under SIGKILL, and
+"""Tests for the checkpoint files of rundir.py: bit-exact round trip, listing, atomic writes under SIGKILL, and
 hostile files (FIFOs, truncation, garbage headers, bad offsets) refused with one-line errors."""
 
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+import rundir
 import hashchain as hc
 from test_hashchain import sample_state
 
@@ -25,10 +25,10 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
     s = sample_state()
     s["nan"] = torch.tensor([float("nan"), -0.0, float("inf")])
     root, leaves = hc.state_hash(s)
-    path = checkpoint.checkpoint_path(tmp_path / "ck", 10)
+    path = rundir.checkpoint_path(tmp_path / "ck", 10)
     meta = {"step": 10, "state_hash": root, "tensor_hashes": leaves}
-    checkpoint.save_checkpoint(path, s, meta)
-    t, m = checkpoint.load_checkpoint(path)
+    rundir.save_checkpoint(path, s, meta)
+    t, m = rundir.load_checkpoint(path)
     assert m == meta
     assert list(t) == sorted(s)
     for k in s:
@@ -50,24 +50,24 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
 def test_list_checkpoints_reads_only_and_temp_cleanup_is_explicit(tmp_path):
     d = tmp_path / "ck"
     for step in (200, 3, 100):
-        checkpoint.save_checkpoint(checkpoint.checkpoint_path(d, step), {"x": torch.ones(1)}, {"step": step})
+        rundir.save_checkpoint(rundir.checkpoint_path(d, step), {"x": torch.ones(1)}, {"step": step})
     temp = d / ".step_00000300.safetensors.tmp-0123456789ab"
     temp.write_bytes(b"partial")
     (d / "notes.txt").write_text("ignored")
-    assert checkpoint.list_checkpoints(d) == [(3, checkpoint.checkpoint_path(d, 3)),
-                                      (100, checkpoint.checkpoint_path(d, 100)),
-                                      (200, checkpoint.checkpoint_path(d, 200))]
+    assert rundir.list_checkpoints(d) == [(3, rundir.checkpoint_path(d, 3)),
+                                      (100, rundir.checkpoint_path(d, 100)),
+                                      (200, rundir.checkpoint_path(d, 200))]
     assert temp.exists()        # listing (what readers do) never deletes anything
-    checkpoint.remove_temp_files(d)     # what the lock-holding trainer does
+    rundir.remove_temp_files(d)     # what the lock-holding trainer does
     assert not temp.exists() and (d / "notes.txt").exists()
-    assert checkpoint.list_checkpoints(tmp_path / "missing") == []
+    assert rundir.list_checkpoints(tmp_path / "missing") == []
 
 
 def test_fifo_and_directory_are_refused_without_blocking(tmp_path):
     fifo = tmp_path / "step_00000001.safetensors"
     os.mkfifo(fifo)
-    with pytest.raises(checkpoint.CheckpointError, match="not a regular file"):
-        checkpoint.load_checkpoint(fifo)          # opening a FIFO for reading would block forever
+    with pytest.raises(rundir.CheckpointError, match="not a regular file"):
+        rundir.load_checkpoint(fifo)          # opening a FIFO for reading would block forever
     chain_dir = tmp_path / "chain.jsonl"
     chain_dir.mkdir()
     with pytest.raises(hc.HashChainError, match="not a regular file"):
@@ -79,18 +79,18 @@ def test_huge_shape_in_header_is_malformed_not_a_crash(tmp_path):
     header = json.dumps({"__metadata__": {"repops": "{}"},
                          "x": {"dtype": "F32", "shape": [2 ** 63, 0], "data_offsets": [0, 0]}}).encode()
     path.write_bytes(len(header).to_bytes(8, "little") + header)
-    with pytest.raises(checkpoint.CheckpointError, match="malformed header entry"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="malformed header entry"):
+        rundir.load_checkpoint(path)
     deep = b"[" * 100_000 + b"]" * 100_000
     path.write_bytes(len(deep).to_bytes(8, "little") + deep)
-    with pytest.raises(checkpoint.CheckpointError, match="not valid JSON"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="not valid JSON"):
+        rundir.load_checkpoint(path)
 
 
 # Saves two precomputed states alternately, so nearly all of its time is spent inside
 # save_checkpoint and a random kill usually lands mid-write.
 WRITER = """
-import sys, torch, checkpoint, hashchain as hc
+import sys, torch, rundir, hashchain as hc
 path = sys.argv[1]
 states = []
 for i in range(2):
@@ -100,14 +100,14 @@ for i in range(2):
 print("ready", flush=True)
 while True:
     for t, meta in states:
-        checkpoint.save_checkpoint(path, t, meta)
+        rundir.save_checkpoint(path, t, meta)
 """
 
 
 def test_sigkill_during_save_leaves_no_partial_file(tmp_path):
     rng = random.Random(1234)
     d = tmp_path / "ck"
-    path = checkpoint.checkpoint_path(d, 10)
+    path = rundir.checkpoint_path(d, 10)
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     for _ in range(6):
         p = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], env=env,
@@ -117,12 +117,12 @@ def test_sigkill_during_save_leaves_no_partial_file(tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
-        listed = checkpoint.list_checkpoints(d)          # a killed write's temp file is never listed
-        checkpoint.remove_temp_files(d)                  # and the next lock holder removes it
+        listed = rundir.list_checkpoints(d)          # a killed write's temp file is never listed
+        rundir.remove_temp_files(d)                  # and the next lock holder removes it
         assert [f.name for f in d.iterdir()] == ([path.name] if path.exists() else [])
         if path.exists():
             assert listed == [(10, path)]
-            t, meta = checkpoint.load_checkpoint(path)
+            t, meta = rundir.load_checkpoint(path)
             hc.verify_state(t, meta["state_hash"], meta["tensor_hashes"])
             assert t["a"][0].item() == meta["step"]
 
@@ -131,8 +131,8 @@ def _saved(tmp_path):
     s = {"a": torch.arange(4, dtype=torch.float32), "b": torch.arange(5, dtype=torch.int64),
          "c": torch.ones(3)}
     root, leaves = hc.state_hash(s)
-    path = checkpoint.checkpoint_path(tmp_path, 10)
-    checkpoint.save_checkpoint(path, s, {"step": 10, "state_hash": root, "tensor_hashes": leaves})
+    path = rundir.checkpoint_path(tmp_path, 10)
+    rundir.save_checkpoint(path, s, {"step": 10, "state_hash": root, "tensor_hashes": leaves})
     return path
 
 
@@ -145,32 +145,32 @@ def test_truncated_checkpoint(tmp_path):
     path = _saved(tmp_path)
     full = path.read_bytes()
     path.write_bytes(full[:-5])
-    with pytest.raises(checkpoint.CheckpointError) as e:
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError) as e:
+        rundir.load_checkpoint(path)
     msg = str(e.value)
     assert str(path) in msg and "truncated" in msg
     assert f"expected {len(full)} bytes, found {len(full) - 5}" in msg and "\n" not in msg
     path.write_bytes(full[:20])  # cut inside the header
-    with pytest.raises(checkpoint.CheckpointError, match="truncated"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="truncated"):
+        rundir.load_checkpoint(path)
     path.write_bytes(full + b"x")
-    with pytest.raises(checkpoint.CheckpointError, match="trailing data"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="trailing data"):
+        rundir.load_checkpoint(path)
 
 
 def test_garbage_header(tmp_path):
     path = _saved(tmp_path)
     full = path.read_bytes()
     path.write_bytes(os.urandom(64) + full[64:])
-    with pytest.raises(checkpoint.CheckpointError, match="header length|truncated|not valid JSON"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="header length|truncated|not valid JSON"):
+        rundir.load_checkpoint(path)
     n = struct.unpack("<Q", full[:8])[0]
     path.write_bytes(full[:8] + b"{" * n + full[8 + n:])
-    with pytest.raises(checkpoint.CheckpointError, match="not valid JSON") as e:
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="not valid JSON") as e:
+        rundir.load_checkpoint(path)
     assert str(path) in str(e.value)
-    with pytest.raises(checkpoint.CheckpointError, match="cannot be opened"):
-        checkpoint.load_checkpoint(tmp_path / "nope.safetensors")
+    with pytest.raises(rundir.CheckpointError, match="cannot be opened"):
+        rundir.load_checkpoint(tmp_path / "nope.safetensors")
 
 
 def test_bad_offsets_dtype_shape(tmp_path):
@@ -180,19 +180,19 @@ def test_bad_offsets_dtype_shape(tmp_path):
         return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
     _write_raw(path, {"__metadata__": md, "a": entry("F32", [2], 0, 8),
                       "b": entry("F32", [2], 12, 20)}, bytes(20))
-    with pytest.raises(checkpoint.CheckpointError, match="non-contiguous data offsets at tensor 'b'"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="non-contiguous data offsets at tensor 'b'"):
+        rundir.load_checkpoint(path)
     _write_raw(path, {"__metadata__": md, "a": entry("F32", [3], 0, 8)}, bytes(8))
-    with pytest.raises(checkpoint.CheckpointError, match="inconsistent tensor 'a'"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="inconsistent tensor 'a'"):
+        rundir.load_checkpoint(path)
     _write_raw(path, {"__metadata__": md, "a": entry("F64", [1], 0, 8)}, bytes(8))
-    with pytest.raises(checkpoint.CheckpointError, match="malformed header entry for tensor 'a'"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="malformed header entry for tensor 'a'"):
+        rundir.load_checkpoint(path)
     _write_raw(path, {"a": entry("F32", [1], 0, 4)}, bytes(4))
-    with pytest.raises(checkpoint.CheckpointError, match="__metadata__"):
-        checkpoint.load_checkpoint(path)
+    with pytest.raises(rundir.CheckpointError, match="__metadata__"):
+        rundir.load_checkpoint(path)
     _write_raw(path, {"__metadata__": md, "a": entry("U8", [4], 0, 4)}, bytes(4))
-    t, meta = checkpoint.load_checkpoint(path)  # and a well-formed hand-written file does load
+    t, meta = rundir.load_checkpoint(path)  # and a well-formed hand-written file does load
     assert meta == {"step": 1} and t["a"].tolist() == [0, 0, 0, 0]
 
 
@@ -203,7 +203,7 @@ def test_bit_flip_names_tensor(tmp_path):
     begin = json.loads(raw[8:8 + n])["b"]["data_offsets"][0]
     raw[8 + n + begin + 9] ^= 0x10
     path.write_bytes(bytes(raw))
-    t, meta = checkpoint.load_checkpoint(path)
+    t, meta = rundir.load_checkpoint(path)
     with pytest.raises(hc.StateMismatch) as e:
         hc.verify_state(t, meta["state_hash"], meta["tensor_hashes"])
     assert e.value.tensor == "b" and "'b'" in e.value.message

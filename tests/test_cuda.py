@@ -46,9 +46,10 @@ from tiny import TINY, make_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "kernels" / "cuda"
+DEV_CUDA_DIR = ROOT / "dev" / "cuda"      # versions no GPU has verified yet (REPOPS_CUDA_DEV=1 builds them)
 CPU_DIR = ROOT / "kernels" / "cpu"
 COMMON_DIR = ROOT / "kernels" / "common"  # headers both backends include
-CU_SOURCES = sorted(CUDA_DIR.glob("*.cu"))
+CU_SOURCES = sorted(CUDA_DIR.glob("*.cu")) + sorted(DEV_CUDA_DIR.glob("*.cu"))   # all must compile
 # The contract's nvcc flags (kernels/README.md §2, §3; repops.py builds with the same).
 NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true", "-prec-sqrt=true",
               "-Xcompiler", "-ffp-contract=off"]
@@ -68,6 +69,10 @@ def _nvcc():
 NVCC = _nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not installed")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA GPU on this machine")
+# The versions no GPU has verified yet (dev/cuda) exist only in the build REPOPS_CUDA_DEV=1 makes, the GPU
+# session's (.ci/gpu exports it); on a GPU without it their tests skip, and REPOPS_STRICT=1 fails them.
+needs_dev_build = pytest.mark.skipif(torch.cuda.is_available() and not repops.CUDA_DEV,
+                                     reason="dev/cuda is built only with REPOPS_CUDA_DEV=1 (as .ci/gpu does)")
 
 
 def _run(cmd, **kw):
@@ -87,7 +92,8 @@ def ptx_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("cuda_build")
 
     def build(src):
-        base = ["-I", str(CUDA_DIR), "-I", str(COMMON_DIR)] + NVCC_FLAGS
+        base = ["-I", str(CUDA_DIR), "-I", str(DEV_CUDA_DIR), "-I", str(COMMON_DIR)] + NVCC_FLAGS
+        base += ["-DRPC_DEV_VERSIONS"] * (src.parent == DEV_CUDA_DIR or src.stem in ("matmul", "optim"))
         r = _run([NVCC, "-c", "-Xptxas", "-v"] + base + ARCHS + [str(src), "-o", str(out / (src.stem + ".o"))])
         (out / (src.stem + ".ptxas")).write_text(r.stdout + r.stderr)  # registers, spills, shared memory
         _run([NVCC, "-ptx", "-arch=compute_80"] + base + [str(src), "-o", str(out / (src.stem + ".ptx"))])
@@ -103,6 +109,7 @@ def test_every_op_family_has_a_cuda_source():
     want = {"matmul", "norm", "rope", "attention", "mlp", "loss", "embedding", "elementwise", "optim", "random",
             "int8"}
     assert want <= names, f"missing kernels/cuda/*.cu: {sorted(want - names)}"
+    assert not {p.name for p in CUDA_DIR.glob("*.cu")} & {p.name for p in DEV_CUDA_DIR.glob("*.cu")}
     cpu = {p.stem for p in CPU_DIR.glob("*.cpp")} - {"binding", "selftest"}
     assert cpu <= names, f"CPU kernels without a CUDA twin: {sorted(cpu - names)}"
 
@@ -206,6 +213,7 @@ def test_binding_compiles_against_torch_headers(tmp_path):
     cmd = ["g++", "-std=c++17", "-fsyntax-only", "-w"] + defs + [f"-I{p}" for p in torch_inc]
     cmd += [f"-I{inc}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", str(CUDA_DIR / "binding_cuda.cpp")]
     _run(cmd, timeout=300)
+    _run(cmd + ["-DRPC_DEV_VERSIONS"], timeout=300)      # the harness's build, with dev/cuda's versions
 
 
 # ================================================================================================
@@ -442,7 +450,7 @@ def test_matmul_past_the_grid_limits_bits(ops):
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", MV.VERSIONS)
+@pytest.mark.parametrize("version", [pytest.param(v, marks=[needs_dev_build] * (v > 1)) for v in MV.VERSIONS])
 def test_matmul_versions_bits(ops, version):
     """Every numbered matmul kernel (repops.ops.matmul_v) on tools/matmul_versions.py's quick cases:
     odd sizes, K = 0 and 1, transposed views, step-2 slices, batch broadcast, specials, tiny values."""
@@ -451,6 +459,7 @@ def test_matmul_versions_bits(ops, version):
 
 
 @needs_gpu
+@needs_dev_build
 def test_clip_grad_versions_bits(ops):
     """Both gradient-norm kernels (repops.ops.clip_grad_v) on tools/matmul_versions.py's quick
     lengths (around 32, 2048 and the chunk of §4.5, specials, flushing squares, a misaligned start)."""

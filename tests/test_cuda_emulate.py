@@ -2,7 +2,7 @@
 
     python -m pytest tests/test_cuda_emulate.py -q      # no GPU; needs g++ (C++20) and the CUDA headers
 
-tests/cuda_emulate.cpp compiles kernels/cuda/matmul_tiled.cu and flat_sum.cu as C++ (RPC_EMULATE: each CUDA thread a host
+tests/cuda_emulate.cpp compiles dev/cuda/matmul_tiled.cu and flat_sum.cu as C++ (RPC_EMULATE: each CUDA thread a host
 thread, __syncthreads a barrier, cp.async a zero-filling copy: made when issued for version 2,
 so a stage refilled while another thread reads it would show; made only at the cp.async wait that
 covers it for version 3, so a stage read before its wait would show) and runs versions 2 and 3 on
@@ -26,7 +26,7 @@ import torch
 
 import repops
 import tools.matmul_versions as MV
-from test_cuda import CUDA_DIR, COMMON_DIR, _cuda_include_dir, needs_nvcc
+from test_cuda import CUDA_DIR, COMMON_DIR, DEV_CUDA_DIR, _cuda_include_dir, needs_nvcc
 
 ROOT = CUDA_DIR.parent.parent
 EMULATED = (2, 3)
@@ -56,7 +56,7 @@ def emulator(tmp_path_factory):
         pytest.skip("needs g++ and the CUDA toolkit's headers (cuda_runtime.h)")
     exe = tmp_path_factory.mktemp("emulate") / "cuda_emulate"
     subprocess.run(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
-                    "-pthread", "-DRPC_EMULATE", "-w", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
+                    "-pthread", "-DRPC_EMULATE", "-w", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
                     str(ROOT / "tests" / "cuda_emulate.cpp"), "-o", str(exe)], check=True, timeout=300)
     return exe
 

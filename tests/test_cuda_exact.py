@@ -1,4 +1,4 @@
-"""The exact matmul on CUDA (kernels/cuda/exact.cu, contract §11) gives the CPU kernel's bits.
+"""The exact matmul on CUDA (dev/cuda/exact.cu, contract §11; built with REPOPS_CUDA_DEV=1) gives the CPU kernel's bits.
 
     python -m pytest tests/test_cuda_exact.py -q        # emulated here (g++ + CUDA headers); GPU tests on a GPU
 
@@ -22,7 +22,7 @@ import torch
 
 import reference as ref
 import repops
-from test_cuda import CUDA_DIR, COMMON_DIR, _cuda_include_dir, needs_nvcc
+from test_cuda import CUDA_DIR, COMMON_DIR, DEV_CUDA_DIR, _cuda_include_dir, needs_dev_build, needs_nvcc
 from test_exact_matmul import adversarial, same_bits
 
 ROOT = CUDA_DIR.parent.parent
@@ -36,7 +36,7 @@ def emulator(tmp_path_factory):
         pytest.skip("needs g++ and the CUDA toolkit's headers (cuda_runtime_api.h)")
     exe = tmp_path_factory.mktemp("exact") / "cuda_exact_emulate"
     subprocess.run(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
-                    "-DRPC_EMULATE", "-Wall", "-Werror", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
+                    "-DRPC_EMULATE", "-Wall", "-Werror", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
                     str(ROOT / "tests" / "cuda_exact_emulate.cpp"), "-o", str(exe)], check=True, timeout=300)
     return exe
 
@@ -137,6 +137,7 @@ def both(a, b):
 
 
 @needs_gpu
+@needs_dev_build
 @pytest.mark.parametrize("M,K,N", SHAPES + [(64, 64, 64), (129, 4096, 257), (1000, 768, 300), (256, 3072, 768),
                                             (4, 70000, 3), (7, 131073, 5)])
 def test_cuda_exact_matmul_bits(M, K, N):
@@ -152,6 +153,7 @@ def test_cuda_exact_matmul_bits(M, K, N):
 
 
 @needs_gpu
+@needs_dev_build
 def test_cuda_exact_matmul_specials_views_batches():
     repops.load()
     rng = np.random.default_rng(11)
@@ -172,15 +174,15 @@ def test_cuda_exact_matmul_specials_views_batches():
 # ------------------------------------------------------------------ never selectable unverified
 def test_cuda_exact_run_is_refused_without_the_opt_in(monkeypatch):
     """--device=cuda --matmul=exact is refused (one line naming the opt-in) unless
-    REPOPS_CUDA_EXACT=1, the GPU session's switch for verifying exact.cu (docs/exact-matmul.md)."""
+    REPOPS_CUDA_DEV=1, the GPU session's switch for verifying dev/cuda/exact.cu (docs/exact-matmul.md)."""
     from config import UsageError, parse_config, validate
-    monkeypatch.delenv("REPOPS_CUDA_EXACT", raising=False)
-    with pytest.raises(UsageError, match="REPOPS_CUDA_EXACT=1"):
+    monkeypatch.delenv("REPOPS_CUDA_DEV", raising=False)
+    with pytest.raises(UsageError, match="REPOPS_CUDA_DEV=1"):
         validate(parse_config(["--matmul=exact", "--device=cuda"]))
-    monkeypatch.setenv("REPOPS_CUDA_EXACT", "0")
+    monkeypatch.setenv("REPOPS_CUDA_DEV", "0")
     with pytest.raises(UsageError, match="device"):
         validate(parse_config(["--matmul=exact", "--device=cuda"]))
-    monkeypatch.setenv("REPOPS_CUDA_EXACT", "1")
+    monkeypatch.setenv("REPOPS_CUDA_DEV", "1")
     if torch.cuda.is_available():
         validate(parse_config(["--matmul=exact", "--device=cuda"]))
     else:                                   # opted in: only the missing GPU is left to refuse

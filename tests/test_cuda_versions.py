@@ -7,8 +7,9 @@ machinery is tested here where no GPU is: the bitwise check passes a product com
 kernel and catches one computed another way (stock torch.matmul), and the same for the gradient
 norm (stock torch.linalg.vector_norm); views keep their strides on the
 way to a device; the rows checked cover every tile edge; the promote rule picks the fastest
-version that verified and never one that did not. A bad REPOPS_CUDA_MATMUL or REPOPS_CUDA_INT8 is
-one line and exit 2 from train.py, before anything is created. The versions themselves are
+version that verified and never one that did not. A bad REPOPS_CUDA_MATMUL or REPOPS_CUDA_INT8, or
+a version of dev/cuda outside the REPOPS_CUDA_DEV=1 build, is one line and exit 2 from train.py,
+before anything is created. The versions themselves are
 checked on a GPU: tests/test_cuda.py (matmul_v, ptxas report) and tests/test_cuda_int8.py
 (the cuBLASLt path).
 """
@@ -80,9 +81,14 @@ def test_clip_check_passes_the_cpu_op_and_catches_another_norm(monkeypatch):
 
 def test_bad_kernel_version_is_one_line_and_creates_nothing(tmp_path, monkeypatch):
     corpus, run = make_corpus(tmp_path), tmp_path / "run"
-    proc = script("train.py", *train_args(run, corpus), env={**os.environ, "REPOPS_CUDA_MATMUL": "7"})
+    env = {k: v for k, v in os.environ.items() if k != "REPOPS_CUDA_DEV"}
+    proc = script("train.py", *train_args(run, corpus), env={**env, "REPOPS_CUDA_MATMUL": "7"})
     assert_one_line_error(proc, "train.py")
-    assert "REPOPS_CUDA_MATMUL='7' is not one of its kernel versions (1, 2, 3, 4)" in proc.stderr and not run.exists()
+    assert "REPOPS_CUDA_MATMUL='7' is not one of its kernel versions (1; " in proc.stderr and not run.exists()
+    # a version of dev/cuda, which no GPU has verified, is not selectable outside the harness's build
+    proc = script("train.py", *train_args(run, corpus), env={**env, "REPOPS_CUDA_CLIP": "2"})
+    assert_one_line_error(proc, "train.py")
+    assert "REPOPS_CUDA_CLIP='2'" in proc.stderr and "REPOPS_CUDA_DEV=1" in proc.stderr and not run.exists()
     monkeypatch.setattr(repops, "_loaded", False)       # the same check for the int8 path, in-process
     monkeypatch.setattr(repops, "CUDA_INT8", "fast")
     with pytest.raises(repops.RepOpsBuildError, match="REPOPS_CUDA_INT8='fast' is not one of its kernel versions"):

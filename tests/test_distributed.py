@@ -34,7 +34,7 @@ import time
 import pytest
 
 import treefold
-from dataprep import make_mix
+from prepare import make_mix
 from tiny import TINY, launch_env as env, make_corpus, share_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,8 +115,8 @@ def chain_bytes(run):
 
 
 def checkpoint_files(run):
-    import checkpoint
-    return checkpoint.list_checkpoints(run / "checkpoints")
+    import rundir
+    return rundir.list_checkpoints(run / "checkpoints")
 
 
 # ----------------------------------------------------------------------------- equivalence
@@ -202,7 +202,6 @@ def simulate_allreduce(monkeypatch, leaf, n, world, rank):
 def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
     """Replay step k+1 of the R = 4 run in this process: train_step with the all-reduce replaced
     by treefold.simulate_ranks for every R that divides N must publish the same record."""
-    import checkpoint
     import hashchain
     import receipts
     import rundir
@@ -215,7 +214,7 @@ def test_simulated_ranks_match_the_real_run(request, n, monkeypatch):
     chain, cfg = opened.chain, opened.cfg
     data = TokenData(opened.recorded_data_dir(), cfg.seed)  # not in the chain: config.json
     k = 2 * CKPT_EVERY if n == 4 else CKPT_EVERY_12
-    tensors = opened.verified_checkpoint(k, checkpoint.checkpoint_path(run / "checkpoints", k))
+    tensors = opened.verified_checkpoint(k, rundir.checkpoint_path(run / "checkpoints", k))
     assert cfg.micro_batches == n
 
     for world in (w for w in range(1, n + 1) if n % w == 0):
@@ -349,15 +348,14 @@ def _kill_rank_mid_run(victim, chain_path):
 
 def _check_left_behind(run, reference):
     """The chain and checkpoints left by a killed run: nothing torn or unverifiable."""
-    import checkpoint
     import rundir
-    opened = rundir.Run(run, repair=True)     # as the next trainer would: cut a torn tail
+    opened = rundir.Run(run, writer=True)     # as the next trainer would: cut a torn tail
     chain, note = opened.chain, opened.chain.note
     chain.verify()
     data = (run / "chain.jsonl").read_bytes()
     assert data.endswith(b"\n") and len(chain) == data.count(b"\n")
     assert reference.startswith(data), "the partial chain is not a prefix of the reference chain"
-    checkpoint.remove_temp_files(run / "checkpoints")   # as the next lock holder would
+    rundir.remove_temp_files(run / "checkpoints")   # as the next lock holder would
     ckpts = checkpoint_files(run)
     assert ckpts and ckpts[0][0] == 0
     for step, path in ckpts:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "SPEC.md", ROOT / "kernels" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "SPEC.md", ROOT / "kernels" / "README.md", ROOT / "dev" / "cuda" / "README.md",
+        *sorted((ROOT / "docs").glob("*.md"))]
 TOUR = [ROOT / "runs" / "tour", ROOT / "data" / "tour", ROOT / "out" / "tour"]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -29,7 +30,7 @@ NOT_REPO = ("runs/", "data/", "out/", "/", "~", "text/", "receipts/", "published
 
 
 SOURCES = {}
-for _p in [*ROOT.glob("*.py"), *(ROOT / "kernels").rglob("*"), *(ROOT / "tools").glob("*.py"), *(ROOT / "tests").glob("*.py")]:
+for _p in [*ROOT.glob("*.py"), *(ROOT / "kernels").rglob("*"), *(ROOT / "dev").rglob("*"), *(ROOT / "tools").glob("*.py"), *(ROOT / "tests").glob("*.py")]:
     SOURCES.setdefault(_p.name, []).append(_p)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import data
-import checkpoint
+import rundir
 import hashchain
 from tiny import (CKPT_EVERY, MICRO_BATCH_SIZE, MICRO_BATCHES, ROOT, SEQ_LEN, STEPS, TIMEOUT,
                   assert_one_line_error, audit, chain_records, copy_run, mismatch_lines, reseal,
@@ -48,7 +48,7 @@ def test_reference_run_has_every_step_and_checkpoint(reference):
     assert [r["step"] for r in records] == list(range(STEPS + 1))
     assert records[0]["kind"] == "genesis"
     assert sorted(checkpoint_files(reference)) == [
-        checkpoint.checkpoint_path("", s).name for s in range(0, STEPS + 1, CKPT_EVERY)]
+        rundir.checkpoint_path("", s).name for s in range(0, STEPS + 1, CKPT_EVERY)]
 
 
 @pytest.mark.parametrize("hash_async", ["off", "on"])
@@ -156,7 +156,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
     rng = random.Random(seed)
     run = share_secret(reference, tmp_path / "run")     # the reference's chain bytes need its secret
     full_sizes = {step: path.stat().st_size
-                  for step, path in checkpoint.list_checkpoints(reference / "checkpoints")}
+                  for step, path in rundir.list_checkpoints(reference / "checkpoints")}
     env = {**os.environ, hashchain.SLOW_WRITE_ENV: SLOW_WRITE}
     landed = []                    # per kill: (kind, what the frozen trainer was writing)
 
@@ -220,7 +220,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
             # non-atomic writer would leave them: the restart must reject the file, not load it.
             # (The temp file itself stays, for the restart to remove.)
             path, step, _ = torn_checkpoint
-            checkpoint.checkpoint_path(run / "checkpoints", step).write_bytes(path.read_bytes())
+            rundir.checkpoint_path(run / "checkpoints", step).write_bytes(path.read_bytes())
 
     # Proof that kills landed mid-write, from the frozen trainers' files.
     assert any(f.startswith("chain") for _, found in landed for f in found), why()
@@ -229,13 +229,13 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
     log = (run / "train.log").read_text()
     assert "skipping checkpoint" in log and "dropped a torn last line" in log, f"{why()}\n{log}"
     # The torn checkpoint was moved aside as evidence, not overwritten by the re-derived one.
-    assert (run / "rejected" / checkpoint.checkpoint_path("", torn_checkpoint[1]).name).exists(), why()
+    assert (run / "rejected" / rundir.checkpoint_path("", torn_checkpoint[1]).name).exists(), why()
     assert_same_chain(run, reference)
     files = checkpoint_files(run)    # no temporary file left behind either
     assert files == checkpoint_files(reference), why()
     records = chain_records(run)
-    for step, path in checkpoint.list_checkpoints(run / "checkpoints"):
-        tensors, meta = checkpoint.load_checkpoint(path)
+    for step, path in rundir.list_checkpoints(run / "checkpoints"):
+        tensors, meta = rundir.load_checkpoint(path)
         assert meta["step"] == step
         hashchain.verify_state(tensors, records[step]["state_hash"], records[step]["tensor_hashes"])
 
@@ -243,7 +243,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_chain(corpus, refe
 # ----------------------------------------------------------------------------- tampering
 def test_bit_flip_in_checkpoint_tensor_is_named(reference, tmp_path):
     run = copy_run(reference, tmp_path / "run")
-    path = checkpoint.checkpoint_path(run / "checkpoints", 10)
+    path = rundir.checkpoint_path(run / "checkpoints", 10)
     raw = bytearray(path.read_bytes())
     n = int.from_bytes(raw[:8], "little")
     begin, end = json.loads(raw[8:8 + n])["params.layers.1.wo"]["data_offsets"]
@@ -345,7 +345,7 @@ def test_audit_step_beyond_the_chain(reference):
 
 def test_audit_truncated_checkpoint(reference, tmp_path):
     run = copy_run(reference, tmp_path / "run")
-    path = checkpoint.checkpoint_path(run / "checkpoints", 10)    # the one --step 15 starts from
+    path = rundir.checkpoint_path(run / "checkpoints", 10)    # the one --step 15 starts from
     os.truncate(path, path.stat().st_size // 2)
     assert_one_line_error(audit(run, "--step", "15"), "audit.py")
 

@@ -104,7 +104,7 @@ def corpus(tmp_path_factory):
 # recipe: the OPEN-1B options (window, QK-norm, embedding norm, the cosine schedule's canonical cos)
 # tied: tok_emb is the embedding and the output linear (its two gradients meet in repops.tie's add)
 # exact: every matmul is the exact integer matmul (contract §11)
-# int8_pv: attention's P·V in int8 (quant_pv.py), windowed and full layers
+# int8_pv: attention's P·V in int8 (quant.py), windowed and full layers
 STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"],
          "recipe": ["--attn_window=4", "--qk_norm=true", "--emb_norm=true", "--lr_schedule=cosine",
                     "--warmup_steps=0"],

@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-import checkpoint
+import rundir
 import hashchain as hc
 
 
@@ -198,13 +198,13 @@ def test_slow_write_hook_changes_timing_not_bytes(tmp_path, monkeypatch):
     # REPOPS_SLOW_WRITE (the SIGKILL test's hook): the same chain and checkpoint bytes, sent in
     # SLOW_WRITE_PIECES flushed pieces; a piece is on disk while the writer sleeps.
     make_chain(tmp_path / "plain.jsonl")
-    checkpoint.save_checkpoint(tmp_path / "plain.safetensors", sample_state(), {"step": 3})
+    rundir.save_checkpoint(tmp_path / "plain.safetensors", sample_state(), {"step": 3})
     monkeypatch.setenv(hc.SLOW_WRITE_ENV, "0.0001")
     seen = []
     monkeypatch.setattr(hc.time, "sleep", lambda s: seen.append(s))
     make_chain(tmp_path / "slow.jsonl")
     assert len(seen) == 10 * (hc.SLOW_WRITE_PIECES - 1)          # 10 records, 7 sleeps each
-    checkpoint.save_checkpoint(tmp_path / "slow.safetensors", sample_state(), {"step": 3})
+    rundir.save_checkpoint(tmp_path / "slow.safetensors", sample_state(), {"step": 3})
     assert (tmp_path / "slow.jsonl").read_bytes() == (tmp_path / "plain.jsonl").read_bytes()
     assert (tmp_path / "slow.safetensors").read_bytes() == (tmp_path / "plain.safetensors").read_bytes()
 

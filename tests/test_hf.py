@@ -18,17 +18,18 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"      # before transformers is imported: never the network
 
 import audit as audit_py  # noqa: E402
-import dataprep  # noqa: E402
+import data  # noqa: E402
 import export  # noqa: E402
 import hfllama  # noqa: E402
-import hftok  # noqa: E402
+import tokenizer  # noqa: E402
 import numpy_replay  # noqa: E402
-import prepare as prepare_cli  # noqa: E402
+import prepare  # noqa: E402
 import sample  # noqa: E402
 import repops  # noqa: E402
 import train  # noqa: E402
 from config import Config, UsageError  # noqa: E402
-from data import TokenData, get_tokenizer  # noqa: E402
+from data import TokenData  # noqa: E402
+from tokenizer import get_tokenizer  # noqa: E402
 from tiny import ROOT, WORDS, audit, chain_records, script  # noqa: E402
 from tools import hf_tiny  # noqa: E402
 
@@ -63,8 +64,8 @@ def source(tmp_path_factory):
     return base, folder
 
 
-def prepare(base, folder, name="tokens"):
-    return dataprep.prepare([str(base / "corpus.txt")], str(base / name), tokenizer=f"hf:{folder}")
+def prepare_with(base, folder, name="tokens"):
+    return prepare.prepare([str(base / "corpus.txt")], str(base / name), tokenizer=f"hf:{folder}")
 
 
 def logits_ours(model, ids):
@@ -91,14 +92,14 @@ def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monk
     folder = str(tmp_path / "tok")
     hf_tiny.train_tokenizer(text, folder, pre=pre)
     enc = get_tokenizer(f"hf:{folder}")
-    assert hftok.streaming_safe(enc) == (pre == "bytelevel")
-    monkeypatch.setattr(dataprep, "BLOCK", 97)      # many cuts (for the ByteLevel tokenizer)
-    manifest, out = dataprep.prepare([str(base / "corpus.txt")], str(tmp_path / "c"),
+    assert tokenizer.streaming_safe(enc) == (pre == "bytelevel")
+    monkeypatch.setattr(prepare, "BLOCK", 97)      # many cuts (for the ByteLevel tokenizer)
+    manifest, out = prepare.prepare([str(base / "corpus.txt")], str(tmp_path / "c"),
                                      tokenizer=f"hf:{folder}", val_fraction=0.1)
     stored = np.concatenate([np.fromfile(os.path.join(out, f), "<u2") for f in ("train.bin", "val.bin")])
     assert stored.tolist() == enc.encode(text)
     assert manifest["tokenizer"] == {"name": "hf", "vocab_size": enc.n_vocab,
-                                     "files": {"tokenizer.json": hftok.file_hashes(folder)["tokenizer.json"]}}
+                                     "files": {"tokenizer.json": tokenizer.file_hashes(folder)["tokenizer.json"]}}
     copy = get_tokenizer("hf", out, manifest["tokenizer"]["files"])     # the corpus's own copy
     assert copy.decode(copy.encode("Thou fair lord.")) == "Thou fair lord."
     with open(os.path.join(out, "tokenizer", "tokenizer.json"), "a") as f:
@@ -110,7 +111,7 @@ def test_streaming_preparation_equals_whole_text_encoding(source, tmp_path, monk
 # ----------------------------------------------------------------------------- end to end
 def test_finetune_audit_export_round_trip(source, tmp_path):
     base, folder = source
-    _, corpus = prepare(base, folder)
+    _, corpus = prepare_with(base, folder)
     run, out = tmp_path / "run", tmp_path / "export"
     proc = script("train.py", f"--init_from={folder}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN)
     assert proc.returncode == 0, proc.stderr
@@ -139,7 +140,7 @@ def test_finetune_audit_export_round_trip(source, tmp_path):
     params["layers.1.wqkv"][3, 0] = torch.nextafter(params["layers.1.wqkv"][3, 0], torch.tensor(1.0))
     assert "layers.1.wqkv differs" in hfllama.source_difference(folder, genesis["init"], params, start.cfg)
 
-    proc = script("export.py", run, "--step", STEPS, "--to", "hf", out)
+    proc = script("export.py", "--run_dir", run, "--step", STEPS, "--to", "hf", "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
     card = (out / "README.md").read_text()
@@ -177,7 +178,7 @@ def test_tied_embeddings_import_train_export(source, tmp_path, capsys):
     tied.mkdir()
     (tied / "tokenizer.json").write_bytes((base / "model" / "tokenizer.json").read_bytes())
     save_random_llama(str(tied), HF_vocab(folder), tied=True, seed=1)
-    _, corpus = prepare(base, folder, "tokens_tied")
+    _, corpus = prepare_with(base, folder, "tokens_tied")
     run, out = tmp_path / "run", tmp_path / "export"
     assert train.main([f"--init_from={tied}", f"--run_dir={run}", f"--data_dir={corpus}", *RUN[:3],
                        "--max_steps=2", *RUN[4:]]) == 0
@@ -201,9 +202,9 @@ def test_tied_embeddings_import_train_export(source, tmp_path, capsys):
     # the NumPy replay written from SPEC.md (§17 the imported state, §18 the tied gradient) agrees
     said = []
     assert numpy_replay.replay(str(run), str(corpus), 2, str(ROOT), said.append), said
-    assert export.main([str(run), "--step", "2", "--to", "hf", str(out)]) == 0
+    assert export.main(["--run_dir", str(run), "--step", "2", "--to", "hf", "--out", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
-    assert export.main([str(run), "--step", "2", "--to", "hf", str(tmp_path / "again")]) == 0
+    assert export.main(["--run_dir", str(run), "--step", "2", "--to", "hf", "--out", str(tmp_path / "again")]) == 0
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == \
         {f: (tmp_path / "again" / f).read_bytes() for f in os.listdir(tmp_path / "again")}   # byte for byte
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
@@ -236,7 +237,7 @@ def one_line_error(capsys, code, prog):
 
 def test_refusals_are_one_line(source, tmp_path, capsys):
     base, folder = source
-    _, corpus = prepare(base, folder, "tokens_refusals")
+    _, corpus = prepare_with(base, folder, "tokens_refusals")
     common = [f"--init_from={folder}", f"--data_dir={corpus}", *RUN]
     line = one_line_error(capsys, train.main([*common, "--n_layer=3", f"--run_dir={tmp_path / 'a'}"]), "train.py")
     assert "--n_layer=3 contradicts" in line and not (tmp_path / "a").exists()
@@ -253,18 +254,18 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
     with pytest.raises(UsageError, match="mlp.gate_proj.weight would be|has no place|missing"):
         hfllama.from_hf({"model.embed_tokens.weight": torch.zeros(3)}, Config(), {}, "x")
 
-    line = one_line_error(capsys, prepare_cli.main(["--input", str(base / "corpus.txt"), "--data_dir",
-                                                    str(tmp_path / "c"), "--tokenizer", f"hf:{tmp_path}"], "data.py"), "data.py")
+    line = one_line_error(capsys, data.main(["--input", str(base / "corpus.txt"), "--data_dir",
+                                             str(tmp_path / "c"), "--tokenizer", f"hf:{tmp_path}"]), "data.py")
     assert "no tokenizer.json there" in line and not (tmp_path / "c").exists()
     run = tmp_path / "ok"
-    one_line_error(capsys, export.main([str(run), "--to", "hf", str(run / "inside")]), "export.py")
+    one_line_error(capsys, export.main(["--run_dir", str(run), "--to", "hf", "--out", str(run / "inside")]), "export.py")
     drop = tmp_path / "drop"
     assert train.main([*common, f"--run_dir={drop}", "--max_steps=1", "--dropout=0.1"]) == 0
     capsys.readouterr()
-    line = one_line_error(capsys, export.main([str(drop), "--to", "hf", str(tmp_path / "out")]), "export.py")
+    line = one_line_error(capsys, export.main(["--run_dir", str(drop), "--to", "hf", "--out", str(tmp_path / "out")]), "export.py")
     assert "dropout" in line and not (tmp_path / "out").exists()
     qk = tmp_path / "qk"
     assert train.main([*common, f"--run_dir={qk}", "--max_steps=1", "--qk_norm=true"]) == 0
     capsys.readouterr()
-    line = one_line_error(capsys, export.main([str(qk), "--to", "hf", str(tmp_path / "out")]), "export.py")
+    line = one_line_error(capsys, export.main(["--run_dir", str(qk), "--to", "hf", "--out", str(tmp_path / "out")]), "export.py")
     assert "qk_norm" in line and not (tmp_path / "out").exists()

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import config
-import quant_pv
+import quant
 import reference as R
 import repops
 import test_kernels as TK
@@ -82,7 +82,7 @@ def test_step_rule_bits(kind):
 def test_full_pv_bits(batch, G, Tn, D, kind):
     rng = np.random.default_rng(batch * 101 + G * 7 + Tn)
     p, v = causal_p(rng, batch, G, Tn), values(rng, batch, Tn, D, kind)
-    o = quant_pv.matmul_pv(T(p), T(v))
+    o = quant.matmul_pv(T(p), T(v))
     assert_bits(o, R.int8_pv_full(p, v), f"int8 P·V {kind}")
     if kind == "zero_block":
         assert not o[0].any()
@@ -94,7 +94,7 @@ def test_full_pv_bits(batch, G, Tn, D, kind):
 def test_band_pv_bits(batch, G, Tn, D, W, kind):
     rng = np.random.default_rng(batch * 7919 + G * 131 + Tn * 17 + W)
     p, v = band_p(rng, batch, G, Tn, W), values(rng, batch, Tn, D, kind)
-    assert_bits(quant_pv.band_mix(T(p), T(v)), R.int8_pv_band(p, v), f"int8 band mix {kind}")
+    assert_bits(quant.band_mix(T(p), T(v)), R.int8_pv_band(p, v), f"int8 band mix {kind}")
 
 
 def test_int32_sum_exact_at_the_largest_k():
@@ -107,7 +107,7 @@ def test_int32_sum_exact_at_the_largest_k():
     for sign in (1.0, -1.0):
         v = np.full((1, K, 3), sign, dtype=np.float32)
         v[0, ::2, 1] = -sign
-        o = quant_pv.matmul_pv(T(p), T(v))
+        o = quant.matmul_pv(T(p), T(v))
         assert_bits(o, R.int8_pv_full(p, v), "largest K")
         step = R.mul(np.float32(1.0), R.recip(np.float32(127.0)))     # both blocks' max is 1.0
         assert N(o)[0, 0, 0] == R.mul(np.float32(sign * K * 127 * 127), R.mul(step, step))
@@ -141,7 +141,7 @@ def test_full_backward_is_the_float_shadow(batch, G, Tn, D):
     rng = np.random.default_rng(G * 3 + Tn)
     p, v = causal_p(rng, batch, G, Tn), values(rng, batch, Tn, D, "normal")
     g = rng.standard_normal((batch, G * Tn, D)).astype(np.float32)
-    _, gp, gv = _grads(quant_pv.matmul_pv, p, v, g)
+    _, gp, gv = _grads(quant.matmul_pv, p, v, g)
     egp, egv = R.int8_pv_full_backward(g, p, v)
     assert_bits(gp, egp, "gP = gO Vh^T")
     assert_bits(gv, egv, "gV = Ph^T gO")
@@ -152,7 +152,7 @@ def test_band_backward_is_the_float_shadow(batch, G, Tn, D, W):
     rng = np.random.default_rng(G * 5 + Tn + W)
     p, v = band_p(rng, batch, G, Tn, W), values(rng, batch, Tn, D, "normal")
     g = rng.standard_normal((batch, G * Tn, D)).astype(np.float32)
-    _, gp, gv = _grads(quant_pv.band_mix, p, v, g)
+    _, gp, gv = _grads(quant.band_mix, p, v, g)
     egp, egv = R.int8_pv_band_backward(g, p, v)
     assert_bits(gp, egp, "gP = band_scores(gO, Vh)")
     assert_bits(gv, egv, "gV = band_mix_t(Ph, gO)")
@@ -162,11 +162,11 @@ def _attention(q, k, v, window, int8):
     """Full (window None) or windowed attention through int8 P·V, as model.py composes it."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     if window:
-        return repops.window_attention(q, k, v, window, scale, mix=quant_pv.band_mix if int8 else None)
+        return repops.window_attention(q, k, v, window, scale, mix=quant.band_mix if int8 else None)
     batch, M, Tn = q.shape[0], q.shape[1], k.shape[1]
     s = repops.matmul(q, k.transpose(1, 2)).view(batch * M // Tn, Tn, Tn)
     p = repops.causal_softmax(s, scale).view(batch, M, Tn)
-    return (quant_pv.matmul_pv if int8 else repops.matmul)(p, v)
+    return (quant.matmul_pv if int8 else repops.matmul)(p, v)
 
 
 @pytest.mark.parametrize("G,W", [(1, 9), (2, 40)])
@@ -259,22 +259,22 @@ def test_audit_match_and_a_forged_int8_pv_is_a_mismatch(runs, corpus, tmp_path):
     assert any(line.startswith("MISMATCH at step 3: field state_hash") for line in lines), proc.stdout
 
 
-@pytest.mark.parametrize("quant", ["none", "int8"])
-def test_the_default_path_is_unchanged(quant, monkeypatch):
-    """int8_pv off (the default) never reaches quant_pv, and the genesis config has no int8_pv
+@pytest.mark.parametrize("mode", ["none", "int8"])
+def test_the_default_path_is_unchanged(mode, monkeypatch):
+    """int8_pv off (the default) never reaches quant.matmul_pv or quant.band_mix, and the genesis config has no int8_pv
     key, so runs without it keep their bits and genesis bytes (a run with it differs already at
     its genesis state: the forged-int8_pv audit above)."""
     def refuse(*args):
         raise AssertionError("int8 P·V used with int8_pv off")
 
-    monkeypatch.setattr(quant_pv, "matmul_pv", refuse)
-    monkeypatch.setattr(quant_pv, "band_mix", refuse)
+    monkeypatch.setattr(quant, "matmul_pv", refuse)
+    monkeypatch.setattr(quant, "band_mix", refuse)
     for window in (0, 5):
-        model = Llama(ModelConfig(n_layer=2, d_model=32, n_head=2, d_hidden=64, seq_len=16, quant=quant,
+        model = Llama(ModelConfig(n_layer=2, d_model=32, n_head=2, d_hidden=64, seq_len=16, quant=mode,
                                   attn_window=window), seed=1)
         idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
         model(idx, idx).backward()
-    assert "int8_pv" not in config.decisive_config(config.Config(quant=quant))
+    assert "int8_pv" not in config.decisive_config(config.Config(quant=mode))
     assert config.decisive_config(config.Config(quant="int8", int8_pv=True))["int8_pv"] is True
 
 
@@ -297,7 +297,7 @@ def test_a_head_whose_probabilities_round_to_zero_stops_the_run(corpus, tmp_path
     """A step size so large that every probability of key/value head 0 rounds to 0: that head's
     output is 0, so its value rows of wqkv and its columns of wo get exactly zero gradients
     while both tensors as a whole still learn. The per-head check stops the run (one line)."""
-    real = quant_pv.quantize_blocks
+    real = quant.quantize_blocks
 
     def head0_rounds_to_zero(x2):
         q, s = real(x2)
@@ -307,7 +307,7 @@ def test_a_head_whose_probabilities_round_to_zero_stops_the_run(corpus, tmp_path
             q = repops.ops.int8_quantize(x2, s)
         return q, s
 
-    monkeypatch.setattr(quant_pv, "quantize_blocks", head0_rounds_to_zero)
+    monkeypatch.setattr(quant, "quantize_blocks", head0_rounds_to_zero)
     argv = [f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY, "--quant=int8", "--int8_pv=1",
             "--max_steps=6", "--dead_tensor_steps=3", "--eval_every=0", "--sample_tokens=0"]
     assert train.main(argv) == 1
@@ -323,7 +323,7 @@ def test_cpu_equals_cuda(batch, G, Tn, D, W):
     rng = np.random.default_rng(G + Tn + W)
     v = values(rng, batch, Tn, D, "large")
     g = rng.standard_normal((batch, G * Tn, D)).astype(np.float32)
-    for fn, p in ((quant_pv.matmul_pv, causal_p(rng, batch, G, Tn)), (quant_pv.band_mix, band_p(rng, batch, G, Tn, W))):
+    for fn, p in ((quant.matmul_pv, causal_p(rng, batch, G, Tn)), (quant.band_mix, band_p(rng, batch, G, Tn, W))):
         cpu = _grads(fn, p, v, g)
         pt, vt = T(p).cuda().requires_grad_(), T(v).cuda().requires_grad_()
         o = fn(pt, vt)

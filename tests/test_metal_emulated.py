@@ -14,7 +14,7 @@ arithmetic, real SIMD-group timing). On that emulation:
    rp_mul and rp_matmul with flush-to-zero off, on with tininess after rounding (x86) and on with
    tininess before rounding (AArch64 FPCR.FZ, built for AArch64 and run under qemu-user):
    canonical.h's software flush gives the contract's bits whichever rule the GPU has;
-2. repops_mps.py (and mps_kernels.py) itself, with torch.mps.compile_shader replaced by the shim's kernels
+2. repops_mps.py itself, with torch.mps.compile_shader replaced by the shim's kernels
    (tests/metal_shim/metal_pyshim.cpp, through ctypes), computes the self-test's digests
    through its ops on CPU tensors: its argument order, host scalars and grids are checked too;
 3. the check can fail: a Metal tree without the product flush gives other digests;
@@ -39,7 +39,6 @@ import numpy as np
 import pytest
 import torch
 
-import mps_kernels
 import repops_mps
 import test_kernels as TK
 import test_selftest as ST
@@ -212,8 +211,8 @@ def pyshim(tmp_path_factory):
 @pytest.fixture()
 def mps_on_shim(pyshim, monkeypatch):
     """repops_mps's ops with CPU tensors standing in for MPS ones and the shim for Metal."""
-    monkeypatch.setattr(mps_kernels, "DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(mps_kernels, "_libs", {})
+    monkeypatch.setattr(repops_mps, "DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(repops_mps, "_libs", {})
     monkeypatch.setattr(torch.mps, "compile_shader", lambda source: ShimLibrary(pyshim, source), raising=False)
     tensorless = {schema.split("(")[0]: fn for schema, fn in repops_mps.TENSORLESS_OPS.items()}
     return types.SimpleNamespace(**repops_mps.TENSOR_OPS, **tensorless)
@@ -275,7 +274,7 @@ def test_window_ops_on_the_shim_give_the_cpu_bits(mps_on_shim, pyshim, monkeypat
     the first W - 1 rows (+0.0). The small grid (3 groups) makes the grid-stride and row loops
     take several turns; ftz_daz runs the kernel threads with x86 FTZ|DAZ."""
     if grid == "small":
-        monkeypatch.setattr(mps_kernels, "MAX_GROUPS", 3)
+        monkeypatch.setattr(repops_mps, "MAX_GROUPS", 3)
     monkeypatch.setattr(torch.mps, "compile_shader", lambda source: ShimLibrary(pyshim, source, hw_flush),
                         raising=False)
     cpu, mps = torch.ops.repops, mps_on_shim
@@ -332,7 +331,7 @@ NOT_ON_METAL = {"int8_pv": {"int8_absmax_step", "int8_band_mix"}, "exact": set()
 
 
 def test_every_op_family_has_a_metal_source():
-    cuda = {p.stem for p in (ROOT / "kernels" / "cuda").glob("*.cu")}
+    cuda = {p.stem for d in ("kernels/cuda", "dev/cuda") for p in (ROOT / d).glob("*.cu")}   # verified or not
     assert CUDA_SPEED_VERSIONS <= cuda
     assert set(NOT_ON_METAL) <= cuda
     assert {p.stem for p in METAL_SOURCES} == cuda - CUDA_SPEED_VERSIONS - set(NOT_ON_METAL)
@@ -370,7 +369,7 @@ def test_every_source_compiles_alone_as_compile_shader_gets_it(pyshim, tmp_path)
          timeout=300)
 
     def check(path):
-        source = mps_kernels.metal_source(path.stem)
+        source = repops_mps.metal_source(path.stem)
         r = subprocess.run(["g++", *FLAGS, "-fsyntax-only", "-include", str(tmp_path / "metal_shim.h"),
                             "-x", "c++", "-"], input=source, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{path.name}:\n{r.stderr}"

@@ -20,7 +20,7 @@ import torch
 import config
 import data
 import deadcheck
-import checkpoint
+import rundir
 import quant
 import reference as ref
 import repops
@@ -57,7 +57,7 @@ def test_resume_gives_the_same_chain(int8_run, corpus, tmp_path):
     run = copy_run(int8_run, tmp_path / "run")
     lines = (run / "chain.jsonl").read_bytes().splitlines(keepends=True)
     (run / "chain.jsonl").write_bytes(b"".join(lines[:14]))
-    for step, path in checkpoint.list_checkpoints(run / "checkpoints"):
+    for step, path in rundir.list_checkpoints(run / "checkpoints"):
         if step > 10:
             path.unlink()
     train_run(run, corpus, *INT8)
@@ -91,21 +91,21 @@ def test_step_sizes_and_their_moments_are_state(corpus):
 def test_weight_step_sizes_are_repinned_every_step(int8_run):
     """Every checkpoint (the genesis one included) holds s_w = the NumPy reference's re-pin rule
     of its own weights, bit for bit; the activation step sizes have moved away from their init."""
-    ckpts = checkpoint.list_checkpoints(int8_run / "checkpoints")
+    ckpts = rundir.list_checkpoints(int8_run / "checkpoints")
     assert len(ckpts) >= 3
     for step, path in ckpts:
-        tensors, _ = checkpoint.load_checkpoint(path)
+        tensors, _ = rundir.load_checkpoint(path)
         for name in [n for n in tensors if n.startswith("params.") and n.endswith("_sw")]:
             w = tensors[name[:-3]].numpy()
             assert np.array_equal(tensors[name].numpy().view(np.uint32),
                                   ref.lsq_init(w, w.shape[0]).view(np.uint32)), (step, name)
-    first, last = (checkpoint.load_checkpoint(ckpts[i][1])[0] for i in (0, -1))
+    first, last = (rundir.load_checkpoint(ckpts[i][1])[0] for i in (0, -1))
     assert not torch.equal(first["params.layers.0.wo_sx"], last["params.layers.0.wo_sx"])
 
 
 def test_tampered_step_size_is_named_by_the_audit(int8_run, tmp_path):
     run = copy_run(int8_run, tmp_path / "run")
-    flip_bit(checkpoint.checkpoint_path(run / "checkpoints", STEPS), "params.layers.1.w_down_sw")
+    flip_bit(rundir.checkpoint_path(run / "checkpoints", STEPS), "params.layers.1.w_down_sw")
     proc = audit(run, "--step", str(STEPS))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert any("params.layers.1.w_down_sw" in line for line in mismatch_lines(proc)), proc.stdout

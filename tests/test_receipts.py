@@ -27,7 +27,6 @@ import torch
 
 import audit
 import data
-import checkpoint
 import hashchain
 import receipts
 import repops
@@ -63,7 +62,7 @@ def secret_of(run):
 
 
 def publisher_check(run):
-    """salt_of for receipts.check_receipts with the run's secret (what --check-receipts does)."""
+    """salt_of for receipts.check_receipts with the run's secret (what --check_receipts does)."""
     secret = receipts.read_secret(run, "")
     return lambda step: receipts.salt(secret, step)
 
@@ -104,7 +103,7 @@ def test_step_commit_opens_with_the_documented_bytes(run40, monkeypatch):
     cfg = opened.cfg
     tokens = data.TokenData(opened.recorded_data_dir(), cfg.seed)
     state = train.TrainState(cfg, tokens.vocab_size)
-    state.load(opened.verified_checkpoint(step - 1, checkpoint.checkpoint_path(run40 / "checkpoints", step - 1)))
+    state.load(opened.verified_checkpoint(step - 1, rundir.checkpoint_path(run40 / "checkpoints", step - 1)))
     clipped, clip = [], repops.clip_grad
     monkeypatch.setattr(repops, "clip_grad", lambda g, m: clipped.append(clip(g, m)) or clipped[-1])
     fields = train.train_step(state, tokens, cfg)
@@ -125,7 +124,7 @@ def test_secret_is_private_kept_and_required(run40, corpus, tmp_path):
     run = copy_run(run40, tmp_path / "run")
     assert len(secret_of(run)) == 32 and stat.S_IMODE(os.stat(run40 / "secret").st_mode) == 0o600
     chain = (run / "chain.jsonl").read_bytes()
-    final = checkpoint.checkpoint_path(run / "checkpoints", STEPS)
+    final = rundir.checkpoint_path(run / "checkpoints", STEPS)
 
     final.unlink()                                   # resume from step 30: re-derives 31..40
     train_run(run, corpus, *RUN_FLAGS)
@@ -152,12 +151,12 @@ def test_real_replay_on_another_thread_count_is_accepted_and_an_echo_is_rejected
     proc = script("audit.py", "--run_dir", run40, "--step", step, "--receipt", out / "carol" / "s23.json",
                   "--auditor", "carol", env={**os.environ, "OMP_NUM_THREADS": "1"})   # trained on 2
     assert proc.returncode == 0 and "receipt: step 23 (MATCH) by carol" in proc.stdout, proc.stdout + proc.stderr
-    proc = audit_cli(run40, "--check-receipts", out)
+    proc = audit_cli(run40, "--check_receipts", out)
     assert proc.returncode == 0 and proc.stdout.startswith(f"accepted  {out / 'carol' / 's23.json'}: step 23 by carol")
 
     (out / "mallory").mkdir()
     receipts.write_receipt(out / "mallory" / "s23.json", echo_receipt(run40, step, "mallory"))
-    proc = audit_cli(run40, "--check-receipts", out)
+    proc = audit_cli(run40, "--check_receipts", out)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"rejected  {out / 'mallory' / 's23.json'}: step 23 by mallory: its grad_root and result_root do not open" in proc.stdout
     assert "1 accepted, 1 rejected, 0 malformed" in proc.stdout
@@ -169,7 +168,7 @@ def test_real_replay_on_cuda_is_accepted(run40, tmp_path):
     proc = audit_cli(run40, "--step", "12", "--device", "cuda", "--receipt", tmp_path / "r" / "s12.json",
                      "--auditor", "gpu")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = audit_cli(run40, "--check-receipts", tmp_path / "r")
+    proc = audit_cli(run40, "--check_receipts", tmp_path / "r")
     assert proc.returncode == 0 and "accepted" in proc.stdout, proc.stdout
 
 
@@ -180,16 +179,16 @@ def test_revealed_salts_let_anyone_check(run40, tmp_path):
     receipts.write_receipt(tmp_path / "r" / "honest.json", a.receipt(25, "dave", {}))
     receipts.write_receipt(tmp_path / "r" / "echo.json", echo_receipt(run40, 26, "erin"))
     receipts.write_receipt(tmp_path / "r" / "later.json", echo_receipt(run40, 35, "erin"))
-    proc = audit_cli(run40, "--reveal-salts", "21:30", "--out", tmp_path / "salts.json")
+    proc = audit_cli(run40, "--reveal_salts", "21:30", "--out", tmp_path / "salts.json")
     assert proc.returncode == 0, proc.stderr
     public = copy_run(run40, tmp_path / "public")
     (public / "secret").unlink()                     # what everyone else has
-    proc = audit_cli(public, "--check-receipts", tmp_path / "r", "--salts", tmp_path / "salts.json")
+    proc = audit_cli(public, "--check_receipts", tmp_path / "r", "--salts", tmp_path / "salts.json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     status = {line.split()[1].rstrip(":"): line.split()[0] for line in proc.stdout.splitlines()[:-1]}
     assert status == {str(tmp_path / "r" / "honest.json"): "accepted", str(tmp_path / "r" / "echo.json"): "rejected",
                       str(tmp_path / "r" / "later.json"): "unchecked"}, proc.stdout
-    assert_one_line_error(audit_cli(public, "--check-receipts", tmp_path / "r"), "audit.py")   # no secret
+    assert_one_line_error(audit_cli(public, "--check_receipts", tmp_path / "r"), "audit.py")   # no secret
 
 
 # ----------------------------------------------------------------------------- 2. plan, coverage
@@ -279,7 +278,7 @@ def test_crowd_finds_the_injected_step_and_rejects_the_echoes(injected_run, tmp_
     passing = range(INJECTED, (INJECTED // CKPT_EVERY + 1) * CKPT_EVERY + 1)
     assert found and all(f == ([INJECTED] if s in passing else []) for s, f in found.items()), found
 
-    proc = audit_cli(injected_run, "--check-receipts", tmp_path / "receipts")
+    proc = audit_cli(injected_run, "--check_receipts", tmp_path / "receipts")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     status = {os.path.relpath(line.split()[1].rstrip(":"), tmp_path / "receipts"): line
               for line in proc.stdout.splitlines()[:-1]}

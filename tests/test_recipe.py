@@ -29,9 +29,8 @@ import pytest
 
 import reference as R
 import receipts
-from config import UsageError, parse_config, validate
+from config import UsageError, lr_at, micro_batches_at, parse_config, phase_counts, validate
 from model import windowed
-from schedule import lr_at, micro_batches_at, phase_counts
 from tiny import TINY, assert_one_line_error, launch_env as env, launcher, make_corpus, script, share_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -97,7 +97,7 @@ def big_report(big, tmp_path_factory):
     run, rdir, anchors = big
     out = tmp_path_factory.mktemp("big_report") / "report.html"
     t0 = time.process_time()        # CPU seconds: a shared machine's load does not inflate them
-    assert report.main([str(run), "--receipts", str(rdir), "--anchors", str(anchors), "-o", str(out)]) == 0
+    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--anchors", str(anchors), "--out", str(out)]) == 0
     return out, time.process_time() - t0
 
 
@@ -132,7 +132,7 @@ def test_contradicting_anchor_is_a_mismatch(big, tmp_path, capsys):
     run, _, _ = big
     anchors = tmp_path / "anchors.jsonl"
     anchors.write_text(json.dumps({"step": 7, "record_hash": "0" * 64, "utc": "2026-12-01T00:00:00Z"}) + "\n")
-    assert report.main([str(run), "--anchors", str(anchors), "-o", str(tmp_path / "r.html")]) == 1
+    assert report.main(["--run_dir", str(run), "--anchors", str(anchors), "--out", str(tmp_path / "r.html")]) == 1
     assert "MISMATCH at step 7" in capsys.readouterr().out
     page = (tmp_path / "r.html").read_text()
     assert "MISMATCH at step 7" in page and strip_levels(page) == {}     # no receipts: no strip
@@ -140,24 +140,24 @@ def test_contradicting_anchor_is_a_mismatch(big, tmp_path, capsys):
 
 def test_refusals(big, tmp_path):
     run, rdir, _ = big
-    assert_one_line_error(script("report.py", run, "-o", run / "report.html"), "report.py")
+    assert_one_line_error(script("report.py", "--run_dir", run, "--out", run / "report.html"), "report.py")
     assert not (run / "report.html").exists()
-    assert_one_line_error(script("report.py", tmp_path / "nowhere", "-o", tmp_path / "r.html"), "report.py")
+    assert_one_line_error(script("report.py", "--run_dir", tmp_path / "nowhere", "--out", tmp_path / "r.html"), "report.py")
     public = tmp_path / "public"                 # a published copy: no secret, no salts
     public.mkdir()
     shutil.copy(run / "chain.jsonl", public / "chain.jsonl")
-    assert_one_line_error(script("report.py", public, "--receipts", rdir, "-o", tmp_path / "r.html"), "report.py")
+    assert_one_line_error(script("report.py", "--run_dir", public, "--receipts", rdir, "--out", tmp_path / "r.html"), "report.py")
     lines = (public / "chain.jsonl").read_bytes().split(b"\n")
     lines[5] = lines[5].replace(b'"kind":"step"', b'"kind":"steP"')
     (public / "chain.jsonl").write_bytes(b"\n".join(lines))
-    proc = script("report.py", public, "-o", tmp_path / "tampered.html")
+    proc = script("report.py", "--run_dir", public, "--out", tmp_path / "tampered.html")
     assert proc.returncode == 1 and proc.stdout.startswith("MISMATCH at step 5:"), proc.stdout + proc.stderr
     assert not (tmp_path / "tampered.html").exists()
 
 
 def test_real_run(reference, tmp_path):
     out = tmp_path / "report.html"
-    proc = script("report.py", reference, "-o", out)
+    proc = script("report.py", "--run_dir", reference, "--out", out)
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     assert "4 checkpoint files (steps 0,10,20,30)" in page

@@ -20,7 +20,7 @@ import torch
 
 import config
 import data
-import checkpoint
+import rundir
 import train
 from model import Llama, ModelConfig, param_shapes
 from test_distributed import env, torchrun_cmd
@@ -180,7 +180,7 @@ def test_padded_vocab_trains_and_audits(tmp_path, corpus):
     assert '"vocab_size":300' in genesis.replace(" ", "")
     proc = script("audit.py", "--run_dir", run, "--step", STEPS)
     assert proc.returncode == 0 and "MATCH" in proc.stdout, proc.stdout + proc.stderr
-    tensors, _ = checkpoint.load_checkpoint(run / "checkpoints" / f"step_{STEPS:08d}.safetensors")
+    tensors, _ = rundir.load_checkpoint(run / "checkpoints" / f"step_{STEPS:08d}.safetensors")
     assert tensors["params.tok_emb"].shape == (300, 512) and tensors["params.lm_head"].shape == (300, 512)
 
 

@@ -29,7 +29,7 @@ import torch
 
 import config
 import data
-import dataprep
+import prepare
 import hashchain
 import model
 import receipts
@@ -218,7 +218,7 @@ def shakespeare(tmp_path_factory):
     except data.DataError:     # not prepared, or by an older data.py
         pass
     out = tmp_path_factory.mktemp("shakespeare")
-    dataprep.prepare(out_dir=str(out), cache_dir=str(ROOT / "data" / "cache"))
+    prepare.prepare(out_dir=str(out), cache_dir=str(ROOT / "data" / "cache"))
     return out
 
 
@@ -359,7 +359,7 @@ def test_numpy_replay_of_a_mix(tmp_path):
     for name, seed in (("plays", 7), ("poems", 8)):
         (tmp_path / name).mkdir()
         shutil.copytree(make_corpus(tmp_path / name, seed=seed, lines=300), mix / name)
-    dataprep.make_mix("plays=0.75,poems=0.25", str(mix))
+    prepare.make_mix("plays=0.75,poems=0.25", str(mix))
     run = tmp_path / "run"
     proc = script("train.py", *train_args(run, mix, "--max_steps=2", "--micro_batches=2"))
     assert proc.returncode == 0, proc.stderr

@@ -20,7 +20,7 @@ import shutil
 import pytest
 
 import audit
-import checkpoint
+import rundir
 import hashchain
 import receipts
 from tiny import (STEPS, assert_one_line_error, audit as audit_cli, chain_records, copy_run,
@@ -216,7 +216,7 @@ def flip_bit(path, tensor="params.lm_head"):
 ], ids=["final_step20", "final_all", "middle_all", "start_step25"])
 def test_bit_flip_in_any_checked_checkpoint(reference, tmp_path, ckpt_step, args):
     run = copy_run(reference, tmp_path / "run")
-    flip_bit(checkpoint.checkpoint_path(run / "checkpoints", ckpt_step))
+    flip_bit(rundir.checkpoint_path(run / "checkpoints", ckpt_step))
     proc = audit_cli(run, *args)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert any(line.startswith(f"MISMATCH at step {ckpt_step}:") and "params.lm_head" in line
@@ -225,9 +225,9 @@ def test_bit_flip_in_any_checked_checkpoint(reference, tmp_path, ckpt_step, args
 
 def test_edited_checkpoint_metadata(reference, tmp_path):
     run = copy_run(reference, tmp_path / "run")
-    path = checkpoint.checkpoint_path(run / "checkpoints", STEPS)
-    tensors, meta = checkpoint.load_checkpoint(path)
-    checkpoint.save_checkpoint(path, tensors, {**meta, "note": "edited"})
+    path = rundir.checkpoint_path(run / "checkpoints", STEPS)
+    tensors, meta = rundir.load_checkpoint(path)
+    rundir.save_checkpoint(path, tensors, {**meta, "note": "edited"})
     proc = audit_cli(run, "--all")
     assert proc.returncode == 1 and "metadata field 'note'" in proc.stdout, proc.stdout
 

@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
 import config
 import hashchain
 import model
@@ -212,7 +211,7 @@ def test_a_micro_batch_receipt_cannot_be_made_from_the_chain_and_the_revealed_pi
     """Every value a lazy auditor holds after every reveal of the step (the unit list and its
     c_m, g_m and every node, the states) fails to open c_m; the replay's witness opens it."""
     base, found = audits
-    g1, _ = checkpoint.load_checkpoint(units.unit_file(unit_dir(base, "fold:0:2"), STEP, "micro_batch:1"))
+    g1, _ = rundir.load_checkpoint(units.unit_file(unit_dir(base, "fold:0:2"), STEP, "micro_batch:1"))
     entry = unit_lists(unit_run)(STEP)["micro_batch:1"]
     record = chain_records(unit_run)[STEP]
     candidates = [entry["commit"], entry["digest"], record["units_root"], record["state_hash"], record["step_commit"],

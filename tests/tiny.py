@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dataprep
 import hashchain
+import prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 30
@@ -53,14 +53,14 @@ def launcher(world):
     return base + ["--standalone", f"--nproc_per_node={world}", train_py]
 
 
-def make_corpus(base, seed=7, lines=600, chunk_bytes=dataprep.CHUNK_BYTES):
+def make_corpus(base, seed=7, lines=600, chunk_bytes=prepare.CHUNK_BYTES):
     """Seeded random sentences under `base`, prepared with the byte tokenizer."""
     base = Path(base)
     rng = random.Random(seed)
     text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
                      for _ in range(lines))
     (base / "source.txt").write_text(text)
-    _, out = dataprep.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"),
+    _, out = prepare.prepare(inputs=[str(base / "source.txt")], out_dir=str(base / "tokens"),
                               chunk_bytes=chunk_bytes)
     return Path(out)
 

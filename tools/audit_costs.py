@@ -8,13 +8,28 @@ token file; that the default run's windows are identical either way; the whole-f
 an audit no longer does; one 64 KiB chunk's SHA-256; a tensor leaf and a keyed leaf over
 256 MiB; and the default model's state hash with and without its result_root.
 """
-import argparse
 import hashlib
 import os
 import time
 from concurrent.futures import Future
 
-import numpy as np
+from config import CommandLine, Config
+
+
+def parser():
+    ap = CommandLine("python -m tools.audit_costs", "What checked token reads and result_root cost on this "
+                     "machine, in CPU time per default step.")
+    ap.add_argument("--data_dir", metavar="DIR", default=Config.data_dir,
+                    help="the corpus whose reads are timed (default %(default)s)")
+    ap.add_argument("--steps", type=int, default=200, metavar="N",
+                    help="how many default steps' token reads are timed (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import numpy as np  # noqa: E402  (below the command line's first answer, above)
 import torch
 
 import config
@@ -31,11 +46,8 @@ def cpu_ms(fn, repeats):
     return (time.process_time() - t0) / repeats * 1000
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data_dir", default="data/shakespeare")
-    ap.add_argument("--steps", type=int, default=200)
-    args = ap.parse_args()
+def main(argv=None):
+    args = parser().parse_args(argv)
     cfg = config.Config()
     B, T, N = cfg.micro_batch_size, cfg.seq_len, cfg.micro_batches
     corpus = data.TokenData(args.data_dir, cfg.seed)

@@ -19,8 +19,6 @@ training step against the fp32 one. Also the bytes each rank sends to sum a step
 TreeFold's reduce-scatter + all-gather against the recursive doubling it replaced.
 Needs a prepared corpus (python data.py). Not a test: run it on a quiet machine.
 """
-import argparse
-import copy
 import math
 import os
 import platform
@@ -29,7 +27,32 @@ import statistics
 import tempfile
 import time
 
-import torch
+from config import CommandLine, Config
+
+
+def parser():
+    ap = CommandLine("python -m tools.bench", "RepOps against stock PyTorch (fp32, eager) on this machine, "
+                     "in one run: kernels, matmul, the training step, int8.")
+    ap.add_argument("--threads", type=int, default=0, metavar="N",
+                    help="torch threads on both sides (default %(default)s: torch's default)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall time, or process CPU time, which other processes on a shared machine do not "
+                         "inflate (use with --threads 1: idle worker threads spin and count too) (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=5, metavar="N", help="timed repeats of each case (default %(default)s)")
+    ap.add_argument("--data_dir", metavar="DIR", default=Config.data_dir,
+                    help="the corpus the training steps read (default %(default)s)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu, or cuda: tools/bench_cuda.py's tables (default %(default)s)")
+    ap.add_argument("--large", action="store_true", help="with --device cuda: also the 1.23B-parameter step")
+    ap.add_argument("--profile", action="store_true", help="with --device cuda: also profile one step of the 27.5M model")
+    ap.add_argument("--int8_only", action="store_true", help="only the int8 section")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
 
 import audit
 import config
@@ -181,19 +204,8 @@ def bench_traffic(cfg, vocab):
         print(f"{n:5d} {world:4d}   {rd:22s} {rs:6.2f} MB = {rs / mb:.2f} P")
 
 
-def main():
-    ap = argparse.ArgumentParser(description="RepOps vs stock PyTorch on this machine.")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="cpu: process CPU time, which other processes on a shared machine do not "
-                         "inflate (use with --threads 1: idle worker threads spin and count too)")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--data_dir", default=config.Config.data_dir)
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--large", action="store_true", help="cuda: also the 1.23B-parameter step")
-    ap.add_argument("--profile", action="store_true", help="cuda: also profile one step of the 27.5M model")
-    ap.add_argument("--int8_only", action="store_true", help="only the int8 section")
-    args = ap.parse_args()
+def main(argv=None):
+    args = parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     global CLOCK

@@ -15,18 +15,39 @@ undefined) and the normwise error max|C - C64| / max|C64|.
 Speed: median wall time of each product at the default model's shapes and at 1024^3 and 2048^3,
 exact vs RepOps fp32 vs torch fp32, with ratios. Not a test: run it alone (nice 0).
 """
-import argparse
-import os
 import statistics
 import time
 
-import numpy as np
+from config import CommandLine
+
+
+def parser():
+    ap = CommandLine("python -m tools.exact_bench", "The exact matmul (contract §11) on this CPU: its accuracy on "
+                     "the default model's own products, and its speed against RepOps fp32 and torch.")
+    ap.add_argument("--accuracy", action="store_true", help="only the accuracy section (default: both)")
+    ap.add_argument("--speed", action="store_true", help="only the speed section (default: both)")
+    ap.add_argument("--warm", type=int, default=20, metavar="N",
+                    help="default-config steps trained before the products are recorded (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=0, metavar="N",
+                    help="torch threads (default %(default)s: torch's default)")
+    ap.add_argument("--repeats", type=int, default=5, metavar="N", help="timed repeats of each product (default %(default)s)")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="process CPU time, stable on a shared machine (all threads summed), or wall time "
+                         "(default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import numpy as np  # noqa: E402  (below the command line's first answer, above)
 import torch
 
 import config
 import data
 import repops
 import train
+
 
 KINDS = ["linear fwd", "linear grad_x", "linear grad_W", "lm_head fwd", "lm_head grad_x", "lm_head grad_W",
          "attn QK^T", "attn PV", "attn bwd (4 products)"]
@@ -131,16 +152,8 @@ def speed(repeats, clock_name):
         print(f"{name:40} {te * 1e3:9.2f} {tf * 1e3:9.2f} {tt * 1e3:9.2f} {te / tf:11.2f} {te / tt:12.2f} {n / te / 1e9:14.1f}")
 
 
-def main():
-    ap = argparse.ArgumentParser(prog="python -m tools.exact_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--accuracy", action="store_true")
-    ap.add_argument("--speed", action="store_true")
-    ap.add_argument("--warm", type=int, default=20, help="default-config steps before recording")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                    help="cpu: process CPU time (stable on a shared machine; all threads summed)")
-    args = ap.parse_args()
+def main(argv=None):
+    args = parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     both = not (args.accuracy or args.speed)

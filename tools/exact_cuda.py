@@ -1,4 +1,4 @@
-"""The exact matmul on CUDA (kernels/cuda/exact.cu, contract §11): CUDA = CPU bits, then its speed.
+"""The exact matmul on CUDA (dev/cuda/exact.cu, contract §11): CUDA = CPU bits, then its speed.
 
     python -m tools.exact_cuda              # on a CUDA machine (.ci/gpu's `exact` stage; ~30-60 s, H200)
     python -m tools.exact_cuda --quick      # the bit check on the small cases only, then 1024^3 timed
@@ -14,11 +14,26 @@ Speed: median time of 4096^3 and 8192^3 as TFLOP/s-equivalent (2 M N K / time) n
 fp32 (TF32 off) and RepOps fp32 (repops.ops.matmul, the selected version). The EXACT lines are what
 .ci/gpu's summary collects. Exit status 1 on any mismatch.
 """
-import argparse
 import sys
 import time
 
-import numpy as np
+from config import CommandLine
+
+
+def parser():
+    ap = CommandLine("python -m tools.exact_cuda", "The exact matmul's CUDA kernels (contract §11) checked bit "
+                     "for bit against the CPU kernel, then timed.")
+    ap.add_argument("--quick", action="store_true", help="the small cases only, and 1024^3 timed")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cuda, or cpu: a dry run of the check (the CPU against itself), no timing "
+                         "(default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import numpy as np  # noqa: E402  (below the command line's first answer, above)
 import torch
 
 import config
@@ -73,13 +88,13 @@ def timing(sizes):
         print(f"EXACT speed {n:6d} {ex:8.2f} {cb:8.2f} {rp:8.2f} {ex / cb:13.2f} {ex / rp:13.2f}", flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small cases only; time 1024^3")
-    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the check (the CPU against itself), no timing")
-    args = ap.parse_args()
+def main(argv=None):
+    ap = parser()
+    args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("exact_cuda: error: no CUDA device")
+        ap.error("no CUDA device")
+    if args.device == "cuda" and not repops.CUDA_DEV:
+        ap.error("exact.cu is in dev/cuda until a GPU has verified it: run with REPOPS_CUDA_DEV=1 (as .ci/gpu does)")
     repops.load()
     if args.device == "cuda":
         print(f"GPU {torch.cuda.get_device_name()}", flush=True)

@@ -1,17 +1,39 @@
 """A small random Hugging Face Llama and a BPE tokenizer trained here: a model folder to
 fine-tune without the network (docs/finetune-hf.md, tests/test_hf.py).
 
-    python -m tools.hf_tiny models/tiny                       # BPE on data/shakespeare's text
-    python -m tools.hf_tiny models/tiny --vocab 1024 --layers 4 --width 128 --heads 4 --kv_heads 2 --tied
+    python -m tools.hf_tiny --out models/tiny                 # BPE on data/shakespeare's text
+    python -m tools.hf_tiny --out models/tiny --vocab 1024 --layers 4 --width 128 --heads 4 --kv_heads 2 --tied
 
 The folder gets tokenizer.json (a byte-level BPE, GPT-2's pre-tokenizer, trained with the
 `tokenizers` library on the text of a corpus prepared with the byte tokenizer) and
 config.json + model.safetensors (LlamaForCausalLM with transformers' random init, seeded).
 """
-import argparse
 import os
 
-import numpy as np
+from config import CommandLine
+
+
+def parser():
+    ap = CommandLine("python -m tools.hf_tiny", "Write a small random Hugging Face Llama and a BPE tokenizer "
+                     "trained here into a model folder, to fine-tune without the network.")
+    ap.add_argument("--out", metavar="DIR", required=True, help="the model folder to write (required)")
+    ap.add_argument("--data_dir", metavar="DIR", default="data/shakespeare",
+                    help="a corpus prepared with the byte tokenizer, whose text trains the BPE (default %(default)s)")
+    ap.add_argument("--vocab", type=int, default=1024, help="the BPE's vocabulary size (default %(default)s)")
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers (default %(default)s)")
+    ap.add_argument("--width", type=int, default=128, help="hidden size (default %(default)s)")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads (default %(default)s)")
+    ap.add_argument("--kv_heads", type=int, default=2, help="key/value heads (default %(default)s)")
+    ap.add_argument("--hidden", type=int, default=384, help="the MLP's intermediate size (default %(default)s)")
+    ap.add_argument("--tied", action="store_true", help="tie the input and output embeddings")
+    ap.add_argument("--seed", type=int, default=0, help="the seed of transformers' random init (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import numpy as np  # noqa: E402  (below the command line's first answer, above)
 
 
 def corpus_text(data_dir):
@@ -54,23 +76,12 @@ def save_random_llama(folder, vocab, tied=False, seed=0, layers=2, width=32, hea
     return model.eval()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder")
-    ap.add_argument("--data_dir", default="data/shakespeare", help="a byte-tokenized corpus")
-    ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv_heads", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=384)
-    ap.add_argument("--tied", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    vocab = train_tokenizer(corpus_text(args.data_dir), args.folder, args.vocab)
-    save_random_llama(args.folder, vocab, args.tied, args.seed, args.layers, args.width, args.heads,
+def main(argv=None):
+    args = parser().parse_args(argv)
+    vocab = train_tokenizer(corpus_text(args.data_dir), args.out, args.vocab)
+    save_random_llama(args.out, vocab, args.tied, args.seed, args.layers, args.width, args.heads,
                       args.kv_heads, args.hidden, context=1024)
-    print(f"{args.folder}: LlamaForCausalLM {args.layers} layers x {args.width}, vocab {vocab}, "
+    print(f"{args.out}: LlamaForCausalLM {args.layers} layers x {args.width}, vocab {vocab}, "
           f"tied {args.tied}; tokenizer.json trained on {args.data_dir}")
 
 

@@ -1,21 +1,33 @@
 """Print the LSQ drift table of int8 runs: how far the weight step sizes are from the re-pin rule.
 
-    python -m tools.lsq_drift runs/drift0 runs/drift1          # any number of run directories
+    python -m tools.lsq_drift --run_dir runs/drift0 runs/drift1   # any number of runs
 
 For every checkpoint of each run (train with --checkpoint_every=25 for a row per 25 steps) it
 prints the step, mean over every row of every block linear of s_w * sqrt(Qp) / (2 mean|w_row|)
 (1.0 exactly when s_w follows the re-pin rule; plain LSQ drifts away from it), and the gradient
 norm and loss of that step from the chain. Analysis only, in float64 NumPy: not training math.
 """
-import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-import numpy as np
+from config import CommandLine
 
-import checkpoint
+
+def parser():
+    ap = CommandLine("python -m tools.lsq_drift", "The LSQ drift table of int8 runs: how far the weight step "
+                     "sizes are from the re-pin rule, checkpoint by checkpoint.")
+    ap.add_argument("--run_dir", nargs="+", metavar="DIR", required=True,
+                    help="the int8 runs, one column group each (required)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import numpy as np  # noqa: E402  (below the command line's first answer, above)
+
+import rundir
 import quant
 
 
@@ -24,8 +36,8 @@ def rows(run):
     run = Path(run)
     records = [json.loads(line) for line in (run / "chain.jsonl").read_text().splitlines()]
     out = []
-    for step, path in checkpoint.list_checkpoints(run / "checkpoints"):
-        tensors, _ = checkpoint.load_checkpoint(path)
+    for step, path in rundir.list_checkpoints(run / "checkpoints"):
+        tensors, _ = rundir.load_checkpoint(path)
         ratios = []
         for name in (n for n in tensors if n.startswith("params.") and n.endswith("_sw")):
             w = tensors[name[:-3]].numpy().astype(np.float64)
@@ -38,10 +50,8 @@ def rows(run):
     return out
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(prog="python -m tools.lsq_drift", description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="int8 run directories")
-    runs = ap.parse_args(argv).runs
+def main(argv=None):
+    runs = parser().parse_args(argv).run_dir
     tables = {run: {r[0]: r[1:] for r in rows(run)} for run in runs}
     steps = sorted(set().union(*tables.values()))
     labels = [Path(r).name for r in runs]
@@ -57,4 +67,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -8,7 +8,7 @@
     python -m tools.matmul_versions --fp32 --versions 1,3   # some versions (one crashed the process)
 
 fp32 (contract §4.1): every version of repops.ops.matmul_v (1: kernels/cuda/matmul.cu, 2, 3 and
-4: kernels/cuda/matmul_tiled.cu; 4 picks 2 or 3 by size) against the CPU kernel on odd sizes,
+4: dev/cuda/matmul_tiled.cu; 4 picks 2 or 3 by size) against the CPU kernel on odd sizes,
 K = 0 and K = 1, transposed views and step-2 slices, batch broadcast, the attention products,
 the forward and both backward products of the default, 27.5M and 1.23B models, and 4096^3 and
 8192^3. Where the CPU would take
@@ -33,13 +33,32 @@ geometric mean of its speed over the timed shapes, becomes the default (repops.p
 REPOPS_CUDA_MATMUL / REPOPS_CUDA_INT8 / REPOPS_CUDA_CLIP defaults); no other. Exit status 1 when any version or path
 differed from the CPU anywhere (it must stay opt-in), 0 otherwise.
 """
-import argparse
 import math
 import statistics
 import sys
 import time
 
-import numpy as np
+from config import CommandLine
+
+VERSIONS = (1, 2, 3, 4)          # the fp32 matmul versions (repops.ops.matmul_v)
+
+
+def parser():
+    ap = CommandLine("python -m tools.matmul_versions", "The CUDA kernel versions (kernels/cuda/ and dev/cuda/) "
+                     "checked bit for bit against the CPU backend, then timed; needs a CUDA GPU.")
+    ap.add_argument("--fp32", action="store_true", help="only the fp32 matmul versions (default: every section)")
+    ap.add_argument("--int8", action="store_true", help="only the int8 GEMM paths (default: every section)")
+    ap.add_argument("--clip", action="store_true", help="only the gradient-norm versions (default: every section)")
+    ap.add_argument("--quick", action="store_true", help="fewer and smaller cases (a smoke run)")
+    ap.add_argument("--versions", default=",".join(map(str, VERSIONS)), metavar="V,...",
+                    help="the fp32 versions to check, e.g. 1,3 after one crashed the process (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import numpy as np  # noqa: E402  (below the command line's first answer, above)
 import torch
 
 import config
@@ -47,7 +66,7 @@ import repops
 from tools.bench_cuda import SHAPES_1B, SHAPES_27M, gpu_time
 from tools.torch_llama import model_shapes
 
-VERSIONS = (1, 2, 3, 4)
+
 CLIP_VERSIONS = (1, 2)
 INT8_PATHS = {0: "mma", 1: "cublaslt"}
 MAX_INT8_K = 133144          # the binding's bound: K * 127^2 < 2^31
@@ -328,15 +347,9 @@ def time_clip(quick):
     return speeds
 
 
-def main():
-    ap = argparse.ArgumentParser(description="verify and time the CUDA kernel versions")
-    ap.add_argument("--fp32", action="store_true", help="the fp32 matmul versions")
-    ap.add_argument("--int8", action="store_true", help="the int8 GEMM paths")
-    ap.add_argument("--clip", action="store_true", help="the gradient-norm versions")
-    ap.add_argument("--quick", action="store_true", help="fewer and smaller cases")
-    ap.add_argument("--versions", default=",".join(map(str, VERSIONS)),
-                    help="fp32 versions to check, e.g. 1,3 (after one crashed the process)")
-    args = ap.parse_args()
+def main(argv=None):
+    ap = parser()
+    args = ap.parse_args(argv)
     try:
         versions = tuple(int(v) for v in args.versions.split(","))
     except ValueError:
@@ -344,8 +357,9 @@ def main():
     if not versions or not set(versions) <= set(VERSIONS):
         ap.error(f"--versions must be a comma-separated subset of {','.join(map(str, VERSIONS))}")
     if not torch.cuda.is_available():
-        print("matmul_versions.py: error: needs a CUDA GPU that torch can use", file=sys.stderr)
-        sys.exit(2)
+        ap.error("needs a CUDA GPU that torch can use")
+    if not repops.CUDA_DEV:
+        ap.error("the versions under verification are in dev/cuda: run with REPOPS_CUDA_DEV=1 (as .ci/gpu does)")
     repops.load()
     props = torch.cuda.get_device_properties(0)
     print(f"GPU: {props.name}, {props.multi_processor_count} SMs | torch {torch.__version__} | CUDA {torch.version.cuda}"

@@ -14,7 +14,6 @@ The options on the default model (seq_len 128): a window of 32 keys (a quarter o
 4 then 8 per step from step 150. The exact rows are the same runs with `--matmul=exact`
 (contract §11; docs/exact-matmul.md).
 """
-import argparse
 import re
 import resource
 import statistics
@@ -22,6 +21,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from config import CommandLine
+
+
+def parser():
+    ap = CommandLine("python -m tools.option_runs", "The recipe options on the default model, each on and "
+                     "off: validation loss, step time and CPU seconds per step, and the final state.")
+    ap.add_argument("--only", default="", metavar="NAME,...", help="comma-separated run names (default: all)")
+    ap.add_argument("--table", action="store_true", help="only print the table of the runs already finished")
+    ap.add_argument("--threads", type=int, default=0, metavar="N",
+                    help="train.py --threads of each run (bookkeeping: the same bits) (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+  # noqa: E402  (below the command line's first answer, above)
+
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = ["--attn_window=32"]
@@ -75,11 +93,8 @@ def row(name):
             f"{cpu / len(steps):.2f} | `{steps[-1][3]}` |")
 
 
-def main(argv):
-    p = argparse.ArgumentParser(prog="option_runs", description=__doc__.split("\n")[0])
-    p.add_argument("--only", default="", help="comma-separated run names (default: all)")
-    p.add_argument("--table", action="store_true", help="only print the table of finished runs")
-    p.add_argument("--threads", type=int, default=0, help="train.py --threads (bookkeeping: same bits)")
+def main(argv=None):
+    p = parser()
     args = p.parse_args(argv)
     names = args.only.split(",") if args.only else list(RUNS)
     unknown = [n for n in names if n not in RUNS]
@@ -96,4 +111,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

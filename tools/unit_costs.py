@@ -13,21 +13,37 @@ that both runs reach the same state hashes; then the hashing work alone (the dig
 step's 2N - 1 pieces and N witnesses, on HASH_POOL's threads, as the trainer computes them), in
 CPU time. The load average is printed before and after.
 """
-import argparse
 import dataclasses
 import os
 import statistics
 import time
 
-import torch
+from config import CommandLine, Config
 
-import config
-import data
-import receipts
-import snapshot
-import train
-import units
-from schedule import micro_batches_at
+
+def parser():
+    ap = CommandLine("python -m tools.unit_costs", "What the unit commitments cost the trainer on this "
+                     "machine: wall and CPU time per step, off, on and on overlapped.")
+    ap.add_argument("--preset", default="", metavar="NAME", help="a config preset, e.g. open1b-mini "
+                    "(default: the default model)")
+    ap.add_argument("--data_dir", metavar="DIR", default=Config.data_dir, help="the corpus (default %(default)s)")
+    ap.add_argument("--steps", type=int, default=20, metavar="N", help="steps of each run (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=0, metavar="N", help="torch threads (default 0: torch's)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
+
+import config  # noqa: E402
+import data  # noqa: E402
+import receipts  # noqa: E402
+import snapshot  # noqa: E402
+import train  # noqa: E402
+import units  # noqa: E402
+from config import micro_batches_at  # noqa: E402
 
 
 def one_step(state, corpus, cfg, salt):
@@ -39,13 +55,8 @@ def one_step(state, corpus, cfg, salt):
     return record["state_hash"]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="", help="a config preset (default: the default model)")
-    ap.add_argument("--data_dir", default="data/shakespeare")
-    ap.add_argument("--steps", type=int, default=20, help="steps of each run")
-    ap.add_argument("--threads", type=int, default=0)
-    args = ap.parse_args()
+def main(argv=None):
+    args = parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     base = config.parse_config(([f"--preset={args.preset}"] if args.preset else []) + [f"--data_dir={args.data_dir}"])

@@ -8,7 +8,24 @@ backward, for matmul + causal_softmax + matmul (O(T^2)) and repops.window_attent
 import math
 import time
 
-import torch
+from config import CommandLine
+
+
+def parser():
+    ap = CommandLine("python -m tools.window_bench", "Sliding-window attention against the full causal path: "
+                     "time and memory of one attention's forward and backward as T grows, on one thread.")
+    ap.add_argument("--window", type=int, default=64, metavar="W", help="the window's keys (default %(default)s)")
+    ap.add_argument("--head_dim", type=int, default=32, help="the head size (default %(default)s)")
+    ap.add_argument("--heads", type=int, default=4, help="the heads (default %(default)s)")
+    ap.add_argument("--lengths", default="256,512,1024,2048", metavar="T,...",
+                    help="the sequence lengths T (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
 
 import repops
 
@@ -30,7 +47,10 @@ def measure(fn, q, k, v):
     return best, sum(saved) / 2 / 2**20
 
 
-def main(window=64, head_dim=32, heads=4, lengths=(256, 512, 1024, 2048)):
+def main(argv=None):
+    args = parser().parse_args(argv)
+    window, head_dim, heads = args.window, args.head_dim, args.heads
+    lengths = [int(t) for t in args.lengths.split(",")]
     torch.set_num_threads(1)
     scale = 1.0 / math.sqrt(head_dim)
     print(f"| T | full causal | window {window} |\n|---|---|---|")

@@ -296,7 +296,7 @@ std::tuple<Tensor, Tensor> lsq_backward(const Tensor& x_, const Tensor& s_, cons
   return {gx, gs};
 }
 
-// ---- int8 P·V (contract §10; quant_pv.py)
+// ---- int8 P·V (contract §10; quant.py)
 Tensor int8_absmax_step(const Tensor& x_) {
   Tensor x = rpb::int8_absmax_step_args(kDev, x_);
   Tensor s = at::empty({x.size(0)}, x.options());

@@ -1,6 +1,6 @@
 // int8_pv.cpp -- int8 P·V inside attention (contract §10 "int8 P·V"): the step-size rule of a
 // block and the windowed layers' exact int8 band mix. The full layers' P·V is the int8 linear
-// of int8.cpp (model side: quant_pv.py).
+// of int8.cpp (model side: quant.py).
 //
 //   rp_int8_absmax_step(x, s, R, C)    s[r] = m > 0 ? m * recip(127) : 1.0, m = cmax_c |x[r,c]|
 //   rp_int8_band_mix(qp, qv, sp, sv, o, batch, M, T, D, W)

@@ -80,3 +80,13 @@ cudaError_t rpc_clip_grad(const float* g, float max_norm, float* out, float* nor
   err = cudaGetLastError();
   return err != cudaSuccess ? err : rpc_clip_apply(g, coef, out, n, st);
 }
+
+#if !defined(RPC_DEV_VERSIONS)
+// The launcher by version (kernels_cuda.h) where only version 1 is built: version 2 is in
+// dev/cuda/ until a GPU has verified it (dev/cuda/flat_sum.cu is this function there).
+cudaError_t rpc_clip_grad_v(int version, const float* g, float max_norm, float* out, float* norm, float* coef,
+                            float* sums, int64_t n, cudaStream_t st) {
+  if (version != 1) return cudaErrorInvalidValue;
+  return rpc_clip_grad(g, max_norm, out, norm, coef, sums, n, st);
+}
+#endif

@@ -26,7 +26,7 @@
 // per 16-byte piece: edge tiles take the same path as interior ones. Rows and columns outside the
 // matrix are never stored, and zero-filled k are never added: +0.0 would turn an acc of -0.0 into
 // +0.0, and acc can be -0.0 under FTZ (a tiny negative sum flushes to -0.0; the host emulation,
-// tests/test_cuda_emulate.py, caught an earlier draft that added them). The 16-byte path needs the unit
+// tests/test_cuda_emulate.py, fails a version that adds them). The 16-byte path needs the unit
 // stride, the other stride a multiple of 4 floats and a 16-byte aligned base; any other operand
 // (odd leading dimension, a step-2 slice) is staged with 4-byte cp.async per element, with the
 // same layout and the same compute loop.

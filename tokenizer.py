@@ -1,11 +1,17 @@
-"""Hugging Face tokenizers (the `tokenizers` library) beside tiktoken's: `--tokenizer hf:DIR`.
+"""The corpus's tokenizer: tiktoken's encodings, a byte tokenizer, and Hugging Face tokenizers
+(the `tokenizers` library, `--tokenizer hf:DIR`) behind tiktoken's interface.
 
     python data.py --input a.txt --data_dir data/mine --tokenizer hf:path/to/model
-    enc = hftok.load("path/to/model")          # encode, encode_to_numpy, decode, n_vocab
-    hftok.streaming_safe(enc)                  # may preparation cut the text (dataprep.py)?
+    enc = tokenizer.get_tokenizer("bytes")       # or "gpt2", "hf:DIR"; encode, decode, n_vocab
+    enc = tokenizer.get_tokenizer("hf", "data/mine", manifest["tokenizer"]["files"])  # a corpus's copy
+    tokenizer.streaming_safe(enc)                # may preparation cut the text (prepare.py)?
 
-DIR holds tokenizer.json (and, copied along when present, tokenizer_config.json and
-special_tokens_map.json, which transformers' AutoTokenizer reads). A corpus prepared with it
+"bytes" is built offline: its tokens are the text's UTF-8 bytes (vocab 256). A named tiktoken
+encoding needs tiktoken's files (downloaded once, then cached). Every failure is a
+TokenizerError with a one-line message (the commands report it as bad input, exit 2).
+
+A Hugging Face DIR holds tokenizer.json (and, copied along when present, tokenizer_config.json
+and special_tokens_map.json, which transformers' AutoTokenizer reads). A corpus prepared with it
 keeps a copy of these files in its tokenizer/ folder, and its manifest records
 {"name": "hf", "vocab_size", "files": {file: SHA-256}}; anyone who decodes the corpus's tokens
 (train.py's sample, sample.py, export.py) loads that copy after checking its SHA-256s.
@@ -14,7 +20,7 @@ Encoding is `Tokenizer.encode(text, add_special_tokens=False)`: the post-process
 not added (the corpus is one text); added tokens that the text spells are matched, as
 transformers does. vocab_size counts added tokens.
 
-The cut rule (dataprep.py prepares in blocks): a tokenizer with no normalizer, a ByteLevel
+The cut rule (prepare.py prepares in blocks): a tokenizer with no normalizer, a ByteLevel
 pre-tokenizer with its regex (GPT-2's pattern) and no prefix space, and no added token whose
 text holds a space, is cut only before a space between two ASCII letters, as tiktoken's
 patterns are: the regex ends a piece at the letter and starts the next at the space, matching
@@ -28,12 +34,13 @@ import json
 import os
 
 import numpy as np
+import tiktoken
 
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 class TokenizerError(Exception):
-    """A tokenizer folder that cannot be used (data.DataError reports it as one line)."""
+    """A tokenizer that cannot be had: an unknown name, files missing offline, a bad folder."""
 
 
 def file_hashes(folder):
@@ -79,10 +86,6 @@ class HFTokenizer:
         return {"name": "hf", "vocab_size": self.n_vocab, "files": self.files}
 
 
-def load(folder, expected=None):
-    return HFTokenizer(folder, expected)
-
-
 def streaming_safe(enc):
     """True when the text may be cut before a space between two ASCII letters (module doc)."""
     spec = json.loads(enc.tok.to_str())
@@ -91,3 +94,31 @@ def streaming_safe(enc):
                   and not pre.get("add_prefix_space", False))
     spaced = any(" " in t.get("content", "") for t in spec.get("added_tokens") or [])
     return byte_level and spec.get("normalizer") is None and not spaced
+
+
+def get_tokenizer(name, data_dir=None, files=None):
+    """A tiktoken Encoding: "bytes" (built offline, vocab 256) or any named tiktoken encoding;
+    or a Hugging Face tokenizer (HFTokenizer): "hf:DIR", or "hf", a corpus's copy in
+    data_dir/tokenizer whose files must have the SHA-256s `files` (its manifest's).
+    TokenizerError (one line) when it cannot be had."""
+    if name == "hf" or name.startswith("hf:"):
+        folder = name[3:] if name.startswith("hf:") else os.path.join(data_dir or ".", "tokenizer")
+        return HFTokenizer(folder, files if name == "hf" else None)
+    if name == "bytes":
+        # tiktoken needs a split pattern; this one partitions any text (every character is
+        # whitespace, a word character or neither), so no byte is dropped, and it keeps the
+        # pieces short. With only single-byte ranks there are no merges: token = byte value.
+        return tiktoken.Encoding(
+            name="bytes",
+            pat_str=r"\s+|\w+|[^\s\w]+",
+            mergeable_ranks={bytes([i]): i for i in range(256)},
+            special_tokens={},
+        )
+    if name not in tiktoken.list_encoding_names():
+        raise TokenizerError(f"unknown tokenizer {name!r}; use 'bytes', hf:DIR or one of "
+                        f"{', '.join(tiktoken.list_encoding_names())}")
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:  # tiktoken raises whatever its HTTP client raises
+        raise TokenizerError(f"tokenizer {name!r} is not available offline: tiktoken must download "
+                        f"its files first ({type(e).__name__})") from None
