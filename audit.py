@@ -17,6 +17,13 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --coverage receipts/ --redundancy 2          # what accepted receipts cover
     python audit.py --anchors anchors.jsonl           # the chain against published chain heads
 
+    # a run with unit commitments (--unit_commits, units.py): one unit of a step at a time
+    python audit.py --step 12 --micro_batch 3 --revealed pub/      # micro-batch 3 alone (unitaudit.py)
+    python audit.py --step 12 --fold_node 0:4 --revealed pub/      # a fold node from its revealed children
+    python audit.py --step 12 --update --revealed pub/             # the update from the revealed S
+    python audit.py --reveal_unit 12:fold:0:4 --out pub/          # publisher: what that audit needs (publisher.py)
+    python audit.py --materialize 11 --params_only --out pub/     # publisher: any state, by replay
+
 One mode flag per call (the first group of `python audit.py --help`); every other option
 belongs to the modes its group names, and is refused with any other (config.CommandLine).
 
@@ -34,9 +41,11 @@ The audit vouches only for what it checked, and checks everything it vouches for
 4. every replayed step's record against the published one, field for field: the state hash
    (naming the first differing tensor), batch digest, loss, gradient norm, learning rate, and
    any field the published record has that a replay does not produce, or lacks. step_commit,
-   the commitment to the step's gradient and post-step state that only the run's secret opens
-   (and the genesis record's secret_commit), must be there and well-formed; --check_receipts is
-   what opens it.
+   the commitment to the step's gradient and post-step state (and units_root, its pieces'), is
+   made and compared too where the step's salt is known: from the run's secret (the
+   publisher's run directory) or revealed salts (--salts FILE); elsewhere it must be there and
+   well-formed, and the MATCH line says it was not checked. The genesis record's secret_commit
+   is compared where the run's secret is at hand, and must be there and well-formed anyway.
 
 Replays use train.train_step (the one step function) on one device with no topology emulation.
 Each problem prints as "MISMATCH at step S: ..." in step order, then what the audit cost.
@@ -87,8 +96,13 @@ def parser():
                       "balanced by the replay cost measured here")
     mode.add_argument("--anchors", metavar="FILE", help="check the chain against anchors (chain heads) "
                       "obtained outside the run")
+    mode.add_argument("--materialize", type=int, metavar="S", help="the publisher: write the state after "
+                      "step S (replayed from the latest checkpoint before it) to --out DIR")
+    mode.add_argument("--reveal_unit", metavar="S:UNIT", help="the publisher: write what the audit of one "
+                      "unit of step S needs (S:micro_batch:M, S:fold:LO:SIZE, S:update) to --out DIR")
     ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
-    replayed = ap.options_for(REPLAY + ("plan",), "replaying (--step, --range, --all; --plan times one step)")
+    replayed = ap.options_for(REPLAY + ("plan", "materialize", "reveal_unit"),
+                              "replaying (--step, --range, --all, --materialize, --reveal_unit; --plan times one step)")
     replayed.add_argument("--data_dir", metavar="DIR", help="the run's corpus, or a bundle of it (default: "
                           "the data_dir the run's config.json names)")
     replayed.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
@@ -105,9 +119,25 @@ def parser():
                      "(compare two with python optrace.py A B)")
     one.add_argument("--receipt", metavar="FILE", help="write the step's receipt to FILE (with --auditor)")
     one.add_argument("--auditor", metavar="NAME", help="who replayed the step (with --receipt)")
-    checked = ap.options_for(("check_receipts", "coverage"), "checking receipts (--check_receipts, --coverage)")
-    checked.add_argument("--salts", metavar="FILE", help="check with revealed salts (--reveal_salts) instead "
-                         "of the run's secret")
+    unit = ap.options_for(("step",), "one unit of the step, with unit commitments (--step)")
+    unit.add_argument("--micro_batch", type=int, metavar="M", help="audit micro-batch M of the step alone, "
+                      "from the state before it (--revealed, --state or the run's checkpoint)")
+    unit.add_argument("--fold_node", metavar="LO:SIZE", help="audit the fold node over micro-batches "
+                      "LO..LO+SIZE-1: the contract's sum of its children revealed in --revealed DIR")
+    unit.add_argument("--update", action="store_true", help="audit the update: clip, AdamW and the record "
+                      "from S (the tree's root) revealed in --revealed DIR and the state before the step")
+    unit.add_argument("--state", metavar="FILE", help="the state before the step, from the publisher "
+                      "(--materialize); default: the one in --revealed DIR, else the run's checkpoint")
+    unit.add_argument("--units", metavar="FILE", help="the step's unit list (default: the one in --revealed "
+                      "DIR, else the run's units/ folder); checked against units_root")
+    revealed = ap.options_for(("step", "check_receipts", "coverage"),
+                              "revealed pieces (--step with a unit, --check_receipts, --coverage)")
+    revealed.add_argument("--revealed", metavar="DIR", help="what the publisher revealed (--reveal_unit): a "
+                          "unit audit's inputs; when checking receipts, the fold nodes' children")
+    checked = ap.options_for(REPLAY + ("check_receipts", "coverage"),
+                             "salts (--step, --range, --all, --check_receipts, --coverage)")
+    checked.add_argument("--salts", metavar="FILE", help="revealed salts (--reveal_salts): with them a "
+                         "replay checks step_commit, and receipts are checked without the run's secret")
     shared = ap.options_for(("plan", "coverage"), "sharing the steps (--plan, --coverage)")
     shared.add_argument("--redundancy", type=int, default=2, metavar="C",
                         help="distinct auditors per step (default %(default)s)")
@@ -117,8 +147,12 @@ def parser():
     plan.add_argument("--seed", type=int, help="the plan's private seed (default: drawn now, and printed)")
     plan.add_argument("--absent", type=float, default=0.25, metavar="F", help="the fraction of auditors "
                       "assumed absent or dishonest, for the chance of a miss (default %(default)s)")
-    reveal = ap.options_for(("reveal_salts",), "revealing salts (--reveal_salts)")
-    reveal.add_argument("--out", metavar="FILE", help="write the salts to FILE (default: standard output)")
+    reveal = ap.options_for(("reveal_salts", "materialize", "reveal_unit"),
+                            "the publisher's output (--reveal_salts, --materialize, --reveal_unit)")
+    reveal.add_argument("--out", metavar="PATH", help="--reveal_salts: write the salts to PATH (default: "
+                        "standard output); --materialize, --reveal_unit: the directory to write to (required)")
+    reveal.add_argument("--params_only", action="store_true", help="--materialize: the parameters only, all a "
+                        "micro-batch audit needs (default: the whole state)")
     return ap
 
 
@@ -128,9 +162,11 @@ if __name__ == "__main__":
 import hashchain  # noqa: E402  (below the command line's first answer, above)
 import hfllama  # noqa: E402
 import optrace  # noqa: E402
+import publisher  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
+import unitaudit  # noqa: E402
 import unitreceipts  # noqa: E402
 from data import DataError, DataMismatch, TokenData  # noqa: E402
 from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step  # noqa: E402
@@ -219,6 +255,9 @@ class Audit:
         # salt_of(step): from the run's secret (the publisher) or revealed salts (--salts FILE);
         # where it is known the replay makes step_commit (and units_root) and compares them too
         self.salt_of = receipts.salt_lookup(run_dir, self.run.genesis, salts, required=False)
+        # the run's secret, where this is the publisher's run directory: then secret_commit too
+        has_secret = (self.run.dir / receipts.SECRET).exists()
+        self.secret = receipts.read_secret(run_dir, "") if has_secret else None
         self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
@@ -258,7 +297,7 @@ class Audit:
         init = self.run.genesis.get("init")
         if init is not None:
             self.imported_state(state)
-        diff = compare(genesis_record(state, self.data, self.cfg, init=init), self.run.genesis)
+        diff = compare(genesis_record(state, self.data, self.cfg, self.secret, init=init), self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
         for key in self.config_json_differences:
@@ -395,11 +434,28 @@ class Audit:
 
 
 # ----------------------------------------------------------------------------- the commands
+def unit_of(args):
+    """The unit --micro_batch, --fold_node or --update names (None: the whole step)."""
+    given = [u for u in (args.micro_batch is not None and f"micro_batch:{args.micro_batch}",
+                         args.fold_node and f"fold:{args.fold_node}", args.update and "update") if u]
+    if len(given) > 1:
+        raise UsageError("--micro_batch, --fold_node and --update: one unit per audit")
+    if given:
+        for option in ("trace", "init_from", "salts"):
+            if getattr(args, option):
+                raise UsageError(f"--{option} goes with a whole step's replay, not with {given[0]}")
+    elif args.state or args.units or args.revealed:
+        raise UsageError("--state, --units and --revealed go with one unit (--micro_batch, --fold_node or --update)")
+    return given[0] if given else None
+
+
 def replay_command(args):
+    if args.step is not None and (unit := unit_of(args)) is not None:
+        return unitaudit.command(args, unit, code_digest())
     t0 = time.perf_counter()
     audit = Audit(args.run_dir, args.data_dir, args.device,
                   **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")},
-                  source=args.init_from)
+                  source=args.init_from, salts=args.salts)
     if args.step is not None:
         first = last = args.step
         if args.step < 1:
@@ -410,9 +466,14 @@ def replay_command(args):
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
     if not audit.findings:
+        commitments = "step_commit and units_root" if audit.cfg.unit_commits else "step_commit"
+        unchecked = receipts.ranges(audit.unchecked)
+        checked = (f"{commitments} checked" if not audit.unchecked else
+                   f"{commitments} not checked: no secret or salt" if len(audit.unchecked) == len(audit.replayed)
+                   else f"{commitments} checked, but for steps {unchecked}: no secret or salt")
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
               f"(step {last}: {audit.run.chain.records[last]['state_hash'][:16]}), and the "
-              "checkpoints checked match the chain")
+              f"checkpoints checked match the chain; {checked}")
     cost = {"seconds": round(time.perf_counter() - t0, 3), "steps_replayed": len(audit.replayed),
             "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "bytes_read": audit.bytes_read}
@@ -453,11 +514,13 @@ def chain_steps(run, steps, flag="--steps"):
 # ---- receipts, coverage, salts (receipts.py holds the protocol's logic)
 def receipt_results(args):
     """The opened run and [receipts.Result] for every receipt under the directory given,
-    checked with the run's secret or with revealed salts (--salts)."""
+    checked with the run's secret or with revealed salts (--salts); a unit's receipt with the
+    step's unit list and, for a fold node, the children revealed in --revealed DIR."""
     run = rundir.Run(args.run_dir)
     run.chain.verify()
     salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
-    return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of)
+    unit_list, fold_keyed = unitaudit.judging(run, args.revealed)
+    return run, unitreceipts.check(args.check_receipts or args.coverage, run.chain, salt_of, unit_list, fold_keyed)
 
 
 def summarize(results, directory):
@@ -472,7 +535,8 @@ def summarize(results, directory):
 def check_receipts_command(args):
     _, results = receipt_results(args)
     for r in results:
-        about = [f"step {r.receipt['step']} by {receipts.shown(r.receipt['auditor'])}"] if r.receipt else []
+        unit = f", {r.receipt['unit']}" if r.receipt and r.receipt.get("unit", "step") != "step" else ""
+        about = [f"step {r.receipt['step']}{unit} by {receipts.shown(r.receipt['auditor'])}"] if r.receipt else []
         print(f"{r.status:9s} {receipts.shown(r.path)}: "
               + ": ".join(about + [receipts.shown(r.reason)] * bool(r.reason)))
     return 1 if summarize(results, args.check_receipts)["rejected"] else 0
@@ -481,6 +545,9 @@ def check_receipts_command(args):
 def coverage_command(args):
     run, results = receipt_results(args)
     first, last = chain_steps(run, args.steps)
+    if run.cfg.unit_commits:
+        summarize(results, args.coverage)
+        return unit_coverage(unitreceipts.covered(results, run.chain, first, last), first, last, args.redundancy)
     counts = receipts.coverage(results, first, last)
     summarize(results, args.coverage)
     total = last - first + 1
@@ -490,6 +557,21 @@ def coverage_command(args):
               f"{len(steps)}/{total} ({100 * len(steps) / total:.1f}%): {receipts.ranges(steps)}")
     print(f"steps with none: {receipts.ranges(s for s, n in counts.items() if n == 0)}")
     return 0 if all(n >= args.redundancy for n in counts.values()) else 1
+
+
+def unit_coverage(covered, first, last, redundancy):
+    """Print what the accepted receipts cover, unit by unit (a step is covered when every one of
+    its units is); exit code 0 when every unit has `redundancy` distinct auditors."""
+    n_units = sum(len(u) for u in covered.values())
+    for need in sorted({1, redundancy}):
+        done = sum(len(a) >= need for u in covered.values() for a in u.values())
+        steps = [s for s, u in covered.items() if all(len(a) >= need for a in u.values())]
+        print(f"units of steps {first}..{last} with >= {need} accepted receipt{'s' * (need > 1)} from distinct "
+              f"auditors: {done}/{n_units} ({100 * done / n_units:.1f}%); steps all of whose units have them: "
+              f"{len(steps)}/{last - first + 1}: {receipts.ranges(steps)}")
+    short = [(s, u) for s, units_ in covered.items() for u, a in units_.items() if len(a) < redundancy]
+    print(f"units with fewer than {redundancy}: {unitreceipts.describe(short)}")
+    return 0 if not short else 1
 
 
 def reveal_command(args):
@@ -557,6 +639,9 @@ def plan_command(args):
     probe_s = probe_step(probe_cfg, probe_state, TokenData(args.data_dir or run.recorded_data_dir(), cfg.seed))
     run_work = run_state.n_params() * tokens(cfg)
     probe_work = probe_state.n_params() * tokens(probe_cfg)
+    if cfg.unit_commits:
+        return plan_units(args, run, first, last, seed, receipts.replay_hours(1, probe_s, probe_work, run_work) * 3600,
+                          run_state.flat_numel())
     print(f"plan: steps {first}..{last} of {args.run_dir} for {args.auditors} auditors, each step replayed "
           f"by {args.redundancy} of them, seed {seed}" + (" (drawn now: keep it private)" if args.seed is None else ""))
     print(f"replay cost: a probe step ({probe_state.n_params():,} params x {tokens(probe_cfg)} tokens) took "
@@ -569,6 +654,30 @@ def plan_command(args):
         hours = receipts.replay_hours(sum(costs[s] for s in steps), probe_s, probe_work, run_work)
         print(f"{a:7d}  {len(steps):5d}  {replayed:8d}  {hours:10.2g}  {receipts.ranges(steps)}")
     print(f"a tampered step goes undetected only if all {args.redundancy} of its auditors are absent or "
+          f"dishonest: with each so with probability f = {args.absent} independently, "
+          f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    return 0
+
+
+def plan_units(args, run, first, last, seed, micro_s, numel):
+    """--plan on a run with unit commitments: every unit of --steps (each micro-batch, fold node and
+    update) to --redundancy distinct auditors, balanced by the estimated seconds of each: a
+    micro-batch the probe's (micro_s, scaled to this run's model); a fold node and the update
+    from this machine's hashing rate (they hash 3 and about 7 vectors of numel floats)."""
+    rate = unitaudit.hash_rate()
+    seconds = {"micro_batch": micro_s, "fold": 3 * 4 * numel / rate, "update": 7 * 4 * numel / rate}
+    costs = unitreceipts.unit_costs(run.chain, first, last, seconds.get)
+    assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
+    print(f"plan: the {len(costs)} units of steps {first}..{last} of {args.run_dir} (every micro-batch, fold node "
+          f"and update) for {args.auditors} auditors, each unit audited by {args.redundancy} of them, seed {seed}"
+          + (" (drawn now: keep it private)" if args.seed is None else ""))
+    print(f"unit cost here, estimated: a micro-batch {micro_s:.3g} s, a fold node {seconds['fold']:.3g} s, the "
+          f"update {seconds['update']:.3g} s (hashing {rate / 1e9:.2f} GB/s)")
+    print("auditor  units  est. hours  assigned units")
+    for a, items in enumerate(assignment, start=1):
+        hours = sum(costs[i] for i in items) / 3600
+        print(f"{a:7d}  {len(items):5d}  {hours:10.2g}  {unitreceipts.describe(items)}")
+    print(f"a lie in a unit goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
     return 0
@@ -595,7 +704,8 @@ def anchors_command(args):
 OUTPUT_OPTIONS = ("trace", "receipt", "out")
 COMMANDS = {"step": replay_command, "range": replay_command, "all": replay_command,
             "check_receipts": check_receipts_command, "coverage": coverage_command,
-            "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command}
+            "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command,
+            "materialize": publisher.materialize_command, "reveal_unit": publisher.reveal_command}
 
 
 def main(argv=None):

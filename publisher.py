@@ -1,7 +1,7 @@
 """The publisher's side of the unit audits: any state, or what one unit audit needs, by replay.
 
     p = Publisher("runs/x")                         # the run, its chain verified
-    p.materialize(11, "pub/", params_only=True)     # pub/state_00000011.safetensors (params.* only)
+    p.materialize(11, "pub/", params_only=True)     # pub/params_00000011.safetensors (params.* only)
     p.reveal(12, "micro_batch:3", "pub/")           # the parameters after step 11, the unit list
     p.reveal(12, "fold:0:4", "pub/")                # fold:0:2 and fold:2:2, the unit list
     p.reveal(12, "update", "pub/")                  # S (fold:0:4), the whole state after 11, the list
@@ -13,7 +13,7 @@ s - 1 by train.micro_batch_gradient and treefold's Fold over the node's own subt
 subtree is the left-complete tree of its size). Nothing extra has to be stored to serve any
 step. The witnesses are never revealed: they are what a micro-batch receipt proves.
 
-The files (SPEC §11.8): units.state_file (SPEC §13's layout: the state's tensors, all or the
+The files (SPEC §20.6): units.state_file (SPEC §13's layout: the state's tensors, all or the
 params.* ones, with the record's metadata), units.unit_file (one float32 tensor [P + 1] named by
 the unit; metadata {"step", "unit"}) and units.list_file (the step's unit list, as the trainer
 writes it, checked against units_root; made again by replaying the step when the run has lost
@@ -84,7 +84,7 @@ class Publisher:
         if params_only:
             tensors = {n: tensors[n] for n in tensors if n.startswith("params.")}
         record = self.run.chain.records[step]
-        path = units.state_file(out, step)
+        path = units.state_file(out, step, params_only)
         rundir.save_checkpoint(path, tensors, {"step": step, "state_hash": record["state_hash"],
                                                    "tensor_hashes": record["tensor_hashes"]})
         return path
@@ -165,6 +165,8 @@ class Publisher:
 # ----------------------------------------------------------------------------- the commands
 def materialize_command(args):
     """audit.py --materialize S --out DIR [--params_only]: the state after step S, by replay."""
+    if not args.out:
+        raise UsageError("--materialize needs --out DIR (a directory outside the run)")
     path = Publisher(args.run_dir, args.data_dir, args.device).materialize(args.materialize, args.out,
                                                                           args.params_only)
     print(f"state of step {args.materialize} ({'parameters only' if args.params_only else 'all tensors'}) "
@@ -174,6 +176,10 @@ def materialize_command(args):
 
 def reveal_command(args):
     """audit.py --reveal_unit S:UNIT --out DIR: what the audit of that unit needs."""
+    if not args.out:
+        raise UsageError("--reveal_unit needs --out DIR (a directory outside the run)")
+    if args.params_only:
+        raise UsageError("--params_only goes with --materialize")
     step, _, unit = args.reveal_unit.partition(":")
     if not step.isdigit() or not unit:
         raise UsageError(f"--reveal_unit expects STEP:UNIT (12:micro_batch:3, 12:fold:0:4, 12:update), "

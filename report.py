@@ -13,7 +13,10 @@ The report reads the run only after verifying its chain (as sample.py does): a b
 - the checkpoint files (listed, not verified: `audit.py` verifies them);
 - with --receipts: a strip of every step coloured by the distinct auditors whose receipts were
   accepted for it (0, 1 ... C-1, >= C = --redundancy) and red where a receipt or an anchor
-  reports a MISMATCH at that step; the audit costs the receipts report, per auditor;
+  reports a MISMATCH at that step; the audit costs the receipts report, per auditor. A run
+  with unit commitments is covered unit by unit (unitreceipts.covered): a step is as covered as
+  its least covered unit, and the page gives the fraction of the units covered and the steps
+  whose units are covered only in part;
 - the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees.
 Receipts are checked as `audit.py --check_receipts` checks them: with the run's secret, or with
 revealed salts (--salts). Curves are downsampled (the min and max of each bucket, so spikes
@@ -37,6 +40,8 @@ def parser():
     ap.add_argument("--out", required=True, metavar="FILE", help="the HTML file to write, outside the run (required)")
     ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from")
     ap.add_argument("--salts", metavar="FILE", help="with --receipts: check them with revealed salts, not the run's secret")
+    ap.add_argument("--revealed", metavar="DIR", help="with --receipts: the children the publisher revealed for "
+                    "fold-node audits, with which their receipts are checked")
     ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
     ap.add_argument("--redundancy", type=int, default=2, metavar="C",
                     help="distinct auditors per step for full coverage (default %(default)s)")
@@ -47,8 +52,10 @@ if __name__ == "__main__":
     parser().answer_early()     # --help and bad input answer here, before torch is imported
 
 import hashchain  # noqa: E402  (below the command line's first answer, above)
-import receipts
-import rundir
+import receipts  # noqa: E402
+import rundir  # noqa: E402
+import unitaudit  # noqa: E402
+import unitreceipts  # noqa: E402
 
 
 CURVE_POINTS = 1000      # buckets per curve (each gives its min and max)
@@ -72,17 +79,40 @@ def read_val_losses(run_dir):
     return {int(m.group(1)): float(m.group(2)) for m in VAL_LINE.finditer(text)}
 
 
-def coverage_levels(results, n_steps, redundancy, extra_mismatches=()):
+def coverage_levels(results, n_steps, redundancy, extra_mismatches=(), covered=None):
     """[level] for steps 1..n_steps (index 0 is step 1): "mismatch" where a well-formed receipt
     reports a MISMATCH at that step (or an anchor does: extra_mismatches), else "full" with
-    >= redundancy distinct accepted auditors, "some" with fewer, "none" with none."""
-    counts = receipts.coverage(results, 1, n_steps) if n_steps else {}
+    >= redundancy distinct accepted auditors, "some" with fewer, "none" with none. With
+    `covered` (unitreceipts.covered: a run with unit commitments) a step counts the auditors of
+    its least covered unit, and is "some" as soon as one of its units has an auditor."""
+    if covered is not None:
+        least = {s: min(len(a) for a in u.values()) for s, u in covered.items()}
+        touched = {s for s, u in covered.items() if any(u.values())}
+    else:
+        least = receipts.coverage(results, 1, n_steps) if n_steps else {}
+        touched = {s for s, n in least.items() if n}
     bad = set(extra_mismatches)
     for r in results:
         if r.receipt and r.receipt["verdict"] != "MATCH":
             bad.update(int(m.group(1)) for f in r.receipt["findings"] for m in [MISMATCH_AT.match(f)] if m)
-    return ["mismatch" if s in bad else "full" if counts[s] >= redundancy else "some" if counts[s] else "none"
+    return ["mismatch" if s in bad else "full" if least[s] >= redundancy else "some" if s in touched else "none"
             for s in range(1, n_steps + 1)]
+
+
+def unit_coverage(covered, redundancy):
+    """HTML of a run with unit commitments: the fraction of its units covered, and the steps
+    whose units are covered only in part (the first 50)."""
+    all_units = [a for u in covered.values() for a in u.values()]
+    some, full = sum(1 for a in all_units if a), sum(len(a) >= redundancy for a in all_units)
+    out = [f"<p>Units (each micro-batch, fold node and update; a step is as covered as its least covered "
+           f"unit): {some} of {len(all_units)} with an accepted receipt ({100 * some / len(all_units):.1f}%), "
+           f"{full} with &gt;= {redundancy} ({100 * full / len(all_units):.1f}%).</p>"]
+    part = [(s, sum(len(a) >= redundancy for a in u.values()), len(u),
+             unitreceipts.describe([(s, k) for k, a in u.items() if len(a) < redundancy]).partition(": ")[2])
+            for s, u in covered.items() if any(u.values()) and min(map(len, u.values())) < redundancy]
+    if part:
+        out.append(table(("step covered in part", f"units with >= {redundancy}", "of", "units short"), part[:50]))
+    return out
 
 
 def audit_costs(results):
@@ -252,7 +282,8 @@ def render(run, args, val_losses, results, anchors, contradiction):
         out.append("<p class='note'>No receipts given (--receipts DIR).</p>")
     else:
         counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
-        levels = coverage_levels(results, n, args.redundancy, [contradiction[0]] if contradiction else [])
+        covered = unitreceipts.covered(results, run.chain, 1, n) if run.cfg.unit_commits and n else None
+        levels = coverage_levels(results, n, args.redundancy, [contradiction[0]] if contradiction else [], covered)
         tally = {k: levels.count(k) for k in COLOURS}
         some = "1 auditor" if args.redundancy == 2 else f"1..{args.redundancy - 1} auditors"
         key = (f"<span style='color:{COLOURS['none']}'>&#9632;</span> no accepted receipt ({tally['none']}) "
@@ -263,6 +294,8 @@ def render(run, args, val_losses, results, anchors, contradiction):
         out += [f"<p>Receipts under <code>{html.escape(args.receipts)}</code>: "
                 + ", ".join(f"{v} {k}" for k, v in counts.items()) + ". Every step is drawn, "
                 f"{STRIP_ROW} per row.</p><p>{key}</p>", strip(levels, anchor_steps)]
+        if covered is not None:
+            out += unit_coverage(covered, args.redundancy)
         bad = [r for r in results if r.status in ("rejected", "malformed")]
         if bad:
             out.append(table(("receipt", "status", "reason"), [(r.path, r.status, r.reason) for r in bad[:50]]))
@@ -295,8 +328,9 @@ def main(argv=None):
         rundir.check_outside(args.run_dir, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
-        if args.salts and not args.receipts:
-            raise UsageError("--salts goes with --receipts")
+        for option in ("salts", "revealed"):
+            if getattr(args, option) and not args.receipts:
+                raise UsageError(f"--{option} goes with --receipts")
         run = rundir.Run(args.run_dir)
         try:
             run.chain.verify()
@@ -310,7 +344,7 @@ def main(argv=None):
         results = None
         if args.receipts:
             salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
-            results = receipts.check_receipts(args.receipts, run.chain, salt_of)
+            results = unitreceipts.check(args.receipts, run.chain, salt_of, *unitaudit.judging(run, args.revealed))
         page = render(run, args, read_val_losses(run.dir), results, anchors, contradiction)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(page)

@@ -95,8 +95,9 @@ class UnitAudit:
         in `directory`, else the run's checkpoint of that step; each tensor used is checked
         against that record's tensor_hashes. None on a finding."""
         before = self.step - 1
-        if path is None and directory is not None and units.state_file(directory, before).exists():
-            path = units.state_file(directory, before)
+        if path is None and directory is not None:
+            found = [units.state_file(directory, before, only) for only in (False, True)[:1 + params_only]]
+            path = next((p for p in found if p.exists()), None)
         if path is None:
             path = dict(self.run.checkpoints()).get(before)
             if path is None:
@@ -229,8 +230,9 @@ class UnitAudit:
             proof = {"keyed": self.keyed(auditor)}
         if not proof:
             return None
+        findings = [f"MISMATCH at step {self.step}, {label(self.unit)}: {f}" for f in self.findings]
         return unitreceipts.make(self.run.genesis, self.record, self.unit, proof, auditor, machine, cost,
-                                 code_digest, self.run.genesis.get("data_manifest"), self.findings)
+                                 code_digest, self.run.genesis.get("data_manifest"), findings)
 
     def keyed(self, auditor):
         """The fold node's chunked digest keyed by units.fold_key(run, node, auditor)."""
@@ -280,7 +282,10 @@ def command(args, unit, code_digest):
     --update): print MATCH or each "MISMATCH at step S, <unit>: ...", the cost, and with
     args.receipt the unit's receipt. Returns the exit code (0 match, 1 mismatch)."""
     t0 = time.perf_counter()
-    audit = UnitAudit(args.run_dir, args.step, args.data_dir, args.device, args.units,
+    listed = args.units
+    if listed is None and args.revealed is not None and units.list_file(args.revealed, args.step).exists():
+        listed = units.list_file(args.revealed, args.step)      # the publisher's copy, checked like any
+    audit = UnitAudit(args.run_dir, args.step, args.data_dir, args.device, listed,
                       **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")})
     kind, *where = audit.check_unit(unit)
     if audit.entries is None:
@@ -316,3 +321,50 @@ def command(args, unit, code_digest):
             receipts.write_receipt(args.receipt, receipt)
             print(f"receipt: step {args.step}, {unit} ({receipt['verdict']}) by {args.auditor} written to {args.receipt}")
     return 1 if audit.findings else 0
+
+
+def judging(run, revealed):
+    """(unit_list, fold_keyed) for unitreceipts.check on the opened run: unit_list(step) is the
+    step's unit list (the run's units/ folder, else the one in `revealed`) checked against its
+    units_root, or None; fold_keyed(step, unit, auditor) the node's keyed digest made from its
+    children revealed in `revealed` (checked against their commitments), or None."""
+    lists, nodes = {}, {}
+
+    def unit_list(step):
+        if step not in lists:
+            lists[step] = None
+            for path in (units.list_path(run.dir, step), revealed and units.list_file(revealed, step)):
+                if path and os.path.exists(path):
+                    try:
+                        n = micro_batches_at(run.cfg, step)
+                        lists[step] = units.check_list(units.read_list(path, step), step, n,
+                                                       run.chain.records[step].get("units_root"))
+                        break
+                    except units.UnitsError:
+                        continue
+        return lists[step]
+
+    def fold_keyed(step, unit, auditor):
+        if revealed is None:
+            return None
+        if (step, unit) not in nodes:
+            _, lo, size = units.parse(unit, micro_batches_at(run.cfg, step))
+            listed = units.list_file(revealed, step)
+            try:
+                audit = UnitAudit(run.dir, step, units_file=listed if listed.exists() else None)
+                audit.fold(lo, size, revealed)
+                nodes[(step, unit)] = None if audit.findings else audit
+            except UsageError:                  # its children (or the unit list) are not at hand
+                nodes[(step, unit)] = None
+        audit = nodes[(step, unit)]
+        return None if audit is None else audit.keyed(auditor)
+
+    return unit_list, fold_keyed
+
+
+def hash_rate(size=64 << 20):
+    """Bytes per second of a unit digest here, on HASH_POOL's threads (a plan's cost estimate)."""
+    t = torch.zeros(size // 4)
+    t0 = time.perf_counter()
+    units.digest(b"0/rate", t)
+    return size / (time.perf_counter() - t0)

@@ -1,4 +1,4 @@
-"""The pieces of a step and their commitments (SPEC.md §11.8): what `units_root` binds.
+"""The pieces of a step and their commitments (SPEC.md §20): what `units_root` binds.
 
 A step with N micro-batches is N micro-batch gradients g_m (flat float32 [P + 1]: the gradient,
 then the loss), the internal nodes of their left-complete tree (treefold.py; the root, over all
@@ -268,10 +268,11 @@ def check_list(entries, step, n, units_root):
 
 
 # ----------------------------------------------------------------------------- the publisher's files
-def state_file(directory, step):
-    """A state revealed by the publisher: the state after `step` (SPEC §13's file layout; all
-    its tensors, or only its params.* ones), checked tensor by tensor against that step's record."""
-    return Path(directory) / f"state_{step:08d}.safetensors"
+def state_file(directory, step, params_only=False):
+    """A state revealed by the publisher: the state after `step` in SPEC §13's file layout, all
+    its tensors (state_<s>) or only its params.* ones (params_<s>), checked tensor by tensor
+    against that step's record."""
+    return Path(directory) / f"{'params' if params_only else 'state'}_{step:08d}.safetensors"
 
 
 def unit_file(directory, step, name):

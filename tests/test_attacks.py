@@ -217,6 +217,36 @@ def test_a_receipt_names_the_record_it_audited(reference, honest, tmp_path):
     assert result.status == "rejected" and "another record of this step" in result.reason
 
 
+def test_a_swapped_step_commit_is_a_mismatch_wherever_the_salt_is_known(reference, tmp_path):
+    """Record 12's step_commit replaced by record 13's and the chain resealed: a replay of 11..13
+    names it at step 12 in the publisher's run directory (the run's secret) and, elsewhere, with
+    the revealed salts (--salts); without either it cannot, and its MATCH line says so."""
+    salts = tmp_path / "salts.json"
+    assert call(audit.main, ["--run_dir", reference, "--reveal_salts", "11:13", "--out", salts])[0] == 0
+    code, out, err = call(audit.main, ["--run_dir", reference, "--range", "11:13"])
+    assert code == 0 and out.startswith("MATCH: steps 11..13") and "; step_commit checked\n" in out, out + err
+    run = copy_run(reference, tmp_path / "run")
+    records = chain_records(run)
+    records[12]["step_commit"] = records[13]["step_commit"]
+    write_chain(run, reseal(records))
+    secret = run / receipts.SECRET
+    kept = secret.read_bytes()
+    secret.unlink()
+    code, out, err = call(audit.main, ["--run_dir", run, "--range", "11:13"])
+    assert code == 0 and "; step_commit not checked: no secret or salt\n" in out, out + err
+    assert step_12_mismatch(call(audit.main, ["--run_dir", run, "--range", "11:13", "--salts", salts]))
+    secret.write_bytes(kept)
+    assert step_12_mismatch(call(audit.main, ["--run_dir", run, "--range", "11:13"]))
+
+
+def step_12_mismatch(result):
+    """The audit's result exits 1 with MISMATCH lines at step 12 only, the first naming step_commit."""
+    code, out, err = result
+    found = [line for line in out.splitlines() if line.startswith("MISMATCH")]
+    assert code == 1 and found and all(line.startswith("MISMATCH at step 12: ") for line in found), out + err
+    return "step_commit" in found[0]
+
+
 def test_a_resume_under_another_secret_is_refused(reference, corpus, tmp_path):
     run = copy_run(reference, tmp_path / "run")
     write_chain(run, chain_records(run)[:21])        # killed right after checkpoint 20
@@ -272,6 +302,8 @@ def output_cases(run, out):
         ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--auditor", "a"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", run / "s.json"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", out / "chain_hard"])),
+        ("--out", (audit.main, ["--run_dir", run, "--materialize", 3, "--out", run / "pub"])),
+        ("--out", (audit.main, ["--run_dir", run, "--reveal_unit", "3:update", "--out", out / "run_link" / "pub"])),
         ("--out", (report.main, ["--run_dir", run, "--out", run / "report.html"])),
         ("--out", (report.main, ["--run_dir", run, "--out", out / "log_hard"])),
         ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run, "--data_dir", run / "b"])),
@@ -282,7 +314,8 @@ def output_cases(run, out):
 
 def test_every_output_of_every_reader_is_refused_inside_the_run(reference, tmp_path):
     # Every option that names a file audit.py writes is checked; the others name inputs.
-    written = {a.dest for a in audit.parser()._actions if a.metavar == "FILE"} - {"salts", "anchors"}
+    written = {a.dest for a in audit.parser()._actions if a.metavar in ("FILE", "PATH")} - \
+        {"salts", "anchors", "state", "units"}
     assert written == set(audit.OUTPUT_OPTIONS)
     run = copy_run(reference, tmp_path / "run")
     out = tmp_path / "out"
@@ -456,8 +489,14 @@ def test_data_changed_in_one_micro_batch_is_caught_by_that_micro_batch(corpus, t
         x, y = true_batch(self, split, step, micro, *args)
         return (x.flip(-1).contiguous(), y.flip(-1).contiguous()) if (split, step, micro) == ("train", STEP, 1) else (x, y)
 
-    _, found = dishonest(corpus, tmp_path, [(TokenData, "micro_batch", injected)])
+    run, found = dishonest(corpus, tmp_path, [(TokenData, "micro_batch", injected)])
     assert list(found) == ["micro_batch:1"] and found["micro_batch:1"][0].startswith("field loss differs"), found
+    code, out, err = call(audit.main, ["--run_dir", run, "--data_dir", corpus, "--step", STEP, "--micro_batch", 1,
+                                       "--revealed", unit_dir(tmp_path / "pub", "micro_batch:1"),
+                                       "--receipt", tmp_path / "r.json", "--auditor", "alice"])
+    assert code == 1 and out.startswith(f"MISMATCH at step {STEP}, micro-batch 1: field loss differs"), out + err
+    receipt = json.loads((tmp_path / "r.json").read_text())
+    assert receipt["verdict"] == "MISMATCH" and receipt["findings"][0] == out.splitlines()[0], receipt
 
 
 def test_a_tampered_fold_node_is_caught_by_that_fold_node(corpus, tmp_path):
@@ -543,7 +582,7 @@ def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path
     tensors, meta = rundir.load_checkpoint(child)
     tensors["fold:0:2"][7] = 1.0
     rundir.save_checkpoint(child, tensors, meta)
-    state = units.state_file(unit_dir(tmp_path, "micro_batch:0"), STEP - 1)
+    state = units.state_file(unit_dir(tmp_path, "micro_batch:0"), STEP - 1, params_only=True)
     tensors, meta = rundir.load_checkpoint(state)
     tensors["params.layers.1.wo"][0, 0] = 1.0
     rundir.save_checkpoint(state, tensors, meta)
@@ -555,3 +594,11 @@ def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path
     micro.micro_batch(0, directory=unit_dir(tmp_path, "micro_batch:0"))
     assert len(micro.findings) == 1 and "tensor params.layers.1.wo does not match step 5's tensor_hashes" in micro.findings[0]
     assert micro.receipt("alice", {}, {}, train.code_digest()) is None
+    for unit, option in (("fold:0:3", ["--fold_node", "0:3"]), ("micro_batch:0", ["--micro_batch", 0])):
+        code, out, err = call(audit.main, ["--run_dir", unit_run, "--data_dir", corpus, "--step", STEP, *option,
+                                           "--revealed", unit_dir(tmp_path, unit), "--receipt", tmp_path / "r.json",
+                                           "--auditor", "alice"])
+        where = unitaudit.label(unit)
+        assert code == 1 and out.startswith(f"MISMATCH at step {STEP}, {where}: the "), out + err
+        assert f"receipt: none written, the audit of {where} stopped before its proof" in out, out
+    assert not (tmp_path / "r.json").exists()

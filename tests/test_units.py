@@ -19,6 +19,7 @@ revealed tensors that do not match the chain) are in tests/test_attacks.py.
 """
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 
@@ -38,8 +39,8 @@ import unitaudit
 import unitreceipts
 import units
 import unitstep
-from tiny import chain_records, launch_env, launcher, share_secret, train_args
-from unit_runs import STEP, audit_every_unit, train_in_process, unit_dir
+from tiny import audit, chain_records, launch_env, launcher, script, share_secret, train_args
+from unit_runs import STEP, audit_every_unit, audit_every_unit_by_command, train_in_process, unit_dir
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -227,6 +228,71 @@ def test_a_micro_batch_receipt_cannot_be_made_from_the_chain_and_the_revealed_pi
         assert status == "rejected" and "does not open the micro-batch's commitment" in reason, value
 
 
+# ----------------------------------------------------------------------------- the command line
+STATUSES = ("accepted", "rejected", "malformed", "unchecked")
+
+
+def accepted_by_check_receipts(run, receipts_dir, pub):
+    """audit.py --check_receipts on receipts_dir (fold nodes' children in pub): the sorted
+    [(unit, auditor)] of the receipts it accepts, after asserting it accepts every one (exit 0)."""
+    proc = audit(run, "--check_receipts", receipts_dir, "--revealed", pub)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.split()[0] in STATUSES]
+    assert lines and all(line.startswith("accepted") for line in lines), proc.stdout
+    return sorted(re.match(r".*: step \d+, (\S+) by (\S+)", line).groups() for line in lines)
+
+
+def test_every_unit_through_the_command_line(unit_run, corpus, tmp_path):
+    """audit.py end to end (subprocesses): the publisher's --reveal_unit and --materialize; each
+    unit's audit, MATCH with its receipt; --check_receipts accepts them all; --coverage counts units."""
+    pub, signed = tmp_path / "pub", tmp_path / "receipts"
+    found = audit_every_unit_by_command(unit_run, STEP, corpus, pub, signed, ["alice", "bob"])
+    assert sorted(found) == sorted(units.all_units(3))
+    for unit, (auditor, proc) in found.items():
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.startswith(f"MATCH: {unitaudit.label(unit)} of step {STEP} of {unit_run} replays"), proc.stdout
+        assert f"receipt: step {STEP}, {unit} (MATCH) by {auditor} written" in proc.stdout
+    state = tmp_path / "state"                  # the parameters alone, from --materialize, given with --state
+    proc = audit(unit_run, "--materialize", STEP - 1, "--params_only", "--out", state, corpus=corpus)
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in state.iterdir()] == [units.state_file(state, STEP - 1, params_only=True).name]
+    proc = audit(unit_run, "--step", STEP, "--micro_batch", 2, "--state", units.state_file(state, STEP - 1, True),
+                 "--receipt", signed / "carol.json", "--auditor", "carol", corpus=corpus)
+    assert proc.returncode == 0 and proc.stdout.startswith("MATCH: micro-batch 2"), proc.stdout + proc.stderr
+    assert accepted_by_check_receipts(unit_run, signed, pub) == [
+        ("fold:0:2", "bob"), ("fold:0:3", "alice"), ("micro_batch:0", "alice"), ("micro_batch:1", "bob"),
+        ("micro_batch:2", "alice"), ("micro_batch:2", "carol"), ("update", "bob")]
+    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 1)
+    assert proc.returncode == 0 and "6/6 (100.0%); steps all of whose units have them: 1/1" in proc.stdout, proc.stdout
+    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 2)
+    assert proc.returncode == 1 and "1/6 (16.7%)" in proc.stdout, proc.stdout
+    page = tmp_path / "report.html"
+    proc = script("report.py", "--run_dir", unit_run, "--out", page, "--receipts", signed, "--revealed", pub)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = page.read_text()
+    assert "6 of 48 with an accepted receipt (12.5%), 1 with &gt;= 2 (2.1%)" in text, text
+    assert f"<td>{STEP}</td><td>1</td><td>6</td><td>{STEP}: micro_batch 0-1, fold 0:2 0:3, update</td>" in text
+
+
+def test_a_plan_shares_every_unit_among_the_auditors(unit_run, corpus):
+    """--plan on a run with unit commitments: each unit of the steps (every micro-batch, fold node
+    and the update) goes to --redundancy distinct auditors."""
+    proc = audit(unit_run, "--plan", "--auditors", 4, "--redundancy", 2, "--seed", 5, "--steps", "5:6", corpus=corpus)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == (f"plan: the 12 units of steps 5..6 of {unit_run} (every micro-batch, fold node and update) "
+                        "for 4 auditors, each unit audited by 2 of them, seed 5")
+    rows = [line.split(None, 3) for line in lines[3:7]]
+    assert [int(r[0]) for r in rows] == [1, 2, 3, 4] and sum(int(r[1]) for r in rows) == 24, lines
+    assigned = [(int(step), part) for r in rows for chunk in r[3].split("; ")
+                for step, _, names in [chunk.partition(": ")] for part in names.split(", ")]
+    assert sorted({s for s, _ in assigned}) == [5, 6] and any(part == "update" for _, part in assigned), assigned
+    chain = rundir.Run(unit_run).chain
+    costs = unitreceipts.unit_costs(chain, 5, 6, {"micro_batch": 3.0, "fold": 1.0, "update": 2.0}.get)
+    plan = receipts.plan(costs, 4, 2, seed=5)
+    assert all(sum(u in units_ for units_ in plan) == 2 for u in costs) and len(costs) == 12
+
+
 # ----------------------------------------------------------------------------- R = 1 and R = 2
 WIDE = ["--n_layer=2", "--d_model=128", "--n_head=2", "--d_hidden=512"]   # 590k floats: 3 chunks
 
@@ -256,11 +322,15 @@ def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, tmp_p
     assert (runs[1] / "chain.jsonl").read_bytes() == (runs[2] / "chain.jsonl").read_bytes()
     for s in (1, 2):
         assert units.list_path(runs[1], s).read_bytes() == units.list_path(runs[2], s).read_bytes()
-    witnesses = {}
+    witnesses = {}                  # each unit of step 2 through audit.py, by other auditors on each run
     for world, run in runs.items():
-        found = audit_every_unit(run, 2, corpus, tmp_path / f"pub{world}")
-        assert {u: a.findings for u, a in found.items() if a.findings} == {}, world
-        witnesses[world] = [found[f"micro_batch:{m}"].proof["witness"] for m in range(4)]
+        pub, signed = tmp_path / f"pub{world}", tmp_path / f"receipts{world}"
+        auditors = {1: ["alice", "bob"], 2: ["carol", "dave", "erin"]}[world]
+        found = audit_every_unit_by_command(run, 2, corpus, pub, signed, auditors)
+        assert {u: p.stdout for u, (_, p) in found.items() if p.returncode or not p.stdout.startswith("MATCH")} == {}
+        accepted = accepted_by_check_receipts(run, signed, pub)
+        assert accepted == sorted((u, auditor) for u, (auditor, _) in found.items()), world
+        witnesses[world] = [json.loads((signed / f"micro_batch_{m}.json").read_text())["witness"] for m in range(4)]
     assert witnesses[1] == witnesses[2]
 
 

@@ -4,6 +4,7 @@ trained in this process, the publisher's reveals and the audit of every unit of 
     run = train_in_process(tmp / "run", corpus)           # tiny, --unit_commits=1, N = 3, 8 steps
     audits = audit_every_unit(run, 6, corpus, tmp / "pub")   # {unit: UnitAudit}, each MATCH or not
     receipt = audits["micro_batch:1"].receipt("alice", {}, {}, train.code_digest())
+    by_command = audit_every_unit_by_command(run, 6, corpus, tmp / "pub", tmp / "receipts", ["alice", "bob"])
 
 The publisher reveals each unit's inputs into its own folder (publisher.Publisher.reveal);
 a dishonest trainer's reveals come from the same code run under the same monkeypatch that
@@ -18,7 +19,7 @@ import publisher
 import train
 import unitaudit
 import units
-from tiny import train_args
+from tiny import audit, train_args
 
 UNITS = ["--unit_commits=1", "--micro_batches=3", "--max_steps=8", "--checkpoint_every=4"]
 STEP = 6                          # audited: after checkpoint 4, so its state comes from a reveal
@@ -61,6 +62,30 @@ def audit_every_unit(run, step, corpus, base, reveal=True):
         else:
             a.update(unit_dir(base, unit))
         out[unit] = a
+    return out
+
+
+def unit_options(unit):
+    """The audit.py options that name a unit: --micro_batch M, --fold_node LO:SIZE or --update."""
+    kind, _, rest = unit.partition(":")
+    return {"micro_batch": ["--micro_batch", rest], "fold": ["--fold_node", rest], "update": ["--update"]}[kind]
+
+
+def audit_every_unit_by_command(run, step, corpus, pub, receipts_dir, auditors):
+    """Every unit of `step` through the command line: `audit.py --reveal_unit` (the publisher)
+    into `pub`, then `audit.py --step S --micro_batch M | --fold_node LO:SIZE | --update --revealed
+    pub` with its receipt in receipts_dir, the i-th unit by auditors[i % len(auditors)].
+    Returns {unit: (auditor, the audit's CompletedProcess)}."""
+    n = len(units.read_list(units.list_path(run, step), step)) // 2 + 1
+    receipts_dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for i, unit in enumerate(units.all_units(n)):
+        proc = audit(run, "--reveal_unit", f"{step}:{unit}", "--out", pub, corpus=corpus)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        auditor = auditors[i % len(auditors)]
+        out[unit] = auditor, audit(run, "--step", step, *unit_options(unit), "--revealed", pub, "--receipt",
+                                   receipts_dir / f"{unit.replace(':', '_')}.json", "--auditor", auditor,
+                                   corpus=corpus)
     return out
 
 
