@@ -21,7 +21,7 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --step 12 --micro_batch 3 --revealed pub/      # micro-batch 3 alone (unitaudit.py)
     python audit.py --step 12 --fold_node 0:4 --revealed pub/      # a fold node from its revealed children
     python audit.py --step 12 --update --revealed pub/             # the update from the revealed S
-    python audit.py --reveal_unit 12:fold:0:4 --out pub/          # publisher: what that audit needs (publisher.py)
+    python audit.py --reveal_unit 12:fold:0:4 --out pub/          # publisher: what that audit needs (unitaudit.py)
     python audit.py --materialize 11 --params_only --out pub/     # publisher: any state, by replay
 
 One mode flag per call (the first group of `python audit.py --help`); every other option
@@ -162,12 +162,10 @@ if __name__ == "__main__":
 import hashchain  # noqa: E402  (below the command line's first answer, above)
 import hfllama  # noqa: E402
 import optrace  # noqa: E402
-import publisher  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
 import unitaudit  # noqa: E402
-import unitreceipts  # noqa: E402
 from data import DataError, DataMismatch, TokenData  # noqa: E402
 from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step  # noqa: E402
 
@@ -190,9 +188,10 @@ def compare(replayed, published):
 
     Every field is compared as exact JSON (floats included); a field the published record has
     and a replay does not produce, or lacks, is a difference. Names the field (and the tensor
-    or key inside it). A record's commitment (COMMITMENTS), which a replay without the run's
-    secret cannot produce, must be there as 64 hex digits; only a receipt check tells whether a
-    step_commit commits to this step's gradient and result."""
+    or key inside it). A record's commitment (COMMITMENTS) that the replay could not make (None:
+    neither the run's secret nor the step's revealed salt at hand) must be there as 64 hex
+    digits, and only a receipt check tells whether it commits to this step's gradient and
+    result; where the salt is known the replay makes it, and it is compared as any field."""
     mine = json.loads(json.dumps(replayed))
     theirs = {k: v for k, v in published.items() if k not in ("prev", "record_hash")}
     commitments = {k for k, v in mine.items() if v is None}
@@ -413,7 +412,7 @@ class Audit:
         if witnesses is not None:               # a run with unit commitments: repops-receipt-v3
             proof = {"state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
                      "witnesses": witnesses}
-            return unitreceipts.make(self.run.genesis, self.run.chain.records[step], "step", proof, auditor,
+            return receipts.unit_receipt(self.run.genesis, self.run.chain.records[step], "step", proof, auditor,
                                      optrace.machine(), cost, code_digest(), self.data.digest, findings)
         return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(self.run.genesis),
                 "step": step, "record_hash": self.run.chain.records[step]["record_hash"],
@@ -520,7 +519,7 @@ def receipt_results(args):
     run.chain.verify()
     salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
     unit_list, fold_keyed = unitaudit.judging(run, args.revealed)
-    return run, unitreceipts.check(args.check_receipts or args.coverage, run.chain, salt_of, unit_list, fold_keyed)
+    return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of, unit_list, fold_keyed)
 
 
 def summarize(results, directory):
@@ -547,7 +546,7 @@ def coverage_command(args):
     first, last = chain_steps(run, args.steps)
     if run.cfg.unit_commits:
         summarize(results, args.coverage)
-        return unit_coverage(unitreceipts.covered(results, run.chain, first, last), first, last, args.redundancy)
+        return unit_coverage(receipts.covered(results, run.chain, first, last), first, last, args.redundancy)
     counts = receipts.coverage(results, first, last)
     summarize(results, args.coverage)
     total = last - first + 1
@@ -570,7 +569,7 @@ def unit_coverage(covered, first, last, redundancy):
               f"auditors: {done}/{n_units} ({100 * done / n_units:.1f}%); steps all of whose units have them: "
               f"{len(steps)}/{last - first + 1}: {receipts.ranges(steps)}")
     short = [(s, u) for s, units_ in covered.items() for u, a in units_.items() if len(a) < redundancy]
-    print(f"units with fewer than {redundancy}: {unitreceipts.describe(short)}")
+    print(f"units with fewer than {redundancy}: {receipts.describe(short)}")
     return 0 if not short else 1
 
 
@@ -666,7 +665,7 @@ def plan_units(args, run, first, last, seed, micro_s, numel):
     from this machine's hashing rate (they hash 3 and about 7 vectors of numel floats)."""
     rate = unitaudit.hash_rate()
     seconds = {"micro_batch": micro_s, "fold": 3 * 4 * numel / rate, "update": 7 * 4 * numel / rate}
-    costs = unitreceipts.unit_costs(run.chain, first, last, seconds.get)
+    costs = receipts.unit_costs(run.chain, first, last, seconds.get)
     assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
     print(f"plan: the {len(costs)} units of steps {first}..{last} of {args.run_dir} (every micro-batch, fold node "
           f"and update) for {args.auditors} auditors, each unit audited by {args.redundancy} of them, seed {seed}"
@@ -676,7 +675,7 @@ def plan_units(args, run, first, last, seed, micro_s, numel):
     print("auditor  units  est. hours  assigned units")
     for a, items in enumerate(assignment, start=1):
         hours = sum(costs[i] for i in items) / 3600
-        print(f"{a:7d}  {len(items):5d}  {hours:10.2g}  {unitreceipts.describe(items)}")
+        print(f"{a:7d}  {len(items):5d}  {hours:10.2g}  {receipts.describe(items)}")
     print(f"a lie in a unit goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
@@ -705,7 +704,7 @@ OUTPUT_OPTIONS = ("trace", "receipt", "out")
 COMMANDS = {"step": replay_command, "range": replay_command, "all": replay_command,
             "check_receipts": check_receipts_command, "coverage": coverage_command,
             "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command,
-            "materialize": publisher.materialize_command, "reveal_unit": publisher.reveal_command}
+            "materialize": unitaudit.materialize_command, "reveal_unit": unitaudit.reveal_command}
 
 
 def main(argv=None):

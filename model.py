@@ -139,7 +139,7 @@ class Llama(nn.Module):
         self.register_buffer("unit_gain", torch.ones(d // cfg.n_head), persistent=False)
         self.calibrating = False
         # witness(grad): a tensor hook given the gradient of the loss with respect to the
-        # residual stream after block 0 [B, T, d] (the unit commitments' witness, unitstep.py)
+        # residual stream after block 0 [B, T, d] (the unit commitments' witness, units.py)
         self.witness = None
         if cfg.quant == "int8":
             quant.attach(self)   # step sizes <linear>_sx, <linear>_sw; calibrates s_x

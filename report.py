@@ -14,7 +14,7 @@ The report reads the run only after verifying its chain (as sample.py does): a b
 - with --receipts: a strip of every step coloured by the distinct auditors whose receipts were
   accepted for it (0, 1 ... C-1, >= C = --redundancy) and red where a receipt or an anchor
   reports a MISMATCH at that step; the audit costs the receipts report, per auditor. A run
-  with unit commitments is covered unit by unit (unitreceipts.covered): a step is as covered as
+  with unit commitments is covered unit by unit (receipts.covered): a step is as covered as
   its least covered unit, and the page gives the fraction of the units covered and the steps
   whose units are covered only in part;
 - the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees.
@@ -55,7 +55,6 @@ import hashchain  # noqa: E402  (below the command line's first answer, above)
 import receipts  # noqa: E402
 import rundir  # noqa: E402
 import unitaudit  # noqa: E402
-import unitreceipts  # noqa: E402
 
 
 CURVE_POINTS = 1000      # buckets per curve (each gives its min and max)
@@ -83,7 +82,7 @@ def coverage_levels(results, n_steps, redundancy, extra_mismatches=(), covered=N
     """[level] for steps 1..n_steps (index 0 is step 1): "mismatch" where a well-formed receipt
     reports a MISMATCH at that step (or an anchor does: extra_mismatches), else "full" with
     >= redundancy distinct accepted auditors, "some" with fewer, "none" with none. With
-    `covered` (unitreceipts.covered: a run with unit commitments) a step counts the auditors of
+    `covered` (receipts.covered: a run with unit commitments) a step counts the auditors of
     its least covered unit, and is "some" as soon as one of its units has an auditor."""
     if covered is not None:
         least = {s: min(len(a) for a in u.values()) for s, u in covered.items()}
@@ -108,7 +107,7 @@ def unit_coverage(covered, redundancy):
            f"unit): {some} of {len(all_units)} with an accepted receipt ({100 * some / len(all_units):.1f}%), "
            f"{full} with &gt;= {redundancy} ({100 * full / len(all_units):.1f}%).</p>"]
     part = [(s, sum(len(a) >= redundancy for a in u.values()), len(u),
-             unitreceipts.describe([(s, k) for k, a in u.items() if len(a) < redundancy]).partition(": ")[2])
+             receipts.describe([(s, k) for k, a in u.items() if len(a) < redundancy]).partition(": ")[2])
             for s, u in covered.items() if any(u.values()) and min(map(len, u.values())) < redundancy]
     if part:
         out.append(table(("step covered in part", f"units with >= {redundancy}", "of", "units short"), part[:50]))
@@ -282,7 +281,7 @@ def render(run, args, val_losses, results, anchors, contradiction):
         out.append("<p class='note'>No receipts given (--receipts DIR).</p>")
     else:
         counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
-        covered = unitreceipts.covered(results, run.chain, 1, n) if run.cfg.unit_commits and n else None
+        covered = receipts.covered(results, run.chain, 1, n) if run.cfg.unit_commits and n else None
         levels = coverage_levels(results, n, args.redundancy, [contradiction[0]] if contradiction else [], covered)
         tally = {k: levels.count(k) for k in COLOURS}
         some = "1 auditor" if args.redundancy == 2 else f"1..{args.redundancy - 1} auditors"
@@ -344,7 +343,7 @@ def main(argv=None):
         results = None
         if args.receipts:
             salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
-            results = unitreceipts.check(args.receipts, run.chain, salt_of, *unitaudit.judging(run, args.revealed))
+            results = receipts.check_receipts(args.receipts, run.chain, salt_of, *unitaudit.judging(run, args.revealed))
         page = render(run, args, read_val_losses(run.dir), results, anchors, contradiction)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(page)

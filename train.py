@@ -58,7 +58,6 @@ import repops
 import rundir
 import snapshot
 import treefold
-import unitstep
 import units
 from data import DataError, TokenData, batch_digest
 from model import Llama, ModelConfig
@@ -83,7 +82,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py", "unitstep.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -187,7 +186,7 @@ class TrainState:
 # ----------------------------------------------------------------------------- the step
 def micro_batch_gradient(state, data, cfg, step, micro, witness=None):
     """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss.
-    witness: a tensor hook given the gradient at the residual stream after block 0 (unitstep.py).
+    witness: a tensor hook given the gradient at the residual stream after block 0 (units.StepUnits).
 
     Each parameter's gradient is copied into its slice of the one buffer as soon as autograd has
     produced it (a post-accumulate-grad hook), then released: memory holds the buffer and the
@@ -234,14 +233,14 @@ def train_step(state, data, cfg, rank=0, world=1):
     P floats are released as soon as they are used (at most two are alive at once after the
     fold, plus one spilled to disk with cfg.offload while the next micro-batch runs). With
     cfg.unit_commits every piece of the step (each micro-batch's gradient and witness, each
-    node of the tree) is hashed as it is formed (unitstep.py); fields["units"] collects them.
+    node of the tree) is hashed as it is formed (units.StepUnits); fields["units"] collects them.
     """
     step = state.step + 1
     n = micro_batches_at(cfg, step)         # the step's N (its phase), hence its tree
     state.model.train()
     # the pieces are hashed beside the step where the state hash is (hash_overlaps: a GPU step
     # leaves the host's cores idle), else in the step's own thread, chunks in parallel
-    pieces = (unitstep.StepUnits(step, n, state.flat_numel(), world, rank, sync=cfg.offload or not hash_overlaps(cfg))
+    pieces = (units.StepUnits(step, n, state.flat_numel(), world, rank, sync=cfg.offload or not hash_overlaps(cfg))
               if cfg.unit_commits else None)
     fold = treefold.Fold(n, world, rank, spill=cfg.offload, observe=pieces and pieces.node)
     for micro in fold.leaves:
@@ -311,7 +310,7 @@ def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=
     never published: with the step's salt (from the run's secret: the trainer; or revealed) the
     record holds their commitment step_commit; without it (a replay) the record has no
     step_commit, which only the salt's holder can compute. With unit commitments
-    (fields["units"], unitstep.StepUnits) the same salt makes units_root (units.py), which a
+    (fields["units"], units.StepUnits) the same salt makes units_root (units.py), which a
     replay without it cannot make either."""
     salt = receipts.salt(secret, step) if salt is None and secret is not None else salt
     windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len)

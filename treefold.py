@@ -35,7 +35,7 @@ right sibling is formed in place in the right sibling's buffer, chunk by chunk (
 then belong to the fold): a fold over flat gradients that do not fit in memory twice holds one
 gradient in memory at a time. Each element gets the same add, so the bits are the same.
 
-observe (the unit commitments, unitstep.py): a Fold calls observe(lo, size, tensor) with every
+observe (the unit commitments, units.py): a Fold calls observe(lo, size, tensor) with every
 internal node it forms by an add; allreduce calls observe(lo, size, row, start) with this rank's
 slice [start, start + q) of every node it completes above the ranks' frontiers, and align makes
 q a multiple of `align` elements (the padding past L grows; the sums do not change).

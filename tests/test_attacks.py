@@ -50,12 +50,10 @@ import hashchain
 import receipts
 import report
 import rundir
-from publisher import Publisher
 import sample
 import train
 import treefold
 import unitaudit
-import unitreceipts
 import units
 from data import DataError, DataMismatch, TokenData
 from tiny import TINY, chain_records, copy_run, reseal, train_args, write_chain
@@ -550,7 +548,7 @@ def test_a_units_root_resealed_after_the_fact(unit_run, corpus, tmp_path):
     chain = rundir.Run(run).chain
     chain.verify()
     for unit, a in before.items():
-        status, reason = unitreceipts.judge(a.receipt("alice", {}, {}, train.code_digest()), chain,
+        status, reason = receipts.judge(a.receipt("alice", {}, {}, train.code_digest()), chain,
                                             publisher(run), lambda s: None, lambda *_: None)
         assert status == "rejected" and "another record of this step" in reason, unit
     found = mismatches(audit_every_unit(run, STEP, corpus, tmp_path / "pub2"))
@@ -566,16 +564,16 @@ def test_a_lazy_micro_batch_receipt_is_rejected(unit_run, corpus, tmp_path):
     lists = lambda s: units.check_list(units.read_list(units.list_path(unit_run, s), s), s, 3,  # noqa: E731
                                        chain.records[s]["units_root"])
     for copied in (entry["commit"], entry["digest"]):
-        lazy = unitreceipts.make(chain.records[0], chain.records[STEP], "micro_batch:2", {"witness": copied},
+        lazy = receipts.unit_receipt(chain.records[0], chain.records[STEP], "micro_batch:2", {"witness": copied},
                                  "lazy", {}, {}, train.code_digest(), chain.records[0]["data_manifest"], [])
-        status, reason = unitreceipts.judge(lazy, chain, publisher(unit_run), lists, lambda *_: None)
+        status, reason = receipts.judge(lazy, chain, publisher(unit_run), lists, lambda *_: None)
         assert status == "rejected" and "does not open the micro-batch's commitment" in reason
 
 
 def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path):
     """A child revealed for a fold audit that is not the committed one, and a state tensor that is
     not the record's: each is caught before use by the audit it is handed to."""
-    pub = Publisher(unit_run, str(corpus))
+    pub = unitaudit.Publisher(unit_run, str(corpus))
     for unit in ("fold:0:3", "micro_batch:0"):
         pub.reveal(STEP, unit, unit_dir(tmp_path, unit))
     child = units.unit_file(unit_dir(tmp_path, "fold:0:3"), STEP, "fold:0:2")

@@ -111,7 +111,7 @@ STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"
          "tied": ["--tie_embeddings=true"], "exact": ["--matmul=exact"],
          # int8 P·V: a windowed layer (band mix) and the full last layer (int8 linear on P, V)
          "int8_pv": ["--quant=int8", "--int8_pv=1", "--attn_window=4"],
-         # unit commitments: every piece hashed from host memory as the step runs (unitstep.py)
+         # unit commitments: every piece hashed from host memory as the step runs (units.StepUnits)
          "units": ["--unit_commits=true"]}
 
 

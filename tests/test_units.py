@@ -1,5 +1,5 @@
-"""Unit commitments and unit audits (units.py, unitstep.py, unitaudit.py, publisher.py,
-unitreceipts.py; docs/auditing.md "Audit units").
+"""Unit commitments and unit audits (units.py, unitaudit.py, receipts.py's v3 receipts;
+docs/auditing.md "Audit units").
 
 - The format: the units of a step and their order, the chunked digest (chunk hashes with the
   piece's id and index, combined with the length) also when its chunks are hashed on different
@@ -30,17 +30,14 @@ import torch
 import config
 import hashchain
 import model
-import publisher
 import receipts
 import rundir
 import train
 import treefold
 import unitaudit
-import unitreceipts
 import units
-import unitstep
-from tiny import audit, chain_records, launch_env, launcher, script, share_secret, train_args
-from unit_runs import STEP, audit_every_unit, audit_every_unit_by_command, train_in_process, unit_dir
+from tiny import chain_records, launch_env, launcher, script, share_secret, train_args
+from unit_runs import STEP, audit, audit_every_unit, audit_every_unit_by_command, train_in_process, unit_dir
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -100,7 +97,7 @@ def test_a_digest_hashed_chunk_by_chunk_on_ranks_is_the_whole_ones(monkeypatch):
             row = torch.zeros(q)
             part = t[rank * q:(rank + 1) * q]
             row[:part.numel()] = part
-            for k in unitstep.owned_chunks(t.numel(), q, rank):
+            for k in units.owned_chunks(t.numel(), q, rank):
                 hashes[k] = units.chunk_hash(piece, k, row[k * 4 - rank * q:min(k * 4 + 4, 23) - rank * q].numpy())
         assert units.combine(piece, 23, [hashes[k] for k in range(6)]) == units.digest(piece, t), world
 
@@ -201,10 +198,10 @@ def test_every_unit_of_a_step_matches_and_its_receipt_is_accepted(unit_run, audi
         a.fold(lo, size, unit_dir(base, unit))
         return None if a.findings else a.keyed(auditor)
 
-    results = unitreceipts.check(tmp_path, chain, publisher_salts(unit_run), unit_lists(unit_run), fold_keyed)
+    results = receipts.check_receipts(tmp_path, chain, publisher_salts(unit_run), unit_lists(unit_run), fold_keyed)
     assert [(r.receipt["unit"], r.status) for r in results] == \
         [(u, "accepted") for u in sorted(units.all_units(3), key=lambda u: u.replace(":", "_"))]
-    covered = unitreceipts.covered(results, chain, STEP, STEP)
+    covered = receipts.covered(results, chain, STEP, STEP)
     assert all(covered[STEP][u] == {"alice"} for u in units.all_units(3))
 
 
@@ -220,7 +217,7 @@ def test_a_micro_batch_receipt_cannot_be_made_from_the_chain_and_the_revealed_pi
                   hashlib.sha256(g1["micro_batch:1"].numpy().tobytes()).hexdigest()]
     honest = found["micro_batch:1"].receipt("alice", {}, {}, train.code_digest())
     chain = rundir.Run(unit_run).chain
-    judge = lambda r: unitreceipts.judge(r, chain, publisher_salts(unit_run), unit_lists(unit_run),  # noqa: E731
+    judge = lambda r: receipts.judge(r, chain, publisher_salts(unit_run), unit_lists(unit_run),  # noqa: E731
                                          lambda *_: None)
     assert judge(honest) == ("accepted", "")
     for value in candidates:
@@ -267,7 +264,8 @@ def test_every_unit_through_the_command_line(unit_run, corpus, tmp_path):
     proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 2)
     assert proc.returncode == 1 and "1/6 (16.7%)" in proc.stdout, proc.stdout
     page = tmp_path / "report.html"
-    proc = script("report.py", "--run_dir", unit_run, "--out", page, "--receipts", signed, "--revealed", pub)
+    proc = script("report.py", "--run_dir", unit_run, "--out", page, "--receipts", signed, "--revealed", pub,
+                  timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = page.read_text()
     assert "6 of 48 with an accepted receipt (12.5%), 1 with &gt;= 2 (2.1%)" in text, text
@@ -288,7 +286,7 @@ def test_a_plan_shares_every_unit_among_the_auditors(unit_run, corpus):
                 for step, _, names in [chunk.partition(": ")] for part in names.split(", ")]
     assert sorted({s for s, _ in assigned}) == [5, 6] and any(part == "update" for _, part in assigned), assigned
     chain = rundir.Run(unit_run).chain
-    costs = unitreceipts.unit_costs(chain, 5, 6, {"micro_batch": 3.0, "fold": 1.0, "update": 2.0}.get)
+    costs = receipts.unit_costs(chain, 5, 6, {"micro_batch": 3.0, "fold": 1.0, "update": 2.0}.get)
     plan = receipts.plan(costs, 4, 2, seed=5)
     assert all(sum(u in units_ for units_ in plan) == 2 for u in costs) and len(costs) == 12
 
@@ -340,17 +338,16 @@ def test_units_are_the_same_when_blocks_are_not_subtrees(corpus, tmp_path):
     runs = train_ranks(corpus, tmp_path, 12, (1, 4), 1)
     assert units.list_path(runs[1], 1).read_bytes() == units.list_path(runs[4], 1).read_bytes()
     assert (runs[1] / "chain.jsonl").read_bytes() == (runs[4] / "chain.jsonl").read_bytes()
-    assert unitstep.upper_nodes(12, 4) == [(2, 2), (0, 4), (4, 4), (0, 8), (8, 2), (8, 4), (0, 12)]
+    assert units.upper_nodes(12, 4) == [(2, 2), (0, 4), (4, 4), (0, 8), (8, 2), (8, 4), (0, 12)]
 
 
 def test_the_publisher_makes_a_lost_unit_list_again(unit_run, corpus, tmp_path):
     """A run that lost units/step_<s>.json: the publisher's reveal replays the step with the
     run's secret and writes the same list (checked against units_root)."""
-    import publisher
     run = tmp_path / "run"
     shutil.copytree(unit_run, run)
     original = units.list_path(run, STEP).read_bytes()
     units.list_path(run, STEP).unlink()
-    publisher.Publisher(run, str(corpus)).reveal(STEP, "micro_batch:0", tmp_path / "pub")
+    unitaudit.Publisher(run, str(corpus)).reveal(STEP, "micro_batch:0", tmp_path / "pub")
     assert units.list_file(tmp_path / "pub", STEP).read_bytes() == original
     assert not units.list_path(run, STEP).exists()          # readers never write into the run

@@ -6,7 +6,7 @@ trained in this process, the publisher's reveals and the audit of every unit of 
     receipt = audits["micro_batch:1"].receipt("alice", {}, {}, train.code_digest())
     by_command = audit_every_unit_by_command(run, 6, corpus, tmp / "pub", tmp / "receipts", ["alice", "bob"])
 
-The publisher reveals each unit's inputs into its own folder (publisher.Publisher.reveal);
+The publisher reveals each unit's inputs into its own folder (unitaudit.Publisher.reveal);
 a dishonest trainer's reveals come from the same code run under the same monkeypatch that
 tampered with its training.
 """
@@ -15,11 +15,10 @@ import io
 
 import pytest
 
-import publisher
 import train
 import unitaudit
 import units
-from tiny import audit, train_args
+from tiny import script, train_args
 
 UNITS = ["--unit_commits=1", "--micro_batches=3", "--max_steps=8", "--checkpoint_every=4"]
 STEP = 6                          # audited: after checkpoint 4, so its state comes from a reveal
@@ -40,7 +39,7 @@ def unit_dir(base, unit):
 
 def reveal_every_unit(run, step, corpus, base):
     """The publisher's reveal of every unit of `step`, each into base/<unit>."""
-    pub = publisher.Publisher(run, str(corpus))
+    pub = unitaudit.Publisher(run, str(corpus))
     n = len(units.read_list(units.list_path(run, step), step)) // 2 + 1
     for unit in units.all_units(n):
         pub.reveal(step, unit, unit_dir(base, unit))
@@ -63,6 +62,12 @@ def audit_every_unit(run, step, corpus, base, reveal=True):
             a.update(unit_dir(base, unit))
         out[unit] = a
     return out
+
+
+def audit(run, *args, corpus=None):
+    """audit.py on `run` in a child process, as a user runs it; given minutes (the child starts
+    torch and the kernels: a minute and more on a machine loaded by other jobs)."""
+    return script("audit.py", "--run_dir", run, *args, *(["--data_dir", corpus] if corpus else []), timeout=900)
 
 
 def unit_options(unit):
