@@ -288,19 +288,20 @@ def judge(receipt, chain, salt_of, unit_list=None, fold_keyed=None):
             reasons.append(f"it was replayed with another {key}")
     if receipt["verdict"] != "MATCH":
         reasons.append("the auditor reports " + shown((receipt["findings"] or ["MISMATCH"])[0])[:200])
-    if reasons:                              # decided without a salt, a unit list or a reveal
-        return "rejected", "; ".join(reasons)
     kind = unit_kind(unit)
+
+    def unchecked(why):                      # what is decided without a salt, a unit list or a reveal
+        return ("rejected", "; ".join(reasons)) if reasons else ("unchecked", why)
     if kind == "fold":
         keyed = fold_keyed and fold_keyed(step, unit, receipt["auditor"])
         if keyed is None:
-            return "unchecked", f"the children of {unit} of step {step} are not at hand (--revealed DIR)"
+            return unchecked(f"the children of {unit} of step {step} are not at hand (--revealed DIR)")
         if keyed != receipt["keyed"]:
-            return "rejected", "its keyed digest is not the node's (the sum was not formed from its children?)"
-        return "accepted", ""
+            reasons.append("its keyed digest is not the node's (the sum was not formed from its children?)")
+        return ("rejected", "; ".join(reasons)) if reasons else ("accepted", "")
     step_salt = salt_of(step)
     if step_salt is None:
-        return "unchecked", f"no salt revealed for step {step}"
+        return unchecked(f"no salt revealed for step {step}")
     if kind in ("update", "step"):
         if commit(step_salt, receipt["grad_root"], receipt["result_root"]) != record.get("step_commit"):
             reasons.append("its grad_root and result_root do not open the step's commitment (echoed, "
@@ -310,7 +311,7 @@ def judge(receipt, chain, salt_of, unit_list=None, fold_keyed=None):
     if cfg.unit_commits and kind in ("micro_batch", "step"):
         entries = unit_list and unit_list(step)
         if entries is None:
-            return "unchecked", f"no unit list of step {step} checks against its units_root"
+            return unchecked(f"no unit list of step {step} checks against its units_root")
         micro = [int(unit.partition(":")[2])] if kind == "micro_batch" else range(n)
         witnesses = [receipt["witness"]] if kind == "micro_batch" else receipt["witnesses"]
         if len(witnesses) != len(micro) or not all(
