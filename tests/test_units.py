@@ -229,10 +229,10 @@ def test_a_micro_batch_receipt_cannot_be_made_from_the_chain_and_the_revealed_pi
 STATUSES = ("accepted", "rejected", "malformed", "unchecked")
 
 
-def accepted_by_check_receipts(run, receipts_dir, pub):
+def accepted_by_check_receipts(run, receipts_dir, pub, in_process=False):
     """audit.py --check_receipts on receipts_dir (fold nodes' children in pub): the sorted
     [(unit, auditor)] of the receipts it accepts, after asserting it accepts every one (exit 0)."""
-    proc = audit(run, "--check_receipts", receipts_dir, "--revealed", pub)
+    proc = audit(run, "--check_receipts", receipts_dir, "--revealed", pub, in_process=in_process)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.split()[0] in STATUSES]
     assert lines and all(line.startswith("accepted") for line in lines), proc.stdout
@@ -240,8 +240,9 @@ def accepted_by_check_receipts(run, receipts_dir, pub):
 
 
 def test_every_unit_through_the_command_line(unit_run, corpus, tmp_path):
-    """audit.py end to end (subprocesses): the publisher's --reveal_unit and --materialize; each
-    unit's audit, MATCH with its receipt; --check_receipts accepts them all; --coverage counts units."""
+    """audit.py end to end: the publisher's --reveal_unit (in this process) and --materialize; each
+    unit's audit in a child process, MATCH with its receipt; --check_receipts accepts them all;
+    --coverage and report.py count units."""
     pub, signed = tmp_path / "pub", tmp_path / "receipts"
     found = audit_every_unit_by_command(unit_run, STEP, corpus, pub, signed, ["alice", "bob"])
     assert sorted(found) == sorted(units.all_units(3))
@@ -259,9 +260,11 @@ def test_every_unit_through_the_command_line(unit_run, corpus, tmp_path):
     assert accepted_by_check_receipts(unit_run, signed, pub) == [
         ("fold:0:2", "bob"), ("fold:0:3", "alice"), ("micro_batch:0", "alice"), ("micro_batch:1", "bob"),
         ("micro_batch:2", "alice"), ("micro_batch:2", "carol"), ("update", "bob")]
-    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 1)
+    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 1,
+                 in_process=True)
     assert proc.returncode == 0 and "6/6 (100.0%); steps all of whose units have them: 1/1" in proc.stdout, proc.stdout
-    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 2)
+    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 2,
+                 in_process=True)
     assert proc.returncode == 1 and "1/6 (16.7%)" in proc.stdout, proc.stdout
     page = tmp_path / "report.html"
     proc = script("report.py", "--run_dir", unit_run, "--out", page, "--receipts", signed, "--revealed", pub,
@@ -324,9 +327,9 @@ def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, tmp_p
     for world, run in runs.items():
         pub, signed = tmp_path / f"pub{world}", tmp_path / f"receipts{world}"
         auditors = {1: ["alice", "bob"], 2: ["carol", "dave", "erin"]}[world]
-        found = audit_every_unit_by_command(run, 2, corpus, pub, signed, auditors)
+        found = audit_every_unit_by_command(run, 2, corpus, pub, signed, auditors, in_process=True)
         assert {u: p.stdout for u, (_, p) in found.items() if p.returncode or not p.stdout.startswith("MATCH")} == {}
-        accepted = accepted_by_check_receipts(run, signed, pub)
+        accepted = accepted_by_check_receipts(run, signed, pub, in_process=True)
         assert accepted == sorted((u, auditor) for u, (auditor, _) in found.items()), world
         witnesses[world] = [json.loads((signed / f"micro_batch_{m}.json").read_text())["witness"] for m in range(4)]
     assert witnesses[1] == witnesses[2]

@@ -12,9 +12,11 @@ tampered with its training.
 """
 import contextlib
 import io
+import subprocess
 
 import pytest
 
+import audit as audit_py
 import train
 import unitaudit
 import units
@@ -64,10 +66,17 @@ def audit_every_unit(run, step, corpus, base, reveal=True):
     return out
 
 
-def audit(run, *args, corpus=None):
-    """audit.py on `run` in a child process, as a user runs it; given minutes (the child starts
-    torch and the kernels: a minute and more on a machine loaded by other jobs)."""
-    return script("audit.py", "--run_dir", run, *args, *(["--data_dir", corpus] if corpus else []), timeout=900)
+def audit(run, *args, corpus=None, in_process=False):
+    """audit.py on `run` as a user runs it, in a child process (given minutes: the child starts
+    torch and the kernels, a minute and more on a machine loaded by other jobs), or with
+    in_process its main() here (the same command line without the start); a CompletedProcess."""
+    argv = ["--run_dir", run, *args, *(["--data_dir", corpus] if corpus else [])]
+    if not in_process:
+        return script("audit.py", *argv, timeout=900)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = audit_py.main([str(a) for a in argv])
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def unit_options(unit):
@@ -76,21 +85,22 @@ def unit_options(unit):
     return {"micro_batch": ["--micro_batch", rest], "fold": ["--fold_node", rest], "update": ["--update"]}[kind]
 
 
-def audit_every_unit_by_command(run, step, corpus, pub, receipts_dir, auditors):
-    """Every unit of `step` through the command line: `audit.py --reveal_unit` (the publisher)
-    into `pub`, then `audit.py --step S --micro_batch M | --fold_node LO:SIZE | --update --revealed
-    pub` with its receipt in receipts_dir, the i-th unit by auditors[i % len(auditors)].
+def audit_every_unit_by_command(run, step, corpus, pub, receipts_dir, auditors, in_process=False):
+    """Every unit of `step` through the command line: `audit.py --reveal_unit` (the publisher,
+    audit.main in this process) into `pub`, then `audit.py --step S --micro_batch M | --fold_node
+    LO:SIZE | --update --revealed pub` with its receipt in receipts_dir, the i-th unit by
+    auditors[i % len(auditors)] (child processes, or audit.main in this process with in_process).
     Returns {unit: (auditor, the audit's CompletedProcess)}."""
     n = len(units.read_list(units.list_path(run, step), step)) // 2 + 1
     receipts_dir.mkdir(parents=True, exist_ok=True)
     out = {}
     for i, unit in enumerate(units.all_units(n)):
-        proc = audit(run, "--reveal_unit", f"{step}:{unit}", "--out", pub, corpus=corpus)
+        proc = audit(run, "--reveal_unit", f"{step}:{unit}", "--out", pub, corpus=corpus, in_process=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         auditor = auditors[i % len(auditors)]
         out[unit] = auditor, audit(run, "--step", step, *unit_options(unit), "--revealed", pub, "--receipt",
                                    receipts_dir / f"{unit.replace(':', '_')}.json", "--auditor", auditor,
-                                   corpus=corpus)
+                                   corpus=corpus, in_process=in_process)
     return out
 
 
