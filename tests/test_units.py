@@ -272,7 +272,7 @@ def test_every_unit_through_the_command_line(unit_run, corpus, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = page.read_text()
     assert "6 of 48 with an accepted receipt (12.5%), 1 with &gt;= 2 (2.1%)" in text, text
-    assert f"<td>{STEP}</td><td>1</td><td>6</td><td>{STEP}: micro_batch 0-1, fold 0:2 0:3, update</td>" in text
+    assert f"<td>{STEP}</td><td>1</td><td>6</td><td>micro_batch 0-1, fold 0:2 0:3, update</td>" in text
 
 
 def test_a_plan_shares_every_unit_among_the_auditors(unit_run, corpus):
