@@ -17,6 +17,13 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --coverage receipts/ --redundancy 2          # what accepted receipts cover
     python audit.py --anchors anchors.jsonl           # the chain against published chain heads
 
+    # a run with unit commitments (--unit_commits, units.py): one unit of a step at a time
+    python audit.py --step 12 --micro_batch 3 --revealed pub/      # micro-batch 3 alone (unitaudit.py)
+    python audit.py --step 12 --fold_node 0:4 --revealed pub/      # a fold node from its revealed children
+    python audit.py --step 12 --update --revealed pub/             # the update from the revealed S
+    python audit.py --reveal_unit 12:fold:0:4 --out pub/          # publisher: what that audit needs (unitaudit.py)
+    python audit.py --materialize 11 --params_only --out pub/     # publisher: any state, by replay
+
 One mode flag per call (the first group of `python audit.py --help`); every other option
 belongs to the modes its group names, and is refused with any other (config.CommandLine).
 
@@ -34,9 +41,11 @@ The audit vouches only for what it checked, and checks everything it vouches for
 4. every replayed step's record against the published one, field for field: the state hash
    (naming the first differing tensor), batch digest, loss, gradient norm, learning rate, and
    any field the published record has that a replay does not produce, or lacks. step_commit,
-   the commitment to the step's gradient and post-step state that only the run's secret opens
-   (and the genesis record's secret_commit), must be there and well-formed; --check_receipts is
-   what opens it.
+   the commitment to the step's gradient and post-step state (and units_root, its pieces'), is
+   made and compared too where the step's salt is known: from the run's secret (the
+   publisher's run directory) or revealed salts (--salts FILE); elsewhere it must be there and
+   well-formed, and the MATCH line says it was not checked. The genesis record's secret_commit
+   is compared where the run's secret is at hand, and must be there and well-formed anyway.
 
 Replays use train.train_step (the one step function) on one device with no topology emulation.
 Each problem prints as "MISMATCH at step S: ..." in step order, then what the audit cost.
@@ -88,8 +97,13 @@ def parser():
                       "balanced by the replay cost measured here")
     mode.add_argument("--anchors", metavar="FILE", help="check the chain against anchors (chain heads) "
                       "obtained outside the run")
+    mode.add_argument("--materialize", type=int, metavar="S", help="the publisher: write the state after "
+                      "step S (replayed from the latest checkpoint before it) to --out DIR")
+    mode.add_argument("--reveal_unit", metavar="S:UNIT", help="the publisher: write what the audit of one "
+                      "unit of step S needs (S:micro_batch:M, S:fold:LO:SIZE, S:update) to --out DIR")
     ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
-    replayed = ap.options_for(REPLAY + ("plan",), "replaying (--step, --range, --all; --plan times one step)")
+    replayed = ap.options_for(REPLAY + ("plan", "materialize", "reveal_unit"),
+                              "replaying (--step, --range, --all, --materialize, --reveal_unit; --plan times one step)")
     replayed.add_argument("--data_dir", metavar="DIR", help="the run's corpus, or a bundle of it (default: "
                           "the data_dir the run's config.json names)")
     replayed.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
@@ -106,9 +120,25 @@ def parser():
                      "(compare two with python optrace.py A B)")
     one.add_argument("--receipt", metavar="FILE", help="write the step's receipt to FILE (with --auditor)")
     one.add_argument("--auditor", metavar="NAME", help="who replayed the step (with --receipt)")
-    checked = ap.options_for(("check_receipts", "coverage"), "checking receipts (--check_receipts, --coverage)")
-    checked.add_argument("--salts", metavar="FILE", help="check with revealed salts (--reveal_salts) instead "
-                         "of the run's secret")
+    unit = ap.options_for(("step",), "one unit of the step, with unit commitments (--step)")
+    unit.add_argument("--micro_batch", type=int, metavar="M", help="audit micro-batch M of the step alone, "
+                      "from the state before it (--revealed, --state or the run's checkpoint)")
+    unit.add_argument("--fold_node", metavar="LO:SIZE", help="audit the fold node over micro-batches "
+                      "LO..LO+SIZE-1: the contract's sum of its children revealed in --revealed DIR")
+    unit.add_argument("--update", action="store_true", help="audit the update: clip, AdamW and the record "
+                      "from S (the tree's root) revealed in --revealed DIR and the state before the step")
+    unit.add_argument("--state", metavar="FILE", help="the state before the step, from the publisher "
+                      "(--materialize); default: the one in --revealed DIR, else the run's checkpoint")
+    unit.add_argument("--units", metavar="FILE", help="the step's unit list (default: the one in --revealed "
+                      "DIR, else the run's units/ folder); checked against units_root")
+    revealed = ap.options_for(("step", "check_receipts", "coverage"),
+                              "revealed pieces (--step with a unit, --check_receipts, --coverage)")
+    revealed.add_argument("--revealed", metavar="DIR", help="what the publisher revealed (--reveal_unit): a "
+                          "unit audit's inputs; when checking receipts, the fold nodes' children")
+    checked = ap.options_for(REPLAY + ("check_receipts", "coverage"),
+                             "salts (--step, --range, --all, --check_receipts, --coverage)")
+    checked.add_argument("--salts", metavar="FILE", help="revealed salts (--reveal_salts): with them a "
+                         "replay checks step_commit, and receipts are checked without the run's secret")
     shared = ap.options_for(("plan", "coverage"), "sharing the steps (--plan, --coverage)")
     shared.add_argument("--redundancy", type=int, default=2, metavar="C",
                         help="distinct auditors per step (default %(default)s)")
@@ -118,8 +148,12 @@ def parser():
     plan.add_argument("--seed", type=int, help="the plan's private seed (default: drawn now, and printed)")
     plan.add_argument("--absent", type=float, default=0.25, metavar="F", help="the fraction of auditors "
                       "assumed absent or dishonest, for the chance of a miss (default %(default)s)")
-    reveal = ap.options_for(("reveal_salts",), "revealing salts (--reveal_salts)")
-    reveal.add_argument("--out", metavar="FILE", help="write the salts to FILE (default: standard output)")
+    reveal = ap.options_for(("reveal_salts", "materialize", "reveal_unit"),
+                            "the publisher's output (--reveal_salts, --materialize, --reveal_unit)")
+    reveal.add_argument("--out", metavar="PATH", help="--reveal_salts: write the salts to PATH (default: "
+                        "standard output); --materialize, --reveal_unit: the directory to write to (required)")
+    reveal.add_argument("--params_only", action="store_true", help="--materialize: the parameters only, all a "
+                        "micro-batch audit needs (default: the whole state)")
     return ap
 
 
@@ -132,6 +166,7 @@ import optrace  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
+import unitaudit  # noqa: E402
 from data import DataError, DataMismatch, TokenData  # noqa: E402
 from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step  # noqa: E402
 
@@ -140,7 +175,8 @@ from train import StepRefused, TrainState, code_digest, genesis_record, step_rec
 FIRST_FIELDS = ("kind", "step", "batch_digest", "state_hash")
 # The one field of each kind of record that a replay cannot recompute: it commits with the run's
 # secret (to the secret; to the step's gradient and result). Here it must be present and
-# well-formed; --check_receipts opens the step's (receipts.py).
+# well-formed; --check_receipts opens the step's (receipts.py). A field a replay leaves None
+# (units_root without the step's salt, units.py) is such a commitment too.
 COMMITMENTS = {"genesis": "secret_commit", "step": "step_commit"}
 
 
@@ -153,19 +189,21 @@ def compare(replayed, published):
 
     Every field is compared as exact JSON (floats included); a field the published record has
     and a replay does not produce, or lacks, is a difference. Names the field (and the tensor
-    or key inside it). A record's commitment (COMMITMENTS), which a replay without the run's
-    secret cannot produce, must be there as 64 hex digits; only a receipt check tells whether a
-    step_commit commits to this step's gradient and result."""
+    or key inside it). A record's commitment (COMMITMENTS) that the replay could not make (None:
+    neither the run's secret nor the step's revealed salt at hand) must be there as 64 hex
+    digits, and only a receipt check tells whether it commits to this step's gradient and
+    result; where the salt is known the replay makes it, and it is compared as any field."""
     mine = json.loads(json.dumps(replayed))
     theirs = {k: v for k, v in published.items() if k not in ("prev", "record_hash")}
-    commitment = COMMITMENTS.get(mine.get("kind"))
-    expected = set(mine) | ({commitment} if commitment else set())
+    commitments = {k for k, v in mine.items() if v is None}
+    commitments |= {COMMITMENTS[mine["kind"]]} - set(mine) if mine.get("kind") in COMMITMENTS else set()
+    expected = set(mine) | commitments
     keys = [k for k in FIRST_FIELDS if k in expected or k in theirs]
     keys += sorted((expected | set(theirs)) - set(FIRST_FIELDS))
     for key in keys:
         if key not in theirs:
             return f"field {key} is missing from the published record"
-        if key == commitment and key not in mine:
+        if key in commitments:
             if not receipts.is_hex64(theirs[key]):
                 return f"field {key} is not a commitment (64 hex digits): published {_canon(theirs[key])[:70]}"
             continue
@@ -205,7 +243,8 @@ class Audit:
     """An audit of one run on this machine: open it (the run, its config, its corpus), then replay
     steps (replay); every problem found is a finding (step, message), in self.findings."""
 
-    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None):
+    def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
+                 salts=None):
         self.run = rundir.Run(run_dir)          # a reader: it changes nothing in the run
         self.run.check_contract(repops.CONTRACT)
         self.device = device
@@ -213,7 +252,14 @@ class Audit:
         self.findings = []                       # (step, message), every problem found
         self.notes = []                          # what was not checked: printed before the verdict
         self.checked = set()                     # checkpoint steps already verified
-        self.replayed = {}                       # step: (state hash, grad_root) of the replay
+        self.replayed = {}                       # step: (state hash, grad_root, witnesses) of the replay
+        # salt_of(step): from the run's secret (the publisher) or revealed salts (--salts FILE);
+        # where it is known the replay makes step_commit (and units_root) and compares them too
+        self.salt_of = receipts.salt_lookup(run_dir, self.run.genesis, salts, required=False)
+        # the run's secret, where this is the publisher's run directory: then secret_commit too
+        has_secret = (self.run.dir / receipts.SECRET).exists()
+        self.secret = receipts.read_secret(run_dir, "") if has_secret else None
+        self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
         if source and "init" not in self.run.genesis:
@@ -252,7 +298,7 @@ class Audit:
         init = self.run.genesis.get("init")
         if init is not None:
             self.imported_state(state)
-        diff = compare(genesis_record(state, self.data, self.cfg, init=init), self.run.genesis)
+        diff = compare(genesis_record(state, self.data, self.cfg, self.secret, init=init), self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
         if late := late_phases(self.cfg):       # the record says what did not train
@@ -330,14 +376,23 @@ class Audit:
                     fields = trace_step(state, self.data, self.cfg, trace, self.run.chain.records[step])
                 else:
                     fields = train_step(state, self.data, self.cfg)
-                record = step_record(state.step, *state.hash(), self.data, self.cfg, fields)
+                salt = self.salt_of(step)
+                root, leaves = state.hash()
+                # result_root: the post-step state keyed by grad_root (a pass only a known salt needs)
+                result_root = hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors()) if salt else None
+                record = step_record(step, root, leaves, self.data, self.cfg, fields, result_root=result_root,
+                                     salt=salt)
             except StepRefused as e:        # the published run cannot have recorded this step
                 self.find(step, str(e))
                 return
             except DataMismatch as e:       # a chunk the step reads is not the manifest's
                 self.find(step, f"the step reads data that is not the corpus's: {e}")
                 return
-            self.replayed[step] = record["state_hash"], fields["grad_root"].result()
+            pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
+            self.replayed[step] = (record["state_hash"], fields["grad_root"].result(),
+                                   pieces and [w.hex() for w in pieces.witness_digests])
+            if salt is None:
+                self.unchecked.append(step)
             diff = compare(record, self.run.chain.records[step])
             if diff:
                 self.find(step, diff)
@@ -354,16 +409,22 @@ class Audit:
         no published field gives them."""
         if step not in self.replayed or self.state.step != step:
             return None
-        state_hash, grad_root = self.replayed[step]
+        state_hash, grad_root, witnesses = self.replayed[step]
         # result_root: the post-step state keyed by grad_root (only a receipt needs the pass)
         result_root = hashchain.keyed_state_root(grad_root, self.state.tensors())
+        findings = [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]
+        if witnesses is not None:               # a run with unit commitments: repops-receipt-v3
+            proof = {"state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
+                     "witnesses": witnesses}
+            return receipts.unit_receipt(self.run.genesis, self.run.chain.records[step], "step", proof, auditor,
+                                     optrace.machine(), cost, code_digest(), self.data.digest, findings)
         return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(self.run.genesis),
                 "step": step, "record_hash": self.run.chain.records[step]["record_hash"],
                 "state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
                 "auditor": auditor,
                 "machine": optrace.machine(), "cost": cost, "code_digest": code_digest(),
                 "data_manifest": self.data.digest, "verdict": "MISMATCH" if self.findings else "MATCH",
-                "findings": [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]}
+                "findings": findings}
 
     def check_later_checkpoints(self, last):
         """The run's latest checkpoint (what people download) and any file beyond the chain."""
@@ -376,11 +437,28 @@ class Audit:
 
 
 # ----------------------------------------------------------------------------- the commands
+def unit_of(args):
+    """The unit --micro_batch, --fold_node or --update names (None: the whole step)."""
+    given = [u for u in (args.micro_batch is not None and f"micro_batch:{args.micro_batch}",
+                         args.fold_node and f"fold:{args.fold_node}", args.update and "update") if u]
+    if len(given) > 1:
+        raise UsageError("--micro_batch, --fold_node and --update: one unit per audit")
+    if given:
+        for option in ("trace", "init_from", "salts"):
+            if getattr(args, option):
+                raise UsageError(f"--{option} goes with a whole step's replay, not with {given[0]}")
+    elif args.state or args.units or args.revealed:
+        raise UsageError("--state, --units and --revealed go with one unit (--micro_batch, --fold_node or --update)")
+    return given[0] if given else None
+
+
 def replay_command(args):
+    if args.step is not None and (unit := unit_of(args)) is not None:
+        return unitaudit.command(args, unit, code_digest())
     t0 = time.perf_counter()
     audit = Audit(args.run_dir, args.data_dir, args.device,
                   **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")},
-                  source=args.init_from)
+                  source=args.init_from, salts=args.salts)
     if args.step is not None:
         first = last = args.step
         if args.step < 1:
@@ -393,9 +471,14 @@ def replay_command(args):
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
     if not audit.findings:
+        commitments = "step_commit and units_root" if audit.cfg.unit_commits else "step_commit"
+        unchecked = receipts.ranges(audit.unchecked)
+        checked = (f"{commitments} checked" if not audit.unchecked else
+                   f"{commitments} not checked: no secret or salt" if len(audit.unchecked) == len(audit.replayed)
+                   else f"{commitments} checked, but for steps {unchecked}: no secret or salt")
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
               f"(step {last}: {audit.run.chain.records[last]['state_hash'][:16]}), and the "
-              "checkpoints checked match the chain")
+              f"checkpoints checked match the chain; {checked}")
     cost = {"seconds": round(time.perf_counter() - t0, 3), "steps_replayed": len(audit.replayed),
             "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "bytes_read": audit.bytes_read}
@@ -436,11 +519,13 @@ def chain_steps(run, steps, flag="--steps"):
 # ---- receipts, coverage, salts (receipts.py holds the protocol's logic)
 def receipt_results(args):
     """The opened run and [receipts.Result] for every receipt under the directory given,
-    checked with the run's secret or with revealed salts (--salts)."""
+    checked with the run's secret or with revealed salts (--salts); a unit's receipt with the
+    step's unit list and, for a fold node, the children revealed in --revealed DIR."""
     run = rundir.Run(args.run_dir)
     run.chain.verify()
     salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
-    return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of)
+    unit_list, fold_keyed = unitaudit.judging(run, args.revealed)
+    return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of, unit_list, fold_keyed)
 
 
 def summarize(results, directory):
@@ -455,7 +540,8 @@ def summarize(results, directory):
 def check_receipts_command(args):
     _, results = receipt_results(args)
     for r in results:
-        about = [f"step {r.receipt['step']} by {receipts.shown(r.receipt['auditor'])}"] if r.receipt else []
+        unit = f", {r.receipt['unit']}" if r.receipt and r.receipt.get("unit", "step") != "step" else ""
+        about = [f"step {r.receipt['step']}{unit} by {receipts.shown(r.receipt['auditor'])}"] if r.receipt else []
         print(f"{r.status:9s} {receipts.shown(r.path)}: "
               + ": ".join(about + [receipts.shown(r.reason)] * bool(r.reason)))
     return 1 if summarize(results, args.check_receipts)["rejected"] else 0
@@ -464,6 +550,9 @@ def check_receipts_command(args):
 def coverage_command(args):
     run, results = receipt_results(args)
     first, last = chain_steps(run, args.steps)
+    if run.cfg.unit_commits:
+        summarize(results, args.coverage)
+        return unit_coverage(receipts.covered(results, run.chain, first, last), first, last, args.redundancy)
     counts = receipts.coverage(results, first, last)
     summarize(results, args.coverage)
     total = last - first + 1
@@ -473,6 +562,21 @@ def coverage_command(args):
               f"{len(steps)}/{total} ({100 * len(steps) / total:.1f}%): {receipts.ranges(steps)}")
     print(f"steps with none: {receipts.ranges(s for s, n in counts.items() if n == 0)}")
     return 0 if all(n >= args.redundancy for n in counts.values()) else 1
+
+
+def unit_coverage(covered, first, last, redundancy):
+    """Print what the accepted receipts cover, unit by unit (a step is covered when every one of
+    its units is); exit code 0 when every unit has `redundancy` distinct auditors."""
+    n_units = sum(len(u) for u in covered.values())
+    for need in sorted({1, redundancy}):
+        done = sum(len(a) >= need for u in covered.values() for a in u.values())
+        steps = [s for s, u in covered.items() if all(len(a) >= need for a in u.values())]
+        print(f"units of steps {first}..{last} with >= {need} accepted receipt{'s' * (need > 1)} from distinct "
+              f"auditors: {done}/{n_units} ({100 * done / n_units:.1f}%); steps all of whose units have them: "
+              f"{len(steps)}/{last - first + 1}: {receipts.ranges(steps)}")
+    short = [(s, u) for s, units_ in covered.items() for u, a in units_.items() if len(a) < redundancy]
+    print(f"units with fewer than {redundancy}: {receipts.describe(short)}")
+    return 0 if not short else 1
 
 
 def reveal_command(args):
@@ -540,6 +644,9 @@ def plan_command(args):
     probe_s = probe_step(probe_cfg, probe_state, TokenData(args.data_dir or run.recorded_data_dir(), cfg.seed))
     run_work = run_state.n_params() * tokens(cfg)
     probe_work = probe_state.n_params() * tokens(probe_cfg)
+    if cfg.unit_commits:
+        return plan_units(args, run, first, last, seed, receipts.replay_hours(1, probe_s, probe_work, run_work) * 3600,
+                          run_state.flat_numel())
     print(f"plan: steps {first}..{last} of {args.run_dir} for {args.auditors} auditors, each step replayed "
           f"by {args.redundancy} of them, seed {seed}" + (" (drawn now: keep it private)" if args.seed is None else ""))
     print(f"replay cost: a probe step ({probe_state.n_params():,} params x {tokens(probe_cfg)} tokens) took "
@@ -552,6 +659,30 @@ def plan_command(args):
         hours = receipts.replay_hours(sum(costs[s] for s in steps), probe_s, probe_work, run_work)
         print(f"{a:7d}  {len(steps):5d}  {replayed:8d}  {hours:10.2g}  {receipts.ranges(steps)}")
     print(f"a tampered step goes undetected only if all {args.redundancy} of its auditors are absent or "
+          f"dishonest: with each so with probability f = {args.absent} independently, "
+          f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    return 0
+
+
+def plan_units(args, run, first, last, seed, micro_s, numel):
+    """--plan on a run with unit commitments: every unit of --steps (each micro-batch, fold node and
+    update) to --redundancy distinct auditors, balanced by the estimated seconds of each: a
+    micro-batch the probe's (micro_s, scaled to this run's model); a fold node and the update
+    from this machine's hashing rate (they hash 3 and about 7 vectors of numel floats)."""
+    rate = unitaudit.hash_rate()
+    seconds = {"micro_batch": micro_s, "fold": 3 * 4 * numel / rate, "update": 7 * 4 * numel / rate}
+    costs = receipts.unit_costs(run.chain, first, last, seconds.get)
+    assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
+    print(f"plan: the {len(costs)} units of steps {first}..{last} of {args.run_dir} (every micro-batch, fold node "
+          f"and update) for {args.auditors} auditors, each unit audited by {args.redundancy} of them, seed {seed}"
+          + (" (drawn now: keep it private)" if args.seed is None else ""))
+    print(f"unit cost here, estimated: a micro-batch {micro_s:.3g} s, a fold node {seconds['fold']:.3g} s, the "
+          f"update {seconds['update']:.3g} s (hashing {rate / 1e9:.2f} GB/s)")
+    print("auditor  units  est. hours  assigned units")
+    for a, items in enumerate(assignment, start=1):
+        hours = sum(costs[i] for i in items) / 3600
+        print(f"{a:7d}  {len(items):5d}  {hours:10.2g}  {receipts.describe(items)}")
+    print(f"a lie in a unit goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
     return 0
@@ -578,7 +709,8 @@ def anchors_command(args):
 OUTPUT_OPTIONS = ("trace", "receipt", "out")
 COMMANDS = {"step": replay_command, "range": replay_command, "all": replay_command,
             "check_receipts": check_receipts_command, "coverage": coverage_command,
-            "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command}
+            "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command,
+            "materialize": unitaudit.materialize_command, "reveal_unit": unitaudit.reveal_command}
 
 
 def main(argv=None):

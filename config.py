@@ -84,6 +84,10 @@ class Config:
     qk_norm: bool = False               # gain-free RMSNorm of each query and key head, before RoPE
     emb_norm: bool = False              # RMSNorm (learned weight emb_norm [d]) after the token embedding
     matmul: str = "fp32"                # "exact": every model matmul is the exact integer matmul (contract §11)
+    # Commit to every piece of each step (micro-batch gradients, fold nodes) in the record's
+    # units_root, so that one micro-batch, one fold node or the update can be audited alone
+    # (units.py, docs/auditing.md); it adds commitments only, the state hashes are the same.
+    unit_commits: bool = False
     # batch: a step is micro_batches (N >= 1; the ranks R must divide it) x micro_batch_size sequences
     micro_batches: int = 4              # N, the micro-batches of a step (the first phase's)
     # phases of one run, "N1@S1,N2@S2": N1 micro-batches from step S1+1 on, ... (config.micro_batches_at);
@@ -133,7 +137,7 @@ BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_ba
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
 # Decisive keys added after the genesis format was fixed: left out of the genesis record at
 # their default, so a run that does not use them keeps its genesis bytes (and older runs audit).
-OPTIONAL = {"tie_embeddings": False, "int8_pv": False, "matmul": "fp32"}
+OPTIONAL = {"tie_embeddings": False, "int8_pv": False, "matmul": "fp32", "unit_commits": False}
 # Named recipes (--preset=NAME). open1b: the OPEN-1B reference run (gensyn-ai/open-transformers,
 # configs/train/1b_repop_v2.yaml; docs/open1b-recipe.md lists what still differs): its model
 # (1.61B parameters; sliding window 512 with every 5th and the last layer full, gain-free QK-norm,
@@ -144,17 +148,21 @@ OPTIONAL = {"tie_embeddings": False, "int8_pv": False, "matmul": "fp32"}
 # 1 / 1273 / 76719 (the first step to start at or past 4B and 360B tokens), 80957 steps in all;
 # 48 ranks divide every phase. open1b-mini: the same structure (GQA 4:1, head size 128, SwiGLU
 # hidden 2.75 x width, every recipe option, a phase boundary after step 1) small enough for a
-# few steps on 2 cores in seconds (the CI test, tests/test_scale.py).
+# few steps on 2 cores in seconds (the CI test, tests/test_scale.py). Both commit to every piece
+# of each step (unit_commits, units.py): a step of 768 micro-batches is audited one micro-batch at
+# a time (off by default: on the default model the hashing costs about 3% of a step,
+# docs/auditing.md).
 _RECIPE = dict(attn_window=512, full_attn_every=5, qk_norm=True, emb_norm=True, rope_theta=5e5, zloss=1e-4,
                lr=4.5e-4, min_lr=4.5e-5, warmup_steps=667, lr_schedule="cosine", grad_clip=1.0)
 PRESETS = {
     "open1b": dict(_RECIPE, n_layer=24, d_model=2048, n_head=16, n_kv_head=4, d_hidden=5632,
                    vocab_size=128256, seq_len=4096, micro_batches=768, micro_batch_size=1,
                    micro_batch_phases="1152@1272,2304@76718", max_steps=80957, seed=42,
-                   recompute=True, offload=True, checkpoint_every=1, eval_every=0, sample_tokens=0),
+                   recompute=True, offload=True, checkpoint_every=1, eval_every=0, sample_tokens=0,
+                   unit_commits=True),
     "open1b-mini": dict(_RECIPE, n_layer=2, d_model=512, n_head=4, n_kv_head=1, d_hidden=1408,
                         seq_len=64, attn_window=16, micro_batches=2, micro_batch_phases="4@1",
-                        micro_batch_size=1, recompute=True),
+                        micro_batch_size=1, recompute=True, unit_commits=True),
 }
 
 SEED_LIMIT = 1 << 64                    # Philox keys are 64-bit

@@ -197,6 +197,9 @@ class Llama(nn.Module):
         # qk_norm's gain-free RMSNorm is rmsnorm with w = 1 (y = (x * rstd) * 1.0 is exact)
         self.register_buffer("unit_gain", torch.ones(d // cfg.n_head), persistent=False)
         self.calibrating = False
+        # witness(grad): a tensor hook given the gradient of the loss with respect to the
+        # residual stream after block 0 [B, T, d] (the unit commitments' witness, units.py)
+        self.witness = None
         if cfg.quant == "int8":
             quant.attach(self)   # step sizes <linear>_sx, <linear>_sw; calibrates s_x
 
@@ -299,6 +302,8 @@ class Llama(nn.Module):
                                                       use_reentrant=False, preserve_rng_state=False)
             else:
                 x = self._block(i, layer, x, rng, cache)
+            if i == 0 and self.witness is not None and x.requires_grad:
+                x.register_hook(self.witness)      # reads the gradient, changes nothing
         if cache is not None:
             cache.length += T
         return repops.rmsnorm(x, self.norm, cfg.norm_eps)

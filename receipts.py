@@ -16,12 +16,16 @@ anything. Three pieces close that and the two other holes (no plan, no anchor):
     commit(salt(secret, 17), grad_root, result_root)    # the record's step_commit
     write_receipt("alice/step_17.json", receipt)        # audit.py --step 17 --receipt FILE
     results = check_receipts("receipts/", chain, salts) # [Result]: accepted/rejected/malformed/unchecked
+    unit_receipt(genesis, record, "micro_batch:3", proof, auditor, ...)   # v3: one unit (below)
+    check_receipts("receipts/", chain, salts, unit_list, fold_keyed)     # v3 receipts need these
     reveal(secret, run_id(genesis), 1, 40)              # salts of steps 1..40, for anyone to check with
 
     # 2. A plan for K auditors, each step replayed by C of them; what accepted receipts cover.
     costs = replay_costs(1, 40, checkpoint_steps)      # {step: steps an audit of it replays}
     assignment = plan(costs, auditors=8, redundancy=2, seed=42)
     counts = coverage(accepted_results, 1, 40)          # {step: distinct auditors}
+    covered(results, chain, 1, 40)                      # {step: {unit: {auditors}}}, by unit
+    plan(unit_costs(chain, 1, 40, seconds), 8, 2, 42)   # a plan of units: [[(step, unit), ...], ...]
     ranges([1, 2, 3, 7])                                # "1-3,7"
 
     # 3. Anchors: chain heads published outside the run (the trainer writes run_dir/anchors.jsonl
@@ -34,6 +38,19 @@ step_commit hides them behind a salt that only the secret's holder can compute. 
 (format repops-receipt-v2) opens the commitment only if the auditor computed the step's gradient
 and its post-step state bit for bit (the state's public hash does not give its keyed root), and
 it names the record hash of the step it audited, so a chain rewritten later rejects it.
+A run made with unit commitments (units.py) is audited unit by unit: one micro-batch, one fold
+node, the update, or the whole step, each with a receipt of format repops-receipt-v3 (SPEC
+§20.7) that names its unit and holds what only that audit computes:
+- micro_batch:M: `witness`, W_m, which opens the step's commitment c_m with the salt
+  salt_{s,m} = HMAC-SHA256(salt_s, "unit" || M); nothing revealed by a publisher gives it;
+- fold:LO:SIZE: `keyed`, the node's chunked digest under a key bound to the run, the node and
+  the auditor's name (units.fold_key): made from the node's value, which whoever revealed its
+  children re-derives (fold_keyed);
+- update: `state_hash`, `grad_root`, `result_root`, which open step_commit as a v2 receipt's do;
+- step: those three and `witnesses`, every W_m of the step: a whole-step receipt stays a proof
+  of the whole replay even after a dispute has revealed S (from which the update alone gives
+  grad_root and result_root).
+Each kind of run refuses the other's format. A step is covered when every one of its units is.
 Auditor names are 1..64 printable characters; whatever a receipt holds is printed escaped
 (shown). The publisher checks receipts with the secret; revealing the salts of a range lets anyone check those receipts
 later. Bad input raises config.UsageError (one line); a malformed receipt is reported as such
@@ -50,13 +67,16 @@ import re
 import secrets
 from pathlib import Path
 
+import config
 import hashchain
+import units
 from config import UsageError
 
 SECRET = "secret"                  # in the run directory; never published
 SECRET_BYTES = 32
 ANCHORS = "anchors.jsonl"          # in the run directory; meant to be copied out of it
 RECEIPT_FORMAT = "repops-receipt-v2"   # v2: result_root and record_hash (v1 proved the gradient only)
+UNIT_RECEIPT_FORMAT = "repops-receipt-v3"   # v3: one unit of a run with unit commitments (units.py)
 SALTS_FORMAT = "repops-salts-v1"
 SECRET_COMMIT = b"repops-secret-commit-v1"
 MAX_FILE = 1 << 20                 # a receipt or salts file is a few KB
@@ -153,16 +173,36 @@ def run_id(genesis):
 
 
 # ----------------------------------------------------------------------------- receipts
-# Every field a receipt has, and its type (HEX: 64 hex digits).
+# Every field a receipt has, and its type (HEX: 64 hex digits): a whole step's of a run without
+# unit commitments (v2), and a unit's of a run with them (v3: the common fields and its proof).
 HEX = "hex64"
 RECEIPT_FIELDS = {"format": str, "run": HEX, "step": int, "record_hash": HEX, "state_hash": HEX,
                   "grad_root": HEX, "result_root": HEX, "auditor": str, "machine": dict,
                   "cost": dict, "code_digest": HEX, "data_manifest": HEX, "verdict": str,
                   "findings": list}
+UNIT_FIELDS = {"format": str, "run": HEX, "step": int, "unit": str, "record_hash": HEX, "auditor": str,
+               "machine": dict, "cost": dict, "code_digest": HEX, "data_manifest": HEX, "verdict": str,
+               "findings": list}
+PROOFS = {"micro_batch": {"witness": HEX}, "fold": {"keyed": HEX},
+          "update": {"state_hash": HEX, "grad_root": HEX, "result_root": HEX},
+          "step": {"state_hash": HEX, "grad_root": HEX, "result_root": HEX, "witnesses": list}}
 
 
 class Malformed(Exception):
     """A file that is not a receipt (reported by check_receipts, never raised to the CLI)."""
+
+
+def unit_kind(unit):
+    """micro_batch, fold, update or step: what a unit's receipt proves (PROOFS)."""
+    return unit if unit in ("step", "update") else unit.partition(":")[0]
+
+
+def unit_receipt(genesis, record, unit, proof, auditor, machine, cost, code_digest, data_manifest, findings):
+    """A v3 receipt of `unit` of the step of `record` (the fields of PROOFS[unit_kind(unit)] from proof)."""
+    return {"format": UNIT_RECEIPT_FORMAT, "run": run_id(genesis), "step": record["step"], "unit": unit,
+            "record_hash": record["record_hash"], **proof, "auditor": auditor, "machine": machine,
+            "cost": cost, "code_digest": code_digest, "data_manifest": data_manifest,
+            "verdict": "MISMATCH" if findings else "MATCH", "findings": list(findings)}
 
 
 def write_receipt(path, receipt):
@@ -174,22 +214,28 @@ def write_receipt(path, receipt):
 
 
 def read_receipt(path):
-    """The receipt in `path`, every field type-checked; Malformed otherwise."""
+    """The receipt in `path`, v2 or v3, every field type-checked; Malformed otherwise."""
     try:
         receipt = hashchain.strict_json(_read_json_file(path, "receipt", Malformed))
     except ValueError as e:
         raise Malformed(f"not valid JSON ({e})") from None
     if not isinstance(receipt, dict):
         raise Malformed("not a JSON object")
-    if set(receipt) != set(RECEIPT_FIELDS):
-        odd = sorted(set(receipt) ^ set(RECEIPT_FIELDS))
-        raise Malformed(f"field {odd[0]} is {'unknown' if odd[0] in receipt else 'missing'}")
-    for key, kind in RECEIPT_FIELDS.items():
+    fields, of_unit = RECEIPT_FIELDS, ""
+    if receipt.get("format") == UNIT_RECEIPT_FORMAT:
+        unit = receipt.get("unit")
+        if not isinstance(unit, str) or not (unit in ("step", "update") or units.UNIT.fullmatch(unit)):
+            raise Malformed("field unit must be step, update, micro_batch:M or fold:LO:SIZE")
+        fields, of_unit = dict(UNIT_FIELDS, **PROOFS[unit_kind(unit)]), f" (unit {unit})"
+    if set(receipt) != set(fields):
+        odd = sorted(set(receipt) ^ set(fields))
+        raise Malformed(f"field {odd[0]} is {'unknown' if odd[0] in receipt else 'missing'}{of_unit}")
+    for key, kind in fields.items():
         value = receipt[key]
         ok = is_hex64(value) if kind == HEX else _is_int(value) if kind is int else isinstance(value, kind)
         if not ok:
             raise Malformed(f"field {key} must be {'64 hex digits' if kind == HEX else kind.__name__}")
-    if receipt["format"] != RECEIPT_FORMAT:
+    if receipt["format"] not in (RECEIPT_FORMAT, UNIT_RECEIPT_FORMAT):
         raise Malformed(f"format is not {RECEIPT_FORMAT}")
     if receipt["step"] < 1 or receipt["verdict"] not in ("MATCH", "MISMATCH"):
         raise Malformed("step must be >= 1, verdict MATCH or MISMATCH")
@@ -197,6 +243,8 @@ def read_receipt(path):
         raise Malformed(f"field auditor: {auditor_problem(receipt['auditor'])}")
     if not all(isinstance(f, str) for f in receipt["findings"]):
         raise Malformed("findings must be a list of strings")
+    if not all(is_hex64(w) for w in receipt.get("witnesses", [])):
+        raise Malformed("field witnesses must be a list of 64 hex digits")
     return receipt
 
 
@@ -208,32 +256,71 @@ class Result:
     receipt: dict = None
 
 
-def judge(receipt, chain, salt_of):
-    """(status, reason) of a well-formed receipt against the verified chain; salt_of(step) is
-    the step's salt, or None where it is not known (unchecked)."""
+def genesis_config(chain):
+    return config.from_record(chain.records[0].get("config", {}), "genesis config")
+
+
+def judge(receipt, chain, salt_of, unit_list=None, fold_keyed=None):
+    """(status, reason) of a well-formed receipt against the verified chain. salt_of(step): the
+    step's salt, or None where it is not known (unchecked). A run with unit commitments takes
+    v3 receipts only, a run without them v2 only; for those, unit_list(step) is the step's unit
+    list checked against its units_root ({unit: entry}) or None, and fold_keyed(step, unit,
+    auditor) the keyed digest of that fold node as whoever holds its children makes it, or None."""
+    cfg, unit = genesis_config(chain), receipt.get("unit", "step")
+    if cfg.unit_commits != (receipt["format"] == UNIT_RECEIPT_FORMAT):
+        return "rejected", (f"a {RECEIPT_FORMAT} proves no micro-batch witness, and this run commits to "
+                            f"its units: its receipts are {UNIT_RECEIPT_FORMAT}" if cfg.unit_commits else
+                            f"this run has no unit commitments: its receipts are {RECEIPT_FORMAT}")
     step, genesis = receipt["step"], chain.records[0]
     if receipt["run"] != run_id(genesis):
         return "rejected", f"a receipt for another run ({receipt['run'][:12]})"
     if step >= len(chain):
         return "rejected", f"step {step} is not in the chain"
-    record = chain.records[step]
-    step_salt = salt_of(step)
-    if step_salt is None:
-        return "unchecked", f"no salt revealed for step {step}"
+    record, n = chain.records[step], config.micro_batches_at(cfg, step)
+    if unit not in ("step", "update") and unit not in units.names(n):
+        return "rejected", f"{unit} is not a unit of step {step}"
     reasons = []
     if receipt["record_hash"] != record["record_hash"]:
         reasons.append("it audited another record of this step (the chain was rewritten, or it is "
                        "a receipt for another chain)")
-    if commit(step_salt, receipt["grad_root"], receipt["result_root"]) != record.get("step_commit"):
-        reasons.append("its grad_root and result_root do not open the step's commitment (echoed, "
-                       "or another gradient or post-step state: a replay that skipped the update?)")
-    if receipt["state_hash"] != record.get("state_hash"):
-        reasons.append("its state hash differs from the chain's")
     for key in ("code_digest", "data_manifest"):
         if receipt[key] != genesis.get(key):
             reasons.append(f"it was replayed with another {key}")
     if receipt["verdict"] != "MATCH":
         reasons.append("the auditor reports " + shown((receipt["findings"] or ["MISMATCH"])[0])[:200])
+    kind = unit_kind(unit)
+
+    def unchecked(why):                      # what is decided without a salt, a unit list or a reveal
+        return ("rejected", "; ".join(reasons)) if reasons else ("unchecked", why)
+    if kind == "fold":
+        keyed = fold_keyed and fold_keyed(step, unit, receipt["auditor"])
+        if keyed is None:
+            return unchecked(f"the children of {unit} of step {step} are not at hand (--revealed DIR)")
+        if keyed != receipt["keyed"]:
+            reasons.append("its keyed digest is not the node's (the sum was not formed from its children?)")
+        return ("rejected", "; ".join(reasons)) if reasons else ("accepted", "")
+    step_salt = salt_of(step)
+    if step_salt is None:
+        return unchecked(f"no salt revealed for step {step}")
+    if kind in ("update", "step"):
+        if commit(step_salt, receipt["grad_root"], receipt["result_root"]) != record.get("step_commit"):
+            reasons.append("its grad_root and result_root do not open the step's commitment (echoed, "
+                           "or another gradient or post-step state: a replay that skipped the update?)")
+        if receipt["state_hash"] != record.get("state_hash"):
+            reasons.append("its state hash differs from the chain's")
+    if cfg.unit_commits and kind in ("micro_batch", "step"):
+        entries = unit_list and unit_list(step)
+        if entries is None:
+            return unchecked(f"no unit list of step {step} checks against its units_root")
+        micro = [int(unit.partition(":")[2])] if kind == "micro_batch" else range(n)
+        witnesses = [receipt["witness"]] if kind == "micro_batch" else receipt["witnesses"]
+        if len(witnesses) != len(micro) or not all(
+                units.witness_commit(units.unit_salt(step_salt, m), bytes.fromhex(w)).hex()
+                == entries[f"micro_batch:{m}"]["commit"] for m, w in zip(micro, witnesses)):
+            reasons.append("its witness does not open the micro-batch's commitment c_m (copied, or the "
+                           "micro-batch's replay was skipped)" if kind == "micro_batch" else
+                           "its witnesses do not open the micro-batches' commitments (the micro-batches "
+                           "were not all replayed)")
     return ("rejected", "; ".join(reasons)) if reasons else ("accepted", "")
 
 
@@ -248,8 +335,8 @@ def receipt_files(directory):
     return found
 
 
-def check_receipts(directory, chain, salt_of):
-    """[Result] for every receipt file under `directory` against the verified chain."""
+def check_receipts(directory, chain, salt_of, unit_list=None, fold_keyed=None):
+    """[Result] for every receipt file under `directory` against the verified chain (judge)."""
     results = []
     for path in receipt_files(directory):
         try:
@@ -257,7 +344,7 @@ def check_receipts(directory, chain, salt_of):
         except Malformed as e:
             results.append(Result(path, "malformed", str(e)))
             continue
-        results.append(Result(path, *judge(receipt, chain, salt_of), receipt))
+        results.append(Result(path, *judge(receipt, chain, salt_of, unit_list, fold_keyed), receipt))
     return results
 
 
@@ -283,11 +370,14 @@ def read_salts(path, run):
     return {int(k): bytes.fromhex(v) for k, v in doc["salts"].items()}
 
 
-def salt_lookup(run_dir, genesis, salts_path=None):
+def salt_lookup(run_dir, genesis, salts_path=None, required=True):
     """salt_of(step) for check_receipts: from revealed salts (salts_path; None where a step's
-    salt is not revealed) or else from the run's secret (the publisher). UsageError if neither."""
+    salt is not revealed) or else from the run's secret (the publisher). UsageError if neither,
+    unless not `required` (a replay checks step_commit where it can): then None for every step."""
     if salts_path:
         return read_salts(salts_path, run_id(genesis)).get
+    if not required and not (Path(run_dir) / SECRET).exists():
+        return lambda step: None
     secret = read_secret(run_dir, "checking receipts needs the publisher's secret "
                          "(or --salts FILE with revealed salts)")
     return lambda step: salt(secret, step)
@@ -348,6 +438,48 @@ def coverage(results, first, last):
         if r.status == "accepted" and r.receipt["step"] in auditors:
             auditors[r.receipt["step"]].add(r.receipt["auditor"])
     return {s: len(a) for s, a in auditors.items()}
+
+
+def step_units(chain, step):
+    """The units an audit of `step` covers: every unit of units.all_units with unit commitments,
+    else the step itself."""
+    cfg = genesis_config(chain)
+    return units.all_units(config.micro_batches_at(cfg, step)) if cfg.unit_commits else ["step"]
+
+
+def covered(results, chain, first, last):
+    """{step: {unit: {auditors with an accepted receipt covering it}}} for steps first..last; a
+    whole-step receipt covers every unit of its step."""
+    out = {s: {u: set() for u in step_units(chain, s)} for s in range(first, last + 1)}
+    for r in results:
+        if r.status != "accepted" or r.receipt["step"] not in out:
+            continue
+        unit = r.receipt.get("unit", "step")
+        for u in (out[r.receipt["step"]] if unit == "step" else [unit]):
+            out[r.receipt["step"]][u].add(r.receipt["auditor"])
+    return out
+
+
+def unit_costs(chain, first, last, seconds):
+    """{(step, unit): estimated seconds} of every unit of steps first..last (plan's costs);
+    seconds(kind) is a unit's cost by unit_kind (micro_batch, fold, update)."""
+    return {(s, u): seconds(unit_kind(u)) for s in range(first, last + 1) for u in step_units(chain, s)}
+
+
+def describe(items):
+    """Compact text of sorted (step, unit) items: "12: micro_batch 0-2, fold 0:2 0:4, update; 13: ..."."""
+    by_step = {}
+    for step, unit in items:
+        by_step.setdefault(step, []).append(unit)
+    parts = []
+    for step, names in sorted(by_step.items()):
+        micro = sorted(int(u.partition(":")[2]) for u in names if u.startswith("micro_batch:"))
+        folds = sorted((tuple(map(int, u.split(":")[1:])) for u in names if u.startswith("fold:")))
+        text = ([f"micro_batch {ranges(micro)}"] if micro else []) + \
+               ([("fold " + " ".join(f"{lo}:{size}" for lo, size in folds))] if folds else []) + \
+               [u for u in names if u in ("update", "step")]
+        parts.append(f"{step}: {', '.join(text)}")
+    return "; ".join(parts) or "none"
 
 
 def ranges(steps):

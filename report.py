@@ -22,7 +22,10 @@ the run (anchors); every other figure in it is the publisher's word until audite
 - the checkpoint files (listed, not verified: `audit.py` verifies them);
 - with --receipts: a strip of every step coloured by the distinct auditors whose receipts were
   accepted for it (none, 1 .. C-1, >= C = --redundancy) and red where a receipt or an anchor
-  reports a MISMATCH at that step; the rejected receipts; the audit costs the receipts report;
+  reports a MISMATCH at that step; the rejected receipts; the audit costs the receipts report, per auditor. A run
+  with unit commitments is covered unit by unit (receipts.covered): a step is as covered as
+  its least covered unit, and the page gives the fraction of the units covered and the steps
+  whose units are covered only in part;
 - the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees.
 With --compare B: both runs' curves overlaid, the differences of their genesis records (config
 keys and other fields), and the first step whose state hash differs, with the first tensor
@@ -34,8 +37,7 @@ clipped at the edge and labelled with its value, never allowed to flatten the cu
 is one file, inline SVG and CSS, no script, no network; it must lie outside the run directories
 (readers never write in them). Bad input: one line `report.py: error: ...`, exit 2.
 
-Why over ~450 lines: the page is one story whose sections share the run's reading (chain,
-train.log, receipts, anchors); the drawing lives in svgchart.py.
+The drawing lives in svgchart.py.
 """
 import html
 import os
@@ -53,6 +55,8 @@ def parser():
                     "differences, the first step whose state differs (default: none)")
     ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from")
     ap.add_argument("--salts", metavar="FILE", help="with --receipts: check them with revealed salts, not the run's secret")
+    ap.add_argument("--revealed", metavar="DIR", help="with --receipts: the children the publisher revealed for "
+                    "fold-node audits, with which their receipts are checked")
     ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
     ap.add_argument("--redundancy", type=int, default=2, metavar="C",
                     help="distinct auditors per step for full coverage (default %(default)s)")
@@ -68,6 +72,7 @@ import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
 import svgchart  # noqa: E402
+import unitaudit  # noqa: E402
 from svgchart import Series  # noqa: E402
 
 MISMATCH_AT = re.compile(r"MISMATCH at step (\d+)")
@@ -116,17 +121,40 @@ def unigram_baseline(run, log):
         return None, f"train.log does not give it, and the run's corpus ({data_dir}) cannot be read here: {e}"
 
 
-def coverage_levels(results, n_steps, redundancy, extra_mismatches=()):
+def coverage_levels(results, n_steps, redundancy, extra_mismatches=(), covered=None):
     """[level] for steps 1..n_steps (index 0 is step 1): "mismatch" where a well-formed receipt
     reports a MISMATCH at that step (or an anchor does: extra_mismatches), else "full" with
-    >= redundancy distinct accepted auditors, "some" with fewer, "none" with none."""
-    counts = receipts.coverage(results, 1, n_steps) if n_steps else {}
+    >= redundancy distinct accepted auditors, "some" with fewer, "none" with none. With
+    `covered` (receipts.covered: a run with unit commitments) a step counts the auditors of
+    its least covered unit, and is "some" as soon as one of its units has an auditor."""
+    if covered is not None:
+        least = {s: min(len(a) for a in u.values()) for s, u in covered.items()}
+        touched = {s for s, u in covered.items() if any(u.values())}
+    else:
+        least = receipts.coverage(results, 1, n_steps) if n_steps else {}
+        touched = {s for s, n in least.items() if n}
     bad = set(extra_mismatches)
     for r in results:
         if r.receipt and r.receipt["verdict"] != "MATCH":
             bad.update(int(m.group(1)) for f in r.receipt["findings"] for m in [MISMATCH_AT.match(f)] if m)
-    return ["mismatch" if s in bad else "full" if counts[s] >= redundancy else "some" if counts[s] else "none"
+    return ["mismatch" if s in bad else "full" if least[s] >= redundancy else "some" if s in touched else "none"
             for s in range(1, n_steps + 1)]
+
+
+def unit_coverage(covered, redundancy):
+    """HTML of a run with unit commitments: the fraction of its units covered, and the steps
+    whose units are covered only in part (the first 50)."""
+    all_units = [a for u in covered.values() for a in u.values()]
+    some, full = sum(1 for a in all_units if a), sum(len(a) >= redundancy for a in all_units)
+    out = [f"<p>Units (each micro-batch, fold node and update; a step is as covered as its least covered "
+           f"unit): {some} of {len(all_units)} with an accepted receipt ({100 * some / len(all_units):.1f}%), "
+           f"{full} with &gt;= {redundancy} ({100 * full / len(all_units):.1f}%).</p>"]
+    part = [(s, sum(len(a) >= redundancy for a in u.values()), len(u),
+             receipts.describe([(s, k) for k, a in u.items() if len(a) < redundancy]).partition(": ")[2])
+            for s, u in covered.items() if any(u.values()) and min(map(len, u.values())) < redundancy]
+    if part:
+        out.append(table(("step covered in part", f"units with >= {redundancy}", "of", "units short"), part[:50]))
+    return out
 
 
 def audit_costs(results):
@@ -382,7 +410,7 @@ def compare_section(sides):
     return out
 
 
-def audit_section(args, results, levels, anchors):
+def audit_section(args, results, levels, anchors, covered):
     out = ["<h2>Audit coverage</h2>"]
     if results is None:
         return out + ["<p class='note'>No receipts given (--receipts DIR).</p>"]
@@ -400,6 +428,8 @@ def audit_section(args, results, levels, anchors):
     out += [f"<p>Receipts under <code>{html.escape(args.receipts)}</code>: "
             + ", ".join(f"{v} {k}" for k, v in counts.items()) + ". Every step is drawn, one cell each.</p>"
             f"<p>{' '.join(key)}</p>", svgchart.strip(levels, COLOURS, [a["step"] for a in anchors])]
+    if covered is not None:
+        out += unit_coverage(covered, args.redundancy)
     bad = [r for r in results if r.status in ("rejected", "malformed")]
     if bad:
         out.append(table(("receipt", "status", "reason"), [(r.path, r.status, r.reason) for r in bad[:50]]))
@@ -416,8 +446,11 @@ def audit_section(args, results, levels, anchors):
 
 def render(sides, args, results, anchors, contradiction):
     a = sides[0]
+    # a run with unit commitments is covered unit by unit (receipts.covered)
+    covered = (receipts.covered(results, a.run.chain, 1, a.n)
+               if results is not None and a.run.cfg.unit_commits and a.n else None)
     levels = None if results is None else coverage_levels(results, a.n, args.redundancy,
-                                                           [contradiction[0]] if contradiction else [])
+                                                           [contradiction[0]] if contradiction else [], covered)
     title = f"Run report: {a.run.dir}" + (f" compared with {sides[1].run.dir}" if len(sides) > 1 else "")
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
@@ -438,7 +471,7 @@ def render(sides, args, results, anchors, contradiction):
     out.append(f"<p>{len(ckpts)} checkpoint files (steps {receipts.ranges(ckpts)}); "
                f"{len(ckpts) - len(in_chain)} beyond the chain. Listed, not verified here: "
                "<code>audit.py</code> verifies them against the chain. Ticks under the loss axis.</p>")
-    out += audit_section(args, results, levels, anchors)
+    out += audit_section(args, results, levels, anchors, covered)
 
     out.append("<h2>Anchors</h2>")
     if not anchors:
@@ -461,8 +494,9 @@ def main(argv=None):
             rundir.check_outside(d, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
-        if args.salts and not args.receipts:
-            raise UsageError("--salts goes with --receipts")
+        for option in ("salts", "revealed"):
+            if getattr(args, option) and not args.receipts:
+                raise UsageError(f"--{option} goes with --receipts")
         sides = []
         for d, label in ((args.run_dir, "A"), (args.compare, "B")):
             if d is None:
@@ -483,7 +517,7 @@ def main(argv=None):
         results = None
         if args.receipts:
             salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
-            results = receipts.check_receipts(args.receipts, run.chain, salt_of)
+            results = receipts.check_receipts(args.receipts, run.chain, salt_of, *unitaudit.judging(run, args.revealed))
         page = render(sides, args, results, anchors, contradiction)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(page)

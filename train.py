@@ -64,6 +64,7 @@ import repops
 import rundir
 import snapshot
 import treefold
+import units
 from data import DataError, TokenData, batch_digest
 from model import Llama, ModelConfig, param_shapes
 from tokenizer import TokenizerError, get_tokenizer
@@ -112,7 +113,7 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -126,17 +127,21 @@ class TrainState:
     """Everything that decides the future: parameters (quantizer step sizes included), Adam
     moments of the trained ones (a re-pinned step size has none), the step counter. With
     cfg.offload the moments live in temp files (offload.MomentStore), mapped one tensor at a
-    time by whoever uses them (AdamW, the state hash, the checkpoint writer)."""
+    time by whoever uses them (AdamW, the state hash, the checkpoint writer). moments=False:
+    parameters only, for a micro-batch's gradient (the micro-batch audit: load_params)."""
 
-    def __init__(self, cfg, vocab_size, device="cpu"):
+    def __init__(self, cfg, vocab_size, device="cpu", moments=True):
         self.device = torch.device(device)
         check_memory(cfg, vocab_size)
         # Canonical init runs on the CPU kernels; the bits then move to the device unchanged.
         self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed).to(self.device)
         self.params = self.model.named_tensors()           # canonical (sorted) order
         trained = [n for n, p in self.params.items() if p.requires_grad]   # the flat gradient's order
+        self.trained = trained
         self.offloaded = cfg.offload
-        if cfg.offload:
+        if not moments:
+            self.m, self.v = {}, {}
+        elif cfg.offload:
             shapes = {n: self.params[n].shape for n in trained}
             self.m, self.v = offload.MomentStore(shapes), offload.MomentStore(shapes)
         else:
@@ -186,6 +191,23 @@ class TrainState:
                     self.v[n].copy_(tensors["adam_v." + n])
         self.step = int(tensors["step"][0])
 
+    def load_params(self, tensors, step):
+        """Copy in the parameters (params.*) of the state after `step`, already verified against
+        that step's tensor_hashes; StateMismatch if one is missing or does not fit."""
+        for n, p in self.params.items():
+            t = tensors.get("params." + n)
+            if t is None or t.shape != p.shape or t.dtype != p.dtype:
+                raise hashchain.StateMismatch(f"tensor params.{n} is missing or does not fit the run's "
+                                              f"model ({None if t is None else list(t.shape)})", "params." + n)
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(tensors["params." + n])
+        self.step = step
+
+    def flat_numel(self):
+        """P + 1: the elements of a flat micro-batch gradient with its loss."""
+        return sum(self.params[n].numel() for n in self.trained) + 1
+
     def hash(self):
         return hashchain.state_hash(self.tensors())
 
@@ -194,8 +216,9 @@ class TrainState:
 
 
 # ----------------------------------------------------------------------------- the step
-def micro_batch_gradient(state, data, cfg, step, micro):
+def micro_batch_gradient(state, data, cfg, step, micro, witness=None):
     """Flat [P + 1] tensor: micro-batch `micro`'s gradient (parameter order), then its loss.
+    witness: a tensor hook given the gradient at the residual stream after block 0 (units.StepUnits).
 
     Each parameter's gradient is copied into its slice of the one buffer as soon as autograd has
     produced it (a post-accumulate-grad hook), then released: memory holds the buffer and the
@@ -204,7 +227,7 @@ def micro_batch_gradient(state, data, cfg, step, micro):
     is, with no accumulation of its own."""
     # host tensors: repops checks their range on the host, once, and moves them to the device
     x, y = data.micro_batch("train", step, micro, cfg.micro_batch_size, cfg.seq_len)
-    params = [state.params[n] for n in state.m]      # the trained parameters
+    params = [state.params[n] for n in state.trained]
     flat = torch.empty(sum(p.numel() for p in params) + 1, device=state.device)
     filled = []
 
@@ -219,10 +242,12 @@ def micro_batch_gradient(state, data, cfg, step, micro):
     for p in params:
         hooks.append(p.register_post_accumulate_grad_hook(take(flat[offset:offset + p.numel()].view(p.shape))))
         offset += p.numel()
+    state.model.witness = witness
     try:
         loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
         loss.backward(inputs=params)
     finally:
+        state.model.witness = None
         for h in hooks:
             h.remove()
     if len(filled) != len(params):
@@ -238,23 +263,46 @@ def train_step(state, data, cfg, rank=0, world=1):
     inside it; with world > 1 TreeFold's all-reduce completes the tree, so every rank (and a
     single-device replay) ends with the same bits for any world size that divides N. Buffers of
     P floats are released as soon as they are used (at most two are alive at once after the
-    fold, plus one spilled to disk with cfg.offload while the next micro-batch runs).
+    fold, plus one spilled to disk with cfg.offload while the next micro-batch runs). With
+    cfg.unit_commits every piece of the step (each micro-batch's gradient and witness, each
+    node of the tree) is hashed as it is formed (units.StepUnits); fields["units"] collects them.
     """
     step = state.step + 1
     n = micro_batches_at(cfg, step)         # the step's N (its phase), hence its tree
     state.model.train()
-    fold = treefold.Fold(n, world, rank, spill=cfg.offload)
+    # the pieces are hashed beside the step where the state hash is (hash_overlaps: a GPU step
+    # leaves the host's cores idle), else in the step's own thread, chunks in parallel
+    pieces = (units.StepUnits(step, n, state.flat_numel(), world, rank, sync=cfg.offload or not hash_overlaps(cfg))
+              if cfg.unit_commits else None)
+    fold = treefold.Fold(n, world, rank, spill=cfg.offload, observe=pieces and pieces.node)
     for micro in fold.leaves:
-        fold.push(micro_batch_gradient(state, data, cfg, step, micro))
-    total = treefold.allreduce(fold) if world > 1 else fold.result()
+        grad = micro_batch_gradient(state, data, cfg, step, micro, pieces and pieces.witness(micro))
+        if pieces:
+            pieces.leaf(micro, grad)
+        fold.push(grad)
+        del grad
+    sums = [treefold.allreduce(fold, **({"align": units.CHUNK, "observe": pieces.row} if pieces else {}))
+            if world > 1 else fold.result()]
     del fold                                # its frontier holds the one-rank total
+    fields = update(state, cfg, sums)
+    if pieces:
+        fields["units"] = pieces
+    return fields
+
+
+def update(state, cfg, sums):
+    """The update unit: step state.step + 1 from S, the sum of its micro-batch gradients over
+    the tree (flat [P + 1], the loss last), handed over as the one item of the list `sums`,
+    which is emptied so that no caller keeps the buffer alive. Mean, clip, AdamW, re-pin; returns
+    the record fields. Shared by train_step and the update audit (unitaudit.py)."""
+    step = state.step + 1
+    n = micro_batches_at(cfg, step)
     # Contract §4.4: one multiply by f32(1/N) (exact when N is a power of two, a fixed rounding otherwise).
-    mean = repops.ops.scale(total, repops.f32(1.0 / n))
-    del total
+    mean = repops.ops.scale(sums.pop(), repops.f32(1.0 / n))
     loss = mean[-1]
     grad, grad_norm = repops.clip_grad(mean[:-1], cfg.grad_clip)
     offset, grads = 0, {}
-    for name in state.m:                    # each trained parameter's slice of the flat gradient
+    for name in state.trained:              # each trained parameter's slice of the flat gradient
         p = state.params[name]
         grads[name] = grad[offset:offset + p.numel()].view(p.shape)
         offset += p.numel()
@@ -287,20 +335,26 @@ def train_step(state, data, cfg, rank=0, world=1):
             "lr_bits": hashchain.f32_bits(lr), "grad_root": state.grad_leaf.submit("grad", grad)}
 
 
-def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=None):
+def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=None, salt=None):
     """The chain record of `step` (everything but prev/record_hash), whose state hashed to
     (root, leaves) and whose train_step returned `fields`. fields["grad_root"] (a Future of
     the gradient's leaf hash) and result_root (the post-step state's keyed root under it) are
-    never published: with the run's secret (the trainer) the record holds their commitment
-    step_commit; without it (a replay) the record has no step_commit, which only the secret's
-    holder can compute."""
+    never published: with the step's salt (from the run's secret: the trainer; or revealed) the
+    record holds their commitment step_commit; without it (a replay) the record has no
+    step_commit, which only the salt's holder can compute. With unit commitments
+    (fields["units"], units.StepUnits) the same salt makes units_root (units.py), which a
+    replay without it cannot make either."""
+    salt = receipts.salt(secret, step) if salt is None and secret is not None else salt
     windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len)
                for m in range(micro_batches_at(cfg, step))]
     record = {"kind": "step", "step": step, "state_hash": root, "tensor_hashes": leaves,
               "batch_digest": batch_digest(windows), **fields}
     grad_root = record.pop("grad_root").result()
-    if secret is not None:
-        record["step_commit"] = receipts.commit(receipts.salt(secret, step), grad_root, result_root)
+    pieces = record.pop("units", None)
+    if salt is not None:
+        record["step_commit"] = receipts.commit(salt, grad_root, result_root)
+    if pieces is not None:                   # None without the salt: a commitment it cannot make
+        record["units_root"] = pieces.finish(salt)[0]   # on R ranks: every rank, in step order
     return record
 
 
@@ -535,6 +589,9 @@ class Publisher:
         if self.world > 1:
             check_same_state(record["state_hash"], self.world)
         publish(self.run.chain, record, writer)
+        if writer and "units" in fields:     # the step's unit list, beside the chain (units.py)
+            units.write_list(units.list_path(cfg.run_dir, step), step,
+                             fields["units"].finish(receipts.salt(self.secret, step))[1])
         if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
             receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"])
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):

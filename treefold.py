@@ -21,6 +21,8 @@ bits depend on N only, never on the ranks:
 
     fold = Fold(n, spill=True)              # waiting left children go to temp files (offload.py)
 
+    Fold(n, observe=f); allreduce(fold, align=A, observe=g)   # see every internal node formed
+
 Fold is a binary-carry stack that knows the tree: a finished node that is a left child waits
 on the stack, a right child is added to the left sibling on top of it, and a node that is one
 of the largest subtrees inside the fold's leaves (its frontier) is handed on. Over all n leaves
@@ -32,6 +34,11 @@ With spill, a left child waiting on the stack is written to a temp file and the 
 right sibling is formed in place in the right sibling's buffer, chunk by chunk (pushed tensors
 then belong to the fold): a fold over flat gradients that do not fit in memory twice holds one
 gradient in memory at a time. Each element gets the same add, so the bits are the same.
+
+observe (the unit commitments, units.py): a Fold calls observe(lo, size, tensor) with every
+internal node it forms by an add; allreduce calls observe(lo, size, row, start) with this rank's
+slice [start, start + q) of every node it completes above the ranks' frontiers, and align makes
+q a multiple of `align` elements (the padding past L grows; the sums do not change).
 """
 import math
 
@@ -104,7 +111,7 @@ class Fold:
     Each finished frontier node goes to `emit(lo, size, tensor)`; by default it is appended to
     `self.frontier` (one tensor per node of `self.targets`)."""
 
-    def __init__(self, n, world=1, rank=0, emit=None, spill=False):
+    def __init__(self, n, world=1, rank=0, emit=None, spill=False, observe=None):
         check_topology(n, world)
         self.n = n
         self.leaves = block(n, world, rank)
@@ -112,6 +119,7 @@ class Fold:
         self.frontier = []
         self.emit = emit
         self.spill = spill
+        self.observe = observe     # observe(lo, size, tensor): each internal node formed here
         self.done = 0              # targets emitted so far
         self.next = self.leaves.start
         self.stack = []            # left children waiting for their right sibling, in index order
@@ -134,6 +142,8 @@ class Fold:
             left = self.stack.pop()                              # left subtree first: index order
             tensor = left.add_into(tensor) if self.spill else repops.ops.add(left, tensor)
             lo, size = plo, psize
+            if self.observe:
+                self.observe(lo, size, tensor)
         self.done += 1
         if self.emit:
             self.emit(lo, size, tensor)
@@ -148,11 +158,19 @@ class Fold:
         return self.frontier[0]
 
 
-def allreduce(fold):
+def slice_size(numel, world, align=1):
+    """q: the elements of a flat buffer of numel elements that each of `world` ranks completes in
+    allreduce, ceil(numel / world) rounded up to a multiple of `align`."""
+    q = -(-numel // world)
+    return -(-q // align) * align
+
+
+def allreduce(fold, align=1, observe=None):
     """Complete the tree across the ranks; every rank gets the same bits as a one-device fold.
 
     `fold` is this rank's finished Fold; its frontier holds k flat buffers [L]. Reduce-scatter:
-    the buffers are cut into R chunks of q = ceil(L / R) elements (zero-padded past L), and
+    the buffers are cut into R chunks of q = slice_size(L, R, align) elements (zero-padded past
+    L; q = ceil(L / R) when align is 1), and
     rank c receives chunk c of every rank's frontier ([k_s, q] from rank s; every k_s follows
     from n and R) and pushes them, in index order, into a Fold over all n leaves: the same tree
     for each element, whatever R. All-gather: each rank's finished chunk [q] goes to every rank.
@@ -165,7 +183,7 @@ def allreduce(fold):
         raise ValueError("allreduce of a fold whose leaves are not all pushed")
     first = fold.frontier[0]
     numel = first.numel()
-    q = -(-numel // world)
+    q = slice_size(numel, world, align)
     targets = [frontier(fold.n, block(fold.n, world, r)) for r in range(world)]
 
     def chunk(c):
@@ -186,7 +204,8 @@ def allreduce(fold):
         ops += [dist.P2POp(dist.isend, chunk(peer), peer), dist.P2POp(dist.irecv, received[-1], peer)]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
-    total = Fold(fold.n)
+    start = rank * q
+    total = Fold(fold.n, observe=observe and (lambda lo, size, row: observe(lo, size, row, start)))
     for peer in range(world):
         for (_, size), row in zip(targets[peer], received[peer]):
             total.push(row, size)

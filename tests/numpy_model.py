@@ -206,7 +206,8 @@ def forward(cfg, params, x, rng, calibrate=False, y=None):
 
 
 def backward(cfg, params, tape, rng):
-    """§6.1: {parameter: gradient} of the loss (upstream 1.0)."""
+    """§6.1: {parameter: gradient} of the loss (upstream 1.0). tape["witness"]: the gradient at
+    the residual stream after block 0 (§20.3), as the backward passes it."""
     grads = {}
     B, T = tape["x"].shape
     mm = matmul_of(cfg)
@@ -214,6 +215,8 @@ def backward(cfg, params, tape, rng):
     ghf, g_head, _, _ = linear_backward(gz, tape["head"], mm)
     ge, grads["norm"] = C.rmsnorm_backward(ghf, tape["e_f"], params["norm"], tape["rstd_f"])
     for i in reversed(range(cfg["n_layer"])):
+        if i == 0:
+            tape["witness"] = ge                                     # [R, d]: block 0's output's gradient
         blk, name = tape["blocks"][i], f"layers.{i}."
         l_qkv, l_o, l_gu, l_down = blk["lin"]
         gf = dropout(cfg, ge, rng, 2 * i + 1)

@@ -7,9 +7,15 @@ replays the genesis state and steps 1..N of a run in NumPy and compares every by
 derive with the run's files: the genesis record and each step record (line for line of
 chain.jsonl), and the checkpoint files of those steps; with --start S it starts from the
 checkpoint of step S (read by SPEC §13, checked against its record) instead of the genesis.
-step_commit needs the run's secret (run_dir/secret) or the step's revealed salt (--salts FILE),
-secret_commit the secret; without them the replay takes that field from the published record and
-checks everything else, the record hashes included.
+step_commit (and units_root, §20) needs the run's secret (run_dir/secret) or the step's revealed
+salt (--salts FILE), secret_commit the secret; without them the replay takes that field from the
+published record and checks everything else, the record hashes included.
+
+    python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --unit 6:1
+
+replays micro-batch 1 of step 6 alone (§20: a unit commitments run, from the checkpoint of step
+5) and checks its digest and loss bits against the step's unit list, the list's Merkle path to
+the record's units_root, and with the secret or the salt its witness against c_m.
 It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
 otherwise, 2 on bad input.
 
@@ -198,25 +204,46 @@ def powi(x, n):
     return result
 
 
-def tree_sum(bufs):
-    """Contract §4.4: the left-complete tree."""
+def tree_sum(bufs, nodes=None, lo=0):
+    """Contract §4.4: the left-complete tree; nodes[(lo, size)]: every internal node's value."""
     if len(bufs) == 1:
         return bufs[0]
     p = 1 << ((len(bufs) - 1).bit_length() - 1)
-    return C.add(tree_sum(bufs[:p]), tree_sum(bufs[p:]))
+    total = C.add(tree_sum(bufs[:p], nodes, lo), tree_sum(bufs[p:], nodes, lo + p))
+    if nodes is not None:
+        nodes[(lo, len(bufs))] = total
+    return total
+
+
+def micro_batch(cfg, corpus, params, s, micro):
+    """§9.1: (g_m, the witness of §20.3) of micro-batch `micro` of step s."""
+    names = [n for n in sorted(params) if trained(cfg, n)]          # canonical order (§3)
+    w = corpus.window("train", s, micro, cfg["micro_batch_size"], cfg["seq_len"])
+    loss, tape = forward(cfg, params, w[:, :-1], (s, micro), y=w[:, 1:])
+    grads = backward(cfg, params, tape, (s, micro))
+    return np.concatenate([grads[n].reshape(-1) for n in names] + [loss.reshape(1)]), tape["witness"]
 
 
 def train_step(cfg, corpus, params, m, v, s):
-    """§9: advance (params, m, v) to step s in place; returns (record fields, grad_root)."""
+    """§9: advance (params, m, v) to step s in place; returns (record fields, grad_root, units:
+    with unit_commits the unit list of §20.5 without its commitments, and the witness digests)."""
     names = [n for n in sorted(params) if trained(cfg, n)]          # canonical order (§3)
     B, T, N = cfg["micro_batch_size"], cfg["seq_len"], micro_batches_at(cfg, s)
-    bufs = []
+    bufs, witnesses, nodes = [], [], {}
     for micro in range(N):
-        w = corpus.window("train", s, micro, B, T)
-        loss, tape = forward(cfg, params, w[:, :-1], (s, micro), y=w[:, 1:])
-        grads = backward(cfg, params, tape, (s, micro))
-        bufs.append(np.concatenate([grads[n].reshape(-1) for n in names] + [loss.reshape(1)]))
-    mean = C.mul(tree_sum(bufs), C.f32(1.0 / N))
+        g, witness = micro_batch(cfg, corpus, params, s, micro)
+        bufs.append(g)
+        if cfg.get("unit_commits"):
+            witnesses.append(chunked_digest(f"{s}/witness:{micro}", witness))
+    total = tree_sum(bufs, nodes)
+    units = None
+    if cfg.get("unit_commits"):
+        values = dict({f"micro_batch:{k}": g for k, g in enumerate(bufs)},
+                      **{f"fold:{lo}:{size}": x for (lo, size), x in nodes.items()})
+        units = ([{"unit": u, "digest": chunked_digest(f"{s}/{u}", values[u]).hex(), "loss_bits": f32_bits(values[u][-1])}
+                  for u in unit_names(N)], witnesses)
+    del bufs, nodes
+    mean = C.mul(total, C.f32(1.0 / N))
     loss = mean[-1]
     grad, norm = C.clip_grad(mean[:-1], cfg["grad_clip"])
     if not (np.isfinite(loss) and np.isfinite(norm)):
@@ -241,7 +268,83 @@ def train_step(cfg, corpus, params, m, v, s):
     fields = {"kind": "step", "step": s, "batch_digest": digest,
               "loss": float(loss), "loss_bits": f32_bits(loss), "grad_norm": float(norm),
               "grad_norm_bits": f32_bits(norm), "lr": float(C.f32(lr)), "lr_bits": f32_bits(lr)}
-    return fields, leaf("grad", grad)
+    return fields, leaf("grad", grad), units
+
+
+# ------------------------------------------------------------------ §20 unit commitments
+CHUNK = 262144                                      # elements per chunk of a digest (§20.2)
+
+
+def chunked_digest(uid, x, key=None):
+    """§20.2: chunk hashes (uid and index bound in), their Merkle root with the length; raw."""
+    x, uid = np.ascontiguousarray(x, dtype=np.float32).reshape(-1), uid.encode()
+    domain = b"repops-chunk-v1\0" if key is None else b"repops-keyed-chunk-v1\0" + key
+    hashes = [hashlib.sha256(domain + uid + b"\0" + k.to_bytes(8, "little")
+                             + le_bytes(x[k * CHUNK:(k + 1) * CHUNK])).hexdigest()
+              for k in range(-(-x.size // CHUNK))]
+    return hashlib.sha256(b"repops-digest-v1\0" + uid + b"\0" + x.size.to_bytes(8, "little")
+                          + bytes.fromhex(merkle_root(hashes))).digest()
+
+
+def unit_names(n):
+    """§20.1: micro_batch:0..n-1, then the fold nodes in post-order."""
+    folds = []
+
+    def visit(lo, size):
+        if size > 1:
+            p = 1 << ((size - 1).bit_length() - 1)
+            visit(lo, p)
+            visit(lo + p, size - p)
+            folds.append(f"fold:{lo}:{size}")
+    visit(0, n)
+    return [f"micro_batch:{k}" for k in range(n)] + folds
+
+
+def unit_commit(step_salt, micro, witness):
+    """§20.3: c_m = SHA-256(HMAC-SHA256(salt_s, "unit" || m, 8 bytes big-endian) || W_m); hex."""
+    salt = hmac.new(step_salt, b"unit" + micro.to_bytes(8, "big"), hashlib.sha256).digest()
+    return hashlib.sha256(salt + witness).hexdigest()
+
+
+def unit_leaf(step, entry):
+    """§20.4: SHA-256("repops-unit-v1" 0x00 uid 0x00 digest, loss bits (4 bytes LE), c_m); hex."""
+    return hashlib.sha256(b"repops-unit-v1\0" + f"{step}/{entry['unit']}".encode() + b"\0"
+                          + bytes.fromhex(entry["digest"]) + int(entry["loss_bits"], 16).to_bytes(4, "little")
+                          + bytes.fromhex(entry.get("commit", ""))).hexdigest()
+
+
+def committed(step, units, step_salt):
+    """The unit list with its commitments and units_root (§20.4) under the step's salt."""
+    entries, witnesses = units
+    entries = [dict(e, **({"commit": unit_commit(step_salt, k, witnesses[k])} if k < len(witnesses) else {}))
+               for k, e in enumerate(entries)]
+    return entries, merkle_root([unit_leaf(step, e) for e in entries])
+
+
+def merkle_path(leaves_hex, index):
+    """The sibling hashes from leaf `index` up (§11.2's tree), each with its side: [(hex, is_left)]."""
+    def node(lo, n):
+        if n == 1:
+            return hashlib.sha256(b"\x00" + bytes.fromhex(leaves_hex[lo])).digest()
+        p = 1 << ((n - 1).bit_length() - 1)
+        return hashlib.sha256(b"\x01" + node(lo, p) + node(lo + p, n - p)).digest()
+    path, lo, n = [], 0, len(leaves_hex)
+    while n > 1:
+        p = 1 << ((n - 1).bit_length() - 1)
+        if index < lo + p:
+            path.append((node(lo + p, n - p), False))
+            n = p
+        else:
+            path.append((node(lo, p), True))
+            lo, n = lo + p, n - p
+    return list(reversed(path))
+
+
+def root_from_path(leaf_hex, path):
+    h = hashlib.sha256(b"\x00" + bytes.fromhex(leaf_hex)).digest()
+    for sibling, is_left in path:
+        h = hashlib.sha256(b"\x01" + (sibling + h if is_left else h + sibling)).digest()
+    return h.hex()
 
 
 # ------------------------------------------------------------------ §12-§14 files
@@ -264,7 +367,7 @@ def code_digest(root):
     arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
     flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp"
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
              "kernels/common": (".h", ".cuh"), "kernels/metal": (".metal", ".h")}
     for folder, ends in kinds.items():
@@ -316,13 +419,9 @@ def salts_of(run_dir, salts_file):
     return revealed.get
 
 
-def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
-    """Replay steps start+1..steps of run_dir from the genesis (start 0: recomputed from the
-    config and checked too) or from the checkpoint of step `start`; say(line) for each verdict.
-    True if all match. step_commit and secret_commit from the secret, else a salts file, else the record."""
+def open_run(run_dir):
+    """(chain lines, genesis config) of a run this replay implements."""
     lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().splitlines()
-    if not 0 <= start <= steps < len(lines):
-        raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     genesis = json.loads(lines[0])
     made = genesis.get("contract", 1)
     if type(made) is not int or made < 1:               # §12.2: a positive integer
@@ -336,35 +435,52 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     unsupported = [k for k, off in recipe.items() if cfg.get(k, off) != off]
     if unsupported:
         raise ValueError(f"this replay does not implement {', '.join(unsupported)} (SPEC §6.2, §10)")
-    corpus = open_data(data_dir, cfg["seed"])
-    salt_of = salts_of(run_dir, salts_file)
-    init = genesis.get("init")                          # §17: an imported state is checkpoint 0's
+    return lines, cfg
+
+
+def start_state(run_dir, lines, cfg, start, say):
+    """(params, m, v, prev record hash) of the genesis state (start 0) or of the checkpoint of
+    step `start`, checked against its record."""
     if start == 0:
+        init = json.loads(lines[0]).get("init")         # §17: an imported state is checkpoint 0's
         params = ({n[len("params."):]: t for n, t in read_checkpoint(checkpoint_path(run_dir, 0)).items()
                    if n.startswith("params.")} if init else init_params(cfg))
         m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
         v = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
-        prev = "0" * 64
-    else:
-        state = read_checkpoint(checkpoint_path(run_dir, start))
-        record = json.loads(lines[start])
-        if state_hash(state) != (record["state_hash"], record["tensor_hashes"]):
-            raise ValueError(f"the checkpoint of step {start} does not hash to its record")
-        say(f"MATCH step {start}: checkpoint {os.path.basename(checkpoint_path(run_dir, start))} "
-            "hashes to its record; the replay starts from it")
-        kinds = {"params": {}, "adam_m": {}, "adam_v": {}}
-        for name, t in state.items():
-            if name != "step":
-                kind, _, p = name.partition(".")
-                kinds[kind][p] = t
-        params, m, v = kinds["params"], kinds["adam_m"], kinds["adam_v"]
-        prev = record["record_hash"]
+        return params, m, v, "0" * 64
+    state = read_checkpoint(checkpoint_path(run_dir, start))
+    record = json.loads(lines[start])
+    if state_hash(state) != (record["state_hash"], record["tensor_hashes"]):
+        raise ValueError(f"the checkpoint of step {start} does not hash to its record")
+    say(f"MATCH step {start}: checkpoint {os.path.basename(checkpoint_path(run_dir, start))} "
+        "hashes to its record; the replay starts from it")
+    kinds = {"params": {}, "adam_m": {}, "adam_v": {}}
+    for name, t in state.items():
+        if name != "step":
+            kind, _, p = name.partition(".")
+            kinds[kind][p] = t
+    return kinds["params"], kinds["adam_m"], kinds["adam_v"], record["record_hash"]
+
+
+def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
+    """Replay steps start+1..steps of run_dir from the genesis (start 0: recomputed from the
+    config and checked too) or from the checkpoint of step `start`; say(line) for each verdict.
+    True if all match. step_commit, units_root and secret_commit from the secret, else a salts
+    file, else the record."""
+    lines, cfg = open_run(run_dir)
+    if not 0 <= start <= steps < len(lines):
+        raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
+    corpus = open_data(data_dir, cfg["seed"])
+    salt_of = salts_of(run_dir, salts_file)
+    init = json.loads(lines[0]).get("init")
+    params, m, v, prev = start_state(run_dir, lines, cfg, start, say)
     ok = True
     for s in range(start + (start > 0), steps + 1):
+        units = None
         if s == 0:
             fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}))
         else:
-            fields, grad_root = train_step(cfg, corpus, params, m, v, s)
+            fields, grad_root, units = train_step(cfg, corpus, params, m, v, s)
         state = full_state(cfg, params, m, v, s)
         root, leaves = state_hash(state)
         commitment, salt = ("secret_commit", None) if s == 0 else ("step_commit", salt_of(s))   # §11.6
@@ -374,10 +490,14 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
             key = bytes.fromhex(grad_root)
             result_root = merkle_root([leaf(n, state[n], key) for n in sorted(state)])
             fields[commitment] = hashlib.sha256(salt + key + bytes.fromhex(result_root)).hexdigest()
+            if units is not None:                       # §20.4
+                fields["units_root"] = committed(s, units, salt)[1]
         else:
-            say(f"note: step {s}: no secret{' and no salt' * (s > 0)}: {commitment} is taken from the "
-                "published record")
+            say(f"note: step {s}: no secret{' and no salt' * (s > 0)}: {commitment}"
+                f"{' and units_root are' if units is not None else ' is'} taken from the published record")
             fields[commitment] = json.loads(lines[s]).get(commitment)
+            if units is not None:
+                fields["units_root"] = json.loads(lines[s]).get("units_root")
         record = sealed(dict(fields, state_hash=root, tensor_hashes=leaves), prev)
         prev = record["record_hash"]
         if canonical_json(record).encode() == lines[s]:
@@ -397,6 +517,39 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     return ok
 
 
+def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
+    """§20: micro-batch `micro` of step `step` alone, from the checkpoint of step - 1: its digest
+    and loss bits against the step's unit list (run_dir/units/step_<s>.json, §20.5), the list's
+    path from the unit's leaf to the record's units_root, and with the step's salt its witness
+    against c_m. True if all match."""
+    lines, cfg = open_run(run_dir)
+    if not cfg.get("unit_commits"):
+        raise ValueError("the run has no unit commitments (unit_commits, §20)")
+    if not (1 <= step < len(lines) and 0 <= micro < cfg["micro_batches"]):
+        raise ValueError(f"micro-batch {micro} of step {step} is not in the run")
+    params, _, _, _ = start_state(run_dir, lines, cfg, step - 1, say)
+    g, witness = micro_batch(cfg, open_data(data_dir, cfg["seed"]), params, step, micro)
+    mine = {"digest": chunked_digest(f"{step}/micro_batch:{micro}", g).hex(), "loss_bits": f32_bits(g[-1])}
+    with open(os.path.join(run_dir, "units", f"step_{step:08d}.json")) as f:
+        entries = json.load(f)["units"]
+    leaves = [unit_leaf(step, e) for e in entries]
+    units_root = json.loads(lines[step])["units_root"]
+    checks = {"the unit list's names": [e["unit"] for e in entries] == unit_names(cfg["micro_batches"]),
+              "loss_bits": entries[micro]["loss_bits"] == mine["loss_bits"],
+              "digest": entries[micro]["digest"] == mine["digest"],
+              "the path to units_root": root_from_path(leaves[micro], merkle_path(leaves, micro)) == units_root}
+    salt = salts_of(run_dir, salts_file)(step)
+    witness = chunked_digest(f"{step}/witness:{micro}", witness)
+    if salt is not None:
+        checks["the witness against c_m"] = unit_commit(salt, micro, witness) == entries[micro]["commit"]
+    else:
+        say(f"note: step {step}: no secret and no salt: the witness is not checked against c_m")
+    for what, good in checks.items():
+        say(f"{'MATCH' if good else 'MISMATCH at'} step {step}, micro-batch {micro}: {what}")
+    say(f"witness W_{micro} = {witness.hex()}")
+    return all(checks.values())
+
+
 def main(argv):
     ap = argparse.ArgumentParser(prog="numpy_replay.py", description=__doc__.splitlines()[0])
     ap.add_argument("--run_dir", required=True)
@@ -405,10 +558,15 @@ def main(argv):
     ap.add_argument("--start", type=int, default=0, help="a checkpointed step to start from (0: the genesis)")
     ap.add_argument("--salts", help="revealed salts (repops-salts-v1) when the run's secret is absent")
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ap.add_argument("--unit", metavar="S:M", help="only micro-batch M of step S (§20), from the checkpoint of S - 1")
     args = ap.parse_args(argv)
+    say = lambda line: print(line, flush=True)   # noqa: E731
     try:
-        ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, lambda line: print(line, flush=True),
-                    args.start, args.salts)
+        if args.unit:
+            step, _, micro = args.unit.partition(":")
+            ok = replay_unit(args.run_dir, args.data_dir, int(step), int(micro), say, args.salts)
+        else:
+            ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, say, args.start, args.salts)
     except (OSError, ValueError, KeyError) as e:
         print(f"numpy_replay.py: error: {e}", file=sys.stderr)
         return 2

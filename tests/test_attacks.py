@@ -18,7 +18,16 @@
   in the run's own anchors.jsonl, temp files of any name in checkpoints/, and a refusal that
   names the option given.
 
-Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here.
+- Audit units (issue 35, a run with --unit_commits): data changed in one micro-batch of one
+  step, a tampered fold node and a nudged update, each revealed as committed by the dishonest
+  trainer, are reported by exactly the micro-batch, the fold node and the update that hold them,
+  and every other unit gives MATCH; a units_root resealed after the fact rejects every earlier
+  receipt of its step and its changed unit reports it; a lazy micro-batch receipt (the
+  commitment or the digest copied) is rejected; a revealed child or state tensor that is not the
+  chain's is refused by the audit it is handed to, before use.
+
+Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here,
+and on tiny runs with unit commitments (tests/unit_runs.py).
 """
 import contextlib
 import hashlib
@@ -43,8 +52,13 @@ import report
 import rundir
 import sample
 import train
+import treefold
+import unitaudit
+import units
 from data import DataError, DataMismatch, TokenData
 from tiny import TINY, chain_records, copy_run, reseal, train_args, write_chain
+from unit_runs import (STEP, audit_every_unit, mismatches, patched, reveal_every_unit, train_in_process,
+                       unit_dir)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -201,6 +215,36 @@ def test_a_receipt_names_the_record_it_audited(reference, honest, tmp_path):
     assert result.status == "rejected" and "another record of this step" in result.reason
 
 
+def test_a_swapped_step_commit_is_a_mismatch_wherever_the_salt_is_known(reference, tmp_path):
+    """Record 12's step_commit replaced by record 13's and the chain resealed: a replay of 11..13
+    names it at step 12 in the publisher's run directory (the run's secret) and, elsewhere, with
+    the revealed salts (--salts); without either it cannot, and its MATCH line says so."""
+    salts = tmp_path / "salts.json"
+    assert call(audit.main, ["--run_dir", reference, "--reveal_salts", "11:13", "--out", salts])[0] == 0
+    code, out, err = call(audit.main, ["--run_dir", reference, "--range", "11:13"])
+    assert code == 0 and out.startswith("MATCH: steps 11..13") and "; step_commit checked\n" in out, out + err
+    run = copy_run(reference, tmp_path / "run")
+    records = chain_records(run)
+    records[12]["step_commit"] = records[13]["step_commit"]
+    write_chain(run, reseal(records))
+    secret = run / receipts.SECRET
+    kept = secret.read_bytes()
+    secret.unlink()
+    code, out, err = call(audit.main, ["--run_dir", run, "--range", "11:13"])
+    assert code == 0 and "; step_commit not checked: no secret or salt\n" in out, out + err
+    assert step_12_mismatch(call(audit.main, ["--run_dir", run, "--range", "11:13", "--salts", salts]))
+    secret.write_bytes(kept)
+    assert step_12_mismatch(call(audit.main, ["--run_dir", run, "--range", "11:13"]))
+
+
+def step_12_mismatch(result):
+    """The audit's result exits 1 with MISMATCH lines at step 12 only, the first naming step_commit."""
+    code, out, err = result
+    found = [line for line in out.splitlines() if line.startswith("MISMATCH")]
+    assert code == 1 and found and all(line.startswith("MISMATCH at step 12: ") for line in found), out + err
+    return "step_commit" in found[0]
+
+
 def test_a_resume_under_another_secret_is_refused(reference, corpus, tmp_path):
     run = copy_run(reference, tmp_path / "run")
     write_chain(run, chain_records(run)[:21])        # killed right after checkpoint 20
@@ -256,6 +300,8 @@ def output_cases(run, out):
         ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--auditor", "a"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", run / "s.json"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", out / "chain_hard"])),
+        ("--out", (audit.main, ["--run_dir", run, "--materialize", 3, "--out", run / "pub"])),
+        ("--out", (audit.main, ["--run_dir", run, "--reveal_unit", "3:update", "--out", out / "run_link" / "pub"])),
         ("--out", (report.main, ["--run_dir", run, "--out", run / "report.html"])),
         ("--out", (report.main, ["--run_dir", run, "--out", out / "log_hard"])),
         ("--data_dir", (data_py, ["--bundle", "--step", 3, "--run_dir", run, "--data_dir", run / "b"])),
@@ -266,7 +312,8 @@ def output_cases(run, out):
 
 def test_every_output_of_every_reader_is_refused_inside_the_run(reference, tmp_path):
     # Every option that names a file audit.py writes is checked; the others name inputs.
-    written = {a.dest for a in audit.parser()._actions if a.metavar == "FILE"} - {"salts", "anchors"}
+    written = {a.dest for a in audit.parser()._actions if a.metavar in ("FILE", "PATH")} - \
+        {"salts", "anchors", "state", "units"}
     assert written == set(audit.OUTPUT_OPTIONS)
     run = copy_run(reference, tmp_path / "run")
     out = tmp_path / "out"
@@ -411,3 +458,145 @@ def test_a_trace_fifo_and_sample_sizes(reference, tmp_path):
     assert one_line_error(result, "optrace.py") and "not a regular file" in result[2], result
     for argv in (["--tokens", 10**12], ["--temperature", "inf"]):
         assert one_line_error(call(sample.main, ["--run_dir", reference, *argv]), "sample.py")
+
+
+# ----------------------------------------------------------------------------- 5. audit units
+# A run with unit commitments (tests/unit_runs.py: N = 3, 8 steps, checkpoints 0, 4, 8) whose
+# step STEP a dishonest trainer tampered with in one piece, revealing what it committed to:
+# exactly the unit that holds the lie reports it, by name, and every other unit gives MATCH.
+
+
+@pytest.fixture(scope="module")
+def unit_run(corpus, tmp_path_factory):
+    return train_in_process(tmp_path_factory.mktemp("units") / "run", corpus)
+
+
+def dishonest(corpus, base, tampering):
+    """Train the unit run under `tampering` (monkeypatches) and audit every unit of STEP from
+    the reveals the trainer makes under the same tampering; {unit: findings} of the mismatches."""
+    with patched(*tampering):
+        run = train_in_process(base / "run", corpus)
+        reveal_every_unit(run, STEP, corpus, base / "pub")
+    return run, mismatches(audit_every_unit(run, STEP, corpus, base / "pub", reveal=False))
+
+
+def test_data_changed_in_one_micro_batch_is_caught_by_that_micro_batch(corpus, tmp_path):
+    true_batch = TokenData.micro_batch
+
+    def injected(self, split, step, micro, *args):
+        x, y = true_batch(self, split, step, micro, *args)
+        return (x.flip(-1).contiguous(), y.flip(-1).contiguous()) if (split, step, micro) == ("train", STEP, 1) else (x, y)
+
+    run, found = dishonest(corpus, tmp_path, [(TokenData, "micro_batch", injected)])
+    assert list(found) == ["micro_batch:1"] and found["micro_batch:1"][0].startswith("field loss differs"), found
+    code, out, err = call(audit.main, ["--run_dir", run, "--data_dir", corpus, "--step", STEP, "--micro_batch", 1,
+                                       "--revealed", unit_dir(tmp_path / "pub", "micro_batch:1"),
+                                       "--receipt", tmp_path / "r.json", "--auditor", "alice"])
+    assert code == 1 and out.startswith(f"MISMATCH at step {STEP}, micro-batch 1: field loss differs"), out + err
+    receipt = json.loads((tmp_path / "r.json").read_text())
+    assert receipt["verdict"] == "MISMATCH" and receipt["findings"][0] == out.splitlines()[0], receipt
+
+
+def test_a_tampered_fold_node_is_caught_by_that_fold_node(corpus, tmp_path):
+    true_gradient, true_fold, seen = train.micro_batch_gradient, treefold.Fold, {}
+
+    def gradient(state, data, cfg, step, micro, *args):
+        seen["step"] = step
+        return true_gradient(state, data, cfg, step, micro, *args)
+
+    def tampering_fold(*args, observe=None, **kwargs):
+        def nudged(lo, size, t):
+            if (seen["step"], lo, size) == (STEP, 0, 2):
+                t.view(-1)[5] = 0.125                    # one element of the sum, after the add
+            if observe:
+                observe(lo, size, t)
+        return true_fold(*args, observe=nudged, **kwargs)
+
+    _, found = dishonest(corpus, tmp_path, [(train, "micro_batch_gradient", gradient),
+                                            (treefold, "Fold", tampering_fold)])
+    assert list(found) == ["fold:0:2"] and found["fold:0:2"][0].startswith("field digest differs"), found
+
+
+def test_a_nudged_update_is_caught_by_the_update(corpus, tmp_path):
+    true_update = train.update
+
+    def nudged(state, cfg, sums):
+        fields = true_update(state, cfg, sums)
+        if state.step == STEP:
+            with torch.no_grad():
+                state.params["norm"].view(-1)[0] = 0.5
+        return fields
+
+    _, found = dishonest(corpus, tmp_path, [(train, "update", nudged)])
+    assert list(found) == ["update"] and found["update"] == ["field state_hash: tensor params.norm differs from the update"], found
+
+
+def test_a_units_root_resealed_after_the_fact(unit_run, corpus, tmp_path):
+    """A publisher who swaps a micro-batch's digest in step STEP's unit list and reseals
+    units_root and the chain: every receipt of the step made before names another record; on
+    the new chain the micro-batch's audit reports the digest, and the fold node above it cannot
+    be served (no tensor the publisher can reveal matches the forged digest)."""
+    before = audit_every_unit(unit_run, STEP, corpus, tmp_path / "pub")
+    assert mismatches(before) == {}
+    run = copy_run(unit_run, tmp_path / "run")
+    entries = units.read_list(units.list_path(run, STEP), STEP)
+    entries[1]["digest"] = entries[0]["digest"]
+    units.write_list(units.list_path(run, STEP), STEP, entries)
+    records = chain_records(run)
+    records[STEP]["units_root"] = units.root([units.entry_leaf(STEP, e) for e in entries])
+    write_chain(run, reseal(records))
+    chain = rundir.Run(run).chain
+    chain.verify()
+    for unit, a in before.items():
+        status, reason = receipts.judge(a.receipt("alice", {}, {}, train.code_digest()), chain,
+                                            publisher(run), lambda s: None, lambda *_: None)
+        assert status == "rejected" and "another record of this step" in reason, unit
+    found = mismatches(audit_every_unit(run, STEP, corpus, tmp_path / "pub2"))
+    assert sorted(found) == ["fold:0:2", "micro_batch:1"], found
+    assert found["micro_batch:1"][0].startswith("field digest differs"), found
+    assert found["fold:0:2"][0].startswith("the revealed micro_batch:1") and "does not match its commitment" in found["fold:0:2"][0]
+
+
+def test_a_lazy_micro_batch_receipt_is_rejected(unit_run, corpus, tmp_path):
+    """The commitment c_m or the public digest copied into a micro-batch receipt, no replay."""
+    entry = units.read_list(units.list_path(unit_run, STEP), STEP)[2]
+    chain = rundir.Run(unit_run).chain
+    lists = lambda s: units.check_list(units.read_list(units.list_path(unit_run, s), s), s, 3,  # noqa: E731
+                                       chain.records[s]["units_root"])
+    for copied in (entry["commit"], entry["digest"]):
+        lazy = receipts.unit_receipt(chain.records[0], chain.records[STEP], "micro_batch:2", {"witness": copied},
+                                 "lazy", {}, {}, train.code_digest(), chain.records[0]["data_manifest"], [])
+        status, reason = receipts.judge(lazy, chain, publisher(unit_run), lists, lambda *_: None)
+        assert status == "rejected" and "does not open the micro-batch's commitment" in reason
+
+
+def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path):
+    """A child revealed for a fold audit that is not the committed one, and a state tensor that is
+    not the record's: each is caught before use by the audit it is handed to."""
+    pub = unitaudit.Publisher(unit_run, str(corpus))
+    for unit in ("fold:0:3", "micro_batch:0"):
+        pub.reveal(STEP, unit, unit_dir(tmp_path, unit))
+    child = units.unit_file(unit_dir(tmp_path, "fold:0:3"), STEP, "fold:0:2")
+    tensors, meta = rundir.load_checkpoint(child)
+    tensors["fold:0:2"][7] = 1.0
+    rundir.save_checkpoint(child, tensors, meta)
+    state = units.state_file(unit_dir(tmp_path, "micro_batch:0"), STEP - 1, params_only=True)
+    tensors, meta = rundir.load_checkpoint(state)
+    tensors["params.layers.1.wo"][0, 0] = 1.0
+    rundir.save_checkpoint(state, tensors, meta)
+    fold = unitaudit.UnitAudit(str(unit_run), STEP)
+    fold.fold(0, 3, unit_dir(tmp_path, "fold:0:3"))
+    assert [f.split(" (")[0] for f in fold.findings] == ["the revealed fold:0:2"] and \
+        "does not match its commitment" in fold.findings[0]
+    micro = unitaudit.UnitAudit(str(unit_run), STEP, str(corpus))
+    micro.micro_batch(0, directory=unit_dir(tmp_path, "micro_batch:0"))
+    assert len(micro.findings) == 1 and "tensor params.layers.1.wo does not match step 5's tensor_hashes" in micro.findings[0]
+    assert micro.receipt("alice", {}, {}, train.code_digest()) is None
+    for unit, option in (("fold:0:3", ["--fold_node", "0:3"]), ("micro_batch:0", ["--micro_batch", 0])):
+        code, out, err = call(audit.main, ["--run_dir", unit_run, "--data_dir", corpus, "--step", STEP, *option,
+                                           "--revealed", unit_dir(tmp_path, unit), "--receipt", tmp_path / "r.json",
+                                           "--auditor", "alice"])
+        where = unitaudit.label(unit)
+        assert code == 1 and out.startswith(f"MISMATCH at step {STEP}, {where}: the "), out + err
+        assert f"receipt: none written, the audit of {where} stopped before its proof" in out, out
+    assert not (tmp_path / "r.json").exists()

@@ -124,7 +124,9 @@ STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"
                     "--warmup_steps=0"],
          "tied": ["--tie_embeddings=true"], "exact": ["--matmul=exact"],
          # int8 P·V: a windowed layer (band mix) and the full last layer (int8 linear on P, V)
-         "int8_pv": ["--quant=int8", "--int8_pv=1", "--attn_window=4"]}
+         "int8_pv": ["--quant=int8", "--int8_pv=1", "--attn_window=4"],
+         # unit commitments: every piece hashed from host memory as the step runs (units.StepUnits)
+         "units": ["--unit_commits=true"]}
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +151,7 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
     matmul = "repops::exact_matmul" if name == "exact" else "repops::matmul"
     needed = {matmul, "repops::cross_entropy_backward", "repops::add",
               "repops::clip_grad", "repops::adamw_"}
-    needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(), "tied": set(), "exact": set(),
+    needed |= {"dropout": {"repops::dropout"}, "no_dropout": set(), "tied": set(), "exact": set(), "units": set(),
                "int8": {"repops::int8_quantize", "repops::int8_linear", "repops::lsq_backward",
                         "repops::int8_dequantize", "repops::lsq_init_"},
                "recipe": {"repops::band_scores", "repops::band_mix", "repops::band_mix_t",

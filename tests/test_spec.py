@@ -42,7 +42,8 @@ import receipts
 import repops
 import rundir
 import train
-from tiny import ROOT, TIMEOUT, make_corpus, script, train_args, run_process
+import units
+from tiny import ROOT, TIMEOUT, make_corpus, run_process, script, train_args
 
 import numpy_contract as C
 import numpy_model
@@ -81,7 +82,7 @@ def test_spec_names_its_version():
 
 def test_every_example_is_checked():
     """A new example block needs its test here (each test below reads its block by name)."""
-    checked = {"leaf-2x3", "leaf-step", "merkle-3", "tok-emb", "window-step1", "lr", "step-commit"}
+    checked = {"leaf-2x3", "leaf-step", "merkle-3", "tok-emb", "window-step1", "lr", "step-commit", "unit-commits"}
     assert set(re.findall(r"^```example (\S+)$", SPEC, re.M)) == checked
 
 
@@ -178,6 +179,45 @@ def test_salt_and_commitment_example():
     assert hashlib.sha256(bytes.fromhex(ex["salt"] + ex["grad_root"] + ex["result_root"])).hexdigest() == ex["step_commit"]
     assert receipts.secret_commit(secret) == ex["secret_commit"] == \
         hmac.new(secret, b"repops-secret-commit-v1", hashlib.sha256).hexdigest()
+
+
+def test_unit_commitments_example():
+    """§15.7 from the code (units.py) and from the NumPy replay's own §20 functions."""
+    ex, leaf_ex = example("unit-commits"), example("leaf-2x3")
+    g0 = torch.tensor([float(v) for v in leaf_ex["values"].split()])
+    g1 = torch.tensor([0.5, 0.25, -1.0, 2.0, 0.0, 0.2])
+    values = {"micro_batch:0": g0, "micro_batch:1": g1, "fold:0:2": repops.ops.add(g0, g1)}
+    witnesses = [torch.tensor([0.5, -0.25]), torch.tensor([1.0, 0.0])]
+    step_salt = receipts.salt(bytes(32), 1)
+    assert step_salt.hex() == example("step-commit")["salt"]
+    piece = units.uid(1, "micro_batch:0")
+    h0 = hashlib.sha256(b"repops-chunk-v1\0" + piece + b"\0" + bytes(8) + bytes.fromhex(leaf_ex["data"])).hexdigest()
+    assert h0 == ex["chunk_0"] == units.chunk_hash(piece, 0, units.flat_bytes(g0)).hex()
+    assert hashlib.sha256(b"repops-digest-v1\0" + piece + b"\0" + (6).to_bytes(8, "little") +
+                          hashlib.sha256(b"\0" + bytes.fromhex(h0)).digest()).hexdigest() == ex["digest_micro_batch_0"]
+    entries = []
+    for name, t in values.items():
+        key = name.replace(":", "_")
+        assert units.digest(units.uid(1, name), t).hex() == ex["digest_" + key] == \
+            numpy_replay.chunked_digest(f"1/{name}", t.numpy()).hex()
+        assert units.loss_bits(t) == ex["loss_bits_" + key] == numpy_replay.f32_bits(t.numpy()[-1])
+        entries.append({"unit": name, "digest": ex["digest_" + key], "loss_bits": ex["loss_bits_" + key]})
+    for m, w in enumerate(witnesses):
+        W = units.digest(units.witness_uid(1, m), w)
+        assert W.hex() == ex[f"witness_{m}"] == numpy_replay.chunked_digest(f"1/witness:{m}", w.numpy()).hex()
+        assert units.unit_salt(step_salt, m).hex() == ex[f"unit_salt_{m}"]
+        assert hmac.new(step_salt, b"unit" + m.to_bytes(8, "big"), hashlib.sha256).hexdigest() == ex[f"unit_salt_{m}"]
+        assert units.witness_commit(units.unit_salt(step_salt, m), W).hex() == ex[f"commit_{m}"] == \
+            numpy_replay.unit_commit(step_salt, m, W)
+        entries[m]["commit"] = ex[f"commit_{m}"]
+    leaves = [units.entry_leaf(1, e).hex() for e in entries]
+    assert leaves == ex["leaves"].split() == [numpy_replay.unit_leaf(1, e) for e in entries]
+    assert units.root([bytes.fromhex(x) for x in leaves]) == ex["units_root"] == numpy_replay.merkle_root(leaves)
+    assert [e["unit"] for e in entries] == units.names(2) == numpy_replay.unit_names(2)
+    key = units.fold_key("0" * 64, units.uid(1, "fold:0:2"), "alice")
+    assert key.hex() == ex["fold_key"] == hashlib.sha256(b"repops-fold-key-v1\0" + bytes(32) + b"1/fold:0:2\0alice").hexdigest()
+    assert units.digest(units.uid(1, "fold:0:2"), values["fold:0:2"], key).hex() == ex["keyed"] == \
+        numpy_replay.chunked_digest("1/fold:0:2", values["fold:0:2"].numpy(), key).hex()
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +328,11 @@ def fp32_run(corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def units_run(corpus, tmp_path_factory):
+    return train_replay_run(corpus, tmp_path_factory.mktemp("units"), "--unit_commits=1")
+
+
+@pytest.fixture(scope="module")
 def int8_run(corpus, tmp_path_factory):
     return train_replay_run(corpus, tmp_path_factory.mktemp("int8"), "--quant=int8", PADDED_VOCAB)
 
@@ -297,7 +342,7 @@ def int8_pv_run(corpus, tmp_path_factory):
     return train_replay_run(corpus, tmp_path_factory.mktemp("int8_pv"), "--quant=int8", "--int8_pv=1", PADDED_VOCAB)
 
 
-@pytest.mark.parametrize("which", ["fp32_run", "int8_run", "int8_pv_run"])
+@pytest.mark.parametrize("which", ["fp32_run", "int8_run", "int8_pv_run", "units_run"])
 def test_numpy_replay_reproduces_the_run(which, corpus, request):
     run = request.getfixturevalue(which)
     proc = replay(run, corpus)
@@ -309,11 +354,12 @@ def test_numpy_replay_reproduces_the_run(which, corpus, request):
     genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])
     cfg = genesis["config"]
     assert cfg["n_kv_head"] < cfg["n_head"] and cfg["dropout"] > 0
-    assert cfg["micro_batches"] == 3 and cfg["quant"] == ("none" if which == "fp32_run" else "int8")
+    assert cfg["micro_batches"] == 3 and cfg["quant"] == ("int8" if "int8" in which else "none")
     assert cfg["micro_batch_phases"] == "2@2"
     assert [train.micro_batches_at(config.from_record(cfg, "genesis"), s) for s in (1, 2, 3)] == [3, 3, 2]
     assert cfg.get("int8_pv", False) == (which == "int8_pv_run")
-    assert (cfg["vocab_size"], genesis["vocab_size"]) == ((256, 256) if which == "fp32_run" else (300, 256))
+    assert cfg.get("unit_commits", False) == (which == "units_run")
+    assert (cfg["vocab_size"], genesis["vocab_size"]) == ((300, 256) if "int8" in which else (256, 256))
 
 
 def test_numpy_replay_from_a_checkpoint(fp32_run, corpus):
@@ -365,6 +411,26 @@ def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path
         "MATCH step 2: checkpoint step_00000002.safetensors"]
 
 
+def test_numpy_replay_of_one_micro_batch_unit(units_run, corpus, tmp_path):
+    """§20 from the documents: micro-batch 1 of step 3 alone, from checkpoint 2 (its digest, loss
+    bits, the unit list's path to units_root, its witness against c_m with the secret); then the
+    unit list with that micro-batch's digest swapped is a MISMATCH."""
+    proc = replay(units_run, corpus, REPLAY_STEPS, "--unit", "3:1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checked = [line for line in proc.stdout.splitlines() if line.startswith("MATCH step 3, micro-batch 1: ")]
+    assert [line.split(": ", 1)[1] for line in checked] == [
+        "the unit list's names", "loss_bits", "digest", "the path to units_root", "the witness against c_m"]
+    run = tmp_path / "run"
+    shutil.copytree(units_run, run)
+    doc = json.loads(units.list_path(run, 3).read_text())
+    doc["units"][1]["digest"] = doc["units"][0]["digest"]
+    units.list_path(run, 3).write_text(json.dumps(doc))
+    proc = replay(run, corpus, REPLAY_STEPS, "--unit", "3:1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "MISMATCH at step 3, micro-batch 1: digest" in proc.stdout.splitlines()
+    assert "MISMATCH at step 3, micro-batch 1: the path to units_root" in proc.stdout.splitlines()
+
+
 # ----------------------------------------------------------------------------- 4. the readings SPEC chose
 def test_micro_batch_count_before_the_first_phase():
     """§9.5: steps 1..S1 take micro_batches, S1+1..S2 take N1, and so on: the code and the replay
@@ -404,8 +470,8 @@ def test_code_digest_ignores_subfolders(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def digests():
-        proc = subprocess.run([sys.executable, "-c", "import train; print(train.code_digest())"], cwd=tree,
-                              env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        proc = run_process([sys.executable, "-c", "import train; print(train.code_digest())"], cwd=tree,
+                           env=env, capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip(), numpy_replay.code_digest(str(tree))
 

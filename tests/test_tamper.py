@@ -4,8 +4,10 @@
   leaf, every split) is changed in turn and the chain re-sealed, as a forger would: the audit
   must report a mismatch at that step that names the field. Runs in-process (audit.Audit) on
   copies of one tiny run, so each case costs one replayed step. step_commit and secret_commit,
-  which no replay can recompute, are caught by the receipt check (a resume, for secret_commit:
-  tests/test_attacks.py), or by the audit's format check.
+  which only the run's secret (or the step's revealed salt) opens, are named by the audit in the
+  publisher's run directory, which holds the secret; without it the audit checks their format,
+  and the receipt check rejects a receipt of the forged step (a resume, for secret_commit:
+  tests/test_attacks.py).
 - Checkpoints: a bit flipped in the final checkpoint, in a middle one the replay does not start
   from, or the checkpoint's own metadata edited: found, exit 1.
 - A forger who changes a config key in the genesis record and in config.json alike: the
@@ -95,12 +97,11 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
     """Exit 1 at the step, naming the field, for each field changed and the chain re-sealed.
 
     The step record's step_commit commits to the step's gradient and result with the run's
-    secret, so no replay can recompute it. Changed to another well-formed commitment, the audit
-    must stay silent (it cannot know) and the publisher's receipt check must reject the receipt
-    of that very replay, which it accepts on the true chain; changed to something that is not 64
-    hex digits, the audit's format check must name it. The genesis record's secret_commit
-    likewise: silent when well-formed (a resume under another secret is what it refuses), named
-    when not."""
+    secret, the genesis record's secret_commit to the secret: the audit here holds the secret (the
+    publisher's run directory), so it names them too. Without the secret a well-formed forged
+    commitment leaves the audit silent (it cannot know): then the publisher's receipt check must
+    reject the receipt of that very replay, which it accepts on the true chain; one that is not 64
+    hex digits the audit's format check names."""
     original = (reference / "chain.jsonl").read_text()
     assert receipt_check(replayed(workdir, STEP), STEP)[0] == "accepted"
     missed, checked = [], 0
@@ -119,11 +120,14 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
                 a = replayed(workdir, audited)
                 findings = sorted(a.findings, key=lambda f: f[0])
                 name = path[1] if len(path) > 1 else path[0]    # the key a report must name
-                if commitment and not malformed:
-                    caught = not findings and (step == 0 or receipt_check(a, step)[0] == "rejected")
-                else:
-                    caught = (findings and findings[0][0] == step
-                              and any(name in msg for s, msg in findings if s == step))
+                caught = (findings and findings[0][0] == step
+                          and any(name in msg for s, msg in findings if s == step))
+                if commitment and not malformed:              # the same chain audited without the secret
+                    secret = (workdir / receipts.SECRET).read_bytes()
+                    (workdir / receipts.SECRET).unlink()
+                    blind = replayed(workdir, audited)
+                    (workdir / receipts.SECRET).write_bytes(secret)
+                    caught = caught and not blind.findings and (step == 0 or receipt_check(blind, step)[0] == "rejected")
                 if not caught:
                     missed.append((step, ".".join(path), malformed, findings[:2]))
                 checked += 1
