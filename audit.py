@@ -66,7 +66,6 @@ goes undetected.
 import dataclasses
 import json
 import os
-import resource
 import secrets
 import statistics
 import sys
@@ -479,18 +478,8 @@ def replay_command(args):
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
               f"(step {last}: {audit.run.chain.records[last]['state_hash'][:16]}), and the "
               f"checkpoints checked match the chain; {checked}")
-    cost = {"seconds": round(time.perf_counter() - t0, 3), "steps_replayed": len(audit.replayed),
-            "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "bytes_read": audit.bytes_read}
-    print(f"audit cost: {cost['seconds']:.1f} s, peak memory {cost['peak_mib']} MiB, "
-          f"read {audit.bytes_read / 1e6:.1f} MB (+ token windows)")
-    if args.receipt:
-        receipt = audit.receipt(last, args.auditor, cost)
-        if receipt is None:
-            print(f"receipt: none written, the replay stopped before step {last}")
-        else:
-            receipts.write_receipt(args.receipt, receipt)
-            print(f"receipt: step {last} ({receipt['verdict']}) by {args.auditor} written to {args.receipt}")
+    receipts.close_audit(t0, audit.bytes_read, args.receipt, lambda cost: audit.receipt(last, args.auditor, cost),
+                         f"the replay stopped before step {last}", f"step {last}", steps_replayed=len(audit.replayed))
     return 1 if audit.findings else 0
 
 

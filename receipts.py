@@ -64,7 +64,9 @@ import hmac
 import json
 import os
 import re
+import resource
 import secrets
+import time
 from pathlib import Path
 
 import config
@@ -203,6 +205,25 @@ def unit_receipt(genesis, record, unit, proof, auditor, machine, cost, code_dige
             "record_hash": record["record_hash"], **proof, "auditor": auditor, "machine": machine,
             "cost": cost, "code_digest": code_digest, "data_manifest": data_manifest,
             "verdict": "MISMATCH" if findings else "MATCH", "findings": list(findings)}
+
+
+def close_audit(t0, bytes_read, receipt_path, make_receipt, stopped, written, windows=True, **cost):
+    """The end of an audit command (a whole-step replay, a unit): its cost (seconds since t0,
+    peak memory, bytes read, and the `cost` keys given) printed as the "audit cost:" line, and
+    with receipt_path the receipt make_receipt(cost) gives (None: `stopped` says why none)
+    written there, `written` naming it. Returns the cost."""
+    cost = {"seconds": round(time.perf_counter() - t0, 3), **cost,
+            "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "bytes_read": bytes_read}
+    print(f"audit cost: {cost['seconds']:.1f} s, peak memory {cost['peak_mib']} MiB, read {bytes_read / 1e6:.1f} MB"
+          + (" (+ token windows)" if windows else ""))
+    if receipt_path:
+        receipt = make_receipt(cost)
+        if receipt is None:
+            print(f"receipt: none written, {stopped}")
+        else:
+            write_receipt(receipt_path, receipt)
+            print(f"receipt: {written} ({receipt['verdict']}) by {receipt['auditor']} written to {receipt_path}")
+    return cost
 
 
 def write_receipt(path, receipt):

@@ -44,7 +44,6 @@ it). They go to a directory outside the run (rundir.check_outside): readers neve
 import dataclasses
 import json
 import os
-import resource
 import time
 
 import torch
@@ -330,18 +329,11 @@ def command(args, unit, code_digest):
     if not audit.findings:
         print(f"MATCH: {label(unit)} of step {args.step} of {args.run_dir} replays to its commitment "
               f"(units_root {audit.record['units_root'][:16]})")
-    cost = {"seconds": round(time.perf_counter() - t0, 3),
-            "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "bytes_read": audit.bytes_read}
-    print(f"audit cost: {cost['seconds']:.1f} s, peak memory {cost['peak_mib']} MiB, read "
-          f"{audit.bytes_read / 1e6:.1f} MB" + (" (+ token windows)" if kind == "micro_batch" else ""))
-    if args.receipt:
-        receipt = None if audit.entries is None else audit.receipt(args.auditor, optrace.machine(), cost, code_digest)
-        if receipt is None:
-            print(f"receipt: none written, the audit of {label(unit)} stopped before its proof")
-        else:
-            receipts.write_receipt(args.receipt, receipt)
-            print(f"receipt: step {args.step}, {unit} ({receipt['verdict']}) by {args.auditor} written to {args.receipt}")
+    receipts.close_audit(t0, audit.bytes_read, args.receipt,
+                         lambda cost: None if audit.entries is None else audit.receipt(args.auditor, optrace.machine(),
+                                                                                       cost, code_digest),
+                         f"the audit of {label(unit)} stopped before its proof", f"step {args.step}, {unit}",
+                         windows=kind == "micro_batch")
     return 1 if audit.findings else 0
 
 
