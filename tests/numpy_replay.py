@@ -525,7 +525,7 @@ def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
     lines, cfg = open_run(run_dir)
     if not cfg.get("unit_commits"):
         raise ValueError("the run has no unit commitments (unit_commits, §20)")
-    if not (1 <= step < len(lines) and 0 <= micro < cfg["micro_batches"]):
+    if not (1 <= step < len(lines) and 0 <= micro < micro_batches_at(cfg, step)):
         raise ValueError(f"micro-batch {micro} of step {step} is not in the run")
     params, _, _, _ = start_state(run_dir, lines, cfg, step - 1, say)
     g, witness = micro_batch(cfg, open_data(data_dir, cfg["seed"]), params, step, micro)
@@ -534,7 +534,7 @@ def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
         entries = json.load(f)["units"]
     leaves = [unit_leaf(step, e) for e in entries]
     units_root = json.loads(lines[step])["units_root"]
-    checks = {"the unit list's names": [e["unit"] for e in entries] == unit_names(cfg["micro_batches"]),
+    checks = {"the unit list's names": [e["unit"] for e in entries] == unit_names(micro_batches_at(cfg, step)),
               "loss_bits": entries[micro]["loss_bits"] == mine["loss_bits"],
               "digest": entries[micro]["digest"] == mine["digest"],
               "the path to units_root": root_from_path(leaves[micro], merkle_path(leaves, micro)) == units_root}

@@ -32,6 +32,9 @@ def test_an_interrupted_run_stops_with_its_summary_and_no_child(tmp_path, sig, t
     inner = start_process([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            str(ROOT / "tests" / "interrupted.py")], cwd=ROOT,
                           env=dict(launch_env(), REPOPS_INTERRUPT_PIDFILE=str(pidfile)),
+                          # as at a terminal: a launcher in the background (nohup, `cmd &`) hands
+                          # its children SIGINT ignored, and Python then never raises KeyboardInterrupt
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                           stdout=open(tmp_path / "out.txt", "w"), stderr=open(tmp_path / "err.txt", "w"))
     try:
         t0 = time.monotonic()
