@@ -23,6 +23,8 @@ Every operator's autograd rule stands next to its forward, so a backward is chec
 forward in one place; the kernels are in kernels/, and the CUDA kernel versions that no GPU has
 verified yet in dev/cuda/ (built, selectable and hashed only with REPOPS_CUDA_DEV=1).
 """
+import contextlib
+import fcntl
 import hashlib
 import os
 import platform
@@ -136,6 +138,21 @@ def _check_toolchain():
         raise RepOpsBuildError("RepOps needs ninja to build its kernels: pip install ninja")
 
 
+@contextlib.contextmanager
+def build_lock(build_dir):
+    """Hold build_dir's flock while building there (another process waits). torch's own build
+    lock (the file `lock`, made and removed by each build) is left behind when a build is
+    killed, and then every later build waits on it forever; the kernel frees an flock with its
+    process, so under it a `lock` file can only be such a leftover, and is removed."""
+    with open(os.path.join(build_dir, "flock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale = os.path.join(build_dir, "lock")
+        if os.path.exists(stale):
+            os.remove(stale)
+            print(f"repops: removed {stale}, left by a kernel build that was stopped", file=sys.stderr)
+        yield
+
+
 _loaded = False
 
 
@@ -164,11 +181,12 @@ def load():
     saved_path = os.environ.get("PATH", "")
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + saved_path
     try:
-        torch.utils.cpp_extension.load(
-            name=name, sources=CPU_SOURCES + (CUDA_SOURCES if HAS_CUDA else []),
-            extra_cflags=CPU_FLAGS + dev_flags, extra_cuda_cflags=CUDA_FLAGS + dev_flags if HAS_CUDA else None,
-            extra_ldflags=["-fopenmp"], extra_include_paths=[CPU_DIR, CUDA_DIR, COMMON_DIR] + [DEV_CUDA_DIR] * CUDA_DEV,
-            build_directory=build_dir, is_python_module=False, verbose=False)
+        with build_lock(build_dir):
+            torch.utils.cpp_extension.load(
+                name=name, sources=CPU_SOURCES + (CUDA_SOURCES if HAS_CUDA else []),
+                extra_cflags=CPU_FLAGS + dev_flags, extra_cuda_cflags=CUDA_FLAGS + dev_flags if HAS_CUDA else None,
+                extra_ldflags=["-fopenmp"], extra_include_paths=[CPU_DIR, CUDA_DIR, COMMON_DIR] + [DEV_CUDA_DIR] * CUDA_DEV,
+                build_directory=build_dir, is_python_module=False, verbose=False)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RepOpsBuildError(f"building the RepOps kernels failed (build dir {build_dir}): {first}") from e

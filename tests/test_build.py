@@ -38,3 +38,21 @@ def test_build_flags_switch_contraction_off():
     if repops.HAS_CUDA:
         cuda = rules["cuda_cflags"].split()
         assert "--fmad=false" in cuda and "-ftz=true" in cuda and "--use_fast_math" not in cuda, rules["cuda_cflags"]
+
+
+def test_a_stopped_build_leaves_no_lock_that_hangs_the_next():
+    """torch's build lock (the file `lock` in the build directory), left behind by a build that
+    was killed, is removed by the next load (repops.build_lock) instead of hanging it."""
+    import repops
+    name = "repops_cuda" if repops.HAS_CUDA else "repops_cpu"
+    repops.load()                                   # the build exists: the next load only checks it
+    lock = os.path.join(ROOT, "build", f"{name}_{repops._cpu_isa_tag()}", "lock")
+    open(lock, "w").close()
+    try:
+        proc = run_process([sys.executable, "-c", "import repops; repops.load()"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        if os.path.exists(lock):
+            os.remove(lock)                         # never left for the rest of the suite
+    assert proc.returncode == 0, proc.stderr
+    assert f"repops: removed {lock}" in proc.stderr, proc.stderr
