@@ -63,6 +63,7 @@ either command exits 2 with one error line: it is bad input, not evidence about 
 --redundancy of --auditors, balanced by replay cost, and prints the chance that a tampered step
 goes undetected.
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -167,7 +168,8 @@ import repops  # noqa: E402
 import rundir  # noqa: E402
 import unitaudit  # noqa: E402
 from data import DataError, DataMismatch, TokenData  # noqa: E402
-from train import StepRefused, TrainState, code_digest, genesis_record, step_record, train_step  # noqa: E402
+import train  # noqa: E402
+from train import StepRefused, TrainState, code_digest, train_step  # noqa: E402
 
 
 # Fields compared first: a changed batch explains a changed state, and the state names a tensor.
@@ -225,59 +227,55 @@ def compare(replayed, published):
     return None
 
 
-def trace_step(state, data, cfg, path, record):
-    """train_step under optrace.OpTrace, writing the trace to path; returns the step's fields."""
+@contextlib.contextmanager
+def traced(path, step, record):
+    """Run the step inside under optrace.OpTrace and write its per-operator trace to path."""
     with optrace.OpTrace() as rec:
-        fields = train_step(state, data, cfg)
+        yield
     try:
-        optrace.write(path, rec.entries, {"step": state.step, "state_hash": record.get("state_hash"),
+        optrace.write(path, rec.entries, {"step": step, "state_hash": record.get("state_hash"),
                                           "code_digest": code_digest()})
     except OSError as e:
         raise UsageError(f"cannot write the trace {path}: {e}") from None
-    print(f"trace: {len(rec.entries)} operators of step {state.step} written to {path}")
-    return fields
+    print(f"trace: {len(rec.entries)} operators of step {step} written to {path}")
 
 
 class Audit:
     """An audit of one run on this machine: open it (the run, its config, its corpus), then replay
-    steps (replay); every problem found is a finding (step, message), in self.findings."""
+    steps (replay); every problem found is a finding (step, message), in self.findings.
+
+    A replay asks each module for one thing: the run directory for the chain's links and the
+    verified checkpoint files (checkpoints), train.py for the genesis state and record
+    (genesis) and then for the replayed steps' records (train.replay); it compares them."""
 
     def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
                  salts=None):
         self.run = rundir.Run(run_dir)          # a reader: it changes nothing in the run
         self.run.check_contract(repops.CONTRACT)
-        self.device = device
+        # decisive keys on which config.json (for people) disagrees with the genesis record
+        self.config_json_differences = self.run.config_json_differences()
+        data_dir = data_dir or self.run.recorded_data_dir()
+        cfg = self.run.replay_config(device, recompute=recompute, offload=offload)
+        if source and "init" not in self.run.genesis:
+            raise UsageError(f"--init_from {source}: {run_dir} was not imported (its genesis record has no init)")
+        self.data = TokenData(data_dir, cfg.seed)
+        # the corpus's tokens must index rows of the model (the genesis vocab_size is checked later)
+        self.cfg = resolve(cfg, self.data.vocab_size)
+        # salt_of(step): from the run's secret (the publisher) or revealed salts (--salts FILE);
+        # where it is known the replay makes step_commit (and units_root) and compares them too.
+        # secret: the run's, where this is the publisher's run directory (then secret_commit too)
+        self.salt_of, self.secret = receipts.replay_keys(run_dir, self.run.genesis, salts)
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
         self.notes = []                          # what was not checked: printed before the verdict
-        self.checked = set()                     # checkpoint steps already verified
         self.replayed = {}                       # step: (state hash, grad_root, witnesses) of the replay
-        # salt_of(step): from the run's secret (the publisher) or revealed salts (--salts FILE);
-        # where it is known the replay makes step_commit (and units_root) and compares them too
-        self.salt_of = receipts.salt_lookup(run_dir, self.run.genesis, salts, required=False)
-        # the run's secret, where this is the publisher's run directory: then secret_commit too
-        has_secret = (self.run.dir / receipts.SECRET).exists()
-        self.secret = receipts.read_secret(run_dir, "") if has_secret else None
         self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
-        if source and "init" not in self.run.genesis:
-            raise UsageError(f"--init_from {source}: {run_dir} was not imported (its genesis record has no init)")
-        # recompute and offload are bookkeeping: the trainer's choice (config.json) unless the
-        # auditor makes another for this machine
-        memory = {k: self.run.recorded(k, bool, False) if v is None else v
-                  for k, v in (("recompute", recompute), ("offload", offload))}
-        # dead_tensor_steps=0: an alarm for the trainer (deadcheck.py), not part of what is checked
-        self.cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0, **memory)
-        validate(self.cfg, recorded=True)        # the genesis config, and this machine's device
-        # decisive keys on which config.json (for people) disagrees with the genesis record
-        self.config_json_differences = self.run.config_json_differences()
-        self.data = TokenData(data_dir or self.run.recorded_data_dir(), self.cfg.seed)
-        self.cfg = resolve(self.cfg, self.data.vocab_size)
 
     def find(self, step, message):
         if (step, message) not in self.findings:
-            self.findings.append((step, message))
+            self.findings += [(step, message)]
 
     def steps(self, first, last):
         """Check that steps first..last can be audited: a chain break at or before `last` is a
@@ -292,12 +290,58 @@ class Audit:
             raise UsageError(f"steps {first}..{last} are not in the chain (it holds steps 1..{len(chain) - 1})")
         return last
 
-    def check_genesis(self):
-        state = TrainState(self.cfg, self.data.vocab_size, self.device)
+    def checkpoints(self, before=None, last=None):
+        """Verify the checkpoint files the audit of steps before+1..last reads or vouches for,
+        each against its record (a finding for each that does not match): the latest at or
+        before `before` that verifies (where the replay starts), an imported run's checkpoint 0
+        (its initial state), every one in before+1..last, and the run's latest (the model people
+        download; a file beyond the chain is a finding). None: no start, no range. Returns
+        {step: tensors} of the start and of an imported run's checkpoint 0."""
+        files, lines = self.run.checkpoints(), self.run.chain.lines
+        imported = "init" in self.run.genesis
+        starts = [(s, p) for s, p in reversed(files) if before is not None and s <= before]
+        vouched = [(s, p) for s, p in files if (s == 0 and imported)
+                   or (last is not None and before < s <= last)]
+        later = [(s, p) for s, p in files if last is not None and s > last]
+        for step, path in later:
+            if step >= lines:
+                self.find(step, f"checkpoint {path} has no record in the chain")
+        vouched += later[-1:] if later and later[-1][0] < lines else []   # behind a break, the break is found
+        kept, tried, start = {}, set(), None
+        for role, step, path in [("start", s, p) for s, p in starts] + [("vouched", s, p) for s, p in vouched]:
+            if step in tried or (role == "start" and start is not None):
+                continue                        # checked already, or older than the start
+            tried.add(step)
+            try:                                # checkpoint 0 is mapped: it may be held beside the start
+                tensors = self.run.verified_checkpoint(step, path, mmap=self.cfg.offload or step == 0)
+            except hashchain.StateMismatch as e:
+                self.find(step, f"checkpoint {path} does not match the chain: {e.message}")
+                continue
+            except hashchain.ChainError as e:   # the chain breaks before this checkpoint
+                self.find(e.line - 1, e.message)
+                continue
+            except rundir.CheckpointError as e:
+                raise UsageError(str(e)) from None
+            self.bytes_read += os.path.getsize(path)
+            if role == "start" or (step == 0 and imported):
+                kept[step], start = tensors, step if role == "start" else start
+        return kept
+
+    def check_genesis(self, initial=None):
+        """The genesis state (an imported run's: `initial`, its verified checkpoint 0), checked:
+        the genesis record recomputed from it, the config, this code and this corpus against the
+        published one, the config's phases, config.json, and an imported run's source folder."""
         init = self.run.genesis.get("init")
-        if init is not None:
-            self.imported_state(state)
-        diff = compare(genesis_record(state, self.data, self.cfg, self.secret, init=init), self.run.genesis)
+        state, record, problem = train.genesis(self.cfg, self.data, init, initial, self.secret)
+        if problem:
+            self.find(0, problem)
+        elif init is not None and self.source:
+            if diff := hfllama.source_difference(self.source, init, state.params, self.cfg):
+                self.find(0, diff)
+        elif init is not None:
+            self.notes.append("the run was imported (genesis init); its source files were not checked "
+                              "(--init_from DIR checks them)")
+        diff = compare(record, self.run.genesis)
         if diff:
             self.find(0, f"genesis record: {diff}")
         if late := late_phases(self.cfg):       # the record says what did not train
@@ -306,101 +350,37 @@ class Audit:
             self.find(0, f"config.json disagrees with the genesis record on {key}")
         return state
 
-    def imported_state(self, state):
-        """Load an imported run's initial state (train.py --init_from): checkpoint 0, which the
-        genesis record's tensor hashes vouch for; its moments must be zero and its step 0. (The
-        source folder is not needed; whoever has it re-imports it to check its file SHA-256s.)"""
-        path = dict(self.run.checkpoints()).get(0)
-        tensors = self.checkpoint(0, path) if path else None
-        if tensors is None:
-            self.find(0, "the run was imported (genesis init) and its initial state, checkpoint 0, "
-                         "is missing or does not match the genesis record")
-            return
-        try:
-            state.load(tensors)
-        except hashchain.StateMismatch as e:
-            self.find(0, f"checkpoint 0: {e.message}")
-            return
-        moving = [n for n, t in state.tensors().items() if n.startswith("adam_") and t.any()]
-        if moving or state.step != 0:
-            self.find(0, f"checkpoint 0 is not an initial state: {(moving or ['step'])[0]} is not zero")
-        if self.source:
-            diff = hfllama.source_difference(self.source, self.run.genesis["init"], state.params, self.cfg)
-            if diff:
-                self.find(0, diff)
-        else:
-            self.notes.append("the run was imported (genesis init); its source files were not checked "
-                              "(--init_from DIR checks them)")
-
-    def checkpoint(self, step, path):
-        """Verify one checkpoint file against its record (once); a finding if it does not match."""
-        if step in self.checked:
-            return None
-        self.checked.add(step)
-        try:
-            tensors = self.run.verified_checkpoint(step, path, mmap=self.cfg.offload)
-        except hashchain.StateMismatch as e:
-            self.find(step, f"checkpoint {path} does not match the chain: {e.message}")
-            return None
-        except hashchain.ChainError as e:       # the chain breaks before this checkpoint
-            self.find(e.line - 1, e.message)
-            return None
-        except rundir.CheckpointError as e:
-            raise UsageError(str(e)) from None
-        self.bytes_read += os.path.getsize(path)
-        return tensors
-
-    def start_state(self, genesis_state, before):
-        """A verified state at the latest checkpoint <= before, else the genesis state."""
-        for step, path in reversed(self.run.checkpoints()):
-            if step <= before and (tensors := self.checkpoint(step, path)) is not None:
-                try:
-                    genesis_state.load(tensors)
-                    return genesis_state
-                except hashchain.StateMismatch as e:
-                    self.find(step, f"checkpoint {path}: {e.message}")
-        return genesis_state
-
-    def replay(self, first, last, trace=None):
-        """Audit steps first..last; findings accumulate in self.findings (empty: MATCH)."""
+    def replay(self, first, last, around=None):
+        """Audit steps first..last; findings accumulate in self.findings (empty: MATCH).
+        around(step): a context manager each replayed step runs in (audit.py --trace: traced)."""
         last_ok = self.steps(first, last)
         if last_ok < 0:
             return
-        state = self.state = self.start_state(self.check_genesis(), first - 1)
-        checkpoints = dict(self.run.checkpoints())
-        while state.step < last_ok:
-            step = state.step + 1
+        verified = self.checkpoints(first - 1, last_ok)
+        state = self.state = self.check_genesis(verified.pop(0, None) if "init" in self.run.genesis else None)
+        for step, tensors in verified.items():   # the start, if any checkpoint before `first` verified
             try:
-                if trace and step == last:
-                    fields = trace_step(state, self.data, self.cfg, trace, self.run.chain.records[step])
-                else:
-                    fields = train_step(state, self.data, self.cfg)
-                salt = self.salt_of(step)
-                root, leaves = state.hash()
-                # result_root: the post-step state keyed by grad_root (a pass only a known salt needs)
-                result_root = hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors()) if salt else None
-                record = step_record(step, root, leaves, self.data, self.cfg, fields, result_root=result_root,
-                                     salt=salt)
-            except StepRefused as e:        # the published run cannot have recorded this step
-                self.find(step, str(e))
-                return
-            except DataMismatch as e:       # a chunk the step reads is not the manifest's
-                self.find(step, f"the step reads data that is not the corpus's: {e}")
-                return
-            pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
-            self.replayed[step] = (record["state_hash"], fields["grad_root"].result(),
-                                   pieces and [w.hex() for w in pieces.witness_digests])
-            if salt is None:
-                self.unchecked.append(step)
-            diff = compare(record, self.run.chain.records[step])
-            if diff:
-                self.find(step, diff)
-                return
-            if step in checkpoints:
-                self.checkpoint(step, checkpoints[step])
-            if step % 25 == 0 and step < last_ok:       # long audits show progress
-                print(f"audit: steps up to {step} match, replaying to {last_ok}", flush=True)
-        self.check_later_checkpoints(last_ok)
+                state.load(tensors)
+            except hashchain.StateMismatch as e:
+                self.find(step, f"checkpoint {step}: {e.message}")
+        del verified
+        records = self.run.chain.records
+        try:
+            for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of, around):
+                pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
+                self.replayed[step] = (record["state_hash"], fields["grad_root"].result(),
+                                       pieces and [w.hex() for w in pieces.witness_digests])
+                if "step_commit" not in record:
+                    self.unchecked.append(step)
+                if diff := compare(record, records[step]):
+                    self.find(step, diff)
+                    return
+                if step % 25 == 0 and step < last_ok:       # long audits show progress
+                    print(f"audit: steps up to {step} match, replaying to {last_ok}", flush=True)
+        except StepRefused as e:        # the published run cannot have recorded this step
+            self.find(state.step + 1, str(e))
+        except DataMismatch as e:       # a chunk the step reads is not the manifest's
+            self.find(state.step + 1, f"the step reads data that is not the corpus's: {e}")
 
     def receipt(self, step, auditor, cost):
         """The receipt of replayed step `step` (receipts.py), or None if the replay stopped
@@ -425,15 +405,6 @@ class Audit:
                 "data_manifest": self.data.digest, "verdict": "MISMATCH" if self.findings else "MATCH",
                 "findings": findings}
 
-    def check_later_checkpoints(self, last):
-        """The run's latest checkpoint (what people download) and any file beyond the chain."""
-        later = [(s, p) for s, p in self.run.checkpoints() if s > last]
-        for step, path in later:
-            if step >= self.run.chain.lines:
-                self.find(step, f"checkpoint {path} has no record in the chain")
-        if later and later[-1][0] < self.run.chain.lines:
-            self.checkpoint(*later[-1])         # behind a chain break, the break is reported
-
 
 # ----------------------------------------------------------------------------- the commands
 def unit_of(args):
@@ -451,20 +422,28 @@ def unit_of(args):
     return given[0] if given else None
 
 
+def unit_command(args):
+    """--step S with --micro_batch M, --fold_node LO:SIZE or --update: one unit (unitaudit.py);
+    a whole step otherwise (replay_command)."""
+    unit = unit_of(args)
+    return replay_command(args) if unit is None else unitaudit.command(args, unit, code_digest())
+
+
 def replay_command(args):
-    if args.step is not None and (unit := unit_of(args)) is not None:
-        return unitaudit.command(args, unit, code_digest())
+    """--step, --range, --all: replay the steps and check them (Audit.replay); print each
+    finding, else MATCH, then the cost; write the receipt of --step with --receipt."""
     t0 = time.perf_counter()
+    if args.step is not None and args.step < 1:
+        raise UsageError(f"--step {args.step}: steps start at 1")
+    first, last = ((args.step, args.step) if args.step is not None else (1, None) if args.all
+                   else parse_range(args.range, "--range"))
     audit = Audit(args.run_dir, args.data_dir, args.device,
                   **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")},
                   source=args.init_from, salts=args.salts)
-    if args.step is not None:
-        first = last = args.step
-        if args.step < 1:
-            raise UsageError(f"--step {args.step}: steps start at 1")
-    else:
-        first, last = (1, audit.run.chain.lines - 1) if args.all else parse_range(args.range, "--range")
-    audit.replay(first, last, args.trace)
+    records = audit.run.chain.records
+    last = audit.run.chain.lines - 1 if last is None else last       # --all
+    audit.replay(first, last, args.trace and (lambda s: traced(args.trace, s, records[s]) if s == last
+                                              else contextlib.nullcontext()))
     for note in audit.notes:
         print(f"note: {note}")
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
@@ -476,7 +455,7 @@ def replay_command(args):
                    f"{commitments} not checked: no secret or salt" if len(audit.unchecked) == len(audit.replayed)
                    else f"{commitments} checked, but for steps {unchecked}: no secret or salt")
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
-              f"(step {last}: {audit.run.chain.records[last]['state_hash'][:16]}), and the "
+              f"(step {last}: {records[last]['state_hash'][:16]}), and the "
               f"checkpoints checked match the chain; {checked}")
     receipts.close_audit(t0, audit.bytes_read, args.receipt, lambda cost: audit.receipt(last, args.auditor, cost),
                          f"the replay stopped before step {last}", f"step {last}", steps_replayed=len(audit.replayed))
@@ -696,7 +675,7 @@ def anchors_command(args):
 # ----------------------------------------------------------------------------- the command line
 # The options that name a file the audit writes: each must lie outside the run (rundir.check_outside).
 OUTPUT_OPTIONS = ("trace", "receipt", "out")
-COMMANDS = {"step": replay_command, "range": replay_command, "all": replay_command,
+COMMANDS = {"step": unit_command, "range": replay_command, "all": replay_command,
             "check_receipts": check_receipts_command, "coverage": coverage_command,
             "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command,
             "materialize": unitaudit.materialize_command, "reveal_unit": unitaudit.reveal_command}

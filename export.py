@@ -143,7 +143,8 @@ def export(run_dir, step, out, data_dir=None):
         raise UsageError(f"a run with --{extra[0]}={getattr(cfg, extra[0])} cannot be represented: "
                          "LlamaForCausalLM has no sliding window, QK-norm or embedding norm")
     step, tensors = run.checkpoint_for_reader(step)     # the chain's links to it, it against its record
-    state = audit.check_genesis()               # what the audit checks at genesis, or a refusal
+    # what the audit checks at genesis (an imported run: from its checkpoint 0), or a refusal
+    state = audit.check_genesis(audit.checkpoints().get(0))
     if audit.findings:
         found, message = min(audit.findings, key=lambda f: f[0])
         raise UsageError(f"the audit finds MISMATCH at step {found}: {message}; export vouches only for "

@@ -17,7 +17,7 @@ SHA-256 of its contiguous little-endian CPU bytes, NaNs canonicalized to 0x7FC00
 §7: NaN payloads differ between CPUs and are not a reproducibility failure).
 
 In-process: `with OpTrace() as t: train.train_step(...)`, then `write(path, t.entries, meta)`
-(audit.trace_step does exactly that for `audit.py --trace`).
+(audit.traced does exactly that for `audit.py --trace`).
 """
 import hashlib
 import json

@@ -404,6 +404,14 @@ def salt_lookup(run_dir, genesis, salts_path=None, required=True):
     return lambda step: salt(secret, step)
 
 
+def replay_keys(run_dir, genesis, salts_path=None):
+    """(salt_of, secret) of a replay (audit.py): salt_of(step) from revealed salts (salts_path)
+    or the run's secret, None where neither gives it (the replay then leaves step_commit
+    unchecked); secret: the run's, where this is the publisher's run directory, else None."""
+    secret = read_secret(run_dir, "") if (Path(run_dir) / SECRET).exists() else None
+    return salt_lookup(run_dir, genesis, salts_path, required=False), secret
+
+
 # ----------------------------------------------------------------------------- 2. plan, coverage
 def replay_costs(first, last, checkpoint_steps, step_work=None):
     """{step: how many steps an audit of it replays}: audit.py starts from the latest

@@ -39,6 +39,7 @@ tensors' canonical little-endian bytes in name order (SPEC.md §13). It is read 
 a regular file only, strict JSON, every offset and size checked against the file; every error
 is a CheckpointError (a hashchain.HashChainError) with a one-line message.
 """
+import dataclasses
 import datetime
 import fcntl
 import functools
@@ -353,6 +354,19 @@ class Run:
         if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
             raise UsageError(f"{self.chain.path}: the genesis record has no valid vocab_size")
         return vocab
+
+    def replay_config(self, device, recompute=None, offload=None):
+        """The run's config as a replay on this machine runs it (audit.py, unitaudit.py): the
+        genesis record's decisive keys; recompute and offload, which change memory and never
+        bits, as the trainer chose them (config.json) unless given; no dead-tensor alarm (the
+        trainer's, deadcheck.py: not part of what is checked); the device checked
+        (config.validate). Its defaults (config.resolve) are the caller's to make explicit, for
+        the vocab it trusts: the corpus's (the audit) or the genesis record's (a unit audit)."""
+        memory = {k: self.recorded(k, bool, False) if v is None else v
+                  for k, v in (("recompute", recompute), ("offload", offload))}
+        cfg = dataclasses.replace(self.cfg, device=device, dead_tensor_steps=0, **memory)
+        config.validate(cfg, recorded=True)
+        return cfg
 
     def checkpoints(self):
         """[(step, path)] of the checkpoint files, sorted by step."""

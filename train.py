@@ -34,6 +34,7 @@ Checkpoint files and the run directory are rundir.py, hashing hashchain.py and s
 config and its schedules config.py.
 """
 import collections
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -296,7 +297,7 @@ def update(state, cfg, sums):
     which is emptied so that no caller keeps the buffer alive. Mean, clip, AdamW, re-pin; returns
     the record fields. Shared by train_step and the update audit (unitaudit.py)."""
     step = state.step + 1
-    n = micro_batches_at(cfg, step)
+    n, lr = micro_batches_at(cfg, step), lr_at(cfg, step)     # the step's phase and schedule
     # Contract §4.4: one multiply by f32(1/N) (exact when N is a power of two, a fixed rounding otherwise).
     mean = repops.ops.scale(sums.pop(), repops.f32(1.0 / n))
     loss = mean[-1]
@@ -314,7 +315,6 @@ def update(state, cfg, sums):
     if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
         raise StepRefused(f"step {step}: loss {loss_f} / gradient norm {norm_f} is not finite; "
                           "the step is refused and nothing of it is written (lower lr?)")
-    lr = lr_at(cfg, step)
     state.wait_for_snapshot()
     with torch.no_grad():
         state.dead.observe(step, nonzero)
@@ -345,8 +345,8 @@ def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=
     (fields["units"], units.StepUnits) the same salt makes units_root (units.py), which a
     replay without it cannot make either."""
     salt = receipts.salt(secret, step) if salt is None and secret is not None else salt
-    windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len)
-               for m in range(micro_batches_at(cfg, step))]
+    n = micro_batches_at(cfg, step)
+    windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len) for m in range(n)]
     record = {"kind": "step", "step": step, "state_hash": root, "tensor_hashes": leaves,
               "batch_digest": batch_digest(windows), **fields}
     grad_root = record.pop("grad_root").result()
@@ -371,6 +371,43 @@ def genesis_record(state, data, cfg, secret=None, init=None):
     if secret is not None:
         record["secret_commit"] = receipts.secret_commit(secret)
     return record
+
+
+def genesis(cfg, data, init=None, initial=None, secret=None):
+    """(state, record, problem) of a replay's step 0 (audit.py): the genesis state of cfg (an
+    imported run's, with init its genesis record's source, is `initial`: its checkpoint 0's
+    verified tensors), the genesis record recomputed from it, and what makes `initial` no
+    initial state (None if nothing: its moments must be zero, its step 0)."""
+    state = TrainState(cfg, data.vocab_size, cfg.device)
+    problem = None
+    if init is not None and initial is None:
+        problem = ("the run was imported (genesis init) and its initial state, checkpoint 0, "
+                   "is missing or does not match the genesis record")
+    elif init is not None:
+        try:
+            state.load(initial)
+            moving = [n for n, t in state.tensors().items() if n.startswith("adam_") and t.any()]
+            if moving or state.step != 0:
+                problem = f"checkpoint 0 is not an initial state: {(moving or ['step'])[0]} is not zero"
+        except hashchain.StateMismatch as e:
+            problem = f"checkpoint 0: {e.message}"
+    return state, genesis_record(state, data, cfg, secret, init=init), problem
+
+
+def replay(state, data, cfg, upto, salt_of, around=None):
+    """Take steps state.step+1 .. upto again as the trainer took them (train_step), yielding
+    (step, record, fields) for each: record is step_record's, with step_commit (and units_root)
+    where salt_of(step) knows the step's salt (the publisher's secret or a revealed salt), else
+    without them. around(step): a context manager the step runs in (a trace), or None."""
+    while state.step < upto:
+        step = state.step + 1
+        with around(step) if around else contextlib.nullcontext():
+            fields = train_step(state, data, cfg)
+        salt = salt_of(step)
+        root, leaves = state.hash()
+        # result_root: the post-step state keyed by grad_root (a pass only a known salt needs)
+        result_root = hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors()) if salt else None
+        yield step, step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt), fields
 
 
 @torch.no_grad()

@@ -56,7 +56,7 @@ import rundir
 import train
 import treefold
 import units
-from config import UsageError, micro_batches_at, resolve, validate
+from config import UsageError, micro_batches_at, resolve
 from data import DataMismatch, TokenData, batch_digest
 
 RECORD_FIELDS = ("loss", "loss_bits", "grad_norm", "grad_norm_bits", "lr", "lr_bits")
@@ -76,11 +76,7 @@ class UnitAudit:
         chain = self.run.chain
         if step < 1 or step >= chain.lines:
             raise UsageError(f"step {step} is not in the chain (it holds steps 1..{chain.lines - 1})")
-        memory = {k: self.run.recorded(k, bool, False) if v is None else v
-                  for k, v in (("recompute", recompute), ("offload", offload))}
-        cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0, **memory)
-        validate(cfg)
-        self.cfg = resolve(cfg, self.run.vocab_size)
+        self.cfg = resolve(self.run.replay_config(device, recompute=recompute, offload=offload), self.run.vocab_size)
         if not self.cfg.unit_commits:
             raise UsageError(f"{run_dir} has no unit commitments (its genesis config has no unit_commits): "
                              "audit whole steps (--step S)")
@@ -389,9 +385,7 @@ class Publisher:
     def __init__(self, run_dir, data_dir=None, device="cpu"):
         self.run = rundir.Run(run_dir)
         self.run.chain.verify()
-        self.cfg = dataclasses.replace(self.run.cfg, device=device, dead_tensor_steps=0)
-        validate(self.cfg)
-        self.cfg = resolve(self.cfg, self.run.vocab_size)
+        self.cfg = resolve(self.run.replay_config(device), self.run.vocab_size)
         self.data_dir = data_dir or self.run.recorded_data_dir()
         self.device = device
         self._corpus = None

@@ -193,12 +193,9 @@ def test_a_receipt_needs_the_update_not_only_the_gradient(reference, honest, tmp
     assert [r.status for r in judge(reference, honest, tmp_path)] == ["accepted"]
     # The lazy auditor: the gradient computed exactly (grad_root right), the update skipped, the
     # published state hash copied. Its best result_root is the pre-step state's keyed root.
-    opened = rundir.Run(reference)
-    state = train.TrainState(opened.cfg, opened.vocab_size)
     a = audit.Audit(str(reference))
-    state = a.start_state(state, 12)
-    while state.step < 12:
-        train.train_step(state, a.data, a.cfg)
+    a.replay(12, 12)
+    state = a.state
     lazy = {**honest, "auditor": "lazy",
             "result_root": hashchain.keyed_state_root(honest["grad_root"], state.tensors())}
     results = judge(reference, lazy, tmp_path, "lazy.json")

@@ -67,13 +67,17 @@ def record_in_process(run, path, perturb=False):
     """Replay step STEP in this process (audit.Audit's state) and trace it to path."""
     base, run_dir = run
     a = audit.Audit(str(run_dir))
-    state = a.start_state(a.check_genesis(), STEP - 1)
-    while state.step < STEP - 1:
-        audit.train_step(state, a.data, a.cfg)
-    n_flat = sum(p.numel() for p in state.params.values()) + 1       # a TreeFold leaf
-    # The perturbing mode sits below OpTrace, so the trace sees the perturbed kernel's output.
-    with FlipOneBit(n_flat) if perturb else contextlib.nullcontext():
-        audit.trace_step(state, a.data, a.cfg, str(path), a.run.chain.records[STEP])
+
+    @contextlib.contextmanager
+    def around(step):
+        # The perturbing mode sits below OpTrace, so the trace sees the perturbed kernel's output.
+        if step < STEP:
+            yield
+            return
+        with FlipOneBit(sum(p.numel() for p in a.state.params.values()) + 1) if perturb else contextlib.nullcontext():
+            with audit.traced(str(path), step, a.run.chain.records[step]):
+                yield
+    a.replay(STEP, STEP, around)
     return path
 
 
