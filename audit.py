@@ -268,7 +268,7 @@ class Audit:
         self.bytes_read = os.path.getsize(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
         self.notes = []                          # what was not checked: printed before the verdict
-        self.replayed = {}                       # step: (state hash, grad_root, witnesses) of the replay
+        self.replayed = {}                       # step: (state hash, grad_root, result_root, witnesses)
         self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
@@ -368,7 +368,7 @@ class Audit:
         try:
             for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of, around):
                 pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
-                self.replayed[step] = (record["state_hash"], fields["grad_root"].result(),
+                self.replayed[step] = (record["state_hash"], fields["grad_root"].result(), fields["result_root"],
                                        pieces and [w.hex() for w in pieces.witness_digests])
                 if "step_commit" not in record:
                     self.unchecked.append(step)
@@ -388,9 +388,7 @@ class Audit:
         no published field gives them."""
         if step not in self.replayed or self.state.step != step:
             return None
-        state_hash, grad_root, witnesses = self.replayed[step]
-        # result_root: the post-step state keyed by grad_root (only a receipt needs the pass)
-        result_root = hashchain.keyed_state_root(grad_root, self.state.tensors())
+        state_hash, grad_root, result_root, witnesses = self.replayed[step]
         findings = [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]
         if witnesses is not None:               # a run with unit commitments: repops-receipt-v3
             proof = {"state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,

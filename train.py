@@ -398,16 +398,20 @@ def replay(state, data, cfg, upto, salt_of, around=None):
     """Take steps state.step+1 .. upto again as the trainer took them (train_step), yielding
     (step, record, fields) for each: record is step_record's, with step_commit (and units_root)
     where salt_of(step) knows the step's salt (the publisher's secret or a revealed salt), else
-    without them. around(step): a context manager the step runs in (a trace), or None."""
+    without them. fields["result_root"]: the post-step state keyed by grad_root, which a
+    commitment and a receipt need (a pass over the state: made where the salt is known, and for
+    step `upto`, the one a receipt proves). around(step): a context manager the step runs in
+    (a trace), or None."""
     while state.step < upto:
         step = state.step + 1
         with around(step) if around else contextlib.nullcontext():
             fields = train_step(state, data, cfg)
         salt = salt_of(step)
         root, leaves = state.hash()
-        # result_root: the post-step state keyed by grad_root (a pass only a known salt needs)
-        result_root = hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors()) if salt else None
-        yield step, step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt), fields
+        result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
+                       if salt or step == upto else None)
+        record = step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt)
+        yield step, record, {**fields, "result_root": result_root}
 
 
 @torch.no_grad()
