@@ -1,6 +1,6 @@
 """Shared fixtures, and the rule that makes CI fail where a skip would hide a missing tool.
 
-    REPOPS_STRICT=1 python -m pytest tests/ -q      # what .ci/run does
+    REPOPS_STRICT=1 python -m pytest tests/ -q -n auto --maxprocesses 4 --dist loadfile   # what .ci/run does
 
 Skips: a test skips only where this machine cannot run the check at all: no CUDA GPU, no Mac,
 a CPU without the instruction set a build needs. Such a skip says so by starting its reason with

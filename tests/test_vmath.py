@@ -166,7 +166,9 @@ def test_soft_flush_build_matches_native(soft, native, fn):
 
 
 def test_soft_flush_mul(soft, native):
-    assert _digests(_check_mul(soft, 1, 61, True)) == _digests(_check_mul(native, 1, 61, False))
+    """Every 7th a of MUL_RANGES (the software flush costs ~10x per product; the native build
+    is checked at every a by test_mul_matches_contract_natively)."""
+    assert _digests(_check_mul(soft, 7, 61, True)) == _digests(_check_mul(native, 7, 61, False))
 
 
 RISCV_CXX, QEMU_RISCV = shutil.which("riscv64-linux-gnu-g++"), shutil.which("qemu-riscv64")
