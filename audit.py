@@ -72,8 +72,7 @@ import statistics
 import sys
 import time
 
-from config import (CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve,
-                    validate)
+from config import CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve
 
 REPLAY = ("step", "range", "all")
 
@@ -594,8 +593,7 @@ def plan_command(args):
     run = rundir.Run(args.run_dir)
     first, last = chain_steps(run, args.steps)
     seed = secrets.randbits(63) if args.seed is None else args.seed
-    cfg, vocab = run.cfg, run.vocab_size
-    validate(cfg, recorded=True)
+    cfg, vocab = run.replay_config(args.device), run.vocab_size      # the probe's device checked too
     ckpts = [s for s, _ in run.checkpoints() if s < len(run.chain)]
     steps_replayed = receipts.replay_costs(first, last, ckpts)
     # a step's cost is its micro-batches (phases change their number from step to step)
