@@ -66,6 +66,14 @@ def test_train_refuses_cuda_without_a_gpu(corpus, tmp_path):
     assert "no CUDA GPU" in proc.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="hardware: this machine has a CUDA GPU")
+@pytest.mark.parametrize("mode", [["--step", "1"], ["--plan", "--auditors", "2"]], ids=["step", "plan"])
+def test_audit_refuses_cuda_without_a_gpu(reference, mode):
+    proc = script("audit.py", "--run_dir", reference, *mode, "--device", "cuda")
+    assert_one_line_error(proc, "audit.py")
+    assert "no CUDA GPU" in proc.stderr
+
+
 def test_train_refuses_world_size_that_does_not_divide(corpus, tmp_path):
     proc = script("train.py", f"--run_dir={tmp_path / 'run'}", f"--data_dir={corpus}", *TINY,
                   env={**os.environ, "WORLD_SIZE": "3", "RANK": "0"})
