@@ -273,6 +273,13 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
           for (int64_t ip = 0; ip < mc; ip += MR) {
             float* ct = Cb + (i0 + ip) * N + (j0 + jp);
             const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
+            if constexpr (T::L == 16) {
+              // 512-bit tile: the next tile's C lines, fetched for writing while this one runs (a
+              // fresh output is not in cache; prefetches past an edge or C's end are harmless)
+              const float* cn = ip + MR < mc ? ct + MR * N : Cb + i0 * N + (j0 + jp + NR);
+              for (int64_t i = 0; i < MR; ++i)
+                for (int64_t v = 0; v < NR; v += 16) __builtin_prefetch(cn + i * N + v, 1, 3);
+            }
             if (mr == MR && nr == NR) {
               if (T::L == 16 && ip < packed_from)
                 micro_kernel<T, false, true>(kc, Ab + (i0 + ip) + k0 * sak, &bpanels[jp * kc], ct, N, first, sak);
