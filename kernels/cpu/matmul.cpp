@@ -252,9 +252,9 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
         const int64_t kc = std::min(KC, K - k0);
         // 512-bit tile: where A's rows are contiguous across i (sam == 1: the gy^T of a weight
         // gradient), its full MR-row panels [0, packed_from) are read in place (A(i, k) at
-        // Ab[i + k * sak]), not packed: packing them cost 10-25% of those products (strided
-        // 48-byte reads), and the broadcasts find the values in L1 with a software prefetch
-        // (micro_kernel). x86 only, where no exponent check reads the packed A.
+        // Ab[i + k * sak]), not packed: packing them took about 14% of those products' time
+        // (strided 48-byte reads, perf), and the broadcasts find the values in L1 with a
+        // software prefetch (micro_kernel). x86 only, where no exponent check reads the packed A.
         const bool a_in_place = T::L == 16 && !kCheckExponents && sam == 1;
         const int64_t packed_from = a_in_place ? mc / MR * MR : 0;
         if (packed_from < mc)
