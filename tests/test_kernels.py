@@ -400,7 +400,7 @@ def test_matmul_bits(ops, M, N_, K):
 
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize("tb", [False, True])
-@pytest.mark.parametrize("MNK", [(7, 33, 129), (33, 1, 7), (129, 33, 33), (1, 7, 1)])
+@pytest.mark.parametrize("MNK", [(7, 33, 129), (33, 1, 7), (129, 33, 33), (1, 7, 1), (40, 70, 600)])
 def test_matmul_strided_bits(ops, ta, tb, MNK):
     M, N_, K = MNK
     rng = np.random.default_rng(M + N_ + K + 2 * ta + tb)

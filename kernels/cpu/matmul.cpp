@@ -3,7 +3,8 @@
 //
 // Speed comes only from work across output elements: B is packed once per call into panels
 // ([k-block][n-panel][kc][NR], any input strides, so transposed views cost nothing extra) that
-// every thread shares; each task packs its A block, and an MR x NR register tile of accumulators
+// every thread shares; each task packs its A block (the 512-bit tile reads A in place where its
+// rows are contiguous across i, see matmul), and an MR x NR register tile of accumulators
 // is updated with SIMD across j. Threads take disjoint output blocks.
 // Blocking over k carries the running acc through C (load, keep adding), never sums blocks.
 //
@@ -69,14 +70,17 @@ constexpr const char* kPath512 = "x86 AVX-512 (Intel), matmul tile 12x32 (24 acc
 template <class V> inline V load(const float* p) { V v; __builtin_memcpy(&v, p, sizeof(V)); return v; }
 template <class V> inline void store(float* p, V v) { __builtin_memcpy(p, &v, sizeof(V)); }
 
-// acc[MR][NR] (+)= Ap[k][MR] x Bp[k][NR] over k in [0, kc); C tile has row stride ldc.
-// `vector * scalar` broadcasts the scalar without arithmetic; -ffp-contract=off keeps the
-// multiply and the add separate instructions. Products go through rp::mul (contract §3: the
-// plain product on x86, the fix-up on AArch64, the software flush elsewhere) unless Plain,
-// which the caller picks only where no product can come near 2^-126 (see plain_ok).
-template <class T, bool Plain = false>
+// acc[MR][NR] (+)= A x Bp[k][NR] over k in [0, kc), A(i, k) at Ap[k * MR + i] (a packed panel),
+// or with InPlace at Ap[k * lda + i] (the operand itself, its rows contiguous across i); C tile
+// has row stride ldc. `vector * scalar` broadcasts the scalar without arithmetic;
+// -ffp-contract=off keeps the multiply and the add separate instructions. Products go through
+// rp::mul (contract §3: the plain product on x86, the fix-up on AArch64, the software flush
+// elsewhere) unless Plain, which the caller picks only where no product can come near 2^-126
+// (see plain_ok).
+constexpr int64_t kPrefetchK = 8;   // InPlace: A's row kPrefetchK k ahead is fetched into L1
+template <class T, bool Plain = false, bool InPlace = false>
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
-                         float* C, int64_t ldc, bool first) {
+                         float* C, int64_t ldc, bool first, int64_t lda = T::MR) {
   using V = typename T::vec;
   constexpr int64_t MR = T::MR, NR = T::NR, NV = T::NV, L = T::L;
   V acc[MR][NV];
@@ -85,7 +89,10 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
   for (int64_t k = 0; k < kc; ++k) {
     V b[NV];
     for (int v = 0; v < NV; ++v) b[v] = load<V>(Bp + k * NR + v * L);
-    const float* a = Ap + k * MR;
+    const float* a = Ap + k * (InPlace ? lda : MR);
+    // A's rows are lda floats apart: each k step's MR values sit in another line, which the
+    // hardware prefetchers do not fetch in time (without this the broadcasts wait on L1 misses)
+    if constexpr (InPlace) __builtin_prefetch(a + kPrefetchK * lda, 0, 3);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
@@ -147,10 +154,23 @@ void pack(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, floa
 #if defined(RP_MATMUL_512)
 // pack<R> for the 512-bit tile (R = 12 rows of A, 32 columns of B): where each row is contiguous
 // in k (ks == 1, the x and W of x @ W^T), 16 k of up to 16 rows at a time through a 16 x 16
-// transpose in registers (transpose.h), stored as R-wide panel rows; the rest as pack<R>.
+// transpose in registers (transpose.h), stored as R-wide panel rows; where the rows are
+// contiguous across r (rs == 1, the B of gy @ W and of gy^T @ x), k outer and every panel inner,
+// so that each k's values are read once, in order (panel by panel, a stride of ks floats misses
+// L1 on cache-set conflicts and reads each line once per panel); the rest as pack<R>.
 template <int64_t R>
 void pack_wide(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, float* out) {
-  if (ks != 1 || rs == 1) return pack<R>(p, rs, ks, rows, kc, out);
+  if (rs == 1) {
+    const int64_t full = rows / R * R;   // rows in full panels
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = p + k * ks;
+      for (int64_t r0 = 0; r0 < full; r0 += R) std::memcpy(out + r0 * kc + k * R, src + r0, R * sizeof(float));
+      float* last = out + full * kc + k * R;   // the last panel, zero-padded
+      for (int64_t r = 0; full < rows && r < R; ++r) last[r] = full + r < rows ? src[full + r] : 0.0f;
+    }
+    return;
+  }
+  if (ks != 1) return pack<R>(p, rs, ks, rows, kc, out);
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
     const int64_t nr = std::min(R, rows - r0);
     float* panel = out + r0 * kc;
@@ -230,7 +250,16 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       float* Cb = C + b * M * N;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        pack_for<T, MR>(Ab + i0 * sam + k0 * sak, sam, sak, mc, kc, apack);   // A rows
+        // 512-bit tile: where A's rows are contiguous across i (sam == 1: the gy^T of a weight
+        // gradient), its full MR-row panels [0, packed_from) are read in place (A(i, k) at
+        // Ab[i + k * sak]), not packed: packing them took about 14% of those products' time
+        // (strided 48-byte reads, perf), and the broadcasts find the values in L1 with a
+        // software prefetch (micro_kernel). x86 only, where no exponent check reads the packed A.
+        const bool a_in_place = T::L == 16 && !kCheckExponents && sam == 1;
+        const int64_t packed_from = a_in_place ? mc / MR * MR : 0;
+        if (packed_from < mc)
+          pack_for<T, MR>(Ab + (i0 + packed_from) * sam + k0 * sak, sam, sak, mc - packed_from, kc,
+                          apack + packed_from * kc);
         const float* bpanels = Bb + k0 * Npad + j0 * kc;
         const bool first = (k0 == 0);
         const bool plain = kCheckExponents &&
@@ -244,13 +273,24 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
           for (int64_t ip = 0; ip < mc; ip += MR) {
             float* ct = Cb + (i0 + ip) * N + (j0 + jp);
             const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
+            if constexpr (T::L == 16) {
+              // 512-bit tile: the next tile's C lines, fetched for writing while this one runs (a
+              // fresh output is not in cache; prefetches past an edge or C's end are harmless)
+              const float* cn = ip + MR < mc ? ct + MR * N : Cb + i0 * N + (j0 + jp + NR);
+              for (int64_t i = 0; i < MR; ++i)
+                for (int64_t v = 0; v < NR; v += 16) __builtin_prefetch(cn + i * N + v, 1, 3);
+            }
             if (mr == MR && nr == NR) {
-              micro(kc, &apack[ip * kc], &bpanels[jp * kc], ct, N, first);
+              if (T::L == 16 && ip < packed_from)
+                micro_kernel<T, false, true>(kc, Ab + (i0 + ip) + k0 * sak, &bpanels[jp * kc], ct, N, first, sak);
+              else micro(kc, &apack[ip * kc], &bpanels[jp * kc], ct, N, first);
             } else {  // edge tile: run on a full scratch tile, copy the valid part
               for (int64_t i = 0; i < MR; ++i)
                 for (int64_t j = 0; j < NR; ++j)
                   edge[i * NR + j] = (!first && i < mr && j < nr) ? ct[i * N + j] : 0.0f;
-              micro(kc, &apack[ip * kc], &bpanels[jp * kc], edge, NR, first);
+              if (T::L == 16 && ip < packed_from)
+                micro_kernel<T, false, true>(kc, Ab + (i0 + ip) + k0 * sak, &bpanels[jp * kc], edge, NR, first, sak);
+              else micro(kc, &apack[ip * kc], &bpanels[jp * kc], edge, NR, first);
               for (int64_t i = 0; i < mr; ++i)
                 for (int64_t j = 0; j < nr; ++j) ct[i * N + j] = edge[i * NR + j];
             }

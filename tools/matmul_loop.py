@@ -1,0 +1,194 @@
+"""The CPU fp32 matmul (kernels/cpu/matmul.cpp) against another version of itself, in a C++ loop
+around rp_matmul: thread CPU time, no Python and no allocation per call. Both versions are
+compiled into one program with the build's flags (the other one against this checkout's headers)
+and run alternately, product by product, so that a shared machine's load falls on both alike.
+
+    python -m tools.matmul_loop --against 49f534d             # this checkout's matmul.cpp vs 49f534d's
+    python -m tools.matmul_loop --against main --fresh 16     # each call writes one of 16 outputs
+    python -m tools.matmul_loop --against main --only gy.T --rounds 21
+    python -m tools.matmul_loop --against main --width 256    # the 256-bit tile (default: this CPU's)
+
+Products: the default model's 15 (x @ W.T, gy @ W and gy.T @ x of each weight, the operands laid
+out as tools/bench.py's, rows = micro_batch_size x seq_len) and 2048^3. Per product: GFLOP/s of
+each version (its best round), this / the other (best rounds, and the median of the rounds'
+ratios); then the geometric means over the model's products and their fraction of the port limit
+(tools/bench.py's: flop per cycle x the clock measured in this process, after the products). The
+outputs of both versions are compared bit for bit: a difference prints BITS DIFFER and exits 1.
+Needs git and g++. Not a test: run it alone (docs/performance.md, round 3).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+from config import CommandLine
+
+PROG = "python -m tools.matmul_loop"
+
+
+def parser():
+    ap = CommandLine(PROG, "The CPU fp32 matmul against another version of itself (a git revision), in a C++ "
+                     "loop around rp_matmul, thread CPU time.")
+    ap.add_argument("--against", metavar="REV", default="HEAD",
+                    help="the git revision whose kernels/cpu/matmul.cpp is the other version (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=15, metavar="N",
+                    help="alternating rounds of ~15 ms per version and product (default %(default)s)")
+    ap.add_argument("--fresh", type=int, default=1, metavar="N",
+                    help="outputs each version writes in turn: 1 reuses one (in cache), 16 rotates past L2 "
+                         "(default %(default)s)")
+    ap.add_argument("--only", metavar="TEXT", default="", help="only the products whose name contains TEXT")
+    ap.add_argument("--width", type=int, choices=(0, 256, 512), default=0,
+                    help="the matmul tile's vector width in both versions (default %(default)s: this CPU's choice)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import repops  # noqa: E402  (the build's compiler flags)
+from config import Config  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# One program: both versions in their own namespace (their includes are taken first, so the
+# namespaces hold only matmul.cpp's own code); rp_parallel_for runs the whole range on this thread.
+HARNESS = r"""
+#include "kernels.h"
+#include "transpose.h"
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <random>
+#include <vector>
+void rp_parallel_for(int64_t n, int64_t, void (*fn)(void*, int64_t, int64_t), void* ctx) { if (n > 0) fn(ctx, 0, n); }
+namespace other {
+#include "OTHER"
+}
+namespace self {
+#include "SELF"
+}
+struct Product { const char* name; int64_t M, N, K, sam, sak, sbk, sbn, a_size, b_size; bool model; };
+static const Product kProducts[] = { PRODUCTS };
+static double now() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+int main(int argc, char** argv) {
+  const int rounds = atoi(argv[1]), fresh = atoi(argv[2]), width = atoi(argv[3]);
+  const char* only = argv[4];
+  if (other::rp_matmul_select(width) < 0 || self::rp_matmul_select(width) < 0) {
+    fprintf(stderr, "python -m tools.matmul_loop: error: this build has no %d-bit matmul tile\n", width);
+    return 2;
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  double log_other = 0, log_self = 0, log_ratio = 0;
+  int n_model = 0, differ = 0;
+  printf("%-22s %16s %8s %8s %7s %7s\n", "product", "M x N x K", "other", "this", "best", "median");
+  for (const Product& p : kProducts) {
+    if (!strstr(p.name, only)) continue;
+    std::vector<float> A(p.a_size), B(p.b_size);
+    for (float& x : A) x = normal(rng);
+    for (float& x : B) x = normal(rng);
+    std::vector<float> C[2] = {std::vector<float>(fresh * p.M * p.N), std::vector<float>(fresh * p.M * p.N)};
+    const double flop = 2.0 * p.M * p.N * p.K;
+    const int calls = std::max<int64_t>(1, (int64_t)(1.5e9 / flop));   // ~15 ms at 100 GFLOP/s
+    double best[2] = {1e30, 1e30}, last = 0;
+    std::vector<double> ratios;
+    for (int r = 0; r < rounds; ++r)
+      for (int v = 0; v < 2; ++v) {
+        const double t0 = now();
+        for (int i = 0; i < calls; ++i) {
+          float* c = C[v].data() + (i % fresh) * p.M * p.N;
+          if (v == 0) other::rp_matmul(A.data(), 0, p.sam, p.sak, B.data(), 0, p.sbk, p.sbn, c, 1, p.M, p.N, p.K);
+          else self::rp_matmul(A.data(), 0, p.sam, p.sak, B.data(), 0, p.sbk, p.sbn, c, 1, p.M, p.N, p.K);
+        }
+        const double t = (now() - t0) / calls;
+        best[v] = std::min(best[v], t);
+        if (v == 0) last = t; else ratios.push_back(last / t);
+      }
+    std::sort(ratios.begin(), ratios.end());
+    const bool same = memcmp(C[0].data(), C[1].data(), C[0].size() * sizeof(float)) == 0;
+    differ += !same;
+    printf("%-22s %5ldx%5ldx%5ld %8.1f %8.1f %6.3fx %6.3fx%s\n", p.name, (long)p.M, (long)p.N, (long)p.K,
+           flop / best[0] / 1e9, flop / best[1] / 1e9, best[0] / best[1], ratios[ratios.size() / 2],
+           same ? "" : "  BITS DIFFER");
+    if (p.model) {
+      log_other += log(flop / best[0] / 1e9), log_self += log(flop / best[1] / 1e9);
+      log_ratio += log(ratios[ratios.size() / 2]), ++n_model;
+    }
+  }
+  const double hz = self::rp_cpu_clock_hz(), limit = self::rp_matmul_flop_per_cycle() * hz / 1e9;
+  if (n_model) {
+    const double g_other = exp(log_other / n_model), g_self = exp(log_self / n_model);
+    printf("geometric mean over the model's %d products: other %.1f, this %.1f GFLOP/s: this / other %.3fx "
+           "(median of the rounds' ratios %.3fx)\n", n_model, g_other, g_self, g_self / g_other, exp(log_ratio / n_model));
+    if (limit > 0)
+      printf("port limit %.1f GFLOP/s (%.0f flop/cycle x %.2f GHz measured): other %.3f, this %.3f\n", limit,
+             self::rp_matmul_flop_per_cycle(), hz / 1e9, g_other / limit, g_self / limit);
+  }
+  printf("%s: %s\n", differ ? "BITS DIFFER" : "bits equal", self::rp_cpu_path());
+  return differ ? 1 : 0;
+}
+"""
+
+
+def products():
+    """The C++ initializer of the products: the default model's 15 and 2048^3 (name, M, N, K, A's
+    row and k strides, B's k and column strides, element counts of A and B, counted in the mean)."""
+    cfg, vocab = Config(), 256     # the default corpus's vocabulary (python data.py)
+    d, h, rows = cfg.d_model, cfg.d_hidden, cfg.micro_batch_size * cfg.seq_len
+    qkv = (cfg.n_head + 2 * (cfg.n_kv_head or cfg.n_head)) * (d // cfg.n_head)
+    rows_out = []
+    for name, (out_f, in_f) in {"wqkv": (qkv, d), "wo": (d, d), "w_gate_up": (2 * h, d), "w_down": (d, h),
+                                "lm_head": (vocab, d)}.items():
+        # x [rows, in], W [out, in], gy [rows, out], all contiguous; the views as tools/bench.py's
+        rows_out += [(f"{name} x@W.T", rows, out_f, in_f, in_f, 1, 1, in_f, rows * in_f, out_f * in_f, 1),
+                     (f"{name} gy@W", rows, in_f, out_f, out_f, 1, in_f, 1, rows * out_f, out_f * in_f, 1),
+                     (f"{name} gy.T@x", out_f, in_f, rows, 1, out_f, in_f, 1, rows * out_f, rows * in_f, 1)]
+    n = 2048
+    rows_out.append(("square x@W.T", n, n, n, n, 1, 1, n, n * n, n * n, 0))
+    return ", ".join("{" + ", ".join(f'"{v}"' if isinstance(v, str) else str(v) for v in r) + "}" for r in rows_out)
+
+
+def fail(message):
+    """Bad input, or a missing tool: one line and exit 2."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main():
+    args = parser().parse_args()
+    if args.rounds < 1 or args.fresh < 1:
+        fail("--rounds and --fresh must be at least 1")
+    with tempfile.TemporaryDirectory() as tmp:
+        other = os.path.join(tmp, "other_matmul.cpp")
+        shown = subprocess.run(["git", "show", f"{args.against}:kernels/cpu/matmul.cpp"], cwd=ROOT,
+                               capture_output=True, text=True)
+        if shown.returncode != 0:
+            fail(f"git show {args.against}:kernels/cpu/matmul.cpp: {(shown.stderr.strip().splitlines() or ['failed'])[0]}")
+        with open(other, "w") as f:
+            f.write(shown.stdout)
+        source, program = os.path.join(tmp, "loop.cpp"), os.path.join(tmp, "loop")
+        with open(source, "w") as f:
+            f.write(HARNESS.replace("OTHER", other).replace("SELF", os.path.join(ROOT, "kernels", "cpu", "matmul.cpp"))
+                    .replace("PRODUCTS", products()))
+        cxx = os.environ.get("CXX", "g++")
+        try:
+            built = subprocess.run([cxx, *repops.CPU_FLAGS, "-I", os.path.join(ROOT, "kernels", "cpu"),
+                                    "-I", os.path.join(ROOT, "kernels", "common"), source, "-o", program],
+                                   capture_output=True, text=True)
+        except FileNotFoundError:
+            fail(f"no C++ compiler {cxx!r} (set CXX)")
+        if built.returncode != 0:
+            fail(f"{cxx} could not build the two versions together: "
+                 f"{(built.stderr.strip().splitlines() or ['failed'])[0]}")
+        print(f"this checkout's kernels/cpu/matmul.cpp against {args.against}'s; thread CPU time, best of "
+              f"{args.rounds} alternating rounds, {args.fresh} output(s) per version; GFLOP/s", flush=True)
+        sys.exit(subprocess.run([program, str(args.rounds), str(args.fresh), str(args.width), args.only]).returncode)
+
+
+if __name__ == "__main__":
+    main()
