@@ -322,8 +322,10 @@ class Audit:
             except rundir.CheckpointError as e:
                 raise UsageError(str(e)) from None
             self.bytes_read += os.path.getsize(path)
+            if role == "start":
+                start = step
             if role == "start" or (step == 0 and imported):
-                kept[step], start = tensors, step if role == "start" else start
+                kept[step] = tensors
         return kept
 
     def check_genesis(self, initial=None):
@@ -349,9 +351,11 @@ class Audit:
             self.find(0, f"config.json disagrees with the genesis record on {key}")
         return state
 
-    def replay(self, first, last, around=None):
+    def replay(self, first, last, around=None, receipt=True):
         """Audit steps first..last; findings accumulate in self.findings (empty: MATCH).
-        around(step): a context manager each replayed step runs in (audit.py --trace: traced)."""
+        around(step): a context manager each replayed step runs in (audit.py --trace: traced).
+        receipt: step `last` is proved for its receipt (self.receipt): its post-step state is
+        keyed by grad_root, one more pass over the state where no salt asked for it."""
         last_ok = self.steps(first, last)
         if last_ok < 0:
             return
@@ -365,7 +369,8 @@ class Audit:
         del verified
         records = self.run.chain.records
         try:
-            for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of, around):
+            for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of, around,
+                                                             proved=last if receipt else None):
                 pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
                 self.replayed[step] = (record["state_hash"], fields["grad_root"].result(), fields["result_root"],
                                        pieces and [w.hex() for w in pieces.witness_digests])
@@ -388,6 +393,7 @@ class Audit:
         if step not in self.replayed or self.state.step != step:
             return None
         state_hash, grad_root, result_root, witnesses = self.replayed[step]
+        assert result_root is not None, "replay(..., receipt=True) proves the step a receipt is made of"
         findings = [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]
         if witnesses is not None:               # a run with unit commitments: repops-receipt-v3
             proof = {"state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
@@ -440,7 +446,7 @@ def replay_command(args):
     records = audit.run.chain.records
     last = audit.run.chain.lines - 1 if last is None else last       # --all
     audit.replay(first, last, args.trace and (lambda s: traced(args.trace, s, records[s]) if s == last
-                                              else contextlib.nullcontext()))
+                                              else contextlib.nullcontext()), receipt=args.receipt is not None)
     for note in audit.notes:
         print(f"note: {note}")
     for step, message in sorted(audit.findings, key=lambda f: f[0]):

@@ -394,14 +394,14 @@ def genesis(cfg, data, init=None, initial=None, secret=None):
     return state, genesis_record(state, data, cfg, secret, init=init), problem
 
 
-def replay(state, data, cfg, upto, salt_of, around=None):
+def replay(state, data, cfg, upto, salt_of, around=None, proved=None):
     """Take steps state.step+1 .. upto again as the trainer took them (train_step), yielding
     (step, record, fields) for each: record is step_record's, with step_commit (and units_root)
     where salt_of(step) knows the step's salt (the publisher's secret or a revealed salt), else
     without them. fields["result_root"]: the post-step state keyed by grad_root, which a
     commitment and a receipt need (a pass over the state: made where the salt is known, and for
-    step `upto`, the one a receipt proves). around(step): a context manager the step runs in
-    (a trace), or None."""
+    step `proved`, the one a receipt proves; else None). around(step): a context manager the
+    step runs in (a trace), or None."""
     while state.step < upto:
         step = state.step + 1
         with around(step) if around else contextlib.nullcontext():
@@ -409,7 +409,7 @@ def replay(state, data, cfg, upto, salt_of, around=None):
         salt = salt_of(step)
         root, leaves = state.hash()
         result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
-                       if salt or step == upto else None)
+                       if salt or step == proved else None)
         record = step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt)
         yield step, record, {**fields, "result_root": result_root}
 

@@ -385,7 +385,8 @@ class Publisher:
     def __init__(self, run_dir, data_dir=None, device="cpu"):
         self.run = rundir.Run(run_dir)
         self.run.chain.verify()
-        self.cfg = resolve(self.run.replay_config(device), self.run.vocab_size)
+        # in memory, as a plain replay (an offloaded trainer's choice would refuse --device cuda)
+        self.cfg = resolve(self.run.replay_config(device, recompute=False, offload=False), self.run.vocab_size)
         self.data_dir = data_dir or self.run.recorded_data_dir()
         self.device = device
         self._corpus = None
