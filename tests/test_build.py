@@ -40,19 +40,34 @@ def test_build_flags_switch_contraction_off():
         assert "--fmad=false" in cuda and "-ftz=true" in cuda and "--use_fast_math" not in cuda, rules["cuda_cflags"]
 
 
-def test_a_stopped_build_leaves_no_lock_that_hangs_the_next():
+def test_a_stopped_build_leaves_no_lock_that_hangs_the_next(tmp_path, capsys):
     """torch's build lock (the file `lock` in the build directory), left behind by a build that
-    was killed, is removed by the next load (repops.build_lock) instead of hanging it."""
+    was killed, is removed under repops.build_lock instead of hanging the next build. Checked on
+    a directory of its own: the shared build directory is in use by the suite's other processes."""
+    import repops
+    (tmp_path / "lock").write_text("")
+    with repops.build_lock(str(tmp_path)):
+        assert not (tmp_path / "lock").exists()
+    assert capsys.readouterr().err == f"repops: removed {tmp_path / 'lock'}, left by a kernel build that was stopped\n"
+    with repops.build_lock(str(tmp_path)):          # nothing left behind: nothing to say
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_the_kernel_build_holds_the_build_lock():
+    """repops.load() builds (or checks the build) inside build_lock on its build directory."""
     import repops
     name = "repops_cuda" if repops.HAS_CUDA else "repops_cpu"
-    repops.load()                                   # the build exists: the next load only checks it
-    lock = os.path.join(ROOT, "build", f"{name}_{repops._cpu_isa_tag()}", "lock")
-    open(lock, "w").close()
-    try:
-        proc = run_process([sys.executable, "-c", "import repops; repops.load()"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)
-    finally:
-        if os.path.exists(lock):
-            os.remove(lock)                         # never left for the rest of the suite
+    spy = ("import contextlib, repops\n"
+           "real, seen = repops.build_lock, []\n"
+           "@contextlib.contextmanager\n"
+           "def spied(d):\n"
+           "    with real(d):\n"
+           "        seen.append(d)\n"
+           "        yield\n"
+           "repops.build_lock = spied\n"
+           "repops.load()\n"
+           "print(seen)\n")
+    proc = run_process([sys.executable, "-c", spy], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert f"repops: removed {lock}" in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == repr([os.path.join(ROOT, "build", f"{name}_{repops._cpu_isa_tag()}")]), proc.stdout
