@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "transpose.h"
+
 namespace {
 
 // GCC vectorizes loops with 256-bit vectors on Intel AVX-512 CPUs unless told otherwise; these
@@ -36,8 +38,8 @@ namespace {
 
 constexpr int kMod = 8;
 constexpr uint32_t kP[kMod] = {255, 253, 251, 247, 241, 239, 233, 229};  // odd, pairwise coprime
-constexpr uint64_t kProduct = 12292429416557426565ull;                   // prod(kP) < 2^64
-constexpr uint64_t kHalf = (kProduct - 1) / 2;                           // C' in [-kHalf, kHalf]
+static_assert(uint64_t(kP[0]) * kP[1] * kP[2] * kP[3] * kP[4] * kP[5] * kP[6] * kP[7] == 12292429416557426565ull,
+              "P = prod(p) < 2^64; |C'| <= 2^62 < (P - 1) / 2");
 constexpr int64_t kChunk = 131072;  // k per residue GEMM: 131072 * 127^2 < 2^31 (contract §10)
 // The AMX path computes the eight residue GEMMs block by block (no residue sums in memory) up to
 // this K; beyond it each block's eight passes over K stream more than L2 holds, and eight separate
@@ -88,22 +90,73 @@ inline int beta_of(int64_t K) {
   return (62 - c) / 2;
 }
 
+typedef uint32_t u32v __attribute__((vector_size(64)));
+typedef int32_t i32v __attribute__((vector_size(64)));
+typedef float f32v __attribute__((vector_size(64)));
+typedef uint32_t u32h __attribute__((vector_size(32)));   // half a vector: 8 lanes
+typedef int32_t i32h __attribute__((vector_size(32)));
+typedef float f32h __attribute__((vector_size(32)));
+typedef uint64_t u64h __attribute__((vector_size(64)));
+typedef int64_t i64h __attribute__((vector_size(64)));
+typedef int8_t i8q __attribute__((vector_size(16)));
+constexpr int64_t kV = 16;   // lanes per vector
+
+// Residues are computed on small integers held in float32 lanes (x86 has no 32-bit vector
+// multiply-high, so an integer % by a constant costs several times as much): the split's residues
+// of each q, and the reconstruction's residues and Garner digits. Every value is an integer below
+// 2^24, so their products, sums and differences are exact, fused or not; only the quotient
+// estimate y = x * fl(1/p) is rounded:
+//   near(x) = x - p * round(y), round(y) = (y + 1.5 * 2^23) - 1.5 * 2^23 (nearest, |y| < 2^22).
+// fl(1/p) is within 2^-32 of 1/p (p in (128, 256)), and x / p is an integer or at least
+// 1/(2p) > 2^-9 from a half-integer (p odd). So near(x) is congruent to x mod p, and:
+//   - |x| < 2^23 (an int32 folded: x = (R >> 16) (2^16 mod p) + (R & 0xFFFF), congruent to R):
+//     y is within 2^-9 (its rounding) + 2^-9 (fl(1/p)) of x / p, so round(y) may be one off the
+//     nearest integer and |near(x)| < 3p/2;
+//   - |x| < 2^20 (a Garner sum, or near of the above): y is within 2^-13 + 2^-12 < 2^-9 of x / p,
+//     so near(x) is the representative in [-(p-1)/2, (p-1)/2].
+// mul_add: a * b + c, one instruction with AVX-512.
+inline f32v mul_add(f32v a, float b, f32v c) {
+#if defined(__AVX512F__)
+  return (f32v)_mm512_fmadd_ps((__m512)a, _mm512_set1_ps(b), (__m512)c);
+#else
+  return a * b + c;
+#endif
+}
+
+// near(x) for modulus p_t, x in float32 lanes.
+template <int t>
+inline f32v near(f32v x) {
+  constexpr float p = float(kP[t]), inv = 1.0f / float(kP[t]), kRound = 12582912.0f;   // 1.5 * 2^23
+  const f32v q = mul_add(x, inv, f32v{} + kRound) - kRound;
+  return mul_add(q, -p, x);
+}
+
 // The row exponent (max biased exponent of the finite nonzero values, 0 if none; subnormals read
 // as zero) and whether the row holds a NaN or infinity.
-// Two max reductions that GCC vectorizes: of E (255 = non-finite) and of (E + 1) mod 256, which
+// Two max reductions: of E (255 = non-finite) and of (E + 1) mod 256, which
 // sends 255 to 0 and keeps the order of 0..254, so that its maximum less one is the max finite E
-// (zeros and subnormals, E = 0, count as 0). The bits go through a uint32 block (a loop over uint32
-// words vectorizes; one that reinterprets each float does not).
-RP_WIDE_VECTORS inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
-  uint32_t eall = 0, eplus = 0, u[256];
-  for (int64_t k0 = 0; k0 < K; k0 += 256) {
-    const int64_t n = std::min<int64_t>(256, K - k0);
-    std::memcpy(u, x + k0, n * sizeof(uint32_t));
-    for (int64_t k = 0; k < n; ++k) {
-      const uint32_t E = (u[k] >> 23) & 0xFF, F = (E + 1) & 0xFF;
-      eall = eall > E ? eall : E;
-      eplus = eplus > F ? eplus : F;
-    }
+// (zeros and subnormals, E = 0, count as 0), in vectors of uint32 words.
+inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
+  u32v vall = {}, vplus = {};
+  int64_t k = 0;
+  for (; k + kV <= K; k += kV) {
+    u32v u;
+    std::memcpy(&u, x + k, sizeof(u));
+    const u32v E = (u >> 23) & 0xFF, F = (E + 1) & 0xFF;
+    vall = vall > E ? vall : E;
+    vplus = vplus > F ? vplus : F;
+  }
+  uint32_t eall = 0, eplus = 0;
+  for (int l = 0; l < kV; ++l) {
+    eall = std::max(eall, vall[l]);
+    eplus = std::max(eplus, vplus[l]);
+  }
+  for (; k < K; ++k) {
+    uint32_t u;
+    std::memcpy(&u, x + k, sizeof(u));
+    const uint32_t E = (u >> 23) & 0xFF, F = (E + 1) & 0xFF;
+    eall = std::max(eall, E);
+    eplus = std::max(eplus, F);
   }
   *e = eplus ? (int32_t)eplus - 1 : 0;
   *bad = eall == 255;
@@ -116,9 +169,12 @@ RP_WIDE_VECTORS inline void row_exponent(const float* x, int64_t K, int32_t* e, 
 constexpr int64_t kSplit = 256;
 RP_WIDE_VECTORS inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int beta, int8_t* const* planes) {
   uint32_t q[kSplit], neg[kSplit], bits[kSplit];
-  for (int64_t b = 0; b < kc; b += kSplit) {
-    const int64_t n = std::min(kSplit, kc - b);
-    std::memcpy(bits, x + k0 + b, n * sizeof(uint32_t));   // (a loop over uint32 words vectorizes)
+  for (int64_t b0 = 0; b0 < kc; b0 += kSplit) {
+    const int64_t n = std::min(kSplit, kc - b0);
+    if (n == kSplit)   // (a loop over uint32 words vectorizes; a fixed-size copy is inlined)
+      std::memcpy(bits, x + k0 + b0, kSplit * sizeof(uint32_t));
+    else
+      std::memcpy(bits, x + k0 + b0, n * sizeof(uint32_t));
     for (int64_t k = 0; k < n; ++k) {
       const uint32_t u = bits[k];
       const int32_t E = (int32_t)((u >> 23) & 0xFF);
@@ -130,38 +186,49 @@ RP_WIDE_VECTORS inline void split_row(const float* x, int64_t k0, int64_t kc, in
       q[k] = sh <= 0 ? left : right;
       neg[k] = u >> 31;
     }
-    each_mod([&](auto t) {
-      constexpr int32_t p = (int32_t)kP[t];
-      int8_t* out = planes[t] + b;
-      for (int64_t k = 0; k < n; ++k) {
-        const int32_t r0 = (int32_t)(q[k] % (uint32_t)p);
-        const int32_t r1 = r0 > p / 2 ? r0 - p : r0;
-        out[k] = (int8_t)(neg[k] ? -r1 : r1);
-      }
-    });
+    // the residues in float32 lanes (near, above): with q = a 2^20 + b 2^10 + c (a <= 2^11, b and c
+    // below 2^10), x = +-(a (2^20 mod p) + b (2^10 mod p) + c) is congruent to +-q and below 2^20 in
+    // magnitude, so near(x) is the representative in [-(p-1)/2, (p-1)/2]
+    for (int64_t k = n; k % kV; ++k) q[k] = neg[k] = 0;   // the last vector's lanes past n
+    for (int64_t k = 0; k < n; k += kV) {
+      u32v qv, nv;
+      std::memcpy(&qv, q + k, sizeof(qv));
+      std::memcpy(&nv, neg + k, sizeof(nv));
+      const f32v sign = nv ? f32v{} - 1.0f : f32v{} + 1.0f;
+      const f32v a = __builtin_convertvector(qv >> 20, f32v) * sign,
+                 b = __builtin_convertvector((qv >> 10) & 0x3FF, f32v) * sign,
+                 c = __builtin_convertvector(qv & 0x3FF, f32v) * sign;
+      each_mod([&](auto t) {
+        constexpr float f20 = float((uint32_t(1) << 20) % kP[t]), f10 = float((uint32_t(1) << 10) % kP[t]);
+        const i8q r = __builtin_convertvector(__builtin_convertvector(near<t>(mul_add(a, f20, mul_add(b, f10, c))), i32v), i8q);
+        if (n - k >= kV)
+          std::memcpy(planes[t] + b0 + k, &r, kV);
+        else
+          std::memcpy(planes[t] + b0 + k, &r, n - k);
+      });
+    }
   }
 }
 
 // The reconstruction (§11 steps 6-7) of 64 outputs at once, from their eight residue sums
-// res[t * stride + l] (any integers congruent to C' mod p_t), their exponents ex[l] and bad flags
-// bad[l], to f[l] (float bits), lane l < 64, in vectors of 16 uint32 lanes (GCC/Clang vector
-// extensions; a % by a constant compiles to multiplies and shifts): the residues u_t in [0, p_t);
-// Garner's digits v_t = (sum_{s<=t} x_s coef[t][s]) mod p_t (sums < 2^19); the halves
-// Z = v_0 + p_0 (v_1 + p_1 (v_2 + p_2 v_3)) < p_0 p_1 p_2 p_3 < 2^32 and
-// Y = v_4 + p_4 (v_5 + p_5 (v_6 + p_6 v_7)) < 2^32, so X = Z + p_0 p_1 p_2 p_3 Y (uint64, < P) is
-// step 6's nesting; then C' and its rounding. Each digit waits on the one before (multiplies and
-// reductions, tens of cycles), so the four vectors' chains run interleaved.
-typedef uint32_t u32v __attribute__((vector_size(64)));
-typedef int32_t i32v __attribute__((vector_size(64)));
-typedef uint32_t u32h __attribute__((vector_size(32)));   // half a vector: 8 lanes
-typedef int32_t i32h __attribute__((vector_size(32)));
-typedef float f32h __attribute__((vector_size(32)));
-typedef uint64_t u64h __attribute__((vector_size(64)));
-typedef int64_t i64h __attribute__((vector_size(64)));
-constexpr int64_t kV = 16, kGroups = 4, kBlock = kV * kGroups;   // lanes per vector, vectors, outputs
-constexpr uint64_t kP0123 = uint64_t(kP[0]) * kP[1] * kP[2] * kP[3];
-static_assert(kP0123 < (uint64_t(1) << 32) && uint64_t(kP[4]) * kP[5] * kP[6] * kP[7] < (uint64_t(1) << 32),
-              "Z and Y fit uint32");
+// res[t * stride + l] (any int32 congruent to C' mod p_t), their exponents ex[l] and bad flags
+// bad[l], to f[l] (float bits), lane l < 64, in vectors of 16 lanes (GCC/Clang vector extensions),
+// two vectors' chains interleaved (each digit waits on the one before).
+//
+// Garner's algorithm with symmetric digits: v_t = (u_t - sum_{s<t} v_s P_s) Q_t (P_s = p_0 ...
+// p_{s-1}, Q_t = P_t^-1 mod p_t) taken in [-(p_t-1)/2, (p_t-1)/2] makes X = sum_t v_t P_t
+// congruent to C' mod every p_t with |X| <= sum_t (p_t-1)/2 P_t = (P-1)/2 = H, so X = C' itself
+// (the same C' as step 6's digits in [0, p_t) and X - P above H). In one reduction per digit:
+// v_t = (sum_{s<=t} x_s coef[t][s]) mod p_t, x_t = u_t, x_s = v_s (s < t), coef[t][t] = Q_t,
+// coef[t][s] = (-P_s Q_t) mod p_t. In float32 lanes (near, above): u_t = near(R_t, folded unless
+// small), |u_t| < 3p/2 < 383, and the sum is below 383 * 254 + 7 * 127 * 254 < 2^20, so
+// v_t = near(sum). Then Z = v_0 + p_0 v_1 + p_0 p_1 (v_2 + p_2 v_3) and the same Y of v_4..v_7, both
+// below 2^31 in magnitude (int32; the inner sums below 2^15, exact in float32), and
+// C' = Z + p_0 p_1 p_2 p_3 Y in int64; then its rounding.
+constexpr int64_t kGroups = 4, kBlock = kV * kGroups;   // vectors, outputs
+constexpr int64_t kP0123 = int64_t(kP[0]) * kP[1] * kP[2] * kP[3];
+static_assert(kP0123 / 2 < (int64_t(1) << 31) && int64_t(kP[4]) * kP[5] * kP[6] * kP[7] / 2 < (int64_t(1) << 31),
+              "Z and Y fit int32");
 
 // §11 step 7 on 8 lanes: the integers c times 2^ex rounded to float32 once, as bit patterns.
 // (float)c is the int64 -> float32 conversion, correctly rounded to nearest even (IEEE; the
@@ -177,37 +244,45 @@ inline u32h to_float_bits(i64h c, i32h ex) {
   return __builtin_convertvector(c == 0, i32h) ? u32h{} : f;     // C' = 0: +0.0
 }
 
+// small: every residue sum is below 2^24 in magnitude (K <= 1040: K * 127^2 < 2^24), so it
+// converts to float32 exactly without the fold.
+template <bool small>
 __attribute__((flatten)) inline void reconstruct64(const int32_t* res, int64_t stride, const int32_t* ex,
                                                   const uint8_t* bad, uint32_t* f) {
-  u32v v[kMod][kGroups];
-  each_mod([&](auto t) {
-    constexpr int32_t p = (int32_t)kP[t];
-    for (int g = 0; g < kGroups; ++g) {
-      i32v r;
-      std::memcpy(&r, res + t * stride + kV * g, sizeof(r));
-      r = r % p;
-      r += (r < 0) & p;                                                  // in [0, p)
-      u32v acc = (u32v)r * kGarner.coef[t][t];
-      each_mod([&](auto s) {
-        if constexpr (s < t) acc += v[s][g] * kGarner.coef[t][s];
-      });
-      v[t][g] = acc % (uint32_t)p;
-    }
-  });
-  for (int g = 0; g < kGroups; ++g) {
-    const u32v Z = v[0][g] + kP[0] * (v[1][g] + kP[1] * (v[2][g] + kP[2] * v[3][g]));
-    const u32v Y = v[4][g] + kP[4] * (v[5][g] + kP[5] * (v[6][g] + kP[6] * v[7][g]));
-    for (int h = 0; h < 2; ++h) {
-      const int64_t l = kV * g + 8 * h;
-      u32h z, y;
-      i32h e;
-      std::memcpy(&z, reinterpret_cast<const uint32_t*>(&Z) + 8 * h, sizeof(z));
-      std::memcpy(&y, reinterpret_cast<const uint32_t*>(&Y) + 8 * h, sizeof(y));
-      std::memcpy(&e, ex + l, sizeof(e));
-      const u64h X = __builtin_convertvector(z, u64h) + kP0123 * __builtin_convertvector(y, u64h);   // < kProduct
-      const i64h c = (i64h)(X > kHalf ? X - kProduct : X);                                          // wraps to C' < 0
-      const u32h b = to_float_bits(c, e);
-      std::memcpy(f + l, &b, sizeof(b));
+  constexpr int kPair = 2;
+  for (int g0 = 0; g0 < kGroups; g0 += kPair) {
+    f32v v[kMod][kPair];
+    each_mod([&](auto t) {
+      constexpr float fold = float((uint32_t(1) << 16) % kP[t]);   // 2^16 mod p
+      for (int g = 0; g < kPair; ++g) {
+        i32v r;
+        std::memcpy(&r, res + t * stride + kV * (g0 + g), sizeof(r));
+        const f32v x = small ? __builtin_convertvector(r, f32v)
+                             : mul_add(__builtin_convertvector(r >> 16, f32v), fold,
+                                       __builtin_convertvector(r & 0xFFFF, f32v));
+        f32v acc = near<t>(x) * float(kGarner.coef[t][t]);
+        each_mod([&](auto s) {
+          if constexpr (s < t) acc = mul_add(v[s][g], float(kGarner.coef[t][s]), acc);
+        });
+        v[t][g] = near<t>(acc);
+      }
+    });
+    constexpr int32_t kP01 = kP[0] * kP[1], kP45 = kP[4] * kP[5];
+    for (int g = 0; g < kPair; ++g) {
+      const i32v Z = __builtin_convertvector(mul_add(v[1][g], float(kP[0]), v[0][g]), i32v) +
+                     kP01 * __builtin_convertvector(mul_add(v[3][g], float(kP[2]), v[2][g]), i32v);
+      const i32v Y = __builtin_convertvector(mul_add(v[5][g], float(kP[4]), v[4][g]), i32v) +
+                     kP45 * __builtin_convertvector(mul_add(v[7][g], float(kP[6]), v[6][g]), i32v);
+      for (int h = 0; h < 2; ++h) {
+        const int64_t l = kV * (g0 + g) + 8 * h;
+        i32h z, y, e;
+        std::memcpy(&z, reinterpret_cast<const int32_t*>(&Z) + 8 * h, sizeof(z));
+        std::memcpy(&y, reinterpret_cast<const int32_t*>(&Y) + 8 * h, sizeof(y));
+        std::memcpy(&e, ex + l, sizeof(e));
+        const i64h c = __builtin_convertvector(z, i64h) + kP0123 * __builtin_convertvector(y, i64h);   // C'
+        const u32h b = to_float_bits(c, e);
+        std::memcpy(f + l, &b, sizeof(b));
+      }
     }
   }
   for (int64_t l = 0; l < kBlock; ++l) f[l] = bad[l] ? 0x7FC00000u : f[l];
@@ -230,7 +305,7 @@ inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t 
     res = r;
     stride = kBlock;
   }
-  reconstruct64(res, stride, ex, bad, f);
+  reconstruct64<false>(res, stride, ex, bad, f);
   std::memcpy(out, f, sizeof(uint32_t) * nj);
 }
 
@@ -242,7 +317,7 @@ void split_rows(const float* x, int64_t K, int64_t k0, int64_t kc, const int32_t
     int8_t* p[kMod];
     for (int t = 0; t < kMod; ++t) {
       p[t] = planes + (t * rows + r) * ld;
-      std::memset(p[t] + kc, 0, ld - kc);
+      if (ld > kc) std::memset(p[t] + kc, 0, ld - kc);
     }
     split_row(x + r * K, k0, kc, e[r], beta, p);
   }
@@ -265,6 +340,30 @@ Buffers& buffers() {
 }  // namespace
 
 int rp_exact_beta(int64_t K) { return beta_of(K); }
+
+// In 16 x 16 blocks (a register transpose with AVX-512), rows of blocks in parallel.
+void rp_transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t B = 16;
+  rp::parallel_for((rows + B - 1) / B, 4, [&](int64_t b, int64_t e) {
+    for (int64_t i0 = b * B; i0 < std::min(rows, e * B); i0 += B) {
+      const int64_t ni = std::min(B, rows - i0);
+      for (int64_t j0 = 0; j0 < cols; j0 += B) {
+        const int64_t nj = std::min(B, cols - j0);
+#if defined(__AVX512F__)
+        if (ni == B && nj == B) {
+          __m512i r[B];
+          for (int64_t i = 0; i < B; ++i) r[i] = _mm512_loadu_si512(src + (i0 + i) * cols + j0);
+          rp::transpose16(r);
+          for (int64_t j = 0; j < B; ++j) _mm512_storeu_si512(dst + (j0 + j) * rows + i0, r[j]);
+          continue;
+        }
+#endif
+        for (int64_t j = 0; j < nj; ++j)
+          for (int64_t i = 0; i < ni; ++i) dst[(j0 + j) * rows + i0 + i] = src[(i0 + i) * cols + j0 + j];
+      }
+    }
+  });
+}
 
 void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad) {
   rp::parallel_for(rows, 16, [&](int64_t b, int64_t end) {
@@ -338,19 +437,31 @@ void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int
     }
     // a block's rows in pairs: rows i and i + 1 of the [32][32] sums are 64 consecutive lanes
     const auto finish = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles, int64_t ldt) {
-      int32_t ex[kBlock] = {};
-      uint8_t bad[kBlock] = {};
+      constexpr int64_t kHalfBlock = kBlock / 2;   // ldt: a row of the sums is half a block
+      int32_t colex[kHalfBlock] = {}, ex[kBlock];
+      uint8_t colbad[kHalfBlock] = {}, bad[kBlock];
       uint32_t f[kBlock];
+      for (int64_t j = 0; j < nr; ++j) {
+        colex[j] = exb[j0 + j];
+        colbad[j] = bad_b[j0 + j];
+      }
       for (int64_t i = 0; i < mr; i += 2) {
-        for (int64_t h = 0; h < 2 && i + h < mr; ++h) {
-          const int64_t r = i0 + bi + i + h;
-          for (int64_t j = 0; j < nr; ++j) {
-            ex[h * ldt + j] = ea[r] - 126 - beta + exb[j0 + j];
-            bad[h * ldt + j] = bad_a[r] || bad_b[j0 + j];
+        for (int64_t h = 0; h < 2; ++h) {   // past mr: a row of zero sums, not stored
+          const int64_t r = i0 + bi + std::min(i + h, mr - 1);
+          const int32_t rowex = ea[r] - 126 - beta;
+          const uint8_t rowbad = bad_a[r];
+          for (int64_t j = 0; j < kHalfBlock; ++j) {
+            ex[h * kHalfBlock + j] = rowex + colex[j];
+            bad[h * kHalfBlock + j] = rowbad | colbad[j];
           }
         }
-        reconstruct64(tiles + i * ldt, 32 * ldt, ex, bad, f);
-        for (int64_t h = 0; h < 2 && i + h < mr; ++h) std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * nr);
+        reconstruct64<true>(tiles + i * ldt, 32 * ldt, ex, bad, f);
+        for (int64_t h = 0; h < 2 && i + h < mr; ++h) {   // (a whole row of the block: a fixed-size copy)
+          if (nr == kHalfBlock)
+            std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * kHalfBlock);
+          else
+            std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * nr);
+        }
       }
     };
     rp_amx_gemm(pa, Kp, m * Kp, bp, m, N, K, kMod, nullptr,
@@ -369,7 +480,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
   if (M == 0 || N == 0) return;
   // AMX from K = 64 (a tile row's k): below it the tiles would multiply padding (QK^T's K = 32 ran
   // faster on VNNI, tools/exact_bench, 2026-12-01).
-  if (rp_int8_uses_amx() && K >= 64 && K <= kChunk)
+  if (rp_int8_uses_amx() && K >= 1 && K <= kChunk)
     return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).

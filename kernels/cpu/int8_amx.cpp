@@ -188,8 +188,10 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
   _tile_loadconfig(&cfg);
   const int64_t M = job.M, N = job.N, Kp = job.Kp, NCT = job.nc, K = std::min(job.K, job.lda);
   const int64_t kpass = std::min(KC, Kp), ntm = (M + MC - 1) / MC;
-  std::vector<int8_t> apack_buf;
-  std::vector<int32_t> ct_buf;
+  // the thread's A block and partial sums, kept between calls (1-2 MB: no allocation, page faults
+  // or clearing per call); every byte read is written first (pack_a, tiles_store)
+  static thread_local std::vector<int8_t> apack_buf;
+  static thread_local std::vector<int32_t> ct_buf;
   int8_t* apack = rp_aligned64(apack_buf, BM * kpass);
   int32_t* ct = rp_aligned64(ct_buf, (NCT / BN) * job.nmat * BM * BN);
   for (int64_t t = t0; t < t1; ++t) {
@@ -240,23 +242,18 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
 // Panel p (columns [16p, 16p + 16)) of one matrix, k >= K zero, columns >= N zero; B: its
 // column 16p (row j of B at B + (j - 16p) * ldb). The tile of k-step s (k in [64 s, 64 s + 64):
 // [16 groups of 4 k][16 columns][4]) goes to out + s * 2048 (out: the panel's half of its pair,
-// rp_amx_pack_b). Whole 16 x 64-byte chunks (16 rows, 64 k) are a 16 x 16 transpose of 4-byte
-// words in AVX-512 registers (transpose.h); the rest (the last rows or k) byte by byte.
-__attribute__((target("avx512f"))) void pack_panel(const int8_t* B, int64_t ldb, int64_t N, int64_t K, int64_t Kp,
-                                                   int64_t p, uint8_t* out) {
+// rp_amx_pack_b). Each 16 x 64-byte chunk (16 rows, 64 k) is a 16 x 16 transpose of 4-byte words
+// in AVX-512 registers (transpose.h), the bytes past K and the rows past N loaded as zeros.
+__attribute__((target("avx512f,avx512bw"))) void pack_panel(const int8_t* B, int64_t ldb, int64_t N, int64_t K,
+                                                              int64_t Kp, int64_t p, uint8_t* out) {
   const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(16, N - 16 * p));
-  const int64_t kvec = rows == 16 ? K / 64 * 64 : 0;
-  for (int64_t k0 = 0; k0 < kvec; k0 += 64) {
+  for (int64_t k0 = 0; k0 < Kp; k0 += 64) {   // the last k step's bytes past K, and rows past N, read as 0
+    const __mmask64 mask = K - k0 >= 64 ? ~__mmask64(0) : (__mmask64(1) << (K - k0)) - 1;
     __m512i r[16];
-    for (int n = 0; n < 16; ++n) r[n] = _mm512_loadu_si512(B + n * ldb + k0);
+    for (int n = 0; n < 16; ++n)
+      r[n] = n < rows ? _mm512_maskz_loadu_epi8(mask, B + n * ldb + k0) : _mm512_setzero_si512();
     rp::transpose16(r);
     for (int g = 0; g < 16; ++g) _mm512_storeu_si512(out + (k0 / 64) * 2 * TILE + g * 64, r[g]);   // r[g]: word g of rows 0-15
-  }
-  for (int64_t n = 0; n < 16; ++n) {
-    uint8_t* o = out + n * 4;
-    for (int64_t g = kvec / 4; g < Kp / 4; ++g)
-      for (int64_t u = 0; u < 4; ++u)
-        o[(g / 16) * 2 * TILE + (g % 16) * 64 + u] = n < rows && 4 * g + u < K ? (uint8_t)B[n * ldb + 4 * g + u] : 0;
   }
 }
 

@@ -116,11 +116,13 @@ bool rp_int8_uses_amx();   // the path now in use is AMX-INT8
 // tiles holding nmat blocks [32][32] one after the other; with nmat = 1 and direct (the output
 // [M, N]) given, full 32 x 32 blocks are stored there instead. A needs lda >= K only (its blocks
 // are copied into tile order, zero past K).
-// n elements of v at a 64-byte boundary (v resized to n plus a cache line): AMX reads and writes
-// tile rows of 64 bytes, and a row that straddles two cache lines costs two accesses.
+// n elements of v at a 64-byte boundary (v grown to n plus a cache line, never shrunk: a buffer
+// kept between calls is not cleared again for each smaller product; its contents are undefined):
+// AMX reads and writes tile rows of 64 bytes, and a row that straddles two cache lines costs two
+// accesses.
 template <class T>
 inline T* rp_aligned64(std::vector<T>& v, size_t n) {
-  v.resize(n + 64 / sizeof(T));
+  if (v.size() < n + 64 / sizeof(T)) v.resize(n + 64 / sizeof(T));
   return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
 }
 typedef void (*RpTileFinish)(void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles,
@@ -148,6 +150,9 @@ void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64
 // 2-3) of x [rows, K]; and steps 4-8 for A [M, K] and Bt [N, K] with given beta and scales
 // (K >= 1: every band product's dot has at least the query's own key).
 int rp_exact_beta(int64_t K);
+// dst [cols, rows] = src [rows, cols] transposed, both contiguous (data movement): the exact
+// matmul's operands of a backward product (x^T, g^T) made K-contiguous.
+void rp_transpose(const float* src, int64_t rows, int64_t cols, float* dst);
 void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad);
 void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b);
