@@ -251,6 +251,79 @@ def test_kernel_views_batches_and_grad_shapes(int8_path):
     assert same_bits(got, ref.exact_matmul(a3, b3))
 
 
+def test_kernel_transposed_operands_in_blocks_and_edges(int8_path):
+    """A weight gradient's operands, x^T and g with K the shared leading dim, are made K-contiguous
+    by the binding's blocked transpose (16 x 16 blocks and the edges around them): the bits of the
+    reference, batched too."""
+    rng = np.random.default_rng(12)
+    for K, M, N in ((70, 45, 33), (64, 32, 48), (33, 17, 100)):
+        x = torch.from_numpy(rng.standard_normal((K, M)).astype(np.float32))
+        g = torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32))
+        got = repops.ops.exact_matmul(x.t(), g).numpy()
+        assert same_bits(got, ref.exact_matmul(x.numpy().T, g.numpy()))
+    x3 = torch.from_numpy(rng.standard_normal((3, 40, 20)).astype(np.float32))
+    g3 = torch.from_numpy(rng.standard_normal((3, 40, 18)).astype(np.float32))
+    got = repops.ops.exact_matmul(x3.transpose(1, 2), g3).numpy()
+    assert same_bits(got, ref.exact_matmul(x3.numpy().transpose(0, 2, 1), g3.numpy()))
+
+
+def _mantissa_for_residue(beta, p, r):
+    """The smallest float32 in [1, 2) whose integer in a row of equal values, q = m 2^(beta-24)
+    (§11 step 4: the row's own exponent), is r mod p."""
+    m = next(m for m in range(1 << 23, 1 << 24) if (m << (beta - 24)) % p == r)
+    return np.float32(m * 2.0 ** -23)
+
+
+@pytest.mark.parametrize("K", [1024, 2048])
+def test_kernel_residue_sums_at_their_bounds(K, int8_path):
+    """Rows of one value whose residue mod 255 is 127: the residue sums R_0 reach +-K * 127^2,
+    16516096 at K = 1024 (just below 2^24: the bound of the AMX path's conversion without the
+    fold, kernels/cpu/exact.cpp) and twice that at K = 2048 (folded). The reference's bits."""
+    beta = ref.beta_of(K)
+    v = _mantissa_for_residue(beta, 255, 127)
+    a = np.full((3, K), v, np.float32)
+    a[1] = -v
+    a[2, ::3] = np.float32(1.5)                # a mixed row beside them
+    b = np.full((K, 2), v, np.float32)
+    b[::2, 1] = -v
+    qa, _, _ = ref.exact_split(a, beta)
+    qb, _, _ = ref.exact_split(b, beta, axis=0)
+    r = ref.residue(qa, 255) @ ref.residue(qb, 255)
+    assert r[0, 0] == K * 127 ** 2 and r[1, 0] == -K * 127 ** 2
+    assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
+
+
+def _near(x, p, fused):
+    """exact.cpp's near(x) for integers x held as float32: x - p * round(x * fl(1/p)), the round by
+    adding and subtracting 1.5 * 2^23 in float32 (two roundings), or fused (x * fl(1/p) exact,
+    rounded once to an integer, ties to even). float64 holds x - q p exactly."""
+    inv = np.float32(1.0) / np.float32(p)
+    if fused:
+        q = np.rint(x.astype(np.float64) * np.float64(inv))
+    else:
+        big = np.float32(1.5 * 2 ** 23)
+        q = ((x * inv) + big) - big
+    return x.astype(np.float64) - q.astype(np.float64) * p
+
+
+def test_float_lane_reductions_keep_their_bounds():
+    """The bounds that make the CPU kernel's float32-lane reductions exact (kernels/cpu/exact.cpp,
+    beside near), fused and unfused: near(x) is congruent to x; below 2^20 in magnitude (split
+    values, Garner sums) it is the representative in [-(p-1)/2, (p-1)/2]; below 2^23 (folded int32
+    residue sums) within 3p/2 of 0. Every x below 2^20, and the 2^20 largest and 2^20 sampled
+    others below 2^23."""
+    rng = np.random.default_rng(13)
+    small = np.arange(-(2 ** 20) + 1, 2 ** 20, dtype=np.int64)
+    top = np.arange(2 ** 23 - 2 ** 19, 2 ** 23, dtype=np.int64)
+    large = np.concatenate([top, -top, rng.integers(-(2 ** 23) + 1, 2 ** 23, 2 ** 20)])
+    for p in ref.MODULI:
+        for fused in (False, True):
+            for xs, bound in ((small, (p - 1) / 2), (large, 1.5 * p)):
+                r = _near(xs.astype(np.float32), p, fused)
+                assert np.all((r.astype(np.int64) - xs) % p == 0)
+                assert np.abs(r).max() <= bound, (p, fused, np.abs(r).max())
+
+
 def test_kernel_k_beyond_one_residue_gemm(int8_path):
     """K > 131072 takes two chunks of residue GEMMs whose sums add up: the reference's bits (it
     sums the int64 products in one piece)."""

@@ -1,5 +1,6 @@
-// exact.cpp -- the exact matmul, contract §11 (kernels/README.md; Ozaki scheme II): no float
-// arithmetic at all, so its bits do not depend on any order, tiling or instruction set.
+// exact.cpp -- the exact matmul, contract §11 (kernels/README.md; Ozaki scheme II): every value it
+// computes before the final rounding is an integer, computed exactly, so its bits do not depend on
+// any order, tiling or instruction set.
 //
 //   rp_exact_matmul(A, Bt, C, M, N, K)    C[i,j] = fl32(sum_k A[i,k] * Bt[j,k]) per §11
 //   rp_exact_band_scores / _band_mix / _band_mix_t   window attention's band products (end of file)
@@ -7,16 +8,20 @@
 // A [M, K] and Bt [N, K] (B transposed: each output column's operand is a K-contiguous row) are
 // float32, C [M, N] float32, all contiguous. The steps, each over independent rows or outputs:
 //   split      per row: the max biased exponent e of its finite nonzero values (a NaN/inf marks
-//              the row), then each value's beta-bit integer q (rounded half away from zero) and
-//              its eight residues, one int8 plane [rows, K] per modulus (vectorized by GCC:
-//              uint32 shifts and selects, % by constants);
+//              the row), then each value's beta-bit integer q (rounded half away from zero;
+//              uint32 shifts and selects) and its eight residues, one int8 plane [rows, K] per
+//              modulus (in float32 lanes: near, below);
 //   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (rp_int8_matmul: AMX-INT8 / VNNI /
 //              vpmaddwd / smlal), in chunks of at most kChunk k (its K limit) whose residues add
 //              up; on AMX with K <= kFusedK the eight GEMMs of each 32 x 32 block of C run one
 //              after the other on the tiles and the block is reconstructed at once
 //              (exact_product_amx: the residue sums never leave L1);
-//   reconstruct per output, 64 at a time in vectors: the residues mod p, Garner's mixed-radix
-//              digits (uint32), the integer C' in uint64, rounded to float32 once (§11 step 7).
+//   reconstruct per output, 64 at a time in vectors: the residues and Garner's symmetric digits
+//              (in float32 lanes), C' in int64, rounded to float32 once (§11 step 7).
+// The residues and digits are integers below 2^24 held in float32 lanes, where products, sums and
+// differences of them are exact, fused or not; the one rounded value, a reduction's quotient
+// estimate, is bounded so that every residue plane and every digit is the same integer on every
+// build (near, below).
 #include "kernels.h"
 
 #include <algorithm>
@@ -112,8 +117,9 @@ constexpr int64_t kV = 16;   // lanes per vector
 //   - |x| < 2^23 (an int32 folded: x = (R >> 16) (2^16 mod p) + (R & 0xFFFF), congruent to R):
 //     y is within 2^-9 (its rounding) + 2^-9 (fl(1/p)) of x / p, so round(y) may be one off the
 //     nearest integer and |near(x)| < 3p/2;
-//   - |x| < 2^20 (a Garner sum, or near of the above): y is within 2^-13 + 2^-12 < 2^-9 of x / p,
-//     so near(x) is the representative in [-(p-1)/2, (p-1)/2].
+//   - |x| < 2^20 (a split value, a Garner sum): y is within 2^-12 + 2^-12 < 2^-9 of x / p, so
+//     near(x) is the representative in [-(p-1)/2, (p-1)/2], the same integer on every build.
+// (With a fused multiply-add, y + 1.5 * 2^23 is rounded once and only fl(1/p)'s error is left.)
 // mul_add: a * b + c, one instruction with AVX-512.
 inline f32v mul_add(f32v a, float b, f32v c) {
 #if defined(__AVX512F__)
@@ -478,9 +484,9 @@ void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int
 void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   if (M == 0 || N == 0) return;
-  // AMX from K = 64 (a tile row's k): below it the tiles would multiply padding (QK^T's K = 32 ran
-  // faster on VNNI, tools/exact_bench, 2026-12-01).
-  if (rp_int8_uses_amx() && K >= 1 && K <= kChunk)
+  // AMX at every K: below 64 the tiles multiply zero padding, but the fused reconstruction saves
+  // more (QK^T's 32 products of 128 x 32 x 128: 2.8 ms against 3.3 ms on VNNI, 2026-12-02).
+  if (rp_int8_uses_amx() && K <= kChunk)
     return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
