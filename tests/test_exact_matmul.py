@@ -252,11 +252,11 @@ def test_kernel_views_batches_and_grad_shapes(int8_path):
 
 
 def test_kernel_transposed_operands_in_blocks_and_edges(int8_path):
-    """A weight gradient's operands, x^T and g with K the shared leading dim, are made K-contiguous
-    by the binding's blocked transpose (16 x 16 blocks and the edges around them): the bits of the
-    reference, batched too."""
+    """A weight gradient's operands, x^T and g with K the shared leading dim, are read in place (16
+    x 16 register transposes of 16 rows, the edges value by value; 256-value blocks; exponents in
+    slabs of 1024 rows): the bits of the reference, batched too."""
     rng = np.random.default_rng(12)
-    for K, M, N in ((70, 45, 33), (64, 32, 48), (33, 17, 100)):
+    for K, M, N in ((70, 45, 33), (64, 32, 48), (33, 17, 100), (600, 40, 20), (50, 1030, 3)):
         x = torch.from_numpy(rng.standard_normal((K, M)).astype(np.float32))
         g = torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32))
         got = repops.ops.exact_matmul(x.t(), g).numpy()

@@ -313,30 +313,28 @@ Tensor int8_band_mix(const Tensor& qp_, const Tensor& qv_, const Tensor& sp_, co
   return o;
 }
 
-// x [batch, rows, K] with K contiguous: x itself, a blocked transpose where x is the transpose of a
-// contiguous tensor (a backward product's x^T or g^T), else torch's copy (data movement only).
-Tensor k_contiguous(const Tensor& x) {
-  if (x.is_contiguous()) return x;
-  const Tensor xt = x.transpose(1, 2);   // [batch, K, rows]
-  if (!xt.is_contiguous()) return x.contiguous();
-  Tensor out = at::empty(x.sizes(), x.options());
-  const int64_t rows = x.size(1), K = x.size(2);
-  for (int64_t i = 0; i < x.size(0); ++i)
-    rp_transpose(xt.data_ptr<float>() + i * K * rows, K, rows, out.data_ptr<float>() + i * rows * K);
-  return out;
+// The exact kernel's view of x [batch, rows, K] (§11 operand, kernels.h): rows K-contiguous, or x
+// the transpose of a row-major tensor (x^T, g^T of a weight gradient), read in place; any other
+// strides are copied first (data movement, no arithmetic).
+Tensor exact_operand(const Tensor& x) {
+  const bool k_rows = x.size(2) == 1 || x.stride(2) == 1, transposed = x.size(1) == 1 || x.stride(1) == 1;
+  return k_rows || transposed ? x : x.contiguous();
+}
+RpExactOperand exact_view(const Tensor& x, int64_t i) {
+  const float* p = x.data_ptr<float>() + i * x.stride(0);
+  if (x.size(2) == 1 || x.stride(2) == 1) return {p, x.stride(1), 1};
+  return {p, 1, x.stride(2)};
 }
 
-// Contract §11. The kernel reads K-contiguous rows of A and of B^T: a copy (data movement, no
-// arithmetic) makes them so, and gives a 2-D operand of a batched product its batch.
+// Contract §11. A 2-D operand of a batched product gives every batch entry the same view.
 Tensor exact_matmul(const Tensor& a, const Tensor& b) {
   const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
   TORCH_CHECK(s.K < (int64_t(1) << 31), "repops.exact_matmul: K must be < 2^31");
-  const Tensor a3 = k_contiguous((a.dim() == 2 ? a.unsqueeze(0) : a).expand({s.batch, s.M, s.K}));
-  const Tensor bt = k_contiguous((b.dim() == 2 ? b.unsqueeze(0) : b).expand({s.batch, s.K, s.N}).transpose(1, 2));
+  const Tensor a3 = exact_operand((a.dim() == 2 ? a.unsqueeze(0) : a).expand({s.batch, s.M, s.K}));
+  const Tensor bt = exact_operand((b.dim() == 2 ? b.unsqueeze(0) : b).expand({s.batch, s.K, s.N}).transpose(1, 2));
   Tensor c = at::empty(s.out, a.options());
   for (int64_t i = 0; i < s.batch; ++i)
-    rp_exact_matmul(a3.data_ptr<float>() + i * s.M * s.K, bt.data_ptr<float>() + i * s.N * s.K,
-                    c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K);
+    rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K);
   return c;
 }
 

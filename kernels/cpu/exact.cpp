@@ -5,8 +5,10 @@
 //   rp_exact_matmul(A, Bt, C, M, N, K)    C[i,j] = fl32(sum_k A[i,k] * Bt[j,k]) per §11
 //   rp_exact_band_scores / _band_mix / _band_mix_t   window attention's band products (end of file)
 //
-// A [M, K] and Bt [N, K] (B transposed: each output column's operand is a K-contiguous row) are
-// float32, C [M, N] float32, all contiguous. The steps, each over independent rows or outputs:
+// A [M, K] and Bt [N, K] (B transposed: each output column's operand is a row of K values) are
+// float32 operands as kernels.h's RpExactOperand gives them (rows K-contiguous, or a transposed
+// row-major tensor read in place), C [M, N] float32 contiguous. The steps, each over independent
+// rows or outputs:
 //   split      per row: the max biased exponent e of its finite nonzero values (a NaN/inf marks
 //              the row), then each value's beta-bit integer q (rounded half away from zero;
 //              uint32 shifts and selects) and its eight residues, one int8 plane [rows, K] per
@@ -168,51 +170,45 @@ inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
   *bad = eall == 255;
 }
 
-// Values [k0, k0 + kc) of a row with exponent e: q = m 2^(E - e + beta - 24) rounded half away
-// from zero (|q| <= 2^beta <= 2^31, held as a uint32 magnitude and a sign), then its residues
-// into planes[t][k - k0] (the symmetric representative in [-(p-1)/2, (p-1)/2]). In blocks of
-// kSplit values: the integers first, then one plane at a time (each loop vectorizes).
+// n <= kSplit values (their float bits) of a row with exponent e: q = m 2^(E - e + beta - 24)
+// rounded half away from zero (|q| <= 2^beta <= 2^31, held as a uint32 magnitude and a sign), then
+// its residues into out[t * plane + k] (the symmetric representative in [-(p-1)/2, (p-1)/2]): the
+// integers first, then the residues a vector at a time.
 constexpr int64_t kSplit = 256;
-RP_WIDE_VECTORS inline void split_row(const float* x, int64_t k0, int64_t kc, int32_t e, int beta, int8_t* const* planes) {
-  uint32_t q[kSplit], neg[kSplit], bits[kSplit];
-  for (int64_t b0 = 0; b0 < kc; b0 += kSplit) {
-    const int64_t n = std::min(kSplit, kc - b0);
-    if (n == kSplit)   // (a loop over uint32 words vectorizes; a fixed-size copy is inlined)
-      std::memcpy(bits, x + k0 + b0, kSplit * sizeof(uint32_t));
-    else
-      std::memcpy(bits, x + k0 + b0, n * sizeof(uint32_t));
-    for (int64_t k = 0; k < n; ++k) {
-      const uint32_t u = bits[k];
-      const int32_t E = (int32_t)((u >> 23) & 0xFF);
-      const uint32_t m = (E == 0 || E == 255) ? 0u : ((u & 0x7FFFFFu) | 0x800000u);
-      const int32_t sh = e - E + 24 - beta;               // >= 24 - beta >= -7 for a live value
-      const uint32_t left = m << (uint32_t)std::clamp(-sh, 0, 7);
-      const int32_t s = std::clamp(sh, 1, 31);
-      const uint32_t right = sh > 24 ? 0u : (m + (1u << (s - 1))) >> s;
-      q[k] = sh <= 0 ? left : right;
-      neg[k] = u >> 31;
-    }
-    // the residues in float32 lanes (near, above): with q = a 2^20 + b 2^10 + c (a <= 2^11, b and c
-    // below 2^10), x = +-(a (2^20 mod p) + b (2^10 mod p) + c) is congruent to +-q and below 2^20 in
-    // magnitude, so near(x) is the representative in [-(p-1)/2, (p-1)/2]
-    for (int64_t k = n; k % kV; ++k) q[k] = neg[k] = 0;   // the last vector's lanes past n
-    for (int64_t k = 0; k < n; k += kV) {
-      u32v qv, nv;
-      std::memcpy(&qv, q + k, sizeof(qv));
-      std::memcpy(&nv, neg + k, sizeof(nv));
-      const f32v sign = nv ? f32v{} - 1.0f : f32v{} + 1.0f;
-      const f32v a = __builtin_convertvector(qv >> 20, f32v) * sign,
-                 b = __builtin_convertvector((qv >> 10) & 0x3FF, f32v) * sign,
-                 c = __builtin_convertvector(qv & 0x3FF, f32v) * sign;
-      each_mod([&](auto t) {
-        constexpr float f20 = float((uint32_t(1) << 20) % kP[t]), f10 = float((uint32_t(1) << 10) % kP[t]);
-        const i8q r = __builtin_convertvector(__builtin_convertvector(near<t>(mul_add(a, f20, mul_add(b, f10, c))), i32v), i8q);
-        if (n - k >= kV)
-          std::memcpy(planes[t] + b0 + k, &r, kV);
-        else
-          std::memcpy(planes[t] + b0 + k, &r, n - k);
-      });
-    }
+RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_t e, int beta, int8_t* out,
+                                         int64_t plane) {
+  uint32_t q[kSplit], neg[kSplit];
+  for (int64_t k = 0; k < n; ++k) {
+    const uint32_t u = bits[k];
+    const int32_t E = (int32_t)((u >> 23) & 0xFF);
+    const uint32_t m = (E == 0 || E == 255) ? 0u : ((u & 0x7FFFFFu) | 0x800000u);
+    const int32_t sh = e - E + 24 - beta;               // >= 24 - beta >= -7 for a live value
+    const uint32_t left = m << (uint32_t)std::clamp(-sh, 0, 7);
+    const int32_t s = std::clamp(sh, 1, 31);
+    const uint32_t right = sh > 24 ? 0u : (m + (1u << (s - 1))) >> s;
+    q[k] = sh <= 0 ? left : right;
+    neg[k] = u >> 31;
+  }
+  // the residues in float32 lanes (near, above): with q = a 2^20 + b 2^10 + c (a <= 2^11, b and c
+  // below 2^10), x = +-(a (2^20 mod p) + b (2^10 mod p) + c) is congruent to +-q and below 2^20 in
+  // magnitude, so near(x) is the representative in [-(p-1)/2, (p-1)/2]
+  for (int64_t k = n; k % kV; ++k) q[k] = neg[k] = 0;   // the last vector's lanes past n
+  for (int64_t k = 0; k < n; k += kV) {
+    u32v qv, nv;
+    std::memcpy(&qv, q + k, sizeof(qv));
+    std::memcpy(&nv, neg + k, sizeof(nv));
+    const f32v sign = nv ? f32v{} - 1.0f : f32v{} + 1.0f;
+    const f32v a = __builtin_convertvector(qv >> 20, f32v) * sign,
+               b = __builtin_convertvector((qv >> 10) & 0x3FF, f32v) * sign,
+               c = __builtin_convertvector(qv & 0x3FF, f32v) * sign;
+    each_mod([&](auto t) {
+      constexpr float f20 = float((uint32_t(1) << 20) % kP[t]), f10 = float((uint32_t(1) << 10) % kP[t]);
+      const i8q r = __builtin_convertvector(__builtin_convertvector(near<t>(mul_add(a, f20, mul_add(b, f10, c))), i32v), i8q);
+      if (n - k >= kV)
+        std::memcpy(out + t * plane + k, &r, kV);
+      else
+        std::memcpy(out + t * plane + k, &r, n - k);
+    });
   }
 }
 
@@ -315,17 +311,45 @@ inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t 
   std::memcpy(out, f, sizeof(uint32_t) * nj);
 }
 
-// Rows [r0, r1) of x [rows, K], values [k0, k0 + kc): planes [kMod][rows][ld], ld >= kc, the
-// values past kc zero.
-void split_rows(const float* x, int64_t K, int64_t k0, int64_t kc, const int32_t* e, int beta, int8_t* planes,
-                int64_t rows, int64_t ld, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    int8_t* p[kMod];
-    for (int t = 0; t < kMod; ++t) {
-      p[t] = planes + (t * rows + r) * ld;
-      if (ld > kc) std::memset(p[t] + kc, 0, ld - kc);
+// Rows [r0, r1) of x, values [k0, k0 + kc): planes [kMod][rows][ld], ld >= kc, the values past kc
+// zero. 16 rows at a time, kSplit values at a time, gathered into bits: rows that are K-contiguous
+// copied; rows of a transposed operand (rs = 1) through 16 x 16 register transposes of the
+// consecutive values of 16 rows at each k (AVX-512), so that x^T is never written out.
+void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int beta, int8_t* planes, int64_t rows,
+                int64_t ld, int64_t r0, int64_t r1) {
+  const int64_t plane = rows * ld;
+  alignas(64) uint32_t bits[kV][kSplit];   // 16 KB
+  for (int64_t g = r0; g < r1; g += kV) {
+    const int64_t ng = std::min(kV, r1 - g);
+    if (ld > kc)
+      for (int64_t r = g; r < g + ng; ++r)
+        for (int t = 0; t < kMod; ++t) std::memset(planes + t * plane + r * ld + kc, 0, ld - kc);
+    for (int64_t b0 = 0; b0 < kc; b0 += kSplit) {
+      const int64_t n = std::min(kSplit, kc - b0), k1 = k0 + b0;
+      if (x.ks == 1) {
+        for (int64_t i = 0; i < ng; ++i) {
+          const float* row = x.x + (g + i) * x.rs + k1;
+          if (n == kSplit)   // (a fixed-size copy is inlined)
+            std::memcpy(bits[i], row, kSplit * sizeof(uint32_t));
+          else
+            std::memcpy(bits[i], row, n * sizeof(uint32_t));
+        }
+      } else {
+        int64_t k = 0;
+#if defined(__AVX512F__)
+        if (ng == kV)
+          for (; k + kV <= n; k += kV) {
+            __m512i v[kV];
+            for (int64_t j = 0; j < kV; ++j) v[j] = _mm512_loadu_si512(x.x + (k1 + k + j) * x.ks + g);
+            rp::transpose16(v);
+            for (int64_t i = 0; i < kV; ++i) _mm512_store_si512(&bits[i][k], v[i]);
+          }
+#endif
+        for (int64_t i = 0; i < ng; ++i)
+          for (int64_t kk = k; kk < n; ++kk) std::memcpy(&bits[i][kk], x.x + (k1 + kk) * x.ks + g + i, 4);
+      }
+      for (int64_t i = 0; i < ng; ++i) split_values(bits[i], n, e[g + i], beta, planes + (g + i) * ld + b0, plane);
     }
-    split_row(x + r * K, k0, kc, e[r], beta, p);
   }
 }
 
@@ -343,37 +367,40 @@ Buffers& buffers() {
   return b;
 }
 
+// x from its row r on.
+inline RpExactOperand rows_from(RpExactOperand x, int64_t r) { return {x.x + r * x.rs, x.rs, x.ks}; }
+
 }  // namespace
 
 int rp_exact_beta(int64_t K) { return beta_of(K); }
 
-// In 16 x 16 blocks (a register transpose with AVX-512), rows of blocks in parallel.
-void rp_transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
-  constexpr int64_t B = 16;
-  rp::parallel_for((rows + B - 1) / B, 4, [&](int64_t b, int64_t e) {
-    for (int64_t i0 = b * B; i0 < std::min(rows, e * B); i0 += B) {
-      const int64_t ni = std::min(B, rows - i0);
-      for (int64_t j0 = 0; j0 < cols; j0 += B) {
-        const int64_t nj = std::min(B, cols - j0);
-#if defined(__AVX512F__)
-        if (ni == B && nj == B) {
-          __m512i r[B];
-          for (int64_t i = 0; i < B; ++i) r[i] = _mm512_loadu_si512(src + (i0 + i) * cols + j0);
-          rp::transpose16(r);
-          for (int64_t j = 0; j < B; ++j) _mm512_storeu_si512(dst + (j0 + j) * rows + i0, r[j]);
-          continue;
+void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad) {
+  if (x.ks == 1) {
+    rp::parallel_for(rows, 16, [&](int64_t b, int64_t end) {
+      for (int64_t i = b; i < end; ++i) row_exponent(x.x + i * x.rs, K, &e[i], &bad[i]);
+    });
+    return;
+  }
+  // a transposed operand: k by k along the rows' consecutive values, the two maxima of
+  // row_exponent per row (slabs of up to 1024 rows)
+  constexpr int64_t kSlab = 1024;
+  rp::parallel_for((rows + kSlab - 1) / kSlab, 1, [&](int64_t sb, int64_t se) {
+    for (int64_t r0 = sb * kSlab; r0 < std::min(rows, se * kSlab); r0 += kSlab) {
+      const int64_t n = std::min(kSlab, rows - r0);
+      uint32_t eall[kSlab] = {}, eplus[kSlab] = {};
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t i = 0; i < n; ++i) {
+          uint32_t u;
+          std::memcpy(&u, x.x + k * x.ks + r0 + i, sizeof(u));
+          const uint32_t E = (u >> 23) & 0xFF, F = (E + 1) & 0xFF;
+          eall[i] = std::max(eall[i], E);
+          eplus[i] = std::max(eplus[i], F);
         }
-#endif
-        for (int64_t j = 0; j < nj; ++j)
-          for (int64_t i = 0; i < ni; ++i) dst[(j0 + j) * rows + i0 + i] = src[(i0 + i) * cols + j0 + j];
+      for (int64_t i = 0; i < n; ++i) {
+        e[r0 + i] = eplus[i] ? (int32_t)eplus[i] - 1 : 0;
+        bad[r0 + i] = eall[i] == 255;
       }
     }
-  });
-}
-
-void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad) {
-  rp::parallel_for(rows, 16, [&](int64_t b, int64_t end) {
-    for (int64_t i = b; i < end; ++i) row_exponent(x + i * K, K, &e[i], &bad[i]);
   });
 }
 
@@ -402,7 +429,7 @@ void reconstruct_panel(const int32_t* res, int64_t i0, int64_t m, int64_t N, int
 // kKeepBytes (a 2048^3 product's: 32 MB + 24 MB) and repeated products reuse them without page
 // faults; above it (released anyway) they are twice that, so that B's planes stream from memory
 // half as often (4096^3: 256-row panels ran faster than 128-row ones, 2026-12-02).
-void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
+void exact_product_amx(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                        const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   const int64_t Kp = (K + 63) / 64 * 64;
   const bool fused = K <= kFusedK;
@@ -417,7 +444,7 @@ void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int
   int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * N);
   for (int64_t j0 = 0; j0 < N; j0 += nb) {
     const int64_t n = std::min(nb, N - j0);
-    rp::parallel_for(n, 4, [&](int64_t b, int64_t e) { split_rows(Bt + j0 * K, K, 0, K, eb + j0, beta, pb, n, Kp, b, e); });
+    rp::parallel_for(n, 4, [&](int64_t b, int64_t e) { split_rows(rows_from(Bt, j0), 0, K, eb + j0, beta, pb, n, Kp, b, e); });
     rp_amx_pack_b(pb, Kp, n * Kp, N, K, kMod, j0, j0 + n, bp);
   }
   std::vector<int32_t> exb(N);
@@ -425,7 +452,7 @@ void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
     const int64_t m = std::min(mp, M - i0);
     rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-      split_rows(A + i0 * K, K, 0, K, ea + i0, beta, pa, m, Kp, b, e);
+      split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e);
     });
     if (!fused) {   // eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
       for (int t = 0; t < kMod; ++t) {
@@ -481,7 +508,7 @@ void exact_product_amx(const float* A, const float* Bt, float* C, int64_t M, int
 
 }  // namespace
 
-void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
+void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   if (M == 0 || N == 0) return;
   // AMX at every K: below 64 the tiles multiply zero padding, but the fused reconstruction saves
@@ -500,7 +527,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
   res.resize(kMod * mp * N);
   part.resize(nchunks > 1 ? mp * N : 0);
   auto split_b = [&](int64_t k0, int64_t kc) {
-    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, K, k0, kc, eb, beta, pb.data(), N, kc, b, e); });
+    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, k0, kc, eb, beta, pb.data(), N, kc, b, e); });
   };
   if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
@@ -511,7 +538,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);
       rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-        split_rows(A + i0 * K, K, k0, kc, ea + i0, beta, pa.data(), m, kc, b, e);
+        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa.data(), m, kc, b, e);
       });
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res.data() + t * m * N;
@@ -532,7 +559,7 @@ void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int6
   if ((pa.capacity() + pb.capacity()) + 4 * (res.capacity() + part.capacity()) > kKeepBytes) buf = Buffers();
 }
 
-void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K) {
+void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     std::memset(C, 0, sizeof(float) * M * N);   // +0.0
@@ -572,7 +599,7 @@ struct Scales {
 };
 Scales row_scales(const float* x, int64_t rows, int64_t K) {
   Scales s{std::vector<int32_t>(rows), std::vector<uint8_t>(rows)};
-  rp_exact_exponents(x, rows, K, s.e.data(), s.bad.data());
+  rp_exact_exponents({x, K, 1}, rows, K, s.e.data(), s.bad.data());
   return s;
 }
 // x [batch, K, cols] -> xt [batch, cols, K] (a copy, no arithmetic) and the scales of its rows.
@@ -603,7 +630,7 @@ void rp_exact_band_scores(const float* a, const float* b, float* s, int64_t batc
       const int64_t nq = std::min(kRows, T - t0), j0 = first_key(t0, W), nk = t0 + nq - j0;
       const int64_t r0 = bi * M + g * T + t0, k0 = bi * T + j0;
       c.resize(nq * nk);
-      rp_exact_product(a + r0 * D, b + k0 * D, c.data(), nq, nk, D, beta, sa.e.data() + r0, sa.bad.data() + r0,
+      rp_exact_product({a + r0 * D, D, 1}, {b + k0 * D, D, 1}, c.data(), nq, nk, D, beta, sa.e.data() + r0, sa.bad.data() + r0,
                        sb.e.data() + k0, sb.bad.data() + k0);
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t t = t0 + i;
@@ -641,8 +668,8 @@ void rp_exact_band_mix(const float* p, const float* b, float* o, int64_t batch, 
         std::copy_n(bt.data() + (bi * D + d) * T + j0, nk, bs.data() + d * nk);
       ea.resize(nq);
       bad.resize(nq);
-      rp_exact_exponents(pa.data(), nq, nk, ea.data(), bad.data());   // a row's entries all lie here
-      rp_exact_product(pa.data(), bs.data(), o + r0 * D, nq, D, nk, beta, ea.data(), bad.data(),
+      rp_exact_exponents({pa.data(), nk, 1}, nq, nk, ea.data(), bad.data());   // a row's entries all lie here
+      rp_exact_product({pa.data(), nk, 1}, {bs.data(), nk, 1}, o + r0 * D, nq, D, nk, beta, ea.data(), bad.data(),
                        sb.e.data() + bi * D, sb.bad.data() + bi * D);
     }
   });
@@ -674,8 +701,8 @@ void rp_exact_band_mix_t(const float* p, const float* a, float* o, int64_t batch
           std::copy_n(at.data() + (bi * D + d) * M + g * T + j0, nt, as.data() + d * K + g * nt);
       ea.resize(nk);
       bad.resize(nk);
-      rp_exact_exponents(pa.data(), nk, K, ea.data(), bad.data());
-      rp_exact_product(pa.data(), as.data(), o + (bi * T + j0) * D, nk, D, K, beta, ea.data(), bad.data(),
+      rp_exact_exponents({pa.data(), K, 1}, nk, K, ea.data(), bad.data());
+      rp_exact_product({pa.data(), K, 1}, {as.data(), K, 1}, o + (bi * T + j0) * D, nk, D, K, beta, ea.data(), bad.data(),
                        sa.e.data() + bi * D, sa.bad.data() + bi * D);
     }
   });

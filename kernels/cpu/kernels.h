@@ -142,19 +142,23 @@ void rp_int8_band_mix(const int8_t* qp, const int8_t* qv, const float* sp, const
 void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                      int64_t R, int64_t C);
 
-// exact.cpp (§11 the exact matmul). A [M, K], Bt [N, K] (B transposed), C [M, N], contiguous;
-// integer arithmetic only (K < 2^31).
-void rp_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K);
+// exact.cpp (§11 the exact matmul). An operand is rows of K values: value (r, k) at
+// x[r * rs + k * ks], with ks = 1 (rows K-contiguous, rs >= K apart) or rs = 1 (the transpose of a
+// row-major [K, rows] tensor, rows ks >= rows apart: a backward product's x^T or g^T, read in
+// place). A [M, K] and Bt [N, K] (B transposed) so; C [M, N] contiguous; integer arithmetic only
+// (K < 2^31).
+struct RpExactOperand {
+  const float* x;
+  int64_t rs, ks;
+};
+void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K);
 // Its parts, for products whose scales come from operands larger than the ones multiplied (the
 // band products, end of exact.cpp): beta of a K; each row's exponent and bad flag (§11 steps
 // 2-3) of x [rows, K]; and steps 4-8 for A [M, K] and Bt [N, K] with given beta and scales
 // (K >= 1: every band product's dot has at least the query's own key).
 int rp_exact_beta(int64_t K);
-// dst [cols, rows] = src [rows, cols] transposed, both contiguous (data movement): the exact
-// matmul's operands of a backward product (x^T, g^T) made K-contiguous.
-void rp_transpose(const float* src, int64_t rows, int64_t cols, float* dst);
-void rp_exact_exponents(const float* x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad);
-void rp_exact_product(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
+void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad);
+void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b);
 // The band products of window attention as §11 products of the full (masked) operands, in
 // O(T*W); shapes and layouts as rp_band_scores / rp_band_mix / rp_band_mix_t above.

@@ -512,7 +512,7 @@ void run_exact() {
                 uint32_t period, const Table& t) {
     auto A = gen(s, M * K, emin, erange, period, t), Bt = gen(s + 1, N * K, emin, erange, period, t);
     std::vector<float> C(M * N);
-    rp_exact_matmul(A.data(), Bt.data(), C.data(), M, N, K);
+    rp_exact_matmul({A.data(), K, 1}, {Bt.data(), K, 1}, C.data(), M, N, K);
     emit1(name, C);
   };
   run("exact_matmul", 37, 45, 129, 130, -20, 40, 16, finite(0x1p20f));
