@@ -309,13 +309,13 @@ def _near(x, p, fused):
 def test_float_lane_reductions_keep_their_bounds():
     """The bounds that make the CPU kernel's float32-lane reductions exact (kernels/cpu/exact.cpp,
     beside near), fused and unfused: near(x) is congruent to x; below 2^20 in magnitude (split
-    values, Garner sums) it is the representative in [-(p-1)/2, (p-1)/2]; below 2^23 (folded int32
-    residue sums) within 3p/2 of 0. Every x below 2^20, and the 2^20 largest and 2^20 sampled
-    others below 2^23."""
+    values, Garner sums) it is the representative in [-(p-1)/2, (p-1)/2]; below 2^24 (residue sums,
+    folded or not) within 3p/2 of 0. Every x below 2^20, and the 2^19 largest below 2^23 and
+    below 2^24 and 2^20 sampled others."""
     rng = np.random.default_rng(13)
     small = np.arange(-(2 ** 20) + 1, 2 ** 20, dtype=np.int64)
-    top = np.arange(2 ** 23 - 2 ** 19, 2 ** 23, dtype=np.int64)
-    large = np.concatenate([top, -top, rng.integers(-(2 ** 23) + 1, 2 ** 23, 2 ** 20)])
+    top = np.concatenate([np.arange(2 ** c - 2 ** 19, 2 ** c, dtype=np.int64) for c in (23, 24)])
+    large = np.concatenate([top, -top, rng.integers(-(2 ** 24) + 1, 2 ** 24, 2 ** 20)])
     for p in ref.MODULI:
         for fused in (False, True):
             for xs, bound in ((small, (p - 1) / 2), (large, 1.5 * p)):

@@ -116,9 +116,10 @@ constexpr int64_t kV = 16;   // lanes per vector
 //   near(x) = x - p * round(y), round(y) = (y + 1.5 * 2^23) - 1.5 * 2^23 (nearest, |y| < 2^22).
 // fl(1/p) is within 2^-32 of 1/p (p in (128, 256)), and x / p is an integer or at least
 // 1/(2p) > 2^-9 from a half-integer (p odd). So near(x) is congruent to x mod p, and:
-//   - |x| < 2^23 (an int32 folded: x = (R >> 16) (2^16 mod p) + (R & 0xFFFF), congruent to R):
-//     y is within 2^-9 (its rounding) + 2^-9 (fl(1/p)) of x / p, so round(y) may be one off the
-//     nearest integer and |near(x)| < 3p/2;
+//   - |x| < 2^24 (an int32 folded, x = (R >> 16) (2^16 mod p) + (R & 0xFFFF), congruent to R and
+//     below 2^23; or a residue sum that is below 2^24 itself): y is within 2^-8 (its rounding) +
+//     2^-8 (fl(1/p)) of x / p, so round(y) may be one off the nearest integer, |near(x)| < 3p/2,
+//     and q p, at most |x| + 3p/2 < 2^24, is exact;
 //   - |x| < 2^20 (a split value, a Garner sum): y is within 2^-12 + 2^-12 < 2^-9 of x / p, so
 //     near(x) is the representative in [-(p-1)/2, (p-1)/2], the same integer on every build.
 // (With a fused multiply-add, y + 1.5 * 2^23 is rounded once and only fl(1/p)'s error is left.)
