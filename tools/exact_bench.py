@@ -149,7 +149,8 @@ def speed(repeats, clock_name):
     for name, sa, sb in shapes:
         a, b = torch.randn(*sa, generator=g), torch.randn(*sb, generator=g)
         n = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
-        reps = max(1, min(repeats, int(2e10 / n)))
+        # fewer repeats of the large products, but at least 3 (--repeats allowing): one sample is noise
+        reps = min(repeats, max(3, int(2e10 / n)))
         te = timed(lambda: repops.ops.exact_matmul(a, b), reps, clock)
         tf = timed(lambda: repops.ops.matmul(a, b), reps, clock)
         tt = timed(lambda: torch.matmul(a, b), reps, clock)
