@@ -143,10 +143,9 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
                      int64_t R, int64_t C);
 
 // exact.cpp (§11 the exact matmul). An operand is rows of K values: value (r, k) at
-// x[r * rs + k * ks], with ks = 1 (rows K-contiguous, rs >= K apart) or rs = 1 (the transpose of a
-// row-major [K, rows] tensor, rows ks >= rows apart: a backward product's x^T or g^T, read in
-// place). A [M, K] and Bt [N, K] (B transposed) so; C [M, N] contiguous; integer arithmetic only
-// (K < 2^31).
+// x[r * rs + k * ks], with ks = 1 (each row's values contiguous) or rs = 1 (the transpose of a
+// row-major [K, rows] tensor: a backward product's x^T or g^T, read in place). A [M, K] and Bt
+// [N, K] (B transposed) so; C [M, N] contiguous; integer arithmetic only (K < 2^31).
 struct RpExactOperand {
   const float* x;
   int64_t rs, ks;
