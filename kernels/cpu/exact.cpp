@@ -145,15 +145,26 @@ inline f32v near(f32v x) {
 // Two max reductions: of E (255 = non-finite) and of (E + 1) mod 256, which
 // sends 255 to 0 and keeps the order of 0..254, so that its maximum less one is the max finite E
 // (zeros and subnormals, E = 0, count as 0), in vectors of uint32 words.
+// One value's bits u into the two maxima (scalar or vector lanes), and the maxima into the row's
+// exponent and bad flag.
+template <class U>
+inline void exponent_maxima(U u, U& eall, U& eplus) {
+  const U E = (u >> 23) & 0xFF, F = (E + 1) & 0xFF;
+  eall = eall > E ? eall : E;
+  eplus = eplus > F ? eplus : F;
+}
+inline void exponent_of(uint32_t eall, uint32_t eplus, int32_t* e, uint8_t* bad) {
+  *e = eplus ? (int32_t)eplus - 1 : 0;
+  *bad = eall == 255;
+}
+
 inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
   u32v vall = {}, vplus = {};
   int64_t k = 0;
   for (; k + kV <= K; k += kV) {
     u32v u;
     std::memcpy(&u, x + k, sizeof(u));
-    const u32v E = (u >> 23) & 0xFF, F = (E + 1) & 0xFF;
-    vall = vall > E ? vall : E;
-    vplus = vplus > F ? vplus : F;
+    exponent_maxima(u, vall, vplus);
   }
   uint32_t eall = 0, eplus = 0;
   for (int l = 0; l < kV; ++l) {
@@ -163,12 +174,9 @@ inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
   for (; k < K; ++k) {
     uint32_t u;
     std::memcpy(&u, x + k, sizeof(u));
-    const uint32_t E = (u >> 23) & 0xFF, F = (E + 1) & 0xFF;
-    eall = std::max(eall, E);
-    eplus = std::max(eplus, F);
+    exponent_maxima(u, eall, eplus);
   }
-  *e = eplus ? (int32_t)eplus - 1 : 0;
-  *bad = eall == 255;
+  exponent_of(eall, eplus, e, bad);
 }
 
 // n <= kSplit values (their float bits) of a row with exponent e: q = m 2^(E - e + beta - 24)
@@ -393,14 +401,9 @@ void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, u
         for (int64_t i = 0; i < n; ++i) {
           uint32_t u;
           std::memcpy(&u, x.x + k * x.ks + r0 + i, sizeof(u));
-          const uint32_t E = (u >> 23) & 0xFF, F = (E + 1) & 0xFF;
-          eall[i] = std::max(eall[i], E);
-          eplus[i] = std::max(eplus[i], F);
+          exponent_maxima(u, eall[i], eplus[i]);
         }
-      for (int64_t i = 0; i < n; ++i) {
-        e[r0 + i] = eplus[i] ? (int32_t)eplus[i] - 1 : 0;
-        bad[r0 + i] = eall[i] == 255;
-      }
+      for (int64_t i = 0; i < n; ++i) exponent_of(eall[i], eplus[i], &e[r0 + i], &bad[r0 + i]);
     }
   });
 }
