@@ -25,8 +25,9 @@ The port limit. Contract §4.1 allows no fused multiply-add, so a matmul core do
 multiply-add pairs per cycle as its vector ports issue one multiply and one add each: Intel cores
 with AVX-512 (vmulps and vaddps share ports 0 and 5 at 512 bits) 16 pairs = 32 flop per cycle;
 Intel with 256-bit vectors (ports 0 and 1, plus port 5 for adds, Golden Cove and later) 24; AMD
-Zen 2-5 (two FMUL and two FADD pipes of 256 bits) 32 (repops.ops.cpu_limits(), from
-kernels/cpu/matmul.cpp). The limit is that times the threads times the clock, which is measured,
+Zen 2-4 (two FMUL and two FADD pipes of 256 bits) 32; AMD Zen 5 where a pair loop measures 512-bit
+pipes (server and desktop cores: the same four pipes at 512 bits) 64, else 32
+(repops.ops.cpu_limits(), from kernels/cpu/matmul.cpp). The limit is that times the threads times the clock, which is measured,
 not read from /proc/cpuinfo (a hypervisor reports the base clock there): a chain of dependent
 integer multiplies (3 cycles each on every Intel and AMD core since 2008) timed on the thread's CPU
 clock, with independent 512-bit multiplies beside it when the 512-bit tile runs, so any lower clock

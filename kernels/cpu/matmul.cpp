@@ -12,15 +12,22 @@
 // bits, since each output's operations are the same in both):
 //   256-bit  8 x 16 (16 accumulators of 8 floats): AMD Zen 4 runs it at its limit (two FMUL and
 //            two FADD pipes of 256 bits: 16 multiply-add pairs per cycle), and 512-bit
-//            instructions there are two 256-bit halves, so it stays the path on non-Intel CPUs;
+//            instructions there are two 256-bit halves;
 //   512-bit  12 x 32 (24 zmm accumulators, 2 B vectors, 1 broadcast, products): Intel cores run
 //            vmulps and vaddps on the same two FMA ports (p0, p5 at 512 bits), so the contract's
-//            unfused pair reaches 16 per cycle only with 16-float vectors (32 flop/cycle). The
-//            default on Intel CPUs.
+//            unfused pair reaches 16 per cycle only with 16-float vectors (32 flop/cycle); AMD
+//            Zen 5 server and desktop cores have two FMUL and two FADD pipes of 512 bits (32
+//            pairs, 64 flop/cycle), which only 16-float vectors fill.
+// The choice (auto_width): Intel 512; AMD Zen 4 and older 256; every other AVX-512 core, Zen 5
+// and later among them, by measurement (wide_pipes), since Zen 5's mobile cores split 512-bit
+// instructions into halves as Zen 4 does and the family number does not tell them apart.
 #include "kernels.h"
 #include "transpose.h"
 
 #include <algorithm>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
 #include <atomic>
 #include <cstring>
 #include <ctime>
@@ -64,7 +71,7 @@ constexpr const char* kPath256 = "generic vectors, matmul tile 4x16";
 #define RP_MATMUL_512 1
 typedef float vf16 __attribute__((vector_size(64)));
 using Tile512 = Tile<vf16, 12, 32, 256, 96, 384>;
-constexpr const char* kPath512 = "x86 AVX-512 (Intel), matmul tile 12x32 (24 accumulators), 512-bit vectors";
+constexpr const char* kPath512 = "x86 AVX-512, matmul tile 12x32 (24 accumulators), 512-bit vectors";
 #endif
 
 template <class V> inline V load(const float* p) { V v; __builtin_memcpy(&v, p, sizeof(V)); return v; }
@@ -311,9 +318,64 @@ bool is_intel() {
 #endif
 }
 
+// AMD up to Zen 4 (family 19h and older): 512-bit instructions run as two 256-bit halves.
+bool is_amd_before_zen5() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (!__builtin_cpu_is("amd")) return false;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return true;
+  const unsigned base = (a >> 8) & 0xF, ext = (a >> 20) & 0xFF;
+  return (base == 0xF ? base + ext : base) < 0x1A;
+#else
+  return false;
+#endif
+}
+
+#if defined(RP_MATMUL_512)
+// Unfused multiply-add pairs per second at vector type V on this thread: 12 independent sums, each
+// step a product of a register with the opaque b (the tile's broadcast) and an add, as in the
+// tile's inner loop; zeros throughout, so no operand is subnormal. Best of three runs of 2^17
+// steps (about 0.1-0.4 ms each), on the thread's CPU clock.
+template <class V>
+double pair_rate() {
+  const int64_t n = int64_t(1) << 17;
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    V acc[12] = {}, a[12] = {}, b = {};
+    // opaque, so that the compiler can neither share the equal products nor merge the equal sums
+    for (int j = 0; j < 12; ++j) __asm__ volatile("" : "+v"(acc[j]), "+v"(a[j]));
+    timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    for (int64_t i = 0; i < n; ++i) {
+      __asm__ volatile("" : "+v"(b));
+      for (int j = 0; j < 12; ++j) acc[j] = acc[j] + a[j] * b;
+    }
+    for (int j = 0; j < 12; ++j) __asm__ volatile("" : : "v"(acc[j]));
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    best = std::min(best, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+  }
+  return 12.0 * (double)n * (double)(sizeof(V) / sizeof(float)) / best;
+}
+#endif
+
+// Whether this core's vector pipes are 512 bits wide for the unfused pair: the 512-bit pair loop
+// does at least 1.5x the lane-operations per second of the 256-bit one (measured once per process,
+// about 2 ms; 512-bit pipes give 2x, split 512-bit instructions 1x).
+bool wide_pipes() {
+#if defined(RP_MATMUL_512)
+  static const bool wide = pair_rate<vf16>() >= 1.5 * pair_rate<vf>();
+  return wide;
+#else
+  return false;
+#endif
+}
+
 int auto_width() {
 #if defined(RP_MATMUL_512)
-  return is_intel() ? 512 : 256;
+  if (is_intel()) return 512;
+  if (is_amd_before_zen5()) return 256;
+  return wide_pipes() ? 512 : 256;
 #else
   return 256;
 #endif
@@ -351,7 +413,10 @@ const char* rp_cpu_path() {
 // add instruction each, so the limit is (vector instructions per cycle for mul and add) x lanes.
 double rp_matmul_flop_per_cycle() {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (!is_intel()) return 32.0;   // AMD Zen 2-5: 2 FMUL + 2 FADD pipes of 256 bits: 16 pairs
+  if (!is_intel()) {
+    if (is_amd_before_zen5()) return 32.0;   // Zen 2-4: 2 FMUL + 2 FADD pipes of 256 bits: 16 pairs
+    return wide_pipes() ? 64.0 : 32.0;      // Zen 5 server/desktop: the same pipes at 512 bits
+  }
   if (width() == 512) return 32.0;  // p0, p5 at 512 bits: 2 ops x 16 lanes = 16 pairs
   return 24.0;                      // p0, p1 (mul or add) + p5 (add) at 256 bits (Golden Cove+)
 #else
