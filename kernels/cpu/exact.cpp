@@ -524,14 +524,12 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
   const int64_t mp = std::min(M, std::max<int64_t>(8, kResBytes / (4 * kMod * N)));
   Buffers& buf = buffers();
-  std::vector<int8_t>&pa = buf.pa, &pb = buf.pb;
-  std::vector<int32_t>&res = buf.res, &part = buf.part;
-  pa.resize(kMod * mp * kc0);
-  pb.resize(kMod * N * kc0);
-  res.resize(kMod * mp * N);
-  part.resize(nchunks > 1 ? mp * N : 0);
+  int8_t* pa = rp_aligned64(buf.pa, kMod * mp * kc0);
+  int8_t* pb = rp_aligned64(buf.pb, kMod * N * kc0);
+  int32_t* res = rp_aligned64(buf.res, kMod * mp * N);
+  int32_t* part = nchunks > 1 ? rp_aligned64(buf.part, mp * N) : nullptr;
   auto split_b = [&](int64_t k0, int64_t kc) {
-    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, k0, kc, eb, beta, pb.data(), N, kc, b, e); });
+    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, k0, kc, eb, beta, pb, N, kc, b, e); });
   };
   if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
@@ -542,25 +540,26 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);
       rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa.data(), m, kc, b, e);
+        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa, m, kc, b, e);
       });
       for (int t = 0; t < kMod; ++t) {
-        int32_t* rt = res.data() + t * m * N;
+        int32_t* rt = res + t * m * N;
         if (k0 == 0) {
-          rp_int8_matmul(pa.data() + t * m * kc, pb.data() + t * N * kc, rt, m, N, kc);
+          rp_int8_matmul(pa + t * m * kc, pb + t * N * kc, rt, m, N, kc);
           continue;
         }
         // a later chunk: its exact sum, then both reduced mod p so the total stays in int32
-        rp_int8_matmul(pa.data() + t * m * kc, pb.data() + t * N * kc, part.data(), m, N, kc);
+        rp_int8_matmul(pa + t * m * kc, pb + t * N * kc, part, m, N, kc);
         const int32_t p = (int32_t)kP[t];
         rp::parallel_for(m * N, 4096, [&](int64_t b, int64_t e) {
           for (int64_t i = b; i < e; ++i) rt[i] = rt[i] % p + part[i] % p;
         });
       }
     }
-    reconstruct_panel(res.data(), i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
+    reconstruct_panel(res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
   }
-  if ((pa.capacity() + pb.capacity()) + 4 * (res.capacity() + part.capacity()) > kKeepBytes) buf = Buffers();
+  if ((buf.pa.capacity() + buf.pb.capacity()) + 4 * (buf.res.capacity() + buf.part.capacity()) > kKeepBytes)
+    buf = Buffers();
 }
 
 void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K) {

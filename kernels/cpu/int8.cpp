@@ -18,6 +18,7 @@
 // path gives the same int32 result, which the self-test digests check across builds, paths and
 // under qemu-aarch64 (see "The paths" below).
 #include "kernels.h"
+#include "transpose.h"
 #include "vmath.h"
 
 #include <algorithm>
@@ -151,12 +152,45 @@ void pack_a(const int8_t* src, int64_t M, int64_t K, int64_t lda, int64_t r0, in
   }
 }
 
+#if defined(RP_I8_VNNI)
+// A full panel's (NR = 32 rows) values [0, kv), kv = K rounded down to 64: per half of 16 rows and
+// 64 values, 16 rows x 16 words through a 16 x 16 transpose of 32-bit words (transpose.h), so that
+// word w of each row lands in group w's 64 bytes (out [kv / 4][NR][4]); sums[r] = those values'
+// sum, four per lane by vpdpbusd with bytes of one (exact: |sum| <= 128 K < 2^31, since the
+// binding bounds K below 133144). Returns kv.
+int64_t pack_b_blocks(const int8_t* src, int64_t K, int8_t* out, int64_t* sums) {
+  const int64_t kv = K / 64 * 64;
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t h = 0; h < NR; h += 16) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int64_t k = 0; k < kv; k += 64) {
+      __m512i v[16];
+      for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_loadu_si512(src + (h + i) * K + k);
+      rp::transpose16(v);
+      for (int64_t w = 0; w < 16; ++w) {
+        _mm512_storeu_si512(out + ((k / 4 + w) * NR + h) * 4, v[w]);
+        acc = _mm512_dpbusd_epi32(acc, ones, v[w]);
+      }
+    }
+    alignas(64) int32_t s[16];
+    _mm512_store_si512(s, acc);
+    for (int64_t i = 0; i < 16; ++i) sums[h + i] = s[i];
+  }
+  return kv;
+}
+#endif
+
 // One B panel: rows [0, rows) of src ([*, K], row stride K) into out [Kp / G][NR][G]; rows past
-// `rows` are zero. colsum[r] = sum_k src[r, k] (exact in int64).
+// `rows` are zero. colsum[r] = sum_k src[r, k] (exact in int64). A full panel's 64-value blocks
+// go through pack_b_blocks on VNNI; the rest, and every other path, value by value.
 void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, int64_t* colsum) {
   const int64_t kfull = K / G * G;
   const int64_t live = std::min(rows, NR);
-  for (int64_t g = 0; g < kfull / G; ++g)       // full groups of the live rows: sequential writes
+  int64_t kv = 0, sums[NR] = {};   // values [0, kv) of every row packed, their sums
+#if defined(RP_I8_VNNI)
+  if (live == NR) kv = pack_b_blocks(src, K, out, sums);
+#endif
+  for (int64_t g = kv / G; g < kfull / G; ++g)  // full groups of the live rows: sequential writes
     for (int64_t r = 0; r < live; ++r)
       for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = (TB)src[r * K + g * G + u];
   if (kfull < Kp)                               // the last, partial group
@@ -168,9 +202,9 @@ void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, int
       for (int64_t r = live; r < NR; ++r)
         for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = 0;
   for (int64_t r = 0; r < NR; ++r) {
-    int64_t sum = 0;
+    int64_t sum = sums[r];
     if (r < live)
-      for (int64_t k = 0; k < K; ++k) sum += src[r * K + k];
+      for (int64_t k = kv; k < K; ++k) sum += src[r * K + k];
     colsum[r] = sum;
   }
 }
@@ -322,14 +356,10 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
   const int64_t Kp = (K + G - 1) / G * G;
   const int64_t mpanels = (M + MR - 1) / MR, npanels = (N + NR - 1) / NR, lda = a_stride(Kp);
   Packed& pk = packed();
-  pk.a.resize(mpanels * MR * lda);
-  pk.b.resize(npanels * NR * Kp);
-  pk.bias.resize(npanels * NR);
-  pk.colsum.resize(npanels * NR);
-  TA* ap = pk.a.data();
-  TB* bp = pk.b.data();
-  int32_t* bias = pk.bias.data();
-  int64_t* colsum = pk.colsum.data();
+  TA* ap = rp_aligned64(pk.a, mpanels * MR * lda);   // every byte written by pack_a / pack_b
+  TB* bp = rp_aligned64(pk.b, npanels * NR * Kp);
+  int32_t* bias = rp_aligned64(pk.bias, npanels * NR);
+  int64_t* colsum = rp_aligned64(pk.colsum, npanels * NR);
   rp::parallel_for(mpanels * MR, 64, [&](int64_t b, int64_t e) { pack_a(A, M, K, lda, b, e, ap); });
   rp::parallel_for(npanels, 4, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
