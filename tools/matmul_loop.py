@@ -58,6 +58,9 @@ HARNESS = r"""
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
