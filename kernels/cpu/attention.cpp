@@ -14,7 +14,7 @@ void rp_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_
       for (int64_t j = 0; j < n; ++j) e[j] = rp::mul(sr[j], scale);  // z_j
       const float* z = e.data();
       const float m = rp::cmax(n, [z](int64_t j) { return z[j]; });
-      rp::vmap(e.data(), e.data(), n, [m](rp::vf v) { return rp::vexp(rp::sub(v, m)); });
+      rp::vmap(e.data(), e.data(), n, [m](auto v) { return rp::vexp(rp::sub(v, m)); });
       const float inv = rp::recip(rp::csum_array(e.data(), n));
       for (int64_t j = 0; j < n; ++j) pr[j] = rp::mul(e[j], inv);
       for (int64_t j = n; j < T; ++j) pr[j] = 0.0f;

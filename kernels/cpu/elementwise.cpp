@@ -18,13 +18,13 @@ void rp_unary(RpFn fn, const float* x, float* y, int64_t n) {
     rp::parallel_for(n, kGrain, [&](int64_t i0, int64_t i1) { rp::vmap(x + i0, y + i0, i1 - i0, f); });
   };
   switch (fn) {
-    case RpFn::Exp: apply([](rp::vf v) { return rp::vexp(v); }); break;
-    case RpFn::Log: apply([](rp::vf v) { return rp::vlog(v); }); break;
-    case RpFn::Recip: apply([](rp::vf v) { return rp::vrecip(v); }); break;
-    case RpFn::Rsqrt: apply([](rp::vf v) { return rp::vrsqrt(v); }); break;
-    case RpFn::Sqrt: apply([](rp::vf v) { return rp::vsqrt(v); }); break;
-    case RpFn::Sin: apply([](rp::vf v) { return rp::vsin(v); }); break;
-    case RpFn::Cos: apply([](rp::vf v) { return rp::vcos(v); }); break;
+    case RpFn::Exp: apply([](auto v) { return rp::vexp(v); }); break;
+    case RpFn::Log: apply([](auto v) { return rp::vlog(v); }); break;
+    case RpFn::Recip: apply([](auto v) { return rp::vrecip(v); }); break;
+    case RpFn::Rsqrt: apply([](auto v) { return rp::vrsqrt(v); }); break;
+    case RpFn::Sqrt: apply([](auto v) { return rp::vsqrt(v); }); break;
+    case RpFn::Sin: apply([](auto v) { return rp::vsin(v); }); break;
+    case RpFn::Cos: apply([](auto v) { return rp::vcos(v); }); break;
   }
 }
 

@@ -12,7 +12,7 @@ void rp_cross_entropy(const float* z, const int64_t* targets, float zloss, float
     for (int64_t r = r0; r < r1; ++r) {
       const float* zr = z + r * V;
       const float m = rp::cmax(V, [zr](int64_t j) { return zr[j]; });
-      rp::vmap(zr, e.data(), V, [m](rp::vf v) { return rp::vexp(rp::sub(v, m)); });
+      rp::vmap(zr, e.data(), V, [m](auto v) { return rp::vexp(rp::sub(v, m)); });
       const float s = rp::csum_array(e.data(), V);
       const float l = rp::add(m, rp::log(s));
       lse[r] = l;
@@ -34,7 +34,7 @@ void rp_cross_entropy_backward(float g, const float* z, const int64_t* targets, 
       const float *zr = z + r * V;
       float* gr = gz + r * V;
       const float k = rp::add(1.0f, rp::mul(two_z, lse[r])), l = lse[r];
-      rp::vmap(zr, gr, V, [=](rp::vf v) { return rp::mul(rp::mul(rp::vexp(rp::sub(v, l)), k), gs); });
+      rp::vmap(zr, gr, V, [=](auto v) { return rp::mul(rp::mul(rp::vexp(rp::sub(v, l)), k), gs); });
       // the target column subtracts 1 before the last multiply: redo it (scalar, same bits)
       const int64_t tgt = targets[r];
       gr[tgt] = rp::mul(rp::sub(rp::mul(rp::exp(rp::sub(zr[tgt], l)), k), 1.0f), gs);

@@ -85,7 +85,7 @@ void rp_window_softmax(const float* s, float scale, float* p, int64_t rows, int6
       for (int64_t i = 0; i < n; ++i) e[i] = rp::mul(sr[i], scale);  // z, term i = key j = lo + i
       const float* z = e.data();
       const float m = rp::cmax(n, [z](int64_t i) { return z[i]; });
-      rp::vmap(e.data(), e.data(), n, [m](rp::vf v) { return rp::vexp(rp::sub(v, m)); });
+      rp::vmap(e.data(), e.data(), n, [m](auto v) { return rp::vexp(rp::sub(v, m)); });
       const float inv = rp::recip(rp::csum_array(e.data(), n));
       for (int64_t w = 0; w < w0; ++w) pr[w] = 0.0f;
       for (int64_t i = 0; i < n; ++i) pr[w0 + i] = rp::mul(e[i], inv);
