@@ -150,20 +150,22 @@ inline vf ifl(vi u) { return (vf)u; }
 inline float to_float(int32_t i) { return (float)i; }
 inline vf to_float(vi i) { return __builtin_convertvector(i, vf); }
 
-// vw: twice VL lanes on x86 (16: one zmm register with AVX-512, two ymm side by side with AVX2),
-// for loops whose per-element work is one long chain of dependent operations (the sigmoid of
-// mlp.cpp): each instruction then carries twice the lanes of the chain. The same operations lane
-// by lane as vf, so the same bits. AArch64 keeps vf (GCC keeps wider generic vectors in memory).
-#if defined(__aarch64__)
-constexpr int VW = VL;
-typedef vf vw;
-#else
+// vw: twice VL lanes with AVX-512 (16 floats, one zmm register), for loops whose per-element work
+// is one long chain of dependent operations (a canonical function mapped over a row: vmath.h
+// vmap, mlp.cpp): each instruction then carries twice the lanes of the chain. The same
+// operations lane by lane as vf, so the same bits. Elsewhere vw is vf: with AVX2's 16 registers
+// the wider chains spill (swiglu 2.5x slower, measured), and GCC keeps wider generic vectors in
+// memory on AArch64.
+#if defined(__AVX512F__)
 constexpr int VW = 2 * VL;
 typedef float vw __attribute__((vector_size(VW * sizeof(float))));
 typedef int32_t vwi __attribute__((vector_size(VW * sizeof(float))));
 inline vwi ibits(vw x) { return (vwi)x; }
 inline vw ifl(vwi u) { return (vw)u; }
 inline vw to_float(vwi i) { return __builtin_convertvector(i, vw); }
+#else
+constexpr int VW = VL;
+typedef vf vw;
 #endif
 // c ? a : b, lane by lane for vectors (a compare gives 0 / -1 per lane).
 template <class C, class T> inline T sel(C c, T a, T b) { return c ? a : b; }
@@ -195,7 +197,7 @@ constexpr int32_t kAbsMin24 = 0x0C800000;    // bits of 2^-102 = 2^-126 * 2^24
 
 // DAZ on the bit level, lane by lane: a subnormal reads as a zero of the same sign.
 inline vf daz(vf x) { return sel((ibits(x) & kExpMask) != 0, x, ifl(ibits(x) & kSign)); }
-#if !defined(__aarch64__)
+#if defined(__AVX512F__)
 inline vw daz(vw x) { return sel((ibits(x) & kExpMask) != 0, x, ifl(ibits(x) & kSign)); }
 #endif
 

@@ -1,5 +1,5 @@
 // mlp.cpp -- the SwiGLU gate of the MLP, contract §8 swiglu: out = silu(gate) * up.
-// VW columns at a time (rp::vw, 16 on x86) with the SIMD sigmoid (vmath.h; the same bits as the
+// VW columns at a time (rp::vw, 16 with AVX-512) with the SIMD sigmoid (vmath.h; the same bits as the
 // scalar one): the sigmoid is a chain of about 40 dependent operations, and twice VL lanes per
 // instruction nearly halves its cost per element where the core does not overlap separate chains
 // (Zen 5, 2026-12-02: 2.06 -> 1.12 ns per output, docs/performance.md).

@@ -1,5 +1,5 @@
 // vmath.h -- the canonical functions of contract §5 on VL lanes at once (contract.h: 8 on x86,
-// 4 on AArch64), or VW (rp::vw: 16 on x86), branch-free.
+// 4 on AArch64), or VW (rp::vw: 16 with AVX-512), branch-free.
 //
 // Each function runs the shared *_core arithmetic of contract.h on every lane, then selects
 // the special-case results (NaN, zeros, infinities, out-of-range) the scalar form returns
