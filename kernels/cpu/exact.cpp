@@ -179,6 +179,19 @@ inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
   exponent_of(eall, eplus, e, bad);
 }
 
+// 16 integer-valued lanes in [-127, 127] as int8. Without AVX-512's vpmovdb, GCC turns the direct
+// int32 -> int8 conversion into a byte insert per lane (perf: half of the split's time on AMD
+// Zen 3); through int16 it narrows whole vectors (AVX2: vpackusdw, vpackuswb). Truncation keeps
+// every value of this range either way.
+typedef int16_t i16v __attribute__((vector_size(32)));
+inline i8q to_int8(f32v x) {
+#if defined(__AVX512F__)
+  return __builtin_convertvector(__builtin_convertvector(x, i32v), i8q);
+#else
+  return __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(x, i32v), i16v), i8q);
+#endif
+}
+
 // n <= kSplit values (their float bits) of a row with exponent e: q = m 2^(E - e + beta - 24)
 // rounded half away from zero (|q| <= 2^beta <= 2^31, held as a uint32 magnitude and a sign), then
 // its residues into out[t * plane + k] (the symmetric representative in [-(p-1)/2, (p-1)/2]): the
@@ -206,13 +219,15 @@ RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_
     u32v qv, nv;
     std::memcpy(&qv, q + k, sizeof(qv));
     std::memcpy(&nv, neg + k, sizeof(nv));
-    const f32v sign = nv ? f32v{} - 1.0f : f32v{} + 1.0f;
+    // -1 or +1 from the sign bit (arithmetic: GCC lowers a select on 16 lanes to a branch per
+    // lane without AVX-512)
+    const f32v sign = __builtin_convertvector(1 - 2 * (i32v)nv, f32v);
     const f32v a = __builtin_convertvector(qv >> 20, f32v) * sign,
                b = __builtin_convertvector((qv >> 10) & 0x3FF, f32v) * sign,
                c = __builtin_convertvector(qv & 0x3FF, f32v) * sign;
     each_mod([&](auto t) {
       constexpr float f20 = float((uint32_t(1) << 20) % kP[t]), f10 = float((uint32_t(1) << 10) % kP[t]);
-      const i8q r = __builtin_convertvector(__builtin_convertvector(near<t>(mul_add(a, f20, mul_add(b, f10, c))), i32v), i8q);
+      const i8q r = to_int8(near<t>(mul_add(a, f20, mul_add(b, f10, c))));
       if (n - k >= kV)
         std::memcpy(out + t * plane + k, &r, kV);
       else
@@ -322,8 +337,9 @@ inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t 
 
 // Rows [r0, r1) of x, values [k0, k0 + kc): planes [kMod][rows][ld], ld >= kc, the values past kc
 // zero. 16 rows at a time, kSplit values at a time, gathered into bits: rows that are K-contiguous
-// copied; rows of a transposed operand (rs = 1) through 16 x 16 register transposes of the
-// consecutive values of 16 rows at each k (AVX-512), so that x^T is never written out.
+// copied; rows of a transposed operand (rs = 1) through register transposes of the consecutive
+// values of 16 rows at each k (16 x 16 with AVX-512, 8 x 8 with AVX), so that x^T is never
+// written out.
 void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int beta, int8_t* planes, int64_t rows,
                 int64_t ld, int64_t r0, int64_t r1) {
   const int64_t plane = rows * ld;
@@ -353,6 +369,15 @@ void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int 
             rp::transpose16(v);
             for (int64_t i = 0; i < kV; ++i) _mm512_store_si512(&bits[i][k], v[i]);
           }
+#elif defined(__AVX__)
+        if (ng == kV)   // the same with two 8 x 8 transposes per 8 k
+          for (; k + 8 <= n; k += 8)
+            for (int64_t h = 0; h < kV; h += 8) {
+              __m256 v[8];
+              for (int64_t j = 0; j < 8; ++j) v[j] = _mm256_loadu_ps(x.x + (k1 + k + j) * x.ks + g + h);
+              rp::transpose8(v);
+              for (int64_t i = 0; i < 8; ++i) _mm256_store_ps(reinterpret_cast<float*>(&bits[h + i][k]), v[i]);
+            }
 #endif
         for (int64_t i = 0; i < ng; ++i)
           for (int64_t kk = k; kk < n; ++kk) std::memcpy(&bits[i][kk], x.x + (k1 + kk) * x.ks + g + i, 4);
