@@ -123,10 +123,16 @@ constexpr int64_t kV = 16;   // lanes per vector
 //   - |x| < 2^20 (a split value, a Garner sum): y is within 2^-12 + 2^-12 < 2^-9 of x / p, so
 //     near(x) is the representative in [-(p-1)/2, (p-1)/2], the same integer on every build.
 // (With a fused multiply-add, y + 1.5 * 2^23 is rounded once and only fl(1/p)'s error is left.)
-// mul_add: a * b + c, one instruction with AVX-512.
+// mul_add: a * b + c, one instruction with AVX-512, two (one per 256-bit half) with FMA.
 inline f32v mul_add(f32v a, float b, f32v c) {
 #if defined(__AVX512F__)
   return (f32v)_mm512_fmadd_ps((__m512)a, _mm512_set1_ps(b), (__m512)c);
+#elif defined(__FMA__)
+  const f32h lo = (f32h)_mm256_fmadd_ps((__m256)__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps(b),
+                                        (__m256)__builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7));
+  const f32h hi = (f32h)_mm256_fmadd_ps((__m256)__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15), _mm256_set1_ps(b),
+                                        (__m256)__builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15));
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #else
   return a * b + c;
 #endif
