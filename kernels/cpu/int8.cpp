@@ -54,6 +54,12 @@ inline rp::vi vquant(rp::vf v) {
 inline rp::vi vinside(rp::vf v) { return (v > -127.0f) & (v < 127.0f); }
 
 typedef int8_t vb __attribute__((vector_size(rp::VL)));  // VL int8 lanes
+typedef int16_t vs __attribute__((vector_size(2 * rp::VL)));   // VL int16 lanes
+
+// Q's lanes (in [-127, 127]) as int8, through int16: the direct int32 -> int8 conversion is a
+// lane extract, shift and or per lane on AVX2 (GCC 12; 4.6% of an int8 step on AMD Zen 3, perf),
+// the two narrowings whole-vector packs. Truncation keeps every value of this range either way.
+inline vb to_int8(rp::vi q) { return __builtin_convertvector(__builtin_convertvector(q, vs), vb); }
 
 // f(r, i0, i1) for the parts of the flat range [b, e) of a [R, C] matrix in each row r.
 template <class F>
@@ -504,7 +510,7 @@ void rp_quantize(const float* x, const float* s, int8_t* q, int64_t R, int64_t C
     by_rows(b, e, C, [&](int64_t r, int64_t i, int64_t end) {
       const float inv = rp::recip(s[r]);
       for (; i + rp::VL <= end; i += rp::VL) {
-        const vb qb = __builtin_convertvector(vquant(rp::mul(rp::loadn(x + i), inv)), vb);
+        const vb qb = to_int8(vquant(rp::mul(rp::loadn(x + i), inv)));
         std::memcpy(q + i, &qb, sizeof(qb));
       }
       for (; i < end; ++i) q[i] = (int8_t)quant(rp::mul(x[i], inv));
