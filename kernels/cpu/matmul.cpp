@@ -142,8 +142,9 @@ inline bool plain_ok(int32_t min_a, int32_t min_b) { return min_a + min_b >= 128
 // pack<R> where each row is contiguous in k (ks == 1: the x and W of x @ W^T, the gy of gy @ W):
 // 8 k of up to 8 rows at a time through an 8 x 8 transpose in registers (transpose.h), each k's
 // n rows of a group stored as one panel row piece; the last kc % 8 values one by one. Element for
-// element it writes what the loop in pack<R> writes (element-by-element copy took 10-15% of the
-// products with N = 128, perf on AMD Zen 3, 2026-12-02).
+// element it writes what the loop in pack<R> writes, 2-3.5% faster over the model's 15 products
+// (geometric mean; up to 5% on x @ W.T and gy @ W) than that loop on AMD Zen 3, one binary
+// switching between the two (2026-12-02, docs/performance.md).
 template <int64_t R>
 void pack_k_rows(const float* p, int64_t rs, int64_t rows, int64_t kc, float* out) {
   for (int64_t r0 = 0; r0 < rows; r0 += R) {
@@ -260,6 +261,17 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
     else if (nc_blk > 2 * NR) nc_blk = (nc_blk / 2 + NR - 1) / NR * NR;
     else break;
   }
+  // Blocks of even size (a multiple of MR, NR) for that number of blocks: threads take equal
+  // runs of tasks, so a short last block leaves one thread with less work (M = 1024 in 192-row
+  // blocks ends with 64 rows: the three products with M = 1024 and N >= 384 ran 5-12% faster on
+  // 2 threads of an AMD Zen 3 with even blocks, docs/performance.md).
+  const auto even = [](int64_t n, int64_t blk, int64_t r) {
+    if (n == 0) return blk;
+    const int64_t blocks = (n + blk - 1) / blk;
+    return ((n + blocks - 1) / blocks + r - 1) / r * r;   // <= blk, the same number of blocks or fewer
+  };
+  mc_blk = even(M, mc_blk, MR);
+  nc_blk = even(N, nc_blk, NR);
   const int64_t mblocks = (M + mc_blk - 1) / mc_blk, nblocks = (N + nc_blk - 1) / nc_blk;
   const int64_t kblocks = (K + KC - 1) / KC;
 
@@ -319,10 +331,9 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
           for (int64_t ip = 0; ip < mc; ip += MR) {
             float* ct = Cb + (i0 + ip) * N + (j0 + jp);
             const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
-            {
-              // The next tile's C lines, fetched for writing while this one runs (a fresh output is
-              // not in cache; prefetches past an edge or C's end are harmless). One per 64-byte
-              // line, 16 floats (a row of the tile is 16 floats wide at 256 bits, 32 at 512).
+            if constexpr (T::L == 16) {
+              // 512-bit tile: the next tile's C lines, fetched for writing while this one runs (a
+              // fresh output is not in cache; prefetches past an edge or C's end are harmless)
               const float* cn = ip + MR < mc ? ct + MR * N : Cb + i0 * N + (j0 + jp + NR);
               for (int64_t i = 0; i < MR; ++i)
                 for (int64_t v = 0; v < NR; v += 16) __builtin_prefetch(cn + i * N + v, 1, 3);
