@@ -365,7 +365,7 @@ def checkpoint_bytes(state, root, leaves, step):
 def code_digest(root):
     """§14: the build flags, then (path, SHA-256 of the file) of the files that decide the math."""
     arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
-    flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp"
+    flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp -falign-loops=64"
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
              "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
