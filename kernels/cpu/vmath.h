@@ -24,9 +24,13 @@ template <class V = vf> inline V splat(float c) { return V{} + c; }  // +0 + c =
 // vector move rather than a variable-length copy.
 template <class V = vf>
 inline V loadn(const float* p, int64_t n = kLanesOf<V>) {
+  if (n >= kLanesOf<V>) {
+    V v;
+    __builtin_memcpy(&v, p, sizeof(V));
+    return v;
+  }
   V v = {};
-  if (n >= kLanesOf<V>) __builtin_memcpy(&v, p, sizeof(V));
-  else __builtin_memcpy(&v, p, n * sizeof(float));
+  __builtin_memcpy(&v, p, n * sizeof(float));
   return v;
 }
 template <class V>
@@ -89,7 +93,10 @@ template <class V> inline V vsincos_q(V x, int32_t shift) {  // §5.5
 template <class V> inline V vsin(V x) { return vsincos_q(x, 0); }
 template <class V> inline V vcos(V x) { return vsincos_q(x, 1); }
 
-template <class V> inline V vsigmoid(V x) { return vrecip(add(1.0f, vexp(-x))); }  // §5.6
+// §5.6 from e = vexp(-x): a kernel may compute e in one pass over a row and finish in another
+// (mlp.cpp), the same operations on the same values.
+template <class V> inline V vsigmoid_of_exp(V e) { return vrecip(add(1.0f, e)); }
+template <class V> inline V vsigmoid(V x) { return vsigmoid_of_exp(vexp(-x)); }  // §5.6
 
 // y[i] = f(x[i]) for i in [0, n), VW lanes at a time (f takes and returns V: a generic lambda,
 // [](auto v) {...}); the tail runs as a partial vector.
