@@ -13,9 +13,9 @@ void rp_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_
       float* pr = p + r * T;
       for (int64_t j = 0; j < n; ++j) e[j] = rp::mul(sr[j], scale);  // z_j
       const float* z = e.data();
-      const float m = rp::cmax(n, [z](int64_t j) { return z[j]; });
+      const float m = rp::vcmax_array(z, n);
       rp::vmap(e.data(), e.data(), n, [m](auto v) { return rp::vexp(rp::sub(v, m)); });
-      const float inv = rp::recip(rp::csum_array(e.data(), n));
+      const float inv = rp::recip(rp::vcsum_array(e.data(), n));
       for (int64_t j = 0; j < n; ++j) pr[j] = rp::mul(e[j], inv);
       for (int64_t j = n; j < T; ++j) pr[j] = 0.0f;
     }
@@ -29,7 +29,7 @@ void rp_causal_softmax_backward(const float* gp, const float* p, float scale, fl
       const int64_t t = r % T, n = t + 1;
       const float *pr = p + r * T, *gr = gp + r * T;
       float* out = gs + r * T;
-      const float dot = rp::csum(n, [pr, gr](int64_t j) { return rp::mul(pr[j], gr[j]); });
+      const float dot = rp::vcsum(n, [pr, gr](int64_t j, int64_t m) { return rp::mul(rp::loadn(pr + j, m), rp::loadn(gr + j, m)); });
       for (int64_t j = 0; j < n; ++j) out[j] = rp::mul(rp::mul(rp::sub(gr[j], dot), pr[j]), scale);
       for (int64_t j = n; j < T; ++j) out[j] = 0.0f;
     }

@@ -34,7 +34,7 @@ void rp_scale(const float* a, float s, float* y, int64_t n) { map(n, [=](int64_t
 
 void rp_csum_rows(const float* x, float* y, int64_t rows, int64_t n) {
   rp::parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) y[r] = rp::csum_array(x + r * n, n);
+    for (int64_t r = r0; r < r1; ++r) y[r] = rp::vcsum_array(x + r * n, n);
   });
 }
 

@@ -551,37 +551,19 @@ void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, 
       }
     });
   });
-  // gs[r] = csum_c(gxh * term) * g, term = Q(v) - v inside the grid, Q(v) = +-127 at the clip.
-  // The canonical sum (§4.2, rp::csum) written out on vectors: lane l of the kLanes partial sums
-  // is lane l % VL of vector l / VL; whole blocks of kLanes terms, then the tail into lanes
-  // 0, 1, ... one by one, then the fixed fold: the same additions in the same order as csum.
+  // gs[r] = csum_c(gxh * term) * g, term = Q(v) - v inside the grid, Q(v) = +-127 at the clip
+  // (the canonical sum on vectors, vmath.h vcsum).
   rp::parallel_for(R, 1, [&](int64_t b, int64_t e) {
-    constexpr int NV = rp::kLanes / rp::VL;
     for (int64_t r = b; r < e; ++r) {
       const float inv = rp::recip(s[r]);
-      const float* xr = x + r * C;
-      const float* gr = gxh + r * C;
-      rp::vf p[NV];
-      for (int u = 0; u < NV; ++u) p[u] = rp::vf{};
-      int64_t c = 0;
-      for (; c + rp::kLanes <= C; c += rp::kLanes)
-        for (int u = 0; u < NV; ++u) {
-          const rp::vf v = rp::mul(rp::loadn(xr + c + u * rp::VL), inv);
-          const rp::vf qf = rp::to_float(vquant(v));
-          const rp::vf term = rp::sel(vinside(v), rp::sub(qf, v), qf);
-          p[u] = rp::add(p[u], rp::mul(rp::loadn(gr + c + u * rp::VL), term));
-        }
-      float ps[rp::kLanes];
-      std::memcpy(ps, p, sizeof(ps));
-      for (int l = 0; c + l < C; ++l) {
-        const float v = rp::mul(xr[c + l], inv);
-        const float qf = (float)quant(v);
-        const float term = (v > -127.0f && v < 127.0f) ? rp::sub(qf, v) : qf;
-        ps[l] = rp::add(ps[l], rp::mul(gr[c + l], term));
-      }
-      for (int w = rp::kLanes / 2; w >= 1; w >>= 1)
-        for (int l = 0; l < w; ++l) ps[l] = rp::add(ps[l], ps[l + w]);
-      gs[r] = rp::mul(ps[0], g);
+      const float *xr = x + r * C, *gr = gxh + r * C;
+      const float sum = rp::vcsum(C, [xr, gr, inv](int64_t c, int64_t m) {
+        const rp::vf v = rp::mul(rp::loadn(xr + c, m), inv);
+        const rp::vf qf = rp::to_float(vquant(v));
+        const rp::vf term = rp::sel(vinside(v), rp::sub(qf, v), qf);
+        return rp::mul(rp::loadn(gr + c, m), term);
+      });
+      gs[r] = rp::mul(sum, g);
     }
   });
 }

@@ -11,7 +11,6 @@
 // (|sum| <= W * 127^2 < 2^31, checked by the binding), so its order is free.
 #include "kernels.h"
 
-#include <cmath>
 #include <vector>
 
 void rp_int8_absmax_step(const float* x, float* s, int64_t R, int64_t C) {
@@ -19,7 +18,7 @@ void rp_int8_absmax_step(const float* x, float* s, int64_t R, int64_t C) {
     const float inv127 = rp::recip(127.0f);  // §5.3 (under the workers' FP mode), every backend's bits
     for (int64_t r = b; r < e; ++r) {
       const float* xr = x + r * C;
-      const float m = rp::cmax(C, [xr](int64_t c) { return std::fabs(xr[c]); });
+      const float m = rp::vcmax(C, [xr](int64_t c, int64_t n) { return rp::vabs(rp::loadn(xr + c, n)); });
       const float st = rp::mul(m, inv127);
       s[r] = st > 0.0f ? st : 1.0f;  // an all-zero (or flushed) block: step 1.0, every q is 0
     }

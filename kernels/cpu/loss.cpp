@@ -11,9 +11,9 @@ void rp_cross_entropy(const float* z, const int64_t* targets, float zloss, float
     std::vector<float> e(V);
     for (int64_t r = r0; r < r1; ++r) {
       const float* zr = z + r * V;
-      const float m = rp::cmax(V, [zr](int64_t j) { return zr[j]; });
+      const float m = rp::vcmax_array(zr, V);
       rp::vmap(zr, e.data(), V, [m](auto v) { return rp::vexp(rp::sub(v, m)); });
-      const float s = rp::csum_array(e.data(), V);
+      const float s = rp::vcsum_array(e.data(), V);
       const float l = rp::add(m, rp::log(s));
       lse[r] = l;
       row_loss[r] = rp::add(rp::sub(l, zr[targets[r]]), rp::mul(rp::mul(zloss, l), l));
@@ -21,7 +21,7 @@ void rp_cross_entropy(const float* z, const int64_t* targets, float zloss, float
   });
   rp::FpModeGuard guard;  // this sum runs in the calling thread
   const float inv_r = (float)(1.0 / (double)R);
-  *loss = rp::mul(rp::csum_array(row_loss.data(), R), inv_r);
+  *loss = rp::mul(rp::vcsum_array(row_loss.data(), R), inv_r);
 }
 
 void rp_cross_entropy_backward(float g, const float* z, const int64_t* targets, const float* lse,

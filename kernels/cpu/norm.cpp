@@ -10,7 +10,7 @@ void rp_rmsnorm(const float* x, const float* w, float eps, float* y, float* rstd
   rp::parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * D;
-      float ss = rp::csum(D, [xr](int64_t j) { return rp::mul(xr[j], xr[j]); });
+      float ss = rp::vcsum(D, [xr](int64_t j, int64_t m) { const rp::vf v = rp::loadn(xr + j, m); return rp::mul(v, v); });
       float rs = rp::rsqrt(rp::add(rp::mul(ss, inv_d), eps));
       rstd[r] = rs;
       for (int64_t j = 0; j < D; ++j) y[r * D + j] = rp::mul(rp::mul(xr[j], rs), w[j]);
@@ -25,7 +25,9 @@ void rp_rmsnorm_backward(const float* gy, const float* x, const float* w, const 
     for (int64_t r = r0; r < r1; ++r) {
       const float *gr = gy + r * D, *xr = x + r * D;
       const float rs = rstd[r];
-      float dot = rp::csum(D, [gr, xr, w](int64_t j) { return rp::mul(rp::mul(gr[j], w[j]), xr[j]); });
+      float dot = rp::vcsum(D, [gr, xr, w](int64_t j, int64_t m) {
+        return rp::mul(rp::mul(rp::loadn(gr + j, m), rp::loadn(w + j, m)), rp::loadn(xr + j, m));
+      });
       float c = rp::mul(rp::mul(rp::mul(dot, inv_d), rs), rs);
       c = rp::mul(c, rs);
       for (int64_t j = 0; j < D; ++j) gx[r * D + j] = rp::sub(rp::mul(rp::mul(gr[j], w[j]), rs), rp::mul(xr[j], c));

@@ -2,7 +2,6 @@
 // contract §8 adamw and clip_grad (its norm: the chunked sum, §4.5). All host scalars arrive
 // already rounded to float32.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "kernels.h"
@@ -25,25 +24,12 @@ void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr,
 }
 
 namespace {
-// The canonical sum (§4.2) of g[i] * g[i] for i in [0, len), the 32 lanes held as vectors (lane l
-// is lane l % VL of vector l / VL, as in int8.cpp's LSQ sum): whole blocks of 32 terms, then the
-// tail into lanes 0, 1, ... one by one (no padding), then the fixed fold -- csum's adds in order.
+// The canonical sum (§4.2) of g[i] * g[i] for i in [0, len) (vmath.h vcsum).
 float csum_squares(const float* g, int64_t len) {
-  constexpr int NV = rp::kLanes / rp::VL;
-  rp::vf p[NV];
-  for (int u = 0; u < NV; ++u) p[u] = rp::vf{};
-  int64_t i = 0;
-  for (; i + rp::kLanes <= len; i += rp::kLanes)
-    for (int u = 0; u < NV; ++u) {
-      const rp::vf x = rp::loadn(g + i + u * rp::VL);
-      p[u] = rp::add(p[u], rp::mul(x, x));
-    }
-  float ps[rp::kLanes];
-  std::memcpy(ps, p, sizeof(ps));
-  for (int l = 0; i + l < len; ++l) ps[l] = rp::add(ps[l], rp::mul(g[i + l], g[i + l]));
-  for (int w = rp::kLanes / 2; w >= 1; w >>= 1)
-    for (int l = 0; l < w; ++l) ps[l] = rp::add(ps[l], ps[l + w]);
-  return ps[0];
+  return rp::vcsum(len, [g](int64_t i, int64_t m) {
+    const rp::vf x = rp::loadn(g + i, m);
+    return rp::mul(x, x);
+  });
 }
 }  // namespace
 

@@ -98,6 +98,49 @@ template <class V> inline V vcos(V x) { return vsincos_q(x, 1); }
 template <class V> inline V vsigmoid_of_exp(V e) { return vrecip(add(1.0f, e)); }
 template <class V> inline V vsigmoid(V x) { return vsigmoid_of_exp(vexp(-x)); }  // §5.6
 
+// §4.2's canonical sum and max on vectors, the same operations in the same order as csum / cmax
+// (contract.h): partial l of the kLanes lane-strided partial results is lane l % VL of vector
+// l / VL. term(i, m) returns the terms i .. i + VL - 1 as a vf of which the first m (1 <= m <= VL)
+// are real. Whole blocks of kLanes terms, then the tail's vectors with the lanes past n masked
+// (their partial stays as it was: padding with +0.0 would not do, as -0.0 + +0.0 is +0.0 and a
+// partial sum can be -0.0 after a flush), then the fixed fold: its levels w >= VL are vector
+// operations, the last log2(VL) run lane by lane.
+//   float s = rp::vcsum(n, [x](int64_t i, int64_t m) { return rp::loadn(x + i, m); });
+template <class Op, class Term>
+inline float vreduce(int64_t n, float init, const Op& op, const Term& term) {
+  constexpr int NV = kLanes / VL;
+  vf p[NV];
+  for (int u = 0; u < NV; ++u) p[u] = splat(init);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int u = 0; u < NV; ++u) p[u] = op(p[u], term(i + u * VL, VL));
+  vi lane;
+  for (int l = 0; l < VL; ++l) lane[l] = l;
+  for (int u = 0; i + u * VL < n; ++u) {
+    const int64_t m = n - i - u * VL < VL ? n - i - u * VL : VL;
+    p[u] = sel(lane < (int32_t)m, op(p[u], term(i + u * VL, m)), p[u]);
+  }
+  for (int w = kLanes / 2; w >= VL; w >>= 1)
+    for (int u = 0; u < w / VL; ++u) p[u] = op(p[u], p[u + w / VL]);
+  float q[VL];
+  __builtin_memcpy(q, &p[0], sizeof(q));
+  for (int w = VL / 2; w >= 1; w >>= 1)
+    for (int l = 0; l < w; ++l) q[l] = op(q[l], q[l + w]);
+  return q[0];
+}
+template <class Term> inline float vcsum(int64_t n, const Term& term) {
+  return vreduce(n, 0.0f, [](auto a, auto b) { return add(a, b); }, term);
+}
+template <class Term> inline float vcmax(int64_t n, const Term& term) {  // cmax's p = gt(t, p) ? t : p
+  return vreduce(n, -kInf, [](auto p, auto t) { return sel(gt(t, p), t, p); }, term);
+}
+inline float vcsum_array(const float* x, int64_t n) {
+  return vcsum(n, [x](int64_t i, int64_t m) { return loadn(x + i, m); });
+}
+inline float vcmax_array(const float* x, int64_t n) {
+  return vcmax(n, [x](int64_t i, int64_t m) { return loadn(x + i, m); });
+}
+
 // y[i] = f(x[i]) for i in [0, n), VW lanes at a time (f takes and returns V: a generic lambda,
 // [](auto v) {...}); the tail runs as a partial vector.
 template <class V = vw, class F>

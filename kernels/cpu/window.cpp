@@ -84,9 +84,9 @@ void rp_window_softmax(const float* s, float scale, float* p, int64_t rows, int6
       float* pr = p + r * W;
       for (int64_t i = 0; i < n; ++i) e[i] = rp::mul(sr[i], scale);  // z, term i = key j = lo + i
       const float* z = e.data();
-      const float m = rp::cmax(n, [z](int64_t i) { return z[i]; });
+      const float m = rp::vcmax_array(z, n);
       rp::vmap(e.data(), e.data(), n, [m](auto v) { return rp::vexp(rp::sub(v, m)); });
-      const float inv = rp::recip(rp::csum_array(e.data(), n));
+      const float inv = rp::recip(rp::vcsum_array(e.data(), n));
       for (int64_t w = 0; w < w0; ++w) pr[w] = 0.0f;
       for (int64_t i = 0; i < n; ++i) pr[w0 + i] = rp::mul(e[i], inv);
     }
@@ -100,7 +100,7 @@ void rp_window_softmax_backward(const float* gp, const float* p, float scale, fl
       const int64_t w0 = first_valid(r % T, W), n = W - w0;
       const float *pr = p + r * W + w0, *gr = gp + r * W + w0;
       float* out = gs + r * W;
-      const float dot = rp::csum(n, [pr, gr](int64_t i) { return rp::mul(pr[i], gr[i]); });
+      const float dot = rp::vcsum(n, [pr, gr](int64_t i, int64_t m) { return rp::mul(rp::loadn(pr + i, m), rp::loadn(gr + i, m)); });
       for (int64_t w = 0; w < w0; ++w) out[w] = 0.0f;
       for (int64_t i = 0; i < n; ++i) out[w0 + i] = rp::mul(rp::mul(rp::sub(gr[i], dot), pr[i]), scale);
     }
