@@ -6,19 +6,31 @@
 
 #include "kernels.h"
 
+// Two passes over blocks of kBlock elements: the moments and den = sqrt(v * bc2) + eps (a chain
+// of about 30 dependent operations per lane), then recip(den) and the update (about 25 more). One
+// pass of the whole chain runs at its latency: a core's scheduler overlaps too few loop
+// iterations of it (as in mlp.cpp). The same operations on the same values.
 void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
               float omb1, float omb2, float eps, float decay, float bc1, float bc2) {
+  constexpr int64_t kBlock = 512;
   rp::parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; i += rp::VL) {  // 8 elements at a time (vmath.h)
-      const int64_t k = i1 - i;
-      const rp::vf gi = rp::loadn(g + i, k);
-      const rp::vf mi = rp::add(rp::mul(b1, rp::loadn(m + i, k)), rp::mul(omb1, gi));
-      const rp::vf vi = rp::add(rp::mul(b2, rp::loadn(v + i, k)), rp::mul(omb2, rp::mul(gi, gi)));
-      const rp::vf den = rp::add(rp::vsqrt(rp::mul(vi, bc2)), eps);
-      const rp::vf u = rp::mul(rp::mul(mi, bc1), rp::vrecip(den));
-      rp::storen(m + i, mi, k);
-      rp::storen(v + i, vi, k);
-      rp::storen(p + i, rp::sub(rp::mul(rp::loadn(p + i, k), decay), rp::mul(lr, u)), k);
+    alignas(64) float den[kBlock];
+    for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
+      const int64_t b1e = std::min(i1, b0 + kBlock);
+      for (int64_t i = b0; i < b1e; i += rp::VL) {  // 8 elements at a time (vmath.h)
+        const int64_t k = b1e - i;
+        const rp::vf gi = rp::loadn(g + i, k);
+        const rp::vf mi = rp::add(rp::mul(b1, rp::loadn(m + i, k)), rp::mul(omb1, gi));
+        const rp::vf vi = rp::add(rp::mul(b2, rp::loadn(v + i, k)), rp::mul(omb2, rp::mul(gi, gi)));
+        rp::storen(m + i, mi, k);
+        rp::storen(v + i, vi, k);
+        rp::storen(den + (i - b0), rp::add(rp::vsqrt(rp::mul(vi, bc2)), eps), k);
+      }
+      for (int64_t i = b0; i < b1e; i += rp::VL) {
+        const int64_t k = b1e - i;
+        const rp::vf u = rp::mul(rp::mul(rp::loadn(m + i, k), bc1), rp::vrecip(rp::loadn(den + (i - b0), k)));
+        rp::storen(p + i, rp::sub(rp::mul(rp::loadn(p + i, k), decay), rp::mul(lr, u)), k);
+      }
     }
   });
 }
