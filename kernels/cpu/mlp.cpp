@@ -6,7 +6,8 @@
 // output row, the second reads it back and finishes (recip(1 + e), the products). Two chains of
 // half the length overlap twice as deep. Twice VL lanes per instruction (AVX-512) halves the
 // instructions per element for the same reason. Measured, ns per output of the forward
-// (docs/performance.md): Zen 5 with vw 16, 2.06 -> 1.12; Zen 3 (AVX2), one pass -> two, 2.95 -> 1.95.
+// (docs/performance.md): Zen 5, 8 -> 16 lanes, 2.06 -> 1.12; Zen 3 (AVX2), one pass -> two
+// (with vmath.h's loadn without a stack copy), 2.95 -> 1.99.
 #include "kernels.h"
 
 namespace {
