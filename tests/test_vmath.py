@@ -195,6 +195,53 @@ def test_mul_window_on_riscv64(riscv64, native):
     assert _digests(_check_mul(riscv64, 101, 2003, True)) == _digests(_check_mul(native, 101, 2003, False))
 
 
+# The canonical sum and max on vectors (vmath.h vcsum_array / vcmax_array) against the scalar
+# csum / cmax (contract.h): every length 0..100 of windows of bit patterns, all 2^32 at a stride
+# (every exponent, NaN, inf) and [2^-127, 2^-124) with every third value negated (flushed sums),
+# plus the window whose partial sums are all -0.0 (vmath_check.cpp "csum"). Natively, in the
+# software-flush build, on AArch64 (4 lanes: 8 vectors of partials) and riscv64: vector == scalar
+# in every build, and the sums' digest equals x86's. The max's digest is not compared across
+# builds: a maximum of subnormal terms only is the DAZ-read zero on x86 (maxss) and the raw
+# subnormal elsewhere (kernels/README.md §4.2; every kernel reads that result through DAZ).
+REDUCE_RANGES = [(0, 2**32, 4099), (b(2.0**-127), b(2.0**-124), 97)]
+REDUCE_SLOW = [(0, 2**32, 400009), (b(2.0**-127), b(2.0**-124), 4999)]   # under qemu
+
+
+def _reduce_digests(runner, ranges):
+    """Runs csum and cmax on every range (each asserts vector == scalar); the sums' digests."""
+    for lo, hi, stride in ranges:
+        _check(runner, "cmax", lo, hi, stride)
+    return [_fields(_check(runner, "csum", lo, hi, stride))["digest"] for lo, hi, stride in ranges]
+
+
+def test_reductions_vector_equals_scalar(native, soft):
+    assert _reduce_digests(native, REDUCE_RANGES) == _reduce_digests(soft, REDUCE_RANGES)
+
+
+def test_reductions_on_aarch64(aarch64, native):
+    assert _reduce_digests(aarch64, REDUCE_SLOW) == _reduce_digests(native, REDUCE_SLOW)
+
+
+def test_reductions_on_riscv64(riscv64, native):
+    assert _reduce_digests(riscv64, REDUCE_SLOW) == _reduce_digests(native, REDUCE_SLOW)
+
+
+def test_check_catches_a_padded_tail(tmp_path):
+    """The reduction check must be able to fail: a tail padded with +0.0 instead of masked turns
+    the -0.0 window's sum into +0.0, and a padded max is wrong on negative rows."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    masked = "p[u] = sel(lane < (int32_t)m, op(p[u], term(i + u * VL, m)), p[u]);"
+    src = open(os.path.join(ROOT, "kernels", "cpu", "vmath.h")).read()
+    assert masked in src
+    (tmp_path / "vmath.h").write_text(src.replace(masked, "p[u] = op(p[u], term(i + u * VL, m));"))
+    exe = str(tmp_path / "bad")
+    run_process(["g++", "-O2", "-I", str(tmp_path)] + FLAGS[:-1] + [SRC, "-o", exe], check=True)
+    for fn in ("csum", "cmax"):
+        r = run_process([exe, fn, "0", hex(2**32), "4099"], capture_output=True, text=True)
+        assert r.returncode == 1 and "mismatches 0" not in r.stdout, (fn, r.stdout)
+
+
 def test_check_catches_a_difference(tmp_path):
     """The checker must be able to fail: a vector exp off by one ulp in one lane is reported."""
     if shutil.which("g++") is None:

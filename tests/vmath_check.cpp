@@ -7,6 +7,7 @@
 //   ./vmath_check exp 0 0x100000000 1      # every float32: "checked 4294967296 mismatches 0"
 //
 //   ./vmath_check mul 0x1e800000 0x21000000 1   # rp::mul near 2^-126 against a double reference
+//   ./vmath_check csum 0 0x100000000 4099       # rp::vcsum_array against rp::csum (also cmax)
 //
 // Each run ends with a digest of the scalar results, equal across builds that agree.
 // Exit status 0 when every lane matched, 1 otherwise (the first mismatches are printed).
@@ -104,6 +105,37 @@ static int check_mul(uint64_t lo, uint64_t hi, uint64_t stride) {
   return bad != 0;
 }
 
+// "csum" / "cmax": the vector reductions (vmath.h vcsum_array, vcmax_array) against the scalar
+// ones (contract.h csum, cmax) on windows of kWindow values, every length 0 .. kWindow of each (so
+// every tail length, whole blocks and the fold run): windows made from the bit patterns lo,
+// lo + stride, ... < hi, every third value negated (near 2^-126: cancellations and flushed
+// sums), and one fixed window whose 32 partial sums all become -0.0 (2^-126, then
+// -1.5 * 2^-126: the sum is flushed to -0.0) followed by -0.0 terms, where a tail padded with
+// +0.0 instead of masked would give +0.0. Equal bits, or both NaN.
+static int check_reduce(bool is_max, uint64_t lo, uint64_t hi, uint64_t stride) {
+  constexpr int64_t kWindow = 100;
+  uint64_t bad = 0, n = 0, h = 14695981039346656037ull;
+  float x[kWindow];
+  const auto run = [&](uint32_t id) {
+    for (int64_t len = 0; len <= kWindow; ++len, ++n) {
+      const auto term = [&x](int64_t i) { return x[i]; };
+      const float s = is_max ? rp::cmax(len, term) : rp::csum(len, term);
+      const float v = is_max ? rp::vcmax_array(x, len) : rp::vcsum_array(x, len);
+      digest(&h, s);
+      if (!same(s, v) && bad++ < 5)
+        std::printf("window %08x length %" PRId64 ": scalar=%08x vector=%08x\n", id, len, rp::bits(s), rp::bits(v));
+    }
+  };
+  for (int64_t j = 0; j < kWindow; ++j) x[j] = j < 32 ? 0x1p-126f : j < 64 ? -0x1.8p-126f : -0.0f;
+  run(0);
+  for (uint64_t u = lo; u + (kWindow - 1) * stride < hi; u += kWindow * stride) {
+    for (int64_t j = 0; j < kWindow; ++j) x[j] = rp::fl((uint32_t)(u + j * stride) ^ (j % 3 == 1 ? 0x80000000u : 0u));
+    run((uint32_t)u);
+  }
+  std::printf("checked %" PRIu64 " mismatches %" PRIu64 " digest %016" PRIx64 "\n", n, bad, h);
+  return bad != 0;
+}
+
 int main(int argc, char** argv) {
   if (argc != 5) {
     std::fprintf(stderr, "usage: vmath_check FN LO HI STRIDE\n");
@@ -113,6 +145,7 @@ int main(int argc, char** argv) {
   const uint64_t lo = strtoull(argv[2], 0, 0), hi = strtoull(argv[3], 0, 0), stride = strtoull(argv[4], 0, 0);
   rp::FpModeGuard guard;
   if (!strcmp(fn, "mul")) return check_mul(lo, hi, stride);
+  if (!strcmp(fn, "csum") || !strcmp(fn, "cmax")) return check_reduce(fn[1] == 'm', lo, hi, stride);
 #define CASE(name)                                                                      \
   if (!strcmp(fn, #name))                                                               \
     return check([](float x) { return rp::name(x); }, [](rp::vf x) { return rp::v##name(x); }, \
