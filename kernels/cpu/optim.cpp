@@ -16,9 +16,9 @@ void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr,
   rp::parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
     alignas(64) float den[kBlock];
     for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
-      const int64_t b1e = std::min(i1, b0 + kBlock);
-      for (int64_t i = b0; i < b1e; i += rp::VL) {  // 8 elements at a time (vmath.h)
-        const int64_t k = b1e - i;
+      const int64_t b_end = std::min(i1, b0 + kBlock);
+      for (int64_t i = b0; i < b_end; i += rp::VL) {  // 8 elements at a time (vmath.h)
+        const int64_t k = b_end - i;
         const rp::vf gi = rp::loadn(g + i, k);
         const rp::vf mi = rp::add(rp::mul(b1, rp::loadn(m + i, k)), rp::mul(omb1, gi));
         const rp::vf vi = rp::add(rp::mul(b2, rp::loadn(v + i, k)), rp::mul(omb2, rp::mul(gi, gi)));
@@ -26,8 +26,8 @@ void rp_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr,
         rp::storen(v + i, vi, k);
         rp::storen(den + (i - b0), rp::add(rp::vsqrt(rp::mul(vi, bc2)), eps), k);
       }
-      for (int64_t i = b0; i < b1e; i += rp::VL) {
-        const int64_t k = b1e - i;
+      for (int64_t i = b0; i < b_end; i += rp::VL) {
+        const int64_t k = b_end - i;
         const rp::vf u = rp::mul(rp::mul(rp::loadn(m + i, k), bc1), rp::vrecip(rp::loadn(den + (i - b0), k)));
         rp::storen(p + i, rp::sub(rp::mul(rp::loadn(p + i, k), decay), rp::mul(lr, u)), k);
       }
