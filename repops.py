@@ -101,8 +101,7 @@ CUDA_CLIP = os.environ.get("REPOPS_CUDA_CLIP", "") or "1"
 
 # The CPU kernel versions, chosen at load (kernels/cpu; every one gives the same bits, so the choice
 # is speed only): REPOPS_CPU_MATMUL = auto | 256 | 512, the fp32 matmul's vector width (auto: 512
-# on Intel CPUs with AVX-512, 256 on AMD Zen 4 and older, measured on other AVX-512 cores such as
-# Zen 5, matmul.cpp); REPOPS_CPU_INT8 = auto | vnni | amx, the
+# on x86 CPUs with AVX-512, 256 elsewhere, matmul.cpp); REPOPS_CPU_INT8 = auto | vnni | amx, the
 # int8 GEMM of §10 and §11 (auto: AMX-INT8 where the CPU and Linux give it, else the build's SIMD
 # path, "vnni": VNNI on AVX-512 VNNI CPUs, vpmaddwd / smlal / C elsewhere). select_cpu() switches.
 CPU_MATMUL_VERSIONS = {"auto": 0, "256": 256, "512": 512}

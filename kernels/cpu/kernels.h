@@ -16,7 +16,7 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
 // The instruction set this file was built for and the matmul register tile it uses (for bench.py).
 const char* rp_cpu_path();
 // The matmul's register tile by vector width: 256, 512 (x86 builds with AVX-512 only), or 0 for
-// this CPU's default (512 on Intel, 256 on AMD Zen 4 and older, else measured: matmul.cpp).
+// this CPU's default (512 where the build has it, else 256: matmul.cpp).
 // Every tile gives the same bits. Returns the
 // width now in use, -1 (and no change) if this build has no such tile.
 int rp_matmul_select(int width);

@@ -8,19 +8,19 @@
 // is updated with SIMD across j. Threads take disjoint output blocks.
 // Blocking over k carries the running acc through C (load, keep adding), never sums blocks.
 //
-// Two register tiles compete on x86 with AVX-512 (rp_matmul_select picks one; both give the same
-// bits, since each output's operations are the same in both):
-//   256-bit  8 x 16 (16 accumulators of 8 floats): AMD Zen 4 runs it at its limit (two FMUL and
-//            two FADD pipes of 256 bits: 16 multiply-add pairs per cycle), and 512-bit
-//            instructions there are two 256-bit halves;
-//   512-bit  12 x 32 (24 zmm accumulators, 2 B vectors, 1 broadcast, products): Intel cores run
+// Two register tiles on x86 with AVX-512 (rp_matmul_select picks one; both give the same bits,
+// since each output's operations are the same in both):
+//   512-bit  12 x 32 (24 zmm accumulators, 2 B vectors, products; the A value is the multiply's
+//            broadcast memory operand): the default wherever the build has it. Intel cores run
 //            vmulps and vaddps on the same two FMA ports (p0, p5 at 512 bits), so the contract's
 //            unfused pair reaches 16 per cycle only with 16-float vectors (32 flop/cycle); AMD
 //            Zen 5 server and desktop cores have two FMUL and two FADD pipes of 512 bits (32
-//            pairs, 64 flop/cycle), which only 16-float vectors fill.
-// The choice (auto_width): Intel 512; AMD Zen 4 and older 256; every other AVX-512 core, Zen 5
-// and later among them, by measurement (wide_pipes), since Zen 5's mobile cores split 512-bit
-// instructions into halves as Zen 4 does and the family number does not tell them apart.
+//            pairs, 64 flop/cycle), which only 16-float vectors fill; AMD Zen 4 runs 512-bit
+//            instructions as two 256-bit halves on two FMUL and two FADD pipes (16 pairs), and
+//            there this tile ran the model's products 1.4-1.5x faster than the 256-bit one (half
+//            the instructions per multiply-add: docs/performance.md, AMD Zen 4);
+//   256-bit  8 x 16 (16 accumulators of 8 floats): REPOPS_CPU_MATMUL=256, and the software-flush
+//            test build.
 #include "kernels.h"
 #include "transpose.h"
 
@@ -88,6 +88,20 @@ template <class V> inline void store(float* p, V v) { __builtin_memcpy(p, &v, si
 // elsewhere) unless Plain, which the caller picks only where no product can come near 2^-126
 // (see plain_ok).
 constexpr int64_t kPrefetchK = 8;   // InPlace: A's row kPrefetchK k ahead is fetched into L1
+
+// b * (*a) through rp::mul. The 512-bit tile's takes *a as vmulps's broadcast memory operand
+// ({1to16}: the same multiply, b its first source as in rp::mul, so the same bits): written as
+// b * a[i], GCC loads each A value into a register with vbroadcastss first, one more instruction
+// per row and k, and on AMD Zen 4 the 12x32 tile's loop in L1 then ran at 77 GFLOP/s against 110
+// with the memory operand (one thread, 2026-12-03).
+template <class V> inline V product(V b, const float* a) { return rp::mul(b, *a); }
+#if defined(RP_MATMUL_512)
+template <> inline vf16 product<vf16>(vf16 b, const float* a) {
+  vf16 r;
+  asm("vmulps %2%{1to16%}, %1, %0" : "=v"(r) : "v"(b), "m"(*a));
+  return r;
+}
+#endif
 template <class T, bool Plain = false, bool InPlace = false>
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
                          float* C, int64_t ldc, bool first, int64_t lda = T::MR) {
@@ -106,7 +120,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i] : rp::mul(b[v], a[i]));
+      for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i] : product(b[v], a + i));
   }
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) store<V>(C + i * ldc + v * L, acc[i][v]);
@@ -372,7 +386,8 @@ bool is_intel() {
 #endif
 }
 
-// AMD up to Zen 4 (family 19h and older): 512-bit instructions run as two 256-bit halves.
+// AMD up to Zen 4 (family 19h and older): 256-bit FMUL and FADD pipes (512-bit instructions run
+// as two halves), so the port limit is 16 pairs per cycle at either width.
 bool is_amd_before_zen5() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
@@ -413,9 +428,11 @@ double pair_rate() {
 }
 #endif
 
-// Whether this core's vector pipes are 512 bits wide for the unfused pair: the 512-bit pair loop
-// does at least 1.5x the lane-operations per second of the 256-bit one (measured once per process,
-// about 2 ms; 512-bit pipes give 2x, split 512-bit instructions 1x).
+// Whether this core's vector pipes are 512 bits wide for the unfused pair (the port limit of AMD
+// cores from Zen 5 on: rp_matmul_flop_per_cycle): the 512-bit pair loop does at least 1.5x the
+// lane operations per second of the 256-bit one (measured once per process, about 2 ms; 512-bit
+// pipes give 2x, split 512-bit instructions 1x). Zen 5's mobile cores split 512-bit instructions
+// as Zen 4 does, and the family number does not tell them apart.
 bool wide_pipes() {
 #if defined(RP_MATMUL_512)
   static const bool wide = pair_rate<vf16>() >= 1.5 * pair_rate<vf>();
@@ -427,9 +444,7 @@ bool wide_pipes() {
 
 int auto_width() {
 #if defined(RP_MATMUL_512)
-  if (is_intel()) return 512;
-  if (is_amd_before_zen5()) return 256;
-  return wide_pipes() ? 512 : 256;
+  return 512;
 #else
   return 256;
 #endif
