@@ -314,6 +314,7 @@ WINDOW_PROGRAM = r"""
 #include <cstdio>
 #include "kernels.h"
 void rp_parallel_for(int64_t n, int64_t, void (*fn)(void*, int64_t, int64_t), void* ctx) { fn(ctx, 0, n); }
+int rp_threads() { return 1; }
 static const uint32_t kPairs[][2] = {PAIRS};
 int main() {
   constexpr int n = sizeof(kPairs) / sizeof(kPairs[0]);

@@ -7,6 +7,7 @@ and run alternately, product by product, so that a shared machine's load falls o
     python -m tools.matmul_loop --against main --fresh 16     # each call writes one of 16 outputs
     python -m tools.matmul_loop --against main --only gy.T --rounds 21
     python -m tools.matmul_loop --against main --width 256    # the 256-bit tile (default: this CPU's)
+    python -m tools.matmul_loop --width 512 --other_width 256  # this CPU's two tiles, one source
 
 Products: the default model's 15 (x @ W.T, gy @ W and gy.T @ x of each weight, the operands laid
 out as tools/bench.py's, rows = micro_batch_size x seq_len) and 2048^3. Per product: GFLOP/s of
@@ -39,6 +40,8 @@ def parser():
     ap.add_argument("--only", metavar="TEXT", default="", help="only the products whose name contains TEXT")
     ap.add_argument("--width", type=int, choices=(0, 256, 512), default=0,
                     help="the matmul tile's vector width in both versions (default %(default)s: this CPU's choice)")
+    ap.add_argument("--other_width", type=int, choices=(0, 256, 512), default=None, metavar="W",
+                    help="the other version's width where it differs from --width (256 or 512)")
     return ap
 
 
@@ -69,6 +72,7 @@ HARNESS = r"""
 #include <random>
 #include <vector>
 void rp_parallel_for(int64_t n, int64_t, void (*fn)(void*, int64_t, int64_t), void* ctx) { if (n > 0) fn(ctx, 0, n); }
+int rp_threads() { return 1; }
 namespace other {
 #include "OTHER"
 }
@@ -79,10 +83,11 @@ struct Product { const char* name; int64_t M, N, K, sam, sak, sbk, sbn, a_size, 
 static const Product kProducts[] = { PRODUCTS };
 static double now() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 int main(int argc, char** argv) {
-  const int rounds = atoi(argv[1]), fresh = atoi(argv[2]), width = atoi(argv[3]);
+  const int rounds = atoi(argv[1]), fresh = atoi(argv[2]), width = atoi(argv[3]), other_width = atoi(argv[5]);
   const char* only = argv[4];
-  if (other::rp_matmul_select(width) < 0 || self::rp_matmul_select(width) < 0) {
-    fprintf(stderr, "python -m tools.matmul_loop: error: this build has no %d-bit matmul tile\n", width);
+  if (other::rp_matmul_select(other_width) < 0 || self::rp_matmul_select(width) < 0) {
+    fprintf(stderr, "python -m tools.matmul_loop: error: this build has no %d-bit matmul tile\n",
+            self::rp_matmul_select(width) < 0 ? width : other_width);
     return 2;
   }
   std::mt19937 rng(1);
@@ -132,7 +137,7 @@ int main(int argc, char** argv) {
       printf("port limit %.1f GFLOP/s (%.0f flop/cycle x %.2f GHz measured): other %.3f, this %.3f\n", limit,
              self::rp_matmul_flop_per_cycle(), hz / 1e9, g_other / limit, g_self / limit);
   }
-  printf("%s: %s\n", differ ? "BITS DIFFER" : "bits equal", self::rp_cpu_path());
+  printf("%s: this %s; other %s\n", differ ? "BITS DIFFER" : "bits equal", self::rp_cpu_path(), other::rp_cpu_path());
   return differ ? 1 : 0;
 }
 """
@@ -190,7 +195,8 @@ def main():
                  f"{(built.stderr.strip().splitlines() or ['failed'])[0]}")
         print(f"this checkout's kernels/cpu/matmul.cpp against {args.against}'s; thread CPU time, best of "
               f"{args.rounds} alternating rounds, {args.fresh} output(s) per version; GFLOP/s", flush=True)
-        sys.exit(subprocess.run([program, str(args.rounds), str(args.fresh), str(args.width), args.only]).returncode)
+        sys.exit(subprocess.run([program, str(args.rounds), str(args.fresh), str(args.width), args.only,
+                                 str(args.width if args.other_width is None else args.other_width)]).returncode)
 
 
 if __name__ == "__main__":

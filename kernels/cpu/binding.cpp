@@ -16,6 +16,8 @@ void rp_parallel_for(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_
   at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fn(ctx, b, e); });
 }
 
+int rp_threads() { return at::get_num_threads(); }
+
 namespace {
 using at::Tensor;
 constexpr at::DeviceType kDev = at::kCPU;  // where every tensor argument must be

@@ -100,6 +100,8 @@ struct FpModeGuard {
 // Calls fn(ctx, begin, end) on disjoint chunks covering [0, n); chunks never split work
 // along a reduction, only across output elements, so results do not depend on it.
 void rp_parallel_for(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);
+// The number of threads rp_parallel_for runs chunks on (the matmul sizes its blocks by it).
+int rp_threads();
 
 namespace rp {
 

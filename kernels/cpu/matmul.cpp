@@ -278,18 +278,31 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
     else if (nc_blk > 2 * NR) nc_blk = (nc_blk / 2 + NR - 1) / NR * NR;
     else break;
   }
-  // Blocks of even size (a multiple of MR, NR) for that number of blocks: threads take equal
-  // runs of tasks, so a short last block leaves one thread with less work (M = 1024 in 192-row
-  // blocks ends with 64 rows: the three products with M = 1024 and N >= 384 ran 5-12% faster on
-  // 2 threads of an AMD Zen 3 with even blocks, docs/performance.md).
+  // Blocks of even size for that number of blocks: threads take equal runs of tasks, so a short
+  // last block leaves one thread with less work (M = 1024 in 192-row blocks ends with 64 rows: the
+  // three products with M = 1024 and N >= 384 ran 5-12% faster on 2 threads of an AMD Zen 3 with
+  // even blocks, docs/performance.md). Columns: blocks of one size, a multiple of NR. Rows: the
+  // ceil(M / MR) row tiles split into mblocks blocks whose sizes differ by one tile at most, and
+  // mblocks raised (up to twice) until the tasks are a multiple of the threads: M = 1024 in the
+  // 512-bit tile's 96-row blocks is 86 tiles in 11 blocks, 6 tasks on one thread and 5 on the
+  // other, and in 12 blocks of 7-8 tiles the products with M = 1024 ran about 10% faster on 2
+  // threads (AMD Zen 4, docs/performance.md).
   const auto even = [](int64_t n, int64_t blk, int64_t r) {
     if (n == 0) return blk;
     const int64_t blocks = (n + blk - 1) / blk;
     return ((n + blocks - 1) / blocks + r - 1) / r * r;   // <= blk, the same number of blocks or fewer
   };
-  mc_blk = even(M, mc_blk, MR);
   nc_blk = even(N, nc_blk, NR);
-  const int64_t mblocks = (M + mc_blk - 1) / mc_blk, nblocks = (N + nc_blk - 1) / nc_blk;
+  const int64_t nblocks = (N + nc_blk - 1) / nc_blk, mtiles = (M + MR - 1) / MR;
+  int64_t mblocks = (M + mc_blk - 1) / mc_blk;
+  const int64_t threads = std::max(1, rp_threads());
+  for (int64_t m = mblocks; m <= std::min(2 * mblocks, mtiles); ++m)
+    if (batch * m * nblocks % threads == 0) {
+      mblocks = m;
+      break;
+    }
+  // row block mb: rows [mb_row(mb), mb_row(mb + 1)) (MR-row tiles; the last block ends at M)
+  const auto mb_row = [=](int64_t mb) { return std::min(M, mb * mtiles / mblocks * MR); };
   const int64_t kblocks = (K + KC - 1) / KC;
 
   // Pack all of B once: batch bb, k-block starting at k0 (kc deep) is at
@@ -318,7 +331,7 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
     float edge[MR * NR];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
-      const int64_t i0 = mb * mc_blk, mc = std::min(mc_blk, M - i0);
+      const int64_t i0 = mb_row(mb), mc = mb_row(mb + 1) - i0;
       const int64_t j0 = nb * nc_blk, nc = std::min(nc_blk, N - j0);
       const float* Ab = A + b * sab;
       const float* Bb = bp + (sbb == 0 ? 0 : b) * K * Npad;

@@ -87,6 +87,8 @@ void rp_parallel_for(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_
   for (auto& th : pool) th.join();
 }
 
+int rp_threads() { return 3; }   // rp_parallel_for's threads above
+
 namespace {
 
 // ---------------------------------------------------------------- SHA-256 (FIPS 180-4)
