@@ -17,8 +17,10 @@
 //            Zen 5 server and desktop cores have two FMUL and two FADD pipes of 512 bits (32
 //            pairs, 64 flop/cycle), which only 16-float vectors fill; AMD Zen 4 runs 512-bit
 //            instructions as two 256-bit halves on two FMUL and two FADD pipes (16 pairs), and
-//            there this tile ran the model's products 1.4-1.5x faster than the 256-bit one (half
-//            the instructions per multiply-add: docs/performance.md, AMD Zen 4);
+//            there this tile was never slower than the 256-bit one and held 0.74-0.91 of the
+//            limit, where the 256-bit tile, 5.6 instructions per cycle at the limit against
+//            Zen 4's 6-wide dispatch, ran at 0.49-0.9 with the build and the moment
+//            (docs/performance.md, AMD Zen 4);
 //   256-bit  8 x 16 (16 accumulators of 8 floats): REPOPS_CPU_MATMUL=256, and the software-flush
 //            test build.
 #include "kernels.h"
