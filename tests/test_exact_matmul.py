@@ -274,11 +274,12 @@ def _mantissa_for_residue(beta, p, r):
     return np.float32(m * 2.0 ** -23)
 
 
-@pytest.mark.parametrize("K", [1024, 2048])
+@pytest.mark.parametrize("K", [256, 1024, 2048])
 def test_kernel_residue_sums_at_their_bounds(K, int8_path):
     """Rows of one value whose residue mod 255 is 127: the residue sums R_0 reach +-K * 127^2,
-    16516096 at K = 1024 (just below 2^24: the bound of the AMX path's conversion without the
-    fold, kernels/cpu/exact.cpp) and twice that at K = 2048 (folded). The reference's bits."""
+    4129024 at K = 256 (the largest K whose sums enter Garner's sum unreduced, Sums::kScaled in
+    kernels/cpu/exact.cpp), 16516096 at K = 1024 (just below 2^24: converted without the fold,
+    Sums::kSmall) and twice that at K = 2048 (folded). The reference's bits."""
     beta = ref.beta_of(K)
     v = _mantissa_for_residue(beta, 255, 127)
     a = np.full((3, K), v, np.float32)
@@ -291,6 +292,34 @@ def test_kernel_residue_sums_at_their_bounds(K, int8_path):
     r = ref.residue(qa, 255) @ ref.residue(qb, 255)
     assert r[0, 0] == K * 127 ** 2 and r[1, 0] == -K * 127 ** 2
     assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
+
+
+def _garner_q(t):
+    """Q_t = (p_0 ... p_{t-1})^-1 mod p_t (Garner's coefficient of R_t)."""
+    return pow(math.prod(ref.MODULI[:t]), -1, ref.MODULI[t])
+
+
+@pytest.mark.parametrize("t", range(8))
+def test_kernel_scaled_residue_sums_at_their_bound(t, int8_path):
+    """K = 256: the operand with fewer rows is split into its residues times Q_t (Sums::kScaled in
+    kernels/cpu/exact.cpp). Its rows hold one value whose scaled residue is (p_t - 1)/2, the other
+    operand's one value whose residue is (p_t - 1)/2, so R_t reaches +-K ((p_t - 1)/2)^2 next to the
+    Garner digits below it; both orientations (the scaled operand as A and as B). The reference's
+    bits."""
+    K, p = 256, ref.MODULI[t]
+    beta, h = ref.beta_of(K), (p - 1) // 2
+    ms = next(m for m in range(1 << 23, 1 << 24) if (m << (beta - 24)) * _garner_q(t) % p == h)
+    s = np.full((2, K), np.float32(ms * 2.0 ** -23), np.float32)   # the scaled operand's rows
+    s[1] = -s[1]
+    o = np.full((K, 3), _mantissa_for_residue(beta, p, h), np.float32)
+    o[::2, 1] = -o[::2, 1]
+    o[::5, 2] = np.float32(1.75)               # a mixed column beside them
+    qs, _, _ = ref.exact_split(s, beta)
+    qo, _, _ = ref.exact_split(o, beta, axis=0)
+    r = (ref.residue(qs, p) * _garner_q(t) % p + p // 2) % p - p // 2   # the scaled residues
+    assert (r @ ref.residue(qo, p))[0, 0] == K * h * h
+    assert same_bits(kernel(s, o), ref.exact_matmul(s, o))
+    assert same_bits(kernel(o.T, s.T), ref.exact_matmul(o.T, s.T))
 
 
 def _near(x, p, fused):
@@ -308,12 +337,12 @@ def _near(x, p, fused):
 
 def test_float_lane_reductions_keep_their_bounds():
     """The bounds that make the CPU kernel's float32-lane reductions exact (kernels/cpu/exact.cpp,
-    beside near), fused and unfused: near(x) is congruent to x; below 2^20 in magnitude (split
+    beside near), fused and unfused: near(x) is congruent to x; below 2^22 in magnitude (split
     values, Garner sums) it is the representative in [-(p-1)/2, (p-1)/2]; below 2^24 (residue sums,
-    folded or not) within 3p/2 of 0. Every x below 2^20, and the 2^19 largest below 2^23 and
+    folded or not) within 3p/2 of 0. Every x below 2^22, and the 2^19 largest below 2^23 and
     below 2^24 and 2^20 sampled others."""
     rng = np.random.default_rng(13)
-    small = np.arange(-(2 ** 20) + 1, 2 ** 20, dtype=np.int64)
+    small = np.arange(-(2 ** 22) + 1, 2 ** 22, dtype=np.int64)
     top = np.concatenate([np.arange(2 ** c - 2 ** 19, 2 ** c, dtype=np.int64) for c in (23, 24)])
     large = np.concatenate([top, -top, rng.integers(-(2 ** 24) + 1, 2 ** 24, 2 ** 20)])
     for p in ref.MODULI:

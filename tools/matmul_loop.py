@@ -1,13 +1,20 @@
-"""The CPU fp32 matmul (kernels/cpu/matmul.cpp) against another version of itself, in a C++ loop
-around rp_matmul: thread CPU time, no Python and no allocation per call. Both versions are
-compiled into one program with the build's flags (the other one against this checkout's headers)
-and run alternately, product by product, so that a shared machine's load falls on both alike.
+"""The CPU fp32 matmul (kernels/cpu/matmul.cpp), or the exact matmul (kernels/cpu/exact.cpp),
+against another version of itself, in a C++ loop around rp_matmul (rp_exact_matmul): thread CPU
+time, no Python and no allocation per call. Both versions are compiled into one program with the
+build's flags (the other one against this checkout's headers) and run alternately, product by
+product, so that a shared machine's load falls on both alike.
 
     python -m tools.matmul_loop --against 49f534d             # this checkout's matmul.cpp vs 49f534d's
     python -m tools.matmul_loop --against main --fresh 16     # each call writes one of 16 outputs
     python -m tools.matmul_loop --against main --only gy.T --rounds 21
     python -m tools.matmul_loop --against main --width 256    # the 256-bit tile (default: this CPU's)
     python -m tools.matmul_loop --width 512 --other_width 256  # this CPU's two tiles, one source
+    python -m tools.matmul_loop --kernel exact --against fb70f5c   # exact.cpp against fb70f5c's
+
+The exact matmul's products: the default model's linears and attention's two batched products
+(QK^T, PV: 32 heads), A and B^T K-contiguous, and 512^3; both versions call this checkout's int8
+GEMM (int8.cpp, int8_amx.cpp: AMX-INT8 where the CPU has it, else the SIMD path). Per product: ms
+per call of each version (its best round), this / the other; then the geometric mean.
 
 Products: the default model's 15 (x @ W.T, gy @ W and gy.T @ x of each weight, the operands laid
 out as tools/bench.py's, rows = micro_batch_size x seq_len) and 2048^3. Per product: GFLOP/s of
@@ -18,6 +25,7 @@ outputs of both versions are compared bit for bit: a difference prints BITS DIFF
 Needs git and g++. Not a test: run it alone (docs/performance.md, round 3).
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,10 +36,13 @@ PROG = "python -m tools.matmul_loop"
 
 
 def parser():
-    ap = CommandLine(PROG, "The CPU fp32 matmul against another version of itself (a git revision), in a C++ "
-                     "loop around rp_matmul, thread CPU time.")
+    ap = CommandLine(PROG, "The CPU fp32 or exact matmul against another version of itself (a git revision), in "
+                     "a C++ loop around rp_matmul or rp_exact_matmul, thread CPU time.")
+    ap.add_argument("--kernel", choices=("matmul", "exact"), default="matmul",
+                    help="kernels/cpu/matmul.cpp (fp32, contract §4.1) or kernels/cpu/exact.cpp (§11) "
+                         "(default %(default)s)")
     ap.add_argument("--against", metavar="REV", default="HEAD",
-                    help="the git revision whose kernels/cpu/matmul.cpp is the other version (default %(default)s)")
+                    help="the git revision whose kernels/cpu/<kernel>.cpp is the other version (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=15, metavar="N",
                     help="alternating rounds of ~15 ms per version and product (default %(default)s)")
     ap.add_argument("--fresh", type=int, default=1, metavar="N",
@@ -143,6 +154,100 @@ int main(int argc, char** argv) {
 """
 
 
+# The exact matmul's program: as HARNESS, around rp_exact_matmul. Both versions' exact.cpp functions
+# that kernels.h also declares for the band products are renamed (exact_source), since a call with an
+# RpExactOperand argument would otherwise find both (argument-dependent lookup).
+HARNESS_EXACT = r"""
+#include "kernels.h"
+#include "transpose.h"
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <utility>
+#include <vector>
+void rp_parallel_for(int64_t n, int64_t, void (*fn)(void*, int64_t, int64_t), void* ctx) { if (n > 0) fn(ctx, 0, n); }
+int rp_threads() { return 1; }
+namespace other {
+#include "OTHER"
+}
+namespace self {
+#include "SELF"
+}
+struct Product { const char* name; int64_t batch, M, N, K; };
+static const Product kProducts[] = { PRODUCTS };
+static double now() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+int main(int argc, char** argv) {
+  const int rounds = atoi(argv[1]), fresh = atoi(argv[2]);
+  const char* only = argv[3];
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  double log_ratio = 0;
+  int n = 0, differ = 0;
+  printf("%-16s %22s %9s %9s %7s %7s\n", "product", "batch x M x N x K", "other ms", "this ms", "best", "median");
+  for (const Product& p : kProducts) {
+    if (!strstr(p.name, only)) continue;
+    const int64_t out = p.batch * p.M * p.N;
+    std::vector<float> A(p.batch * p.M * p.K), B(p.batch * p.N * p.K);   // A [batch, M, K], B^T [batch, N, K]
+    for (float& x : A) x = normal(rng);
+    for (float& x : B) x = normal(rng);
+    std::vector<float> C[2] = {std::vector<float>(fresh * out), std::vector<float>(fresh * out)};
+    const int calls = std::max<int64_t>(1, (int64_t)(2.5e8 / ((double)p.batch * p.M * p.N * p.K)));   // ~10-20 ms
+    double best[2] = {1e30, 1e30}, last = 0;
+    std::vector<double> ratios;
+    for (int r = 0; r < rounds; ++r)
+      for (int v = 0; v < 2; ++v) {
+        const double t0 = now();
+        for (int i = 0; i < calls; ++i)
+          for (int64_t b = 0; b < p.batch; ++b) {
+            const RpExactOperand a{A.data() + b * p.M * p.K, p.K, 1}, bt{B.data() + b * p.N * p.K, p.K, 1};
+            float* c = C[v].data() + (i % fresh) * out + b * p.M * p.N;
+            if (v == 0) other::rp_exact_matmul(a, bt, c, p.M, p.N, p.K);
+            else self::rp_exact_matmul(a, bt, c, p.M, p.N, p.K);
+          }
+        const double t = (now() - t0) / calls;
+        best[v] = std::min(best[v], t);
+        if (v == 0) last = t; else ratios.push_back(last / t);
+      }
+    std::sort(ratios.begin(), ratios.end());
+    const bool same = memcmp(C[0].data(), C[1].data(), C[0].size() * sizeof(float)) == 0;
+    differ += !same;
+    printf("%-16s %4ldx%5ldx%5ldx%5ld %9.3f %9.3f %6.3fx %6.3fx%s\n", p.name, (long)p.batch, (long)p.M, (long)p.N,
+           (long)p.K, best[0] * 1e3, best[1] * 1e3, best[0] / best[1], ratios[ratios.size() / 2],
+           same ? "" : "  BITS DIFFER");
+    log_ratio += log(best[0] / best[1]), ++n;
+  }
+  if (n) printf("geometric mean this / other speed %.3fx\n", exp(log_ratio / n));
+  printf("%s; the residue GEMMs: %s\n", differ ? "BITS DIFFER" : "bits equal", rp_int8_path());
+  return differ ? 1 : 0;
+}
+"""
+
+
+def exact_products():
+    """The C++ initializer of the exact matmul's products (name, batch, M, N, K): the default model's
+    linears (x @ W.T, gy @ W and gy.T @ x of each weight), attention's QK^T and PV, and 512^3."""
+    cfg, vocab = Config(), 256
+    d, h, rows, T = cfg.d_model, cfg.d_hidden, cfg.micro_batch_size * cfg.seq_len, cfg.seq_len
+    dh, heads = d // cfg.n_head, cfg.micro_batch_size * cfg.n_head
+    qkv = (cfg.n_head + 2 * (cfg.n_kv_head or cfg.n_head)) * dh
+    out = []
+    for name, (out_f, in_f) in {"wqkv": (qkv, d), "wo": (d, d), "w_gate_up": (2 * h, d), "w_down": (d, h),
+                                "lm_head": (vocab, d)}.items():
+        out += [(f"{name} x@W.T", 1, rows, out_f, in_f), (f"{name} gy@W", 1, rows, in_f, out_f),
+                (f"{name} gy.T@x", 1, out_f, in_f, rows)]
+    out += [("QK^T", heads, T, T, dh), ("PV", heads, T, dh, T), ("512^3", 1, 512, 512, 512)]
+    return ", ".join("{" + ", ".join(f'"{v}"' if isinstance(v, str) else str(v) for v in r) + "}" for r in out)
+
+
+def exact_source(text):
+    """exact.cpp with rp_exact_product, rp_exact_exponents and rp_exact_beta renamed (HARNESS_EXACT)."""
+    return re.sub(r"\brp_exact_(product|exponents|beta)\b", r"loop_exact_\1", text)
+
+
 def products():
     """The C++ initializer of the products: the default model's 15 and 2048^3 (name, M, N, K, A's
     row and k strides, B's k and column strides, element counts of A and B, counted in the mean)."""
@@ -171,32 +276,45 @@ def main():
     args = parser().parse_args()
     if args.rounds < 1 or args.fresh < 1:
         fail("--rounds and --fresh must be at least 1")
+    exact = args.kernel == "exact"
+    if exact and (args.width or args.other_width is not None):
+        fail("--width and --other_width choose the fp32 matmul's tile: not with --kernel exact")
+    name = f"kernels/cpu/{args.kernel}.cpp"
+    cpu = os.path.join(ROOT, "kernels", "cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        other = os.path.join(tmp, "other_matmul.cpp")
-        shown = subprocess.run(["git", "show", f"{args.against}:kernels/cpu/matmul.cpp"], cwd=ROOT,
-                               capture_output=True, text=True)
+        other, this = os.path.join(tmp, "other.cpp"), os.path.join(tmp, "this.cpp")
+        shown = subprocess.run(["git", "show", f"{args.against}:{name}"], cwd=ROOT, capture_output=True, text=True)
         if shown.returncode != 0:
-            fail(f"git show {args.against}:kernels/cpu/matmul.cpp: {(shown.stderr.strip().splitlines() or ['failed'])[0]}")
-        with open(other, "w") as f:
-            f.write(shown.stdout)
+            fail(f"git show {args.against}:{name}: {(shown.stderr.strip().splitlines() or ['failed'])[0]}")
+        with open(os.path.join(ROOT, name)) as f:
+            current = f.read()
+        for path, text in ((other, shown.stdout), (this, current)):
+            with open(path, "w") as f:
+                f.write(exact_source(text) if exact else text)
         source, program = os.path.join(tmp, "loop.cpp"), os.path.join(tmp, "loop")
         with open(source, "w") as f:
-            f.write(HARNESS.replace("OTHER", other).replace("SELF", os.path.join(ROOT, "kernels", "cpu", "matmul.cpp"))
-                    .replace("PRODUCTS", products()))
+            f.write((HARNESS_EXACT if exact else HARNESS).replace("OTHER", other).replace("SELF", this)
+                    .replace("PRODUCTS", exact_products() if exact else products()))
+        # the exact matmul's residue GEMMs: this checkout's int8 GEMM, shared by both versions
+        linked = [os.path.join(cpu, "int8.cpp"), os.path.join(cpu, "int8_amx.cpp")] if exact else []
         cxx = os.environ.get("CXX", "g++")
         try:
-            built = subprocess.run([cxx, *repops.CPU_FLAGS, "-I", os.path.join(ROOT, "kernels", "cpu"),
-                                    "-I", os.path.join(ROOT, "kernels", "common"), source, "-o", program],
-                                   capture_output=True, text=True)
+            built = subprocess.run([cxx, *repops.CPU_FLAGS, "-I", cpu, "-I", os.path.join(ROOT, "kernels", "common"),
+                                    source, *linked, "-o", program], capture_output=True, text=True)
         except FileNotFoundError:
             fail(f"no C++ compiler {cxx!r} (set CXX)")
         if built.returncode != 0:
             fail(f"{cxx} could not build the two versions together: "
                  f"{(built.stderr.strip().splitlines() or ['failed'])[0]}")
-        print(f"this checkout's kernels/cpu/matmul.cpp against {args.against}'s; thread CPU time, best of "
-              f"{args.rounds} alternating rounds, {args.fresh} output(s) per version; GFLOP/s", flush=True)
-        sys.exit(subprocess.run([program, str(args.rounds), str(args.fresh), str(args.width), args.only,
-                                 str(args.width if args.other_width is None else args.other_width)]).returncode)
+        print(f"this checkout's {name} against {args.against}'s; thread CPU time, best of {args.rounds} "
+              f"alternating rounds, {args.fresh} output(s) per version; {'ms per call' if exact else 'GFLOP/s'}",
+              flush=True)
+        if exact:
+            command = [program, str(args.rounds), str(args.fresh), args.only]
+        else:
+            command = [program, str(args.rounds), str(args.fresh), str(args.width), args.only,
+                       str(args.width if args.other_width is None else args.other_width)]
+        sys.exit(subprocess.run(command).returncode)
 
 
 if __name__ == "__main__":

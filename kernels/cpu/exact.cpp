@@ -120,8 +120,10 @@ constexpr int64_t kV = 16;   // lanes per vector
 //     below 2^23; or a residue sum that is below 2^24 itself): y is within 2^-8 (its rounding) +
 //     2^-8 (fl(1/p)) of x / p, so round(y) may be one off the nearest integer, |near(x)| < 3p/2,
 //     and q p, at most |x| + 3p/2 < 2^24, is exact;
-//   - |x| < 2^20 (a split value, a Garner sum): y is within 2^-12 + 2^-12 < 2^-9 of x / p, so
-//     near(x) is the representative in [-(p-1)/2, (p-1)/2], the same integer on every build.
+//   - |x| < 2^22 (a split value and a Garner sum, below 2^20; a Garner sum of scaled residue sums,
+//     below 2^22): y, below 2^15, is within 2^-10 (its rounding) + 2^-10 (fl(1/p)) = 2^-9 < 1/(2p)
+//     of x / p, so near(x) is the representative in [-(p-1)/2, (p-1)/2], the same integer on
+//     every build.
 // (With a fused multiply-add, y + 1.5 * 2^23 is rounded once and only fl(1/p)'s error is left.)
 // mul_add: a * b + c, one instruction with AVX-512, two (one per 256-bit half) with FMA.
 inline f32v mul_add(f32v a, float b, f32v c) {
@@ -200,9 +202,11 @@ inline i8q to_int8(f32v x) {
 
 // n <= kSplit values (their float bits) of a row with exponent e: q = m 2^(E - e + beta - 24)
 // rounded half away from zero (|q| <= 2^beta <= 2^31, held as a uint32 magnitude and a sign), then
-// its residues into out[t * plane + k] (the symmetric representative in [-(p-1)/2, (p-1)/2]): the
-// integers first, then the residues a vector at a time.
+// its residues into out[t * plane + k] (the symmetric representative in [-(p-1)/2, (p-1)/2]) of
+// +-q, or with scaled of +-q Q_t (Garner's coef[t][t], below): the integers first, then the
+// residues a vector at a time.
 constexpr int64_t kSplit = 256;
+template <bool scaled>
 RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_t e, int beta, int8_t* out,
                                          int64_t plane) {
   uint32_t q[kSplit], neg[kSplit];
@@ -218,7 +222,8 @@ RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_
     neg[k] = u >> 31;
   }
   // the residues in float32 lanes (near, above): with q = a 2^20 + b 2^10 + c (a <= 2^11, b and c
-  // below 2^10), x = +-(a (2^20 mod p) + b (2^10 mod p) + c) is congruent to +-q and below 2^20 in
+  // below 2^10), x = +-(a f20 + b f10 + c f0) with f20 = 2^20 f0 mod p, f10 = 2^10 f0 mod p and
+  // f0 = 1 (or Q_t, scaled) is congruent to +-q f0 and below 2^11 254 + 2 2^10 254 < 2^20 in
   // magnitude, so near(x) is the representative in [-(p-1)/2, (p-1)/2]
   for (int64_t k = n; k % kV; ++k) q[k] = neg[k] = 0;   // the last vector's lanes past n
   for (int64_t k = 0; k < n; k += kV) {
@@ -232,8 +237,10 @@ RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_
                b = __builtin_convertvector((qv >> 10) & 0x3FF, f32v) * sign,
                c = __builtin_convertvector(qv & 0x3FF, f32v) * sign;
     each_mod([&](auto t) {
-      constexpr float f20 = float((uint32_t(1) << 20) % kP[t]), f10 = float((uint32_t(1) << 10) % kP[t]);
-      const i8q r = to_int8(near<t>(mul_add(a, f20, mul_add(b, f10, c))));
+      constexpr uint32_t f0 = scaled ? kGarner.coef[t][t] : 1;
+      constexpr float f20 = float((uint32_t(1) << 20) % kP[t] * f0 % kP[t]),
+                      f10 = float((uint32_t(1) << 10) % kP[t] * f0 % kP[t]);
+      const i8q r = to_int8(near<t>(mul_add(a, f20, mul_add(b, f10, c * float(f0)))));   // (c * 1: c)
       if (n - k >= kV)
         std::memcpy(out + t * plane + k, &r, kV);
       else
@@ -243,9 +250,9 @@ RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_
 }
 
 // The reconstruction (§11 steps 6-7) of 64 outputs at once, from their eight residue sums
-// res[t * stride + l] (any int32 congruent to C' mod p_t), their exponents ex[l] and bad flags
-// bad[l], to f[l] (float bits), lane l < 64, in vectors of 16 lanes (GCC/Clang vector extensions),
-// two vectors' chains interleaved (each digit waits on the one before).
+// res[t * stride + l] (Sums, below), their exponents ex[l] and bad flags bad[l], to f[l] (float
+// bits), lane l < 64, in vectors of 16 lanes (GCC/Clang vector extensions), two vectors' chains
+// interleaved (each digit waits on the one before).
 //
 // Garner's algorithm with symmetric digits: v_t = (u_t - sum_{s<t} v_s P_s) Q_t (P_s = p_0 ...
 // p_{s-1}, Q_t = P_t^-1 mod p_t) taken in [-(p_t-1)/2, (p_t-1)/2] makes X = sum_t v_t P_t
@@ -254,13 +261,39 @@ RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_
 // v_t = (sum_{s<=t} x_s coef[t][s]) mod p_t, x_t = u_t, x_s = v_s (s < t), coef[t][t] = Q_t,
 // coef[t][s] = (-P_s Q_t) mod p_t. In float32 lanes (near, above): u_t = near(R_t, folded unless
 // small), |u_t| < 3p/2 < 383, and the sum is below 383 * 254 + 7 * 127 * 254 < 2^20, so
-// v_t = near(sum). Then Z = v_0 + p_0 v_1 + p_0 p_1 (v_2 + p_2 v_3) and the same Y of v_4..v_7, both
-// below 2^31 in magnitude (int32; the inner sums below 2^15, exact in float32), and
-// C' = Z + p_0 p_1 p_2 p_3 Y in int64; then its rounding.
+// v_t = near(sum). With scaled sums (one operand's residues times Q_t, split_values) R_t is
+// congruent to u_t Q_t and enters the sum as it is: |R_t| <= K ((p_t-1)/2)^2, and the sum is below
+// 2^22 for K <= kScaledK (scaled_bound), so again v_t = near(sum). Then Z = v_0 + p_0 v_1 +
+// p_0 p_1 (v_2 + p_2 v_3) and the same Y of v_4..v_7, both below 2^31 in magnitude (int32; the
+// inner sums below 2^15, exact in float32), and C' = Z + p_0 p_1 p_2 p_3 Y in int64; then its
+// rounding.
 constexpr int64_t kGroups = 4, kBlock = kV * kGroups;   // vectors, outputs
 constexpr int64_t kP0123 = int64_t(kP[0]) * kP[1] * kP[2] * kP[3];
 static_assert(kP0123 / 2 < (int64_t(1) << 31) && int64_t(kP[4]) * kP[5] * kP[6] * kP[7] / 2 < (int64_t(1) << 31),
               "Z and Y fit int32");
+
+// What a residue sum R_t is, and so how reconstruct64 reads it:
+//   kFolded  any int32 congruent to C' mod p_t (folded below 2^23, then near);
+//   kSmall   congruent to C', below 2^24 in magnitude (K <= kSmallK: K 127^2 < 2^24), converted
+//            exactly, then near;
+//   kScaled  congruent to Q_t C' (the residues of the operand with fewer rows scaled, K <= kScaledK:
+//            the scaling costs a multiply per residue of that operand and saves a reduction and a
+//            multiply per residue sum), enters Garner's sum as it is.
+enum class Sums { kFolded, kSmall, kScaled };
+constexpr int64_t kSmallK = 1040, kScaledK = 256;
+static_assert(kSmallK * 127 * 127 < (int64_t(1) << 24), "kSmall sums convert exactly");
+// The largest |R_t + sum_{s<t} v_s coef[t][s]| of scaled sums at K over every t.
+constexpr int64_t scaled_bound(int64_t K) {
+  int64_t most = 0;
+  for (int t = 0; t < kMod; ++t) {
+    int64_t sum = K * ((kP[t] - 1) / 2) * ((kP[t] - 1) / 2);
+    for (int s = 0; s < t; ++s) sum += (kP[s] - 1) / 2 * int64_t(kGarner.coef[t][s]);
+    most = std::max(most, sum);
+  }
+  return most;
+}
+static_assert(scaled_bound(kScaledK) < (int64_t(1) << 22), "a Garner sum of scaled residue sums is below 2^22");
+inline Sums sums_for(int64_t K) { return K <= kScaledK ? Sums::kScaled : K <= kSmallK ? Sums::kSmall : Sums::kFolded; }
 
 // §11 step 7 on 8 lanes: the integers c times 2^ex rounded to float32 once, as bit patterns.
 // (float)c is the int64 -> float32 conversion, correctly rounded to nearest even (IEEE; the
@@ -276,9 +309,29 @@ inline u32h to_float_bits(i64h c, i32h ex) {
   return __builtin_convertvector(c == 0, i32h) ? u32h{} : f;     // C' = 0: +0.0
 }
 
-// small: every residue sum is below 2^24 in magnitude (K <= 1040: K * 127^2 < 2^24), so it
-// converts to float32 exactly without the fold.
-template <bool small>
+// The same on 16 lanes (c0: lanes 0-7, c1: lanes 8-15) into f. With AVX-512 and the hardware
+// flush (FpModeGuard sets MXCSR.FTZ), vscalefps does the exponent's move in one instruction:
+// (float)c times 2^ex exactly where the result is normal, +-inf above (round to nearest), a zero of
+// the sign below 2^-126 (FTZ flushes every tiny result, exact or not), +0.0 for C' = 0.
+inline void to_float_bits16(i64h c0, i64h c1, const int32_t* ex, uint32_t* f) {
+#if defined(__AVX512F__) && !RP_FLUSH_SOFT
+  const f32h r0 = __builtin_convertvector(c0, f32h), r1 = __builtin_convertvector(c1, f32h);
+  const f32v r = __builtin_shufflevector(r0, r1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  i32v e;
+  std::memcpy(&e, ex, sizeof(e));
+  const __m512 scaled = _mm512_scalef_ps((__m512)r, _mm512_cvtepi32_ps((__m512i)e));
+  std::memcpy(f, &scaled, sizeof(scaled));
+#else
+  for (int h = 0; h < 2; ++h) {
+    i32h e;
+    std::memcpy(&e, ex + 8 * h, sizeof(e));
+    const u32h b = to_float_bits(h ? c1 : c0, e);
+    std::memcpy(f + 8 * h, &b, sizeof(b));
+  }
+#endif
+}
+
+template <Sums sums>
 __attribute__((flatten)) inline void reconstruct64(const int32_t* res, int64_t stride, const int32_t* ex,
                                                   const uint8_t* bad, uint32_t* f) {
   constexpr int kPair = 2;
@@ -289,10 +342,10 @@ __attribute__((flatten)) inline void reconstruct64(const int32_t* res, int64_t s
       for (int g = 0; g < kPair; ++g) {
         i32v r;
         std::memcpy(&r, res + t * stride + kV * (g0 + g), sizeof(r));
-        const f32v x = small ? __builtin_convertvector(r, f32v)
-                             : mul_add(__builtin_convertvector(r >> 16, f32v), fold,
-                                       __builtin_convertvector(r & 0xFFFF, f32v));
-        f32v acc = near<t>(x) * float(kGarner.coef[t][t]);
+        const f32v x = sums != Sums::kFolded ? __builtin_convertvector(r, f32v)
+                                             : mul_add(__builtin_convertvector(r >> 16, f32v), fold,
+                                                       __builtin_convertvector(r & 0xFFFF, f32v));
+        f32v acc = sums == Sums::kScaled ? x : near<t>(x) * float(kGarner.coef[t][t]);
         each_mod([&](auto s) {
           if constexpr (s < t) acc = mul_add(v[s][g], float(kGarner.coef[t][s]), acc);
         });
@@ -305,16 +358,14 @@ __attribute__((flatten)) inline void reconstruct64(const int32_t* res, int64_t s
                      kP01 * __builtin_convertvector(mul_add(v[3][g], float(kP[2]), v[2][g]), i32v);
       const i32v Y = __builtin_convertvector(mul_add(v[5][g], float(kP[4]), v[4][g]), i32v) +
                      kP45 * __builtin_convertvector(mul_add(v[7][g], float(kP[6]), v[6][g]), i32v);
+      i64h c[2];   // C', lanes 0-7 and 8-15
       for (int h = 0; h < 2; ++h) {
-        const int64_t l = kV * (g0 + g) + 8 * h;
-        i32h z, y, e;
+        i32h z, y;
         std::memcpy(&z, reinterpret_cast<const int32_t*>(&Z) + 8 * h, sizeof(z));
         std::memcpy(&y, reinterpret_cast<const int32_t*>(&Y) + 8 * h, sizeof(y));
-        std::memcpy(&e, ex + l, sizeof(e));
-        const i64h c = __builtin_convertvector(z, i64h) + kP0123 * __builtin_convertvector(y, i64h);   // C'
-        const u32h b = to_float_bits(c, e);
-        std::memcpy(f + l, &b, sizeof(b));
+        c[h] = __builtin_convertvector(z, i64h) + kP0123 * __builtin_convertvector(y, i64h);
       }
+      to_float_bits16(c[0], c[1], ex + kV * (g0 + g), f + kV * (g0 + g));
     }
   }
   for (int64_t l = 0; l < kBlock; ++l) f[l] = bad[l] ? 0x7FC00000u : f[l];
@@ -322,6 +373,7 @@ __attribute__((flatten)) inline void reconstruct64(const int32_t* res, int64_t s
 
 // Outputs [0, nj) of one row (nj <= kBlock) from res[t * stride + j]; exb[j] = the column's part of
 // the exponent, exa the row's.
+template <Sums sums>
 inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t exa, const int32_t* exb,
                         const uint8_t* bad_b, bool bad_a, float* out) {
   int32_t ex[kBlock] = {}, r[kMod * kBlock];
@@ -337,17 +389,17 @@ inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t 
     res = r;
     stride = kBlock;
   }
-  reconstruct64<false>(res, stride, ex, bad, f);
+  reconstruct64<sums>(res, stride, ex, bad, f);
   std::memcpy(out, f, sizeof(uint32_t) * nj);
 }
 
 // Rows [r0, r1) of x, values [k0, k0 + kc): planes [kMod][rows][ld], ld >= kc, the values past kc
-// zero. 16 rows at a time, kSplit values at a time, gathered into bits: rows that are K-contiguous
-// copied; rows of a transposed operand (rs = 1) through register transposes of the consecutive
-// values of 16 rows at each k (16 x 16 with AVX-512, 8 x 8 with AVX), so that x^T is never
-// written out.
+// zero; scaled: the residues for Sums::kScaled (split_values). 16 rows at a time, kSplit values
+// at a time, gathered into bits: rows that are K-contiguous copied; rows of a transposed operand
+// (rs = 1) through register transposes of the consecutive values of 16 rows at each k (16 x 16
+// with AVX-512, 8 x 8 with AVX), so that x^T is never written out.
 void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int beta, int8_t* planes, int64_t rows,
-                int64_t ld, int64_t r0, int64_t r1) {
+                int64_t ld, int64_t r0, int64_t r1, bool scaled) {
   const int64_t plane = rows * ld;
   alignas(64) uint32_t bits[kV][kSplit];   // 16 KB
   for (int64_t g = r0; g < r1; g += kV) {
@@ -388,7 +440,13 @@ void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int 
         for (int64_t i = 0; i < ng; ++i)
           for (int64_t kk = k; kk < n; ++kk) std::memcpy(&bits[i][kk], x.x + (k1 + kk) * x.ks + g + i, 4);
       }
-      for (int64_t i = 0; i < ng; ++i) split_values(bits[i], n, e[g + i], beta, planes + (g + i) * ld + b0, plane);
+      for (int64_t i = 0; i < ng; ++i) {
+        int8_t* out = planes + (g + i) * ld + b0;
+        if (scaled)
+          split_values<true>(bits[i], n, e[g + i], beta, out, plane);
+        else
+          split_values<false>(bits[i], n, e[g + i], beta, out, plane);
+      }
     }
   }
 }
@@ -442,16 +500,26 @@ void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, u
 namespace {
 
 // The outputs of rows [i0, i0 + m) from their residue sums res [kMod][m][N] (§11 steps 6-7).
-void reconstruct_panel(const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
-                       const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C) {
+template <Sums sums>
+void reconstruct_rows(const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
+                      const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C) {
   const int64_t nblocks = (N + kBlock - 1) / kBlock;
   rp::parallel_for(m * nblocks, 16, [&](int64_t b, int64_t e) {
     for (int64_t w = b; w < e; ++w) {
       const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
-      reconstruct(res + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb + j0, bad_b + j0, bad_a[i0 + i] != 0,
-                  C + (i0 + i) * N + j0);
+      reconstruct<sums>(res + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb + j0, bad_b + j0,
+                        bad_a[i0 + i] != 0, C + (i0 + i) * N + j0);
     }
   });
+}
+void reconstruct_panel(Sums sums, const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
+                       const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C) {
+  if (sums == Sums::kScaled)
+    reconstruct_rows<Sums::kScaled>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C);
+  else if (sums == Sums::kSmall)
+    reconstruct_rows<Sums::kSmall>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C);
+  else
+    reconstruct_rows<Sums::kFolded>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C);
 }
 
 // rp_exact_product on AMX-INT8 (K <= kChunk). B's eight planes are split (kAmxPlaneBytes of rows
@@ -468,6 +536,8 @@ void exact_product_amx(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M,
                        const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   const int64_t Kp = (K + 63) / 64 * 64;
   const bool fused = K <= kFusedK;
+  const Sums sums = sums_for(K);   // fused: kScaled or kSmall
+  const bool scale_a = sums == Sums::kScaled && M <= N, scale_b = sums == Sums::kScaled && M > N;
   const int64_t scale = rp_amx_packed_bytes(N, K, kMod) <= int64_t(kKeepBytes / 2) ? 1 : 2;
   const int64_t planes_rows = std::max<int64_t>(32, scale * (int64_t(4) << 20) / (kMod * Kp) / 32 * 32);
   const int64_t res_rows = std::max<int64_t>(32, scale * (int64_t(16) << 20) / (4 * kMod * N) / 32 * 32);
@@ -479,7 +549,9 @@ void exact_product_amx(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M,
   int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * N);
   for (int64_t j0 = 0; j0 < N; j0 += nb) {
     const int64_t n = std::min(nb, N - j0);
-    rp::parallel_for(n, 4, [&](int64_t b, int64_t e) { split_rows(rows_from(Bt, j0), 0, K, eb + j0, beta, pb, n, Kp, b, e); });
+    rp::parallel_for(n, 4, [&](int64_t b, int64_t e) {
+      split_rows(rows_from(Bt, j0), 0, K, eb + j0, beta, pb, n, Kp, b, e, scale_b);
+    });
     rp_amx_pack_b(pb, Kp, n * Kp, N, K, kMod, j0, j0 + n, bp);
   }
   std::vector<int32_t> exb(N);
@@ -487,7 +559,7 @@ void exact_product_amx(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M,
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
     const int64_t m = std::min(mp, M - i0);
     rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-      split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e);
+      split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e, scale_a);
     });
     if (!fused) {   // eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
       for (int t = 0; t < kMod; ++t) {
@@ -500,7 +572,7 @@ void exact_product_amx(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M,
                       (*static_cast<decltype(edge)*>(ctx))(bi, mr, j0, nr, tile, ldt);
                     }, const_cast<void*>(static_cast<const void*>(&edge)));
       }
-      reconstruct_panel(res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
+      reconstruct_panel(sums, res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
       continue;
     }
     // a block's rows in pairs: rows i and i + 1 of the [32][32] sums are 64 consecutive lanes
@@ -523,7 +595,10 @@ void exact_product_amx(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M,
             bad[h * kHalfBlock + j] = rowbad | colbad[j];
           }
         }
-        reconstruct64<true>(tiles + i * ldt, 32 * ldt, ex, bad, f);
+        if (sums == Sums::kScaled)
+          reconstruct64<Sums::kScaled>(tiles + i * ldt, 32 * ldt, ex, bad, f);
+        else
+          reconstruct64<Sums::kSmall>(tiles + i * ldt, 32 * ldt, ex, bad, f);
         for (int64_t h = 0; h < 2 && i + h < mr; ++h) {   // (a whole row of the block: a fixed-size copy)
           if (nr == kHalfBlock)
             std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * kHalfBlock);
@@ -554,13 +629,15 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
   const int64_t mp = std::min(M, std::max<int64_t>(8, kResBytes / (4 * kMod * N)));
+  const Sums sums = nchunks == 1 ? sums_for(K) : Sums::kFolded;
+  const bool scale_a = sums == Sums::kScaled && M <= N, scale_b = sums == Sums::kScaled && M > N;
   Buffers& buf = buffers();
   int8_t* pa = rp_aligned64(buf.pa, kMod * mp * kc0);
   int8_t* pb = rp_aligned64(buf.pb, kMod * N * kc0);
   int32_t* res = rp_aligned64(buf.res, kMod * mp * N);
   int32_t* part = nchunks > 1 ? rp_aligned64(buf.part, mp * N) : nullptr;
   auto split_b = [&](int64_t k0, int64_t kc) {
-    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, k0, kc, eb, beta, pb, N, kc, b, e); });
+    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, k0, kc, eb, beta, pb, N, kc, b, e, scale_b); });
   };
   if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
@@ -571,7 +648,7 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);
       rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa, m, kc, b, e);
+        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa, m, kc, b, e, scale_a);
       });
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res + t * m * N;
@@ -587,7 +664,7 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
         });
       }
     }
-    reconstruct_panel(res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
+    reconstruct_panel(sums, res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
   }
   if ((buf.pa.capacity() + buf.pb.capacity()) + 4 * (buf.res.capacity() + buf.part.capacity()) > kKeepBytes)
     buf = Buffers();
