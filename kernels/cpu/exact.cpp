@@ -201,15 +201,17 @@ inline i8q to_int8(f32v x) {
 }
 
 // n <= kSplit values (their float bits) of a row with exponent e: q = m 2^(E - e + beta - 24)
-// rounded half away from zero (|q| <= 2^beta <= 2^31, held as a uint32 magnitude and a sign), then
-// its residues into out[t * plane + k] (the symmetric representative in [-(p-1)/2, (p-1)/2]) of
-// +-q, or with scaled of +-q Q_t (Garner's coef[t][t], below): the integers first, then the
-// residues a vector at a time.
+// rounded half away from zero (q <= 2^beta, and below 2^31 at beta = 31: m 2^7 at most), held
+// with its sign as an int32, then its residues into out[t * plane + k] (the symmetric
+// representative in [-(p-1)/2, (p-1)/2]) of +-q, or with scaled of +-q Q_t (Garner's
+// coef[t][t], below): the integers first, then the residues a vector at a time.
 constexpr int64_t kSplit = 256;
+// v mod p_t as the symmetric representative, |v| <= 127 (a compile-time constant of the split).
+constexpr int32_t sym(uint64_t v, uint32_t p) { return v % p <= p / 2 ? int32_t(v % p) : int32_t(v % p) - int32_t(p); }
 template <bool scaled>
 RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_t e, int beta, int8_t* out,
                                          int64_t plane) {
-  uint32_t q[kSplit], neg[kSplit];
+  int32_t q[kSplit];
   for (int64_t k = 0; k < n; ++k) {
     const uint32_t u = bits[k];
     const int32_t E = (int32_t)((u >> 23) & 0xFF);
@@ -218,34 +220,41 @@ RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_
     const uint32_t left = m << (uint32_t)std::clamp(-sh, 0, 7);
     const int32_t s = std::clamp(sh, 1, 31);
     const uint32_t right = sh > 24 ? 0u : (m + (1u << (s - 1))) >> s;
-    q[k] = sh <= 0 ? left : right;
-    neg[k] = u >> 31;
+    const int32_t mag = (int32_t)(sh <= 0 ? left : right);
+    q[k] = (u >> 31) ? -mag : mag;
   }
-  // the residues in float32 lanes (near, above): with q = a 2^20 + b 2^10 + c (a <= 2^11, b and c
-  // below 2^10), x = +-(a f20 + b f10 + c f0) with f20 = 2^20 f0 mod p, f10 = 2^10 f0 mod p and
-  // f0 = 1 (or Q_t, scaled) is congruent to +-q f0 and below 2^11 254 + 2 2^10 254 < 2^20 in
-  // magnitude, so near(x) is the representative in [-(p-1)/2, (p-1)/2]
-  for (int64_t k = n; k % kV; ++k) q[k] = neg[k] = 0;   // the last vector's lanes past n
+  // the residues in float32 lanes (near, above), from q's pieces (>> arithmetic, the low pieces
+  // in [0, 2^k)) and symmetric constants, so that near(x) is the representative in
+  // [-(p-1)/2, (p-1)/2]:
+  //   q = a 2^17 + c (|a| <= 2^14, c < 2^17): x = a f17 + c, f17 = 2^17 mod p, congruent to q and
+  //     below 2^14 127 + 2^17 < 2^22 in magnitude;
+  //   scaled, q = a 2^20 + b 2^10 + c (|a| <= 2^11, b, c < 2^10): x = a f20 + b f10 + c f0 with
+  //     f0 = Q_t, f20 = 2^20 f0 and f10 = 2^10 f0 mod p, congruent to q Q_t and below 2^19.
+  for (int64_t k = n; k % kV; ++k) q[k] = 0;   // the last vector's lanes past n
   for (int64_t k = 0; k < n; k += kV) {
-    u32v qv, nv;
+    i32v qv;
     std::memcpy(&qv, q + k, sizeof(qv));
-    std::memcpy(&nv, neg + k, sizeof(nv));
-    // -1 or +1 from the sign bit (arithmetic: GCC lowers a select on 16 lanes to a branch per
-    // lane without AVX-512)
-    const f32v sign = __builtin_convertvector(1 - 2 * (i32v)nv, f32v);
-    const f32v a = __builtin_convertvector(qv >> 20, f32v) * sign,
-               b = __builtin_convertvector((qv >> 10) & 0x3FF, f32v) * sign,
-               c = __builtin_convertvector(qv & 0x3FF, f32v) * sign;
-    each_mod([&](auto t) {
-      constexpr uint32_t f0 = scaled ? kGarner.coef[t][t] : 1;
-      constexpr float f20 = float((uint32_t(1) << 20) % kP[t] * f0 % kP[t]),
-                      f10 = float((uint32_t(1) << 10) % kP[t] * f0 % kP[t]);
-      const i8q r = to_int8(near<t>(mul_add(a, f20, mul_add(b, f10, c * float(f0)))));   // (c * 1: c)
+    const auto store = [&](int t, i8q r) {
       if (n - k >= kV)
         std::memcpy(out + t * plane + k, &r, kV);
       else
         std::memcpy(out + t * plane + k, &r, n - k);
-    });
+    };
+    if constexpr (scaled) {
+      const f32v a = __builtin_convertvector(qv >> 20, f32v), b = __builtin_convertvector((qv >> 10) & 0x3FF, f32v),
+                 c = __builtin_convertvector(qv & 0x3FF, f32v);
+      each_mod([&](auto t) {
+        constexpr uint64_t f0 = kGarner.coef[t][t];
+        constexpr float f20 = float(sym(f0 << 20, kP[t])), f10 = float(sym(f0 << 10, kP[t])), c0 = float(sym(f0, kP[t]));
+        store(t, to_int8(near<t>(mul_add(a, f20, mul_add(b, f10, c * c0)))));   // (t = 0: c * 1, c)
+      });
+    } else {
+      const f32v a = __builtin_convertvector(qv >> 17, f32v), c = __builtin_convertvector(qv & 0x1FFFF, f32v);
+      each_mod([&](auto t) {
+        constexpr float f17 = float(sym(uint64_t(1) << 17, kP[t]));
+        store(t, to_int8(near<t>(mul_add(a, f17, c))));
+      });
+    }
   }
 }
 
