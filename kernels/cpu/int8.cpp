@@ -160,21 +160,24 @@ void pack_a(const int8_t* src, int64_t M, int64_t K, int64_t lda, int64_t r0, in
 }
 
 #if defined(RP_I8_VNNI)
-// A full panel's (NR = 32 rows) values [0, kv), kv = K rounded down to 64: per half of 16 rows and
-// 64 values, 16 rows x 16 words through a 16 x 16 transpose of 32-bit words (transpose.h), so that
-// word w of each row lands in group w's 64 bytes (out [kv / 4][NR][4]); sums[r] = those values'
+// A full panel's (NR = 32 rows) values, all K of them: per half of 16 rows and 64 values (the
+// last block's rows loaded under a mask, zero past K), 16 rows x 16 words through a 16 x 16
+// transpose of 32-bit words (transpose.h), so that word w of each row lands in group w's 64 bytes
+// (out [Kp / 4][NR][4], Kp = K rounded up to 4, the last group zero-padded); sums[r] = the row's
 // sum, four per lane by vpdpbusd with bytes of one (exact: |sum| <= 128 K < 2^31, since the
-// binding bounds K below 133144). Returns kv.
+// binding bounds K below 133144). Returns Kp.
 int64_t pack_b_blocks(const int8_t* src, int64_t K, int8_t* out, int64_t* sums) {
-  const int64_t kv = K / 64 * 64;
+  const int64_t Kp = (K + 3) / 4 * 4;
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t h = 0; h < NR; h += 16) {
     __m512i acc = _mm512_setzero_si512();
-    for (int64_t k = 0; k < kv; k += 64) {
+    for (int64_t k = 0; k < K; k += 64) {
+      const int64_t n = std::min<int64_t>(64, K - k);
+      const __mmask64 live = n == 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
       __m512i v[16];
-      for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_loadu_si512(src + (h + i) * K + k);
+      for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_maskz_loadu_epi8(live, src + (h + i) * K + k);
       rp::transpose16(v);
-      for (int64_t w = 0; w < 16; ++w) {
+      for (int64_t w = 0; w < (std::min<int64_t>(64, Kp - k)) / 4; ++w) {
         _mm512_storeu_si512(out + ((k / 4 + w) * NR + h) * 4, v[w]);
         acc = _mm512_dpbusd_epi32(acc, ones, v[w]);
       }
@@ -183,7 +186,7 @@ int64_t pack_b_blocks(const int8_t* src, int64_t K, int8_t* out, int64_t* sums) 
     _mm512_store_si512(s, acc);
     for (int64_t i = 0; i < 16; ++i) sums[h + i] = s[i];
   }
-  return kv;
+  return Kp;
 }
 #elif defined(RP_I8_AVX2)
 // A full panel's (NR = 16 rows) values [0, kv), kv = K rounded down to 16: per half of 8 rows and
@@ -209,8 +212,8 @@ int64_t pack_b_blocks(const int8_t* src, int64_t K, int16_t* out) {
 
 // One B panel: rows [0, rows) of src ([*, K], row stride K) into out [Kp / G][NR][G]; rows past
 // `rows` are zero. colsum[r] = sum_k src[r, k] (exact in int64; VNNI only, for its correction).
-// A full panel's blocks of values go through pack_b_blocks on VNNI and AVX2; the rest, and every
-// other path, value by value.
+// A full panel goes through pack_b_blocks on VNNI (all of it) and AVX2 (its blocks of 16 values);
+// the rest, and every other path, value by value.
 void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, [[maybe_unused]] int64_t* colsum) {
   const int64_t kfull = K / G * G;
   const int64_t live = std::min(rows, NR);
@@ -224,7 +227,7 @@ void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, [[m
   for (int64_t g = kv / G; g < kfull / G; ++g)  // full groups of the live rows: sequential writes
     for (int64_t r = 0; r < live; ++r)
       for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = (TB)src[r * K + g * G + u];
-  if (kfull < Kp)                               // the last, partial group
+  if (kfull < Kp && kv < Kp)                    // the last, partial group
     for (int64_t r = 0; r < live; ++r)
       for (int64_t u = 0; u < G; ++u)
         out[((kfull / G) * NR + r) * G + u] = kfull + u < K ? (TB)src[r * K + kfull + u] : (TB)0;
