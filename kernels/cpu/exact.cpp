@@ -120,8 +120,8 @@ constexpr int64_t kV = 16;   // lanes per vector
 //     below 2^23; or a residue sum that is below 2^24 itself): y is within 2^-8 (its rounding) +
 //     2^-8 (fl(1/p)) of x / p, so round(y) may be one off the nearest integer, |near(x)| < 3p/2,
 //     and q p, at most |x| + 3p/2 < 2^24, is exact;
-//   - |x| < 2^22 (a split value and a Garner sum, below 2^20; a Garner sum of scaled residue sums,
-//     below 2^22): y, below 2^15, is within 2^-10 (its rounding) + 2^-10 (fl(1/p)) = 2^-9 < 1/(2p)
+//   - |x| < 2^22 (a split value; a Garner sum, below 2^20, or of scaled residue sums, below 2^22):
+//     y, below 2^15, is within 2^-10 (its rounding) + 2^-10 (fl(1/p)) = 2^-9 < 1/(2p)
 //     of x / p, so near(x) is the representative in [-(p-1)/2, (p-1)/2], the same integer on
 //     every build.
 // (With a fused multiply-add, y + 1.5 * 2^23 is rounded once and only fl(1/p)'s error is left.)
