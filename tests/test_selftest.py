@@ -12,7 +12,8 @@ hashed as 0x7FC00000, contract §7). This file
    not change a bit. The kernel versions a CPU chooses at run time (the 256- or 512-bit matmul
    tile, the int8 GEMM on AMX-INT8 or the SIMD path) are forced by the self-test's options: the
    AVX2, Skylake-SP and clang builds run their SIMD int8 path (--int8=vnni), the native build
-   every combination this CPU has;
+   every combination this CPU has; a build with tests/amx_emulate.cpp in place of int8_amx.cpp
+   runs the AMX path's host code (--int8=amx) on any CPU;
 2. regenerates the same inputs in NumPy (a second implementation of the generator documented at
    the top of selftest.cpp), runs them through the torch extension (torch.ops.repops.*, built by
    `import repops`) and requires the same digest, kernel by kernel;
@@ -141,7 +142,12 @@ VARIANTS = {
     "gcc_O2_fma_contract": ("g++" if _has_fma() else None, ["-O2", "-march=native", "-ffp-contract=fast"] + _fma_flags()),
     # FTZ/DAZ off in hardware, flushing in rp::add/sub/mul (contract.h RP_FLUSH_SOFT: riscv64's path)
     "gcc_O2_soft_flush": ("g++", ["-O2", "-march=native", "-DRP_SOFT_FLUSH"] + CONTRACT),
+    # the AMX-INT8 path's host code (int8.cpp's gemm_amx, exact.cpp's exact_product_amx) on any CPU:
+    # tests/amx_emulate.cpp in place of int8_amx.cpp (EMULATED), run with --int8=amx
+    "gcc_O2_amx_emulated": ("g++", ["-O2", "-march=native"] + CONTRACT),
 }
+AMX_EMULATOR = os.path.join(ROOT, "tests", "amx_emulate.cpp")
+EMULATED = {"gcc_O2_amx_emulated": ("int8_amx.cpp", AMX_EMULATOR)}   # build: (source replaced, by)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +162,11 @@ def binaries(tmp_path_factory):
         if cxx is None:
             return name, None
         exe = str(out_dir / name)
-        cmd = [cxx] + flags + BASE_FLAGS + SOURCES + ["-o", exe]
+        sources = SOURCES
+        if name in EMULATED:
+            replaced, by = EMULATED[name]
+            sources = [s for s in SOURCES if os.path.basename(s) != replaced] + [by]
+        cmd = [cxx] + flags + BASE_FLAGS + sources + ["-o", exe]
         r = run_process(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise AssertionError(f"building the self-test failed: {' '.join(cmd)}\n{r.stderr}")
@@ -185,7 +195,7 @@ def _run(*cmd):
 # 256-bit matmul tile, whose multiplies the compiler emits (and so fuses with the adds): the
 # 512-bit tile's multiply is an asm instruction (matmul.cpp's product), which no compiler fuses.
 RUN_ARGS = {"gcc_O3_avx2": ["--int8=vnni"], "gcc_O3_avx512_novnni": ["--int8=vnni"], "clang_O2": ["--int8=vnni"],
-            "gcc_O2_fma_contract": ["--matmul=256"]}
+            "gcc_O2_fma_contract": ["--matmul=256"], "gcc_O2_amx_emulated": ["--int8=amx"]}
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +228,15 @@ def test_native_kernel_versions_match_O0(binaries, results, options):
         pytest.skip(f"hardware: {' '.join(options)}: {r.stderr.strip()}")
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.splitlines() == results["gcc_O0"][0]
+
+
+def test_amx_host_code_emulated_matches_O0(results):
+    """The AMX-INT8 path's code around the tiles (int8.cpp's gemm_amx; exact.cpp's fused blocks of
+    eight residue GEMMs, its panels and scaled residues; K = 1031 unfused), with the tile GEMM
+    emulated in plain C++ (tests/amx_emulate.cpp): the same digests. Runs on every CPU; the tiles
+    themselves are checked on AMX hardware (test_native_kernel_versions_match_O0, --int8=amx)."""
+    assert results["gcc_O2_amx_emulated"][0] == results["gcc_O0"][0]
+    assert results["gcc_O2_amx_emulated"][2] == ""
 
 
 def test_gcc_O3_avx2_matches_O0(results):
@@ -433,10 +452,11 @@ def window_pairs():
     return signed
 
 
-# Every self-test build under the contract's flags: VARIANTS without the deliberately fused one,
-# then the two cross builds. Each is its own case of test_ftz_window_gives_x86_bits_everywhere, so
-# the test report names every build that ran and every one that could not (its own skip).
-WINDOW_BUILDS = [name for name in VARIANTS if name != "gcc_O2_fma_contract"] + list(CROSS)
+# Every self-test build under the contract's flags: VARIANTS without the deliberately fused one
+# and the AMX-emulating one (a source swapped, not a compiler or flag), then the two cross builds.
+# Each is its own case of test_ftz_window_gives_x86_bits_everywhere, so the test report names
+# every build that ran and every one that could not (its own skip).
+WINDOW_BUILDS = [name for name in VARIANTS if name != "gcc_O2_fma_contract" and name not in EMULATED] + list(CROSS)
 
 
 def window_build(name):
