@@ -65,8 +65,9 @@ from config import Config  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # One program: both versions in their own namespace (their includes are taken first, so the
-# namespaces hold only matmul.cpp's own code); rp_parallel_for runs the whole range on this thread.
-HARNESS = r"""
+# namespaces hold only the kernel file's own code); rp_parallel_for runs the whole range on this
+# thread. alternate() times them in alternating rounds.
+PRELUDE = r"""
 #include "kernels.h"
 #include "transpose.h"
 #include <algorithm>
@@ -81,6 +82,7 @@ HARNESS = r"""
 #include <ctime>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 void rp_parallel_for(int64_t n, int64_t, void (*fn)(void*, int64_t, int64_t), void* ctx) { if (n > 0) fn(ctx, 0, n); }
 int rp_threads() { return 1; }
@@ -90,9 +92,30 @@ namespace other {
 namespace self {
 #include "SELF"
 }
+static double now() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+// rounds of `calls` calls of run(v, i), v = 0 (the other version) then 1 (this one): best[v] = the
+// best round's seconds per call; returns the median over the rounds of other's time / this one's.
+template <class Run>
+static double alternate(int rounds, int calls, const Run& run, double best[2]) {
+  double last = 0;
+  std::vector<double> ratios;
+  best[0] = best[1] = 1e30;
+  for (int r = 0; r < rounds; ++r)
+    for (int v = 0; v < 2; ++v) {
+      const double t0 = now();
+      for (int i = 0; i < calls; ++i) run(v, i);
+      const double t = (now() - t0) / calls;
+      best[v] = std::min(best[v], t);
+      if (v == 0) last = t; else ratios.push_back(last / t);
+    }
+  std::sort(ratios.begin(), ratios.end());
+  return ratios[ratios.size() / 2];
+}
+"""
+
+HARNESS = PRELUDE + r"""
 struct Product { const char* name; int64_t M, N, K, sam, sak, sbk, sbn, a_size, b_size; bool model; };
 static const Product kProducts[] = { PRODUCTS };
-static double now() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 int main(int argc, char** argv) {
   const int rounds = atoi(argv[1]), fresh = atoi(argv[2]), width = atoi(argv[3]), other_width = atoi(argv[5]);
   const char* only = argv[4];
@@ -114,29 +137,19 @@ int main(int argc, char** argv) {
     std::vector<float> C[2] = {std::vector<float>(fresh * p.M * p.N), std::vector<float>(fresh * p.M * p.N)};
     const double flop = 2.0 * p.M * p.N * p.K;
     const int calls = std::max<int64_t>(1, (int64_t)(1.5e9 / flop));   // ~15 ms at 100 GFLOP/s
-    double best[2] = {1e30, 1e30}, last = 0;
-    std::vector<double> ratios;
-    for (int r = 0; r < rounds; ++r)
-      for (int v = 0; v < 2; ++v) {
-        const double t0 = now();
-        for (int i = 0; i < calls; ++i) {
-          float* c = C[v].data() + (i % fresh) * p.M * p.N;
-          if (v == 0) other::rp_matmul(A.data(), 0, p.sam, p.sak, B.data(), 0, p.sbk, p.sbn, c, 1, p.M, p.N, p.K);
-          else self::rp_matmul(A.data(), 0, p.sam, p.sak, B.data(), 0, p.sbk, p.sbn, c, 1, p.M, p.N, p.K);
-        }
-        const double t = (now() - t0) / calls;
-        best[v] = std::min(best[v], t);
-        if (v == 0) last = t; else ratios.push_back(last / t);
-      }
-    std::sort(ratios.begin(), ratios.end());
+    double best[2];
+    const double median = alternate(rounds, calls, [&](int v, int i) {
+      float* c = C[v].data() + (i % fresh) * p.M * p.N;
+      if (v == 0) other::rp_matmul(A.data(), 0, p.sam, p.sak, B.data(), 0, p.sbk, p.sbn, c, 1, p.M, p.N, p.K);
+      else self::rp_matmul(A.data(), 0, p.sam, p.sak, B.data(), 0, p.sbk, p.sbn, c, 1, p.M, p.N, p.K);
+    }, best);
     const bool same = memcmp(C[0].data(), C[1].data(), C[0].size() * sizeof(float)) == 0;
     differ += !same;
     printf("%-22s %5ldx%5ldx%5ld %8.1f %8.1f %6.3fx %6.3fx%s\n", p.name, (long)p.M, (long)p.N, (long)p.K,
-           flop / best[0] / 1e9, flop / best[1] / 1e9, best[0] / best[1], ratios[ratios.size() / 2],
-           same ? "" : "  BITS DIFFER");
+           flop / best[0] / 1e9, flop / best[1] / 1e9, best[0] / best[1], median, same ? "" : "  BITS DIFFER");
     if (p.model) {
       log_other += log(flop / best[0] / 1e9), log_self += log(flop / best[1] / 1e9);
-      log_ratio += log(ratios[ratios.size() / 2]), ++n_model;
+      log_ratio += log(median), ++n_model;
     }
   }
   const double hz = self::rp_cpu_clock_hz(), limit = self::rp_matmul_flop_per_cycle() * hz / 1e9;
@@ -157,29 +170,9 @@ int main(int argc, char** argv) {
 # The exact matmul's program: as HARNESS, around rp_exact_matmul. Both versions' exact.cpp functions
 # that kernels.h also declares for the band products are renamed (exact_source), since a call with an
 # RpExactOperand argument would otherwise find both (argument-dependent lookup).
-HARNESS_EXACT = r"""
-#include "kernels.h"
-#include "transpose.h"
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <ctime>
-#include <random>
-#include <utility>
-#include <vector>
-void rp_parallel_for(int64_t n, int64_t, void (*fn)(void*, int64_t, int64_t), void* ctx) { if (n > 0) fn(ctx, 0, n); }
-int rp_threads() { return 1; }
-namespace other {
-#include "OTHER"
-}
-namespace self {
-#include "SELF"
-}
+HARNESS_EXACT = PRELUDE + r"""
 struct Product { const char* name; int64_t batch, M, N, K; };
 static const Product kProducts[] = { PRODUCTS };
-static double now() { timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 int main(int argc, char** argv) {
   const int rounds = atoi(argv[1]), fresh = atoi(argv[2]);
   const char* only = argv[3];
@@ -196,28 +189,19 @@ int main(int argc, char** argv) {
     for (float& x : B) x = normal(rng);
     std::vector<float> C[2] = {std::vector<float>(fresh * out), std::vector<float>(fresh * out)};
     const int calls = std::max<int64_t>(1, (int64_t)(2.5e8 / ((double)p.batch * p.M * p.N * p.K)));   // ~10-20 ms
-    double best[2] = {1e30, 1e30}, last = 0;
-    std::vector<double> ratios;
-    for (int r = 0; r < rounds; ++r)
-      for (int v = 0; v < 2; ++v) {
-        const double t0 = now();
-        for (int i = 0; i < calls; ++i)
-          for (int64_t b = 0; b < p.batch; ++b) {
-            const RpExactOperand a{A.data() + b * p.M * p.K, p.K, 1}, bt{B.data() + b * p.N * p.K, p.K, 1};
-            float* c = C[v].data() + (i % fresh) * out + b * p.M * p.N;
-            if (v == 0) other::rp_exact_matmul(a, bt, c, p.M, p.N, p.K);
-            else self::rp_exact_matmul(a, bt, c, p.M, p.N, p.K);
-          }
-        const double t = (now() - t0) / calls;
-        best[v] = std::min(best[v], t);
-        if (v == 0) last = t; else ratios.push_back(last / t);
+    double best[2];
+    const double median = alternate(rounds, calls, [&](int v, int i) {
+      for (int64_t b = 0; b < p.batch; ++b) {
+        const RpExactOperand a{A.data() + b * p.M * p.K, p.K, 1}, bt{B.data() + b * p.N * p.K, p.K, 1};
+        float* c = C[v].data() + (i % fresh) * out + b * p.M * p.N;
+        if (v == 0) other::rp_exact_matmul(a, bt, c, p.M, p.N, p.K);
+        else self::rp_exact_matmul(a, bt, c, p.M, p.N, p.K);
       }
-    std::sort(ratios.begin(), ratios.end());
+    }, best);
     const bool same = memcmp(C[0].data(), C[1].data(), C[0].size() * sizeof(float)) == 0;
     differ += !same;
     printf("%-16s %4ldx%5ldx%5ldx%5ld %9.3f %9.3f %6.3fx %6.3fx%s\n", p.name, (long)p.batch, (long)p.M, (long)p.N,
-           (long)p.K, best[0] * 1e3, best[1] * 1e3, best[0] / best[1], ratios[ratios.size() / 2],
-           same ? "" : "  BITS DIFFER");
+           (long)p.K, best[0] * 1e3, best[1] * 1e3, best[0] / best[1], median, same ? "" : "  BITS DIFFER");
     log_ratio += log(best[0] / best[1]), ++n;
   }
   if (n) printf("geometric mean this / other speed %.3fx\n", exp(log_ratio / n));
