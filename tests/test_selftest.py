@@ -489,7 +489,8 @@ def window_case():
 
 
 def test_window_builds_are_the_self_tests():
-    """The window cases are the self-test's 8 builds (docs/testing.md says 8), each a case of its own."""
+    """The window cases are the self-test's 8 builds under the contract's flags, the AMX-emulating
+    one aside (docs/testing.md says 8), each a case of its own."""
     assert WINDOW_BUILDS == ["gcc_O0", "gcc_O3_native", "gcc_O3_avx2", "gcc_O3_avx512_novnni", "clang_O2",
                              "gcc_O2_soft_flush", "aarch64", "riscv64"]
 
