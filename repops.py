@@ -292,9 +292,20 @@ class _MatMul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        ga = ctx.op(g, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
-        gb = ctx.op(a.transpose(-1, -2), g) if ctx.needs_input_grad[1] else None
+        ga = _product_in_layout_of(a, ctx.op, g, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        gb = _product_in_layout_of(b, ctx.op, a.transpose(-1, -2), g) if ctx.needs_input_grad[1] else None
         return ga, gb, None
+
+
+def _product_in_layout_of(like, op, l, r):
+    """op(l, r), laid out in memory as `like` is: where like is a transposed view (unit stride
+    along its second-last dim, as w.t() in linear and k^T in attention) it is op(r^T, l^T)^T.
+    The bits are the same (§4.1 and §11: each term is one product, x*y = y*x, and the terms of
+    an output are summed in the same order of k), and the gradient reaches its parameter or
+    tensor in that tensor's own layout, so autograd copies nothing to accumulate it."""
+    if like.stride(-2) == 1 and like.stride(-1) != 1 and like.shape[-1] > 1:
+        return op(r.transpose(-1, -2), l.transpose(-1, -2)).transpose(-1, -2)
+    return op(l, r)
 
 
 def matmul(a, b, exact=False):

@@ -837,6 +837,27 @@ def close(got, exp, rtol, atol, what):
     torch.testing.assert_close(got.detach(), exp.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_matmul_gradient_in_its_operands_layout(rp, exact):
+    """A transposed operand (w.t() in linear, k^T in attention) gets its gradient in its own layout,
+    computed as (g^T a)^T, so autograd copies nothing to hand it on; the bits are those of a^T g,
+    which a contiguous operand gets."""
+    rng = np.random.default_rng(21)
+    a, k, g = (T(rng.standard_normal(s).astype(F32)) for s in ((3, 7, 33), (3, 129, 33), (3, 7, 129)))
+    grads_of = {}
+    for layout in ("transposed view", "contiguous"):
+        kk = k.clone().requires_grad_(True)
+        b = kk.transpose(1, 2) if layout == "transposed view" else kk.transpose(1, 2).contiguous()
+        strides = []
+        b.register_hook(lambda gb: strides.append(gb.stride()))
+        rp.matmul(a, b, exact).backward(g)
+        assert strides == [b.stride()], (layout, strides, b.stride())
+        grads_of[layout] = kk.grad
+    assert_bits(grads_of["transposed view"], grads_of["contiguous"], "k's gradient in both layouts")
+    if not exact:
+        assert_bits(grads_of["contiguous"], np.stack([R.matmul(N(a)[i].T, N(g)[i]).T for i in range(3)]), "vs NumPy")
+
+
 def grads(fn, *xs, gout=None, seed=0):
     xs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in xs]
     out = fn(*xs)
