@@ -232,17 +232,17 @@ class Llama(nn.Module):
         qkv = self._linear(layer, "wqkv", h).view(B, T, H + 2 * Hkv, Dh)
         # One split (its backward is one cat): autograd never adds the three gradients.
         q, k, v = qkv.split([H, Hkv, Hkv], dim=2)                 # [B, T, H | Hkv | Hkv, Dh]
-        q, k = q.contiguous(), k.contiguous()
         if cfg.qk_norm:                                           # per head: rows B*T*H of Dh
             q = repops.rmsnorm(q, self.unit_gain, cfg.norm_eps)
             k = repops.rmsnorm(k, self.unit_gain, cfg.norm_eps)
         cos, sin = self._rope_tables(pos, T)
-        q = repops.rope(q, cos, sin)
-        k = repops.rope(k, cos, sin)
+        q = repops.rope(q, cos, sin)                              # heads-major: [B, H, T, Dh]
+        k = repops.rope(k, cos, sin)                              # [B, Hkv, T, Dh]
         # Query head h = j*G + g belongs to key/value head j; the group's G heads become G*T rows
         # of one matmul against key head j (data movement only): q [B*Hkv, G*T, Dh], k, v [B*Hkv, T, Dh].
-        q = q.permute(0, 2, 1, 3).reshape(B * Hkv, G * T, Dh)
-        k, v = (t.permute(0, 2, 1, 3).reshape(B * Hkv, T, Dh) for t in (k, v))
+        q = q.view(B * Hkv, G * T, Dh)
+        k = k.view(B * Hkv, T, Dh)
+        v = v.permute(0, 2, 1, 3).reshape(B * Hkv, T, Dh)
         if cache is not None:
             cache.store(i, k, v)
         if pos:                                                   # one new query row (T = 1)

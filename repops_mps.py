@@ -225,16 +225,22 @@ def rmsnorm_backward(gy, x, w, rstd):
 
 
 def rope(x, c, s, backward):
+    """The forward x [B, T, H, Dh] -> [B, H, T, Dh], the backward g [B, H, T, Dh] -> [B, T, H, Dh]
+    (binding_common.h rope_args). x is made contiguous here; the kernel reads and writes each row
+    (b, t, h) at the strides given."""
     x, c, s = check_f32(x, "x"), check_f32(c, "cos", x.device), check_f32(s, "sin", x.device)
-    need(x.dim() == 4 and x.shape[3] % 2 == 0, "repops.rope: x [B, T, H, Dh] with even Dh")
-    need(c.dim() == 2 and c.shape[0] >= x.shape[1] and c.shape[1] == x.shape[3] // 2 and s.shape == c.shape,
+    need(x.dim() == 4 and x.shape[3] % 2 == 0,
+         f"repops.rope: {'g [B, H, T, Dh]' if backward else 'x [B, T, H, Dh]'} with even Dh")
+    t, h = (2, 1) if backward else (1, 2)                # x's dims of positions and heads
+    B, T, H, Dh = x.shape[0], x.shape[t], x.shape[h], x.shape[3]
+    need(c.dim() == 2 and c.shape[0] >= T and c.shape[1] == Dh // 2 and s.shape == c.shape,
              "repops.rope: cos, sin [>= T, Dh/2]")
-    B, T, H, Dh = x.shape
-    y = torch.empty_like(x)
+    y = torch.empty((B, T, H, Dh) if backward else (B, H, T, Dh), dtype=x.dtype, device=x.device)
+    ys = (T * H * Dh, H * Dh, Dh) if backward else (H * T * Dh, Dh, T * Dh)
     # the kernel indexes the tables with the row stride Dh/2 of the first T rows
     if y.numel():
         launch("rope", "rp_rope", x, c, s, y, B * T * H, T, H, Dh // 2, int(bool(backward)),
-                   threads=flat_grid(y.numel() // 2), group=GROUP)
+               x.stride(0), x.stride(t), x.stride(h), *ys, threads=flat_grid(y.numel() // 2), group=GROUP)
     return y
 
 

@@ -509,6 +509,12 @@ def test_rope_bits(ops, shape, kind):
         c, s = TK.adversarial(rng, c.shape, frac=0.2), TK.adversarial(rng, s.shape, frac=0.2)
     for bw in (False, True):
         same_all(ops, "rope", x, c, s, bw, what=f"rope backward={bw}")
+    # strided operands, read in place: a transposed view (kept by .to) and a column slice
+    same_all(ops, "rope", TK.T(x).transpose(1, 2), c, s, True, what="rope backward of a transposed view")
+    wide, H = TK.T(np.concatenate([x, x[:, :, ::-1]], axis=2)), shape[2]
+    cpu = ops.rope(wide[:, :, H:], TK.T(c), TK.T(s), False)
+    gpu = ops.rope(wide.to(DEV)[:, :, H:], TK.T(c).to(DEV), TK.T(s).to(DEV), False)
+    same(cpu, gpu, "rope of a column slice")
 
 
 @needs_gpu

@@ -505,9 +505,24 @@ def test_rope_bits(ops, shape, kind):
     if kind == "adv":  # adversarial tables too
         c = adversarial(rng, c.shape, frac=0.2)
         s = adversarial(rng, s.shape, frac=0.2)
-    for bw in (False, True):
-        got = ops.rope(T(x), T(c), T(s), bw)
-        assert_bits(got, R.rope(x, c, s, backward=bw), f"rope backward={bw}")
+    exp, exp_bw = R.rope(x, c, s), R.rope(x, c, s, backward=True)
+    # the forward moves the heads first ([B, T, H, Dh] -> [B, H, T, Dh]), the backward back
+    got = ops.rope(T(x), T(c), T(s), False)
+    assert got.shape == (B, H, Tn, Dh) and got.is_contiguous()
+    assert_bits(got.transpose(1, 2), exp, "rope")
+    got = ops.rope(T(x).transpose(1, 2).contiguous(), T(c), T(s), True)
+    assert got.shape == shape and got.is_contiguous()
+    assert_bits(got, exp_bw, "rope backward")
+    # strided operands, read in place: x as the middle columns of a qkv-like tensor [B, T, 3H, Dh]
+    # (the q or k of the split), g as the transposed view of a token-major tensor
+    wide = np.concatenate([rng.standard_normal(shape).astype(np.float32), x, x[:, :, ::-1]], axis=2)
+    got = ops.rope(T(wide)[:, :, H:2 * H], T(c), T(s), False)
+    assert_bits(got.transpose(1, 2), exp, "rope of a column slice")
+    got = ops.rope(T(x).transpose(1, 2), T(c), T(s), True)
+    assert_bits(got, exp_bw, "rope backward of a transposed view")
+    # longer tables than T positions: rows t < T are read
+    c2, s2 = np.concatenate([c, c[::-1] + 1]), np.concatenate([s, s[::-1] - 1])
+    assert_bits(ops.rope(T(x), T(c2), T(s2), False).transpose(1, 2), exp, "rope with longer tables")
 
 
 @pytest.mark.parametrize("BH,Tn", [(1, 1), (2, 7), (3, 33), (1, 129)])
@@ -796,7 +811,8 @@ def test_wrappers_bits(rp):
     assert_bits(gu, R.swiglu_backward(g, u), "repops.swiglu grad")
     c, sn = R.rope_tables(7, 8, 10000.0)
     x, g = rng.standard_normal((2, 7, 3, 8)).astype(F32), rng.standard_normal((2, 7, 3, 8)).astype(F32)
-    (o,), (gx,) = _run(lambda x: rp.rope(x, T(c), T(sn)), [x], [g])
+    # rope returns [B, H, T, Dh]; its gradient is given as the transpose of g's [B, T, H, Dh]
+    (o,), (gx,) = _run(lambda x: rp.rope(x, T(c), T(sn)).transpose(1, 2), [x], [g])
     assert_bits(o, R.rope(x, c, sn), "repops.rope")
     assert_bits(gx, R.rope(g, c, sn, backward=True), "repops.rope grad")
     w = rng.standard_normal((33, 7)).astype(F32)
@@ -946,7 +962,7 @@ def test_rope_vs_torch(rp, ops, Tn, Dh, theta):
     close(s.double(), s64, rtol=0, atol=atol, what="rope sin table")
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(2, Tn, 3, Dh, generator=gen)
-    (o1,), g1 = grads(lambda x: rp.rope(x, c, s), x)
+    (o1,), g1 = grads(lambda x: rp.rope(x, c, s).transpose(1, 2), x)   # [B, H, T, Dh] back to x's order
     (o2,), g2 = grads(lambda x: torch_rope(x, c, s), x)
     close(o1, o2, rtol=1e-5, atol=1e-5, what="rope")
     close(g1[0], g2[0], rtol=1e-5, atol=1e-5, what="rope grad")

@@ -37,8 +37,8 @@ is the finite adversarial table with big value b, SPEC the table for the canonic
 | rmsnorm_backward        | rmsnorm_backward(gy, x, w, rstd) -> gx, gw             | gy 22 [37,129] -3,8,16,FIN(2^10)                     |
 | rope_tables_long        | rope_tables(3000, 8, 500000) -> cos, sin               |                                                      |
 | rope_tables             | rope_tables(37, 18, 10000) -> cos, sin                 |                                                      |
-| rope                    | rope(x, cos, sin, False)                               | x 30 [2,37,3,18] -3,8,16,FIN(2^20)                   |
-| rope_backward           | rope(g, cos, sin, True)                                | g 31 [2,37,3,18] -3,8,16,FIN(2^20)                   |
+| rope                    | rope(x, cos, sin, False) -> [2,3,37,18]                | x 30 [2,37,3,18] -3,8,16,FIN(2^20)                   |
+| rope_backward           | rope(g, cos, sin, True) -> [2,37,3,18]                 | g 31 [2,3,37,18] -3,8,16,FIN(2^20)                   |
 | causal_softmax          | causal_softmax(S, f32(1/sqrt(32))) -> P                | S 40 [3,37,37] -4,10,16,FIN(2^12)                    |
 | causal_softmax_backward | causal_softmax_backward(gP, P, same scale)             | gP 41 [3,37,37] -4,8,16,FIN(2^10)                    |
 | swiglu                  | swiglu(u)                                              | u 50 [37,90] -6,14,16,FIN(2^7)                       |
@@ -716,7 +716,7 @@ def torch_digests(device="cpu", ops=None, suffix=None):
     c, s = no_tensor_op("rope_tables")(37, 18, 10000.0)
     d["rope_tables"] = _digest(c, s)
     d["rope"] = _digest(ops.rope(T(gen(30, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, False))
-    d["rope_backward"] = _digest(ops.rope(T(gen(31, (2, 37, 3, 18), -3, 8, 16, fin20)), c, s, True))
+    d["rope_backward"] = _digest(ops.rope(T(gen(31, (2, 3, 37, 18), -3, 8, 16, fin20)), c, s, True))
 
     # causal softmax
     scale = float.fromhex("0x1.6a09e6p-3")

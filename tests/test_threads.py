@@ -79,7 +79,7 @@ def _cases():
     c["rmsnorm"] = (rn, rn_run)
 
     def rp():
-        return spread((2, 512, 8, 64), 8), spread((2, 512, 8, 64), 9)
+        return spread((2, 512, 8, 64), 8), spread((2, 8, 512, 64), 9)     # x [B, T, H, Dh], g [B, H, T, Dh]
 
     def rp_run(x, g):
         cos, sin = OPS.rope_tables(512, 64, 10000.0)

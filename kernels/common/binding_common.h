@@ -99,15 +99,32 @@ inline void check_rope_tables(int64_t T, int64_t Dh) {
   TORCH_CHECK(T >= 0 && Dh > 0 && Dh % 2 == 0, "repops.rope_tables: head_dim must be even");
 }
 
-inline std::tuple<Tensor, Tensor, Tensor> rope_args(at::DeviceType dev, const Tensor& x_, const Tensor& c_,
-                                                    const Tensor& s_) {
-  Tensor x = contig(dev, x_, "x"), c = contig(dev, c_, "cos"), s = contig(dev, s_, "sin");
+// rope moves the heads as it rotates: the forward reads x [B, T, H, Dh] (the qkv linear's
+// columns, any strides with unit stride along Dh) and returns y [B, H, T, Dh] contiguous, the
+// layout attention's matmuls read; the backward reads g [B, H, T, Dh] (any such strides) and
+// returns [B, T, H, Dh] contiguous, the layout of the qkv linear's gradient. y is allocated here;
+// xs and ys say where the kernel finds row (b, t, h) of each.
+struct RopeCall {
+  Tensor x, c, s, y;
+  RpRows xs, ys;
+  int64_t B, T, H, Dh;
+};
+inline RopeCall rope_args(at::DeviceType dev, const Tensor& x_, const Tensor& c_, const Tensor& s_, bool backward) {
+  check_f32(dev, x_, "x");
+  Tensor x = x_.dim() == 4 && x_.stride(3) != 1 ? x_.contiguous() : x_;
+  Tensor c = contig(dev, c_, "cos"), s = contig(dev, s_, "sin");
   same_device(x, c, "rope");
   same_device(x, s, "rope");
-  TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "repops.rope: x [B, T, H, Dh] with even Dh");
-  TORCH_CHECK(c.dim() == 2 && c.size(0) >= x.size(1) && c.size(1) == x.size(3) / 2 && s.sizes() == c.sizes(),
+  TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, backward ? "repops.rope: g [B, H, T, Dh] with even Dh"
+                                                            : "repops.rope: x [B, T, H, Dh] with even Dh");
+  const int t = backward ? 2 : 1, h = backward ? 1 : 2;  // x's dims of positions and heads
+  const int64_t B = x.size(0), T = x.size(t), H = x.size(h), Dh = x.size(3);
+  TORCH_CHECK(c.dim() == 2 && c.size(0) >= T && c.size(1) == Dh / 2 && s.sizes() == c.sizes(),
               "repops.rope: tables [>=T, Dh/2]");
-  return {x, c, s};
+  Tensor y = backward ? at::empty({B, T, H, Dh}, x.options()) : at::empty({B, H, T, Dh}, x.options());
+  const RpRows xs{x.stride(0), x.stride(t), x.stride(h)};
+  const RpRows ys = backward ? RpRows{T * H * Dh, H * Dh, Dh} : RpRows{H * T * Dh, Dh, T * Dh};
+  return {x, c, s, y, xs, ys, B, T, H, Dh};
 }
 
 inline Tensor causal_softmax_args(at::DeviceType dev, const Tensor& s_) {

@@ -55,11 +55,10 @@ std::tuple<Tensor, Tensor> rope_tables(int64_t T, int64_t Dh, double theta) {
 }
 
 Tensor rope(const Tensor& x_, const Tensor& c_, const Tensor& s_, bool backward) {
-  auto [x, c, s] = rpb::rope_args(kDev, x_, c_, s_);
-  Tensor y = at::empty_like(x);
-  rp_rope(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), y.data_ptr<float>(), x.size(0), x.size(1),
-          x.size(2), x.size(3), backward);
-  return y;
+  const rpb::RopeCall r = rpb::rope_args(kDev, x_, c_, s_, backward);
+  rp_rope(r.x.data_ptr<float>(), r.xs, r.c.data_ptr<float>(), r.s.data_ptr<float>(), r.y.data_ptr<float>(), r.ys, r.B,
+          r.T, r.H, r.Dh, backward);
+  return r.y;
 }
 
 Tensor causal_softmax(const Tensor& s_, double scale) {

@@ -31,9 +31,9 @@ void rp_rmsnorm(const float* x, const float* w, float eps, float* y, float* rstd
 void rp_rmsnorm_backward(const float* gy, const float* x, const float* w, const float* rstd,
                          float* gx, float* gw, int64_t R, int64_t D);
 
-// rope.cpp (§8 rope). cos, sin [T, Dh/2]; x, y [B, T, H, Dh].
+// rope.cpp (§8 rope). cos, sin [T, Dh/2]; x, y [B, T, H, Dh], their rows where xs, ys say (ids.h).
 void rp_rope_tables(int64_t T, int64_t Dh, float theta, float* cos_t, float* sin_t);
-void rp_rope(const float* x, const float* cos_t, const float* sin_t, float* y,
+void rp_rope(const float* x, RpRows xs, const float* cos_t, const float* sin_t, float* y, RpRows ys,
              int64_t B, int64_t T, int64_t H, int64_t Dh, bool backward);
 
 // attention.cpp (§8 causal_softmax). s, p, gp, gs [BH, T, T].

@@ -310,10 +310,11 @@ void run_rope() {
   auto x = gen(30, B * T * H * Dh, -3, 8, 16, finite(0x1p20f));
   auto g = gen(31, B * T * H * Dh, -3, 8, 16, finite(0x1p20f));
   std::vector<float> y(x.size());
-  rp_rope(x.data(), c.data(), s.data(), y.data(), B, T, H, Dh, false);
-  emit1("rope", y);
-  rp_rope(g.data(), c.data(), s.data(), y.data(), B, T, H, Dh, true);
-  emit1("rope_backward", y);
+  const RpRows tokens{T * H * Dh, H * Dh, Dh}, heads{H * T * Dh, Dh, T * Dh};  // [B, T, H, Dh], [B, H, T, Dh]
+  rp_rope(x.data(), tokens, c.data(), s.data(), y.data(), heads, B, T, H, Dh, false);
+  emit1("rope", y);  // heads-major, as the torch op returns it
+  rp_rope(g.data(), heads, c.data(), s.data(), y.data(), tokens, B, T, H, Dh, true);
+  emit1("rope_backward", y);  // g read heads-major, the result token-major
 }
 
 void run_softmax() {

@@ -101,12 +101,12 @@ std::tuple<Tensor, Tensor> rmsnorm_backward(const Tensor& gy_, const Tensor& x_,
 }
 
 Tensor rope(const Tensor& x_, const Tensor& c_, const Tensor& s_, bool backward) {
-  auto [x, c, s] = rpb::rope_args(kDev, x_, c_, s_);
-  c10::cuda::CUDAGuard guard(x.device());
-  Tensor y = at::empty_like(x);
-  check(rpc_rope(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), y.data_ptr<float>(), x.size(0),
-                 x.size(1), x.size(2), x.size(3), backward, stream()), "rope");
-  return y;
+  const rpb::RopeCall r = rpb::rope_args(kDev, x_, c_, s_, backward);  // y on x's device
+  c10::cuda::CUDAGuard guard(r.x.device());
+  check(rpc_rope(r.x.data_ptr<float>(), r.xs, r.c.data_ptr<float>(), r.s.data_ptr<float>(), r.y.data_ptr<float>(),
+                 r.ys, r.B, r.T, r.H, r.Dh, backward, stream()),
+        "rope");
+  return r.y;
 }
 
 Tensor causal_softmax(const Tensor& s_, double scale) {

@@ -28,11 +28,12 @@ cudaError_t rpc_rmsnorm(const float* x, const float* w, float eps, float inv_d, 
 cudaError_t rpc_rmsnorm_backward(const float* gy, const float* x, const float* w, const float* rstd,
                                  float inv_d, float* gx, float* gw, int64_t R, int64_t D, cudaStream_t st);
 
-// rope.cu (§8 rope). cos, sin [T, Dh/2]; x, y [B, T, H, Dh]; inv_dh = f32(1/Dh).
+// rope.cu (§8 rope). cos, sin [T, Dh/2]; x, y [B, T, H, Dh], their rows where xs, ys say
+// (ids.h); inv_dh = f32(1/Dh).
 cudaError_t rpc_rope_tables(int64_t T, int64_t Dh, float theta, float inv_dh, float* cos_t, float* sin_t,
                             cudaStream_t st);
-cudaError_t rpc_rope(const float* x, const float* cos_t, const float* sin_t, float* y, int64_t B, int64_t T,
-                     int64_t H, int64_t Dh, bool backward, cudaStream_t st);
+cudaError_t rpc_rope(const float* x, RpRows xs, const float* cos_t, const float* sin_t, float* y, RpRows ys,
+                     int64_t B, int64_t T, int64_t H, int64_t Dh, bool backward, cudaStream_t st);
 
 // attention.cu (§8 causal_softmax). s, p, gp, gs [BH, T, T].
 cudaError_t rpc_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_t T, cudaStream_t st);

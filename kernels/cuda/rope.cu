@@ -20,20 +20,22 @@ __global__ void rope_tables_kernel(int64_t T, int64_t half, float theta, float i
   }
 }
 
-// Pair e = (row r of B*T*H, index i < Dh/2); the row's position is t = (r / H) % T.
-__global__ void rope_kernel(const float* __restrict__ x, const float* __restrict__ cos_t,
-                            const float* __restrict__ sin_t, float* __restrict__ y, int64_t rows,
+// Pair e = (row r = (b * T + t) * H + h of B*T*H, index i < Dh/2); x's row at xs, y's at ys.
+__global__ void rope_kernel(const float* __restrict__ x, RpRows xs, const float* __restrict__ cos_t,
+                            const float* __restrict__ sin_t, float* __restrict__ y, RpRows ys, int64_t rows,
                             int64_t T, int64_t H, int64_t half, bool backward) {
   for (int64_t e = gtid(); e < rows * half; e += gstride()) {
-    const int64_t r = e / half, i = e % half, t = (r / H) % T;
+    const int64_t r = e / half, i = e % half, b = r / (T * H), t = (r / H) % T, h = r % H;
     const float c = cos_t[t * half + i], s = sin_t[t * half + i];
-    const float x0 = x[2 * e], x1 = x[2 * e + 1];
+    const float* xp = x + b * xs.b + t * xs.t + h * xs.h + 2 * i;
+    float* yp = y + b * ys.b + t * ys.t + h * ys.h + 2 * i;
+    const float x0 = xp[0], x1 = xp[1];
     if (!backward) {
-      y[2 * e] = fsub(fmul(x0, c), fmul(x1, s));
-      y[2 * e + 1] = fadd(fmul(x0, s), fmul(x1, c));
+      yp[0] = fsub(fmul(x0, c), fmul(x1, s));
+      yp[1] = fadd(fmul(x0, s), fmul(x1, c));
     } else {
-      y[2 * e] = fadd(fmul(x0, c), fmul(x1, s));
-      y[2 * e + 1] = fsub(fmul(x1, c), fmul(x0, s));
+      yp[0] = fadd(fmul(x0, c), fmul(x1, s));
+      yp[1] = fsub(fmul(x1, c), fmul(x0, s));
     }
   }
 }
@@ -49,10 +51,11 @@ cudaError_t rpc_rope_tables(int64_t T, int64_t Dh, float theta, float inv_dh, fl
   return cudaGetLastError();
 }
 
-cudaError_t rpc_rope(const float* x, const float* cos_t, const float* sin_t, float* y, int64_t B, int64_t T,
-                     int64_t H, int64_t Dh, bool backward, cudaStream_t st) {
+cudaError_t rpc_rope(const float* x, RpRows xs, const float* cos_t, const float* sin_t, float* y, RpRows ys,
+                     int64_t B, int64_t T, int64_t H, int64_t Dh, bool backward, cudaStream_t st) {
   const int64_t rows = B * T * H, n = rows * (Dh / 2);
   if (n > 0)
-    rope_kernel<<<blocks_for(n, THREADS), THREADS, 0, st>>>(x, cos_t, sin_t, y, rows, T, H, Dh / 2, backward);
+    rope_kernel<<<blocks_for(n, THREADS), THREADS, 0, st>>>(x, xs, cos_t, sin_t, y, ys, rows, T, H, Dh / 2,
+                                                            backward);
   return cudaGetLastError();
 }

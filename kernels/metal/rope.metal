@@ -17,20 +17,23 @@ kernel void rp_rope_tables(device float* cos_t, device float* sin_t, constant lo
   }
 }
 
-// Pair e = (row r of B*T*H, index i < Dh/2); the row's position is t = (r / H) % T.
+// Pair e = (row r = (b * T + t) * H + h of B*T*H, index i < Dh/2); x's row (b, t, h) starts at
+// b * xb + t * xt + h * xh, y's at b * yb + t * yt + h * yh (kernels/common/ids.h RpRows).
 kernel void rp_rope(device const float* x, device const float* cos_t, device const float* sin_t, device float* y,
                     constant long& rows, constant long& T, constant long& H, constant long& half_dh,
-                    constant long& backward, RP_POS) {
+                    constant long& backward, constant long& xb, constant long& xt, constant long& xh,
+                    constant long& yb, constant long& yt, constant long& yh, RP_POS) {
   for (long e = tid; e < rows * half_dh; e += nthreads) {
-    const long r = e / half_dh, i = e % half_dh, t = (r / H) % T;
+    const long r = e / half_dh, i = e % half_dh, b = r / (T * H), t = (r / H) % T, h = r % H;
     const float c = cos_t[t * half_dh + i], s = sin_t[t * half_dh + i];
-    const float x0 = x[2 * e], x1 = x[2 * e + 1];
+    const long xe = b * xb + t * xt + h * xh + 2 * i, ye = b * yb + t * yt + h * yh + 2 * i;
+    const float x0 = x[xe], x1 = x[xe + 1];
     if (backward == 0) {
-      y[2 * e] = fsub(fmul(x0, c), fmul(x1, s));
-      y[2 * e + 1] = fadd(fmul(x0, s), fmul(x1, c));
+      y[ye] = fsub(fmul(x0, c), fmul(x1, s));
+      y[ye + 1] = fadd(fmul(x0, s), fmul(x1, c));
     } else {
-      y[2 * e] = fadd(fmul(x0, c), fmul(x1, s));
-      y[2 * e + 1] = fsub(fmul(x1, c), fmul(x0, s));
+      y[ye] = fadd(fmul(x0, c), fmul(x1, s));
+      y[ye + 1] = fsub(fmul(x1, c), fmul(x0, s));
     }
   }
 }

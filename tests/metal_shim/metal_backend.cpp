@@ -71,9 +71,11 @@ void rp_rmsnorm_backward(const float* gy, const float* x, const float* w, const 
 void rp_rope_tables(int64_t T, int64_t Dh, float theta, float* cos_t, float* sin_t) {
   flat([&](const Pos& p) { msl::rp_rope_tables(cos_t, sin_t, T, Dh / 2, theta, inv(Dh), AT); });
 }
-void rp_rope(const float* x, const float* cos_t, const float* sin_t, float* y, int64_t B, int64_t T, int64_t H,
-             int64_t Dh, bool backward) {
-  flat([&](const Pos& p) { msl::rp_rope(x, cos_t, sin_t, y, B * T * H, T, H, Dh / 2, backward ? 1 : 0, AT); });
+void rp_rope(const float* x, RpRows xs, const float* cos_t, const float* sin_t, float* y, RpRows ys, int64_t B,
+             int64_t T, int64_t H, int64_t Dh, bool backward) {
+  flat([&](const Pos& p) {
+    msl::rp_rope(x, cos_t, sin_t, y, B * T * H, T, H, Dh / 2, backward ? 1 : 0, xs.b, xs.t, xs.h, ys.b, ys.t, ys.h, AT);
+  });
 }
 
 void rp_causal_softmax(const float* s, float scale, float* p_, int64_t BH, int64_t T) {
