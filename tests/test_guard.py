@@ -41,7 +41,6 @@ ALLOWED = {
                  "gradient norm side by side for the step's one host read (copies)",
     "aten::copy_": "each parameter's gradient, and the loss, into its slice of the flat buffer",
     "aten::empty.memory_format": "allocates the flat gradient buffer (no values are computed)",
-    "aten::new_empty_strided": "autograd allocates .grad in its parameter's layout, then copies",
     "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
     "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
     "aten::expand": "int8: an activation's step size s_x viewed once per row (its LSQ gradient "
