@@ -374,9 +374,9 @@ def rope_tables(seq_len, head_dim, theta):
 def rope(x, cos, sin):
     """Rotate interleaved pairs of x [B, T, H, Dh] (any strides with unit stride along Dh, such as
     the q or k columns of the qkv linear's output) by the position angles of the tables; returns
-    them heads-major, [B, H, T, Dh] contiguous: the layout attention's matmuls read. The kernel
-    reads and writes in place of the copies a permute would make; its backward returns the
-    gradient [B, T, H, Dh] contiguous."""
+    them heads-major, [B, H, T, Dh] contiguous: the layout attention's matmuls read. One pass of
+    the kernel rotates the pairs and moves the heads, so no copy precedes or follows it; its
+    backward returns the gradient [B, T, H, Dh] contiguous."""
     return _Rope.apply(x, cos, sin)
 
 

@@ -24,8 +24,9 @@ void rp_rope_tables(int64_t T, int64_t Dh, float theta, float* cos_t, float* sin
 }
 
 // One row: pairs (x[2i], x[2i+1]) rotated by the angle of cos c[i], sin s[i] (its backward:
-// by minus the angle). The pointers never alias (y is a new tensor), which lets the compiler
-// vectorize the pairs (deinterleaving loads): each output is the same expression as written.
+// by minus the angle). The pointers never alias (y is a new tensor), so the compiler vectorizes
+// the pairs (deinterleaving loads) without a run-time overlap check: each output is the same
+// expression as written.
 template <bool kBackward>
 static void rotate_row(const float* __restrict x, const float* __restrict c, const float* __restrict s,
                        float* __restrict y, int64_t half) {
