@@ -1,7 +1,7 @@
 // amx_emulate.cpp -- int8_amx.cpp's interface (kernels/cpu/kernels.h) in plain C++, for the
 // self-test on CPUs without AMX-INT8: tests/test_selftest.py builds the self-test with this file
 // in place of int8_amx.cpp and runs it with --int8=amx, so that the code around the tiles
-// (int8.cpp's gemm_amx, exact.cpp's exact_product_amx: its fused blocks of eight residue GEMMs,
+// (int8.cpp's gemm_amx, exact.cpp's exact_product_tiled: its fused blocks of eight residue GEMMs,
 // its panels, its scaled residues) runs and must print the digests of every other build. The
 // tiles themselves are tested on AMX hardware (tests/test_int8.py, test_exact_matmul.py).
 //
@@ -9,7 +9,7 @@
 // order (matrix m, row j: K values zero-padded to a multiple of 64), which only rp_amx_gemm reads;
 // rp_amx_gemm computes each block of 32 x 32 outputs of the nmat products (exact int32 sums; rows
 // past M and columns past N zero, as the tiles' zero padding gives) and stores full blocks of a
-// single product into direct when given, else calls finish(ctx, i0, mr, j0, nr, tiles, 32) with
+// single product into direct when given, else calls finish(ctx, i0, mr, j0, nr, tiles, 32, 1024) with
 // the nmat blocks [32][32] one after the other, in the thread that computed them.
 #include "kernels.h"
 
@@ -58,7 +58,7 @@ void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp
       if (nmat == 1 && direct && mr == kBlock && nr == kBlock)
         for (int64_t i = 0; i < kBlock; ++i) std::memcpy(direct + (i0 + i) * N + j0, &tiles[i * kBlock], 4 * kBlock);
       else
-        finish(ctx, i0, mr, j0, nr, tiles.data(), kBlock);
+        finish(ctx, i0, mr, j0, nr, tiles.data(), kBlock, kBlock * kBlock);
     }
   });
 }

@@ -142,7 +142,7 @@ VARIANTS = {
     "gcc_O2_fma_contract": ("g++" if _has_fma() else None, ["-O2", "-march=native", "-ffp-contract=fast"] + _fma_flags()),
     # FTZ/DAZ off in hardware, flushing in rp::add/sub/mul (contract.h RP_FLUSH_SOFT: riscv64's path)
     "gcc_O2_soft_flush": ("g++", ["-O2", "-march=native", "-DRP_SOFT_FLUSH"] + CONTRACT),
-    # the AMX-INT8 path's host code (int8.cpp's gemm_amx, exact.cpp's exact_product_amx) on any CPU:
+    # the AMX-INT8 path's host code (int8.cpp's gemm_amx, exact.cpp's exact_product_tiled) on any CPU:
     # tests/amx_emulate.cpp in place of int8_amx.cpp (EMULATED), run with --int8=amx
     "gcc_O2_amx_emulated": ("g++", ["-O2", "-march=native"] + CONTRACT),
 }

@@ -13,11 +13,13 @@
 //              the row), then each value's beta-bit integer q (rounded half away from zero;
 //              uint32 shifts and selects) and its eight residues, one int8 plane [rows, K] per
 //              modulus (in float32 lanes: near, below);
-//   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (rp_int8_matmul: AMX-INT8 / VNNI /
-//              vpmaddwd / smlal), in chunks of at most kChunk k (its K limit) whose residues add
-//              up; on AMX with K <= kFusedK the eight GEMMs of each 32 x 32 block of C run one
-//              after the other on the tiles and the block is reconstructed at once
-//              (exact_product_amx: the residue sums never leave L1);
+//   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (AMX-INT8 / VNNI / vpmaddwd /
+//              smlal). At small K (kFusedK on AMX, kFusedSimdK otherwise) the eight GEMMs of each
+//              block of C run one after the other (AMX: a 32 x 32 block on the tiles; SIMD: a
+//              micro-tile, 8 x 32 with AVX-512) and the block is reconstructed at once
+//              (exact_product_tiled: the residue sums never leave L1). Above it, eight GEMMs into
+//              a panel's residue sums, then one reconstruction pass (AMX: up to kChunk; SIMD:
+//              rp_int8_matmul, in chunks of at most kChunk k, its K limit, whose residues add up);
 //   reconstruct per output, 64 at a time in vectors: the residues and Garner's symmetric digits
 //              (in float32 lanes), C' in int64, rounded to float32 once (§11 step 7).
 // The residues and digits are integers below 2^24 held in float32 lanes, where products, sums and
@@ -48,10 +50,14 @@ constexpr uint32_t kP[kMod] = {255, 253, 251, 247, 241, 239, 233, 229};  // odd,
 static_assert(uint64_t(kP[0]) * kP[1] * kP[2] * kP[3] * kP[4] * kP[5] * kP[6] * kP[7] == 12292429416557426565ull,
               "P = prod(p) < 2^64; |C'| <= 2^62 < (P - 1) / 2");
 constexpr int64_t kChunk = 131072;  // k per residue GEMM: 131072 * 127^2 < 2^31 (contract §10)
-// The AMX path computes the eight residue GEMMs block by block (no residue sums in memory) up to
-// this K; beyond it each block's eight passes over K stream more than L2 holds, and eight separate
-// GEMMs (each blocked for the caches) followed by one reconstruction pass were faster (2048^3).
-constexpr int64_t kFusedK = 1024;
+// The int8 paths compute the eight residue GEMMs block by block (no residue sums in memory) up to
+// these K; beyond them eight separate GEMMs (each blocked for the caches, its B panels reused from
+// L1 and L2 by every row block) followed by one reconstruction pass were faster: on AMX above
+// 1024 (2048^3), where each block's eight passes over K stream more than L2 holds; on the SIMD
+// path above 256, where the eight B panels of a block (8 x 32 x K bytes) no longer stay in L1 and
+// L2 with A's rows (AMD Zen 4, VNNI: K = 384-1024 with N = 128 lost 3-12%, tools/matmul_loop.py,
+// 2026-12-03).
+constexpr int64_t kFusedK = 1024, kFusedSimdK = 256;
 
 constexpr uint32_t inverse(uint32_t a, uint32_t p) {  // a^-1 mod p by search (compile time)
   uint32_t x = 1;
@@ -531,37 +537,56 @@ void reconstruct_panel(Sums sums, const int32_t* res, int64_t i0, int64_t m, int
     reconstruct_rows<Sums::kFolded>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C);
 }
 
-// rp_exact_product on AMX-INT8 (K <= kChunk). B's eight planes are split (kAmxPlaneBytes of rows
-// at a time) and packed into the tile layout once; then per panel of rows of C, A's planes (rows
-// of Kp = K rounded up to 64, zero-padded) and either (K <= kFusedK) the eight residue GEMMs of
-// each 32 x 32 block of C one after the other on the tiles (rp_amx_gemm with nmat = 8), the block
-// reconstructed from the eight [32][32] sums while they are in L1, or eight GEMMs into the panel's
-// residue sums and one reconstruction pass. Where B packed takes at most half of kKeepBytes the
-// panels are small (A's planes ~4 MB, residue sums ~16 MB), so that all buffers stay under
-// kKeepBytes (a 2048^3 product's: 32 MB + 24 MB) and repeated products reuse them without page
-// faults; above it (released anyway) they are twice that, so that B's planes stream from memory
-// half as often (4096^3: 256-row panels ran faster than 128-row ones, 2026-12-02).
-void exact_product_amx(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
-                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
-  const int64_t Kp = (K + 63) / 64 * 64;
+// The int8 paths that run several GEMMs block by block on a B packed once (kernels.h): AMX-INT8
+// (int8_amx.cpp) and this build's SIMD path (int8.cpp).
+struct TiledPath {
+  int64_t (*packed_bytes)(int64_t N, int64_t K, int nmat);
+  void (*pack_b)(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
+                 int64_t j1, uint8_t* out);
+  void (*gemm)(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
+               int nmat, RpTileFinish finish, void* ctx);
+};
+constexpr TiledPath kAmxPath{rp_amx_packed_bytes, rp_amx_pack_b,
+                             [](const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N,
+                                int64_t K, int nmat, RpTileFinish finish, void* ctx) {
+                               rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, nullptr, finish, ctx);
+                             }};
+constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b, rp_int8_gemm_packed};
+
+// rp_exact_product on a tiled path (AMX: K <= kChunk; SIMD: K <= kFusedSimdK). B's eight planes are
+// split (planes_rows rows at a time) and packed once; then per panel of rows of C, A's planes (rows
+// of Kp values: on AMX K rounded up to 64, zero-padded; the SIMD path's gemm copies A, so K) and
+// either (K <= kFusedK) the eight residue GEMMs of each
+// block of C one after the other (the path's gemm with nmat = 8: AMX 32 x 32 blocks, SIMD its
+// micro-tiles), the block reconstructed from the eight sums while they are in L1, or (AMX) eight
+// GEMMs into the panel's residue sums and one reconstruction pass. Where B packed takes at most
+// half of kKeepBytes the panels are small (A's planes ~4 MB, residue sums ~16 MB), so that all
+// buffers stay under kKeepBytes (a 2048^3 product's: 32 MB + 24 MB) and repeated products reuse
+// them without page faults; above it (released anyway) they are twice that, so that B's planes
+// stream from memory half as often (4096^3: 256-row panels ran faster than 128-row ones, AMX,
+// 2026-12-02).
+void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K,
+                         int beta, const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
+  const TiledPath& path = amx ? kAmxPath : kSimdPath;
+  const int64_t Kp = amx ? (K + 63) / 64 * 64 : K;   // the planes' rows: AMX tile rows start on cache lines
   const bool fused = K <= kFusedK;
   const Sums sums = sums_for(K);   // fused: kScaled or kSmall
   const bool scale_a = sums == Sums::kScaled && M <= N, scale_b = sums == Sums::kScaled && M > N;
-  const int64_t scale = rp_amx_packed_bytes(N, K, kMod) <= int64_t(kKeepBytes / 2) ? 1 : 2;
+  const int64_t scale = path.packed_bytes(N, K, kMod) <= int64_t(kKeepBytes / 2) ? 1 : 2;
   const int64_t planes_rows = std::max<int64_t>(32, scale * (int64_t(4) << 20) / (kMod * Kp) / 32 * 32);
   const int64_t res_rows = std::max<int64_t>(32, scale * (int64_t(16) << 20) / (4 * kMod * N) / 32 * 32);
   const int64_t mp = std::min(M, fused ? planes_rows : std::min(planes_rows, res_rows)), nb = std::min(N, planes_rows);
   Buffers& buf = buffers();
-  int8_t* pa = rp_aligned64(buf.pa, kMod * mp * Kp);   // tile rows start on cache lines
+  int8_t* pa = rp_aligned64(buf.pa, kMod * mp * Kp);   // rows start on cache lines
   int8_t* pb = rp_aligned64(buf.pb, kMod * nb * Kp);   // the planes of nb rows of B
-  uint8_t* bp = rp_aligned64(buf.bpacked, rp_amx_packed_bytes(N, K, kMod));
+  uint8_t* bp = rp_aligned64(buf.bpacked, path.packed_bytes(N, K, kMod));
   int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * N);
   for (int64_t j0 = 0; j0 < N; j0 += nb) {
     const int64_t n = std::min(nb, N - j0);
     rp::parallel_for(n, 4, [&](int64_t b, int64_t e) {
       split_rows(rows_from(Bt, j0), 0, K, eb + j0, beta, pb, n, Kp, b, e, scale_b);
     });
-    rp_amx_pack_b(pb, Kp, n * Kp, N, K, kMod, j0, j0 + n, bp);
+    path.pack_b(pb, Kp, n * Kp, N, K, kMod, j0, j0 + n, bp);
   }
   std::vector<int32_t> exb(N);
   for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
@@ -570,56 +595,66 @@ void exact_product_amx(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M,
     rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
       split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e, scale_a);
     });
-    if (!fused) {   // eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
+    if (!fused) {   // (AMX) eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res + t * m * N;
         const auto edge = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
           for (int64_t i = 0; i < mr; ++i) std::memcpy(rt + (bi + i) * N + j0, tile + i * ldt, 4 * nr);
         };
         rp_amx_gemm(pa + t * m * Kp, Kp, 0, bp + t * rp_amx_packed_bytes(N, K, 1), m, N, K, 1, rt,
-                    [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
-                      (*static_cast<decltype(edge)*>(ctx))(bi, mr, j0, nr, tile, ldt);
-                    }, const_cast<void*>(static_cast<const void*>(&edge)));
+                    [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt,
+                       int64_t) { (*static_cast<decltype(edge)*>(ctx))(bi, mr, j0, nr, tile, ldt); },
+                    const_cast<void*>(static_cast<const void*>(&edge)));
       }
       reconstruct_panel(sums, res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
       continue;
     }
-    // a block's rows in pairs: rows i and i + 1 of the [32][32] sums are 64 consecutive lanes
-    const auto finish = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles, int64_t ldt) {
-      constexpr int64_t kHalfBlock = kBlock / 2;   // ldt: a row of the sums is half a block
-      int32_t colex[kHalfBlock] = {}, ex[kBlock];
-      uint8_t colbad[kHalfBlock] = {}, bad[kBlock];
+    // a block's outputs from its eight sums, rows of L = ldt columns (32 or 16: a compile-time
+    // constant, so that the exponents and flags of 64 lanes are built in whole vectors), kBlock / L
+    // rows at a time: 64 consecutive lanes of the sums
+    const auto finish_rows = [&](auto width, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles,
+                                 int64_t plane) {
+      constexpr int64_t L = decltype(width)::value, rows = kBlock / L;
+      int32_t colex[L], ex[kBlock];
+      uint8_t colbad[L], bad[kBlock];
       uint32_t f[kBlock];
-      for (int64_t j = 0; j < nr; ++j) {
-        colex[j] = exb[j0 + j];
-        colbad[j] = bad_b[j0 + j];
+      for (int64_t j = 0; j < L; ++j) {   // past nr (and below, past mr): another output's, not stored
+        colex[j] = exb[j0 + std::min(j, nr - 1)];
+        colbad[j] = bad_b[j0 + std::min(j, nr - 1)];
       }
-      for (int64_t i = 0; i < mr; i += 2) {
-        for (int64_t h = 0; h < 2; ++h) {   // past mr: a row of zero sums, not stored
+      for (int64_t i = 0; i < mr; i += rows) {
+        for (int64_t h = 0; h < rows; ++h) {
           const int64_t r = i0 + bi + std::min(i + h, mr - 1);
           const int32_t rowex = ea[r] - 126 - beta;
           const uint8_t rowbad = bad_a[r];
-          for (int64_t j = 0; j < kHalfBlock; ++j) {
-            ex[h * kHalfBlock + j] = rowex + colex[j];
-            bad[h * kHalfBlock + j] = rowbad | colbad[j];
+          for (int64_t j = 0; j < L; ++j) {
+            ex[h * L + j] = rowex + colex[j];
+            bad[h * L + j] = rowbad | colbad[j];
           }
         }
         if (sums == Sums::kScaled)
-          reconstruct64<Sums::kScaled>(tiles + i * ldt, 32 * ldt, ex, bad, f);
+          reconstruct64<Sums::kScaled>(tiles + i * L, plane, ex, bad, f);
         else
-          reconstruct64<Sums::kSmall>(tiles + i * ldt, 32 * ldt, ex, bad, f);
-        for (int64_t h = 0; h < 2 && i + h < mr; ++h) {   // (a whole row of the block: a fixed-size copy)
-          if (nr == kHalfBlock)
-            std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * kHalfBlock);
+          reconstruct64<Sums::kSmall>(tiles + i * L, plane, ex, bad, f);
+        for (int64_t h = 0; h < rows && i + h < mr; ++h) {
+          if (nr == L)   // (a whole row: a fixed-size copy)
+            std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * L, 4 * L);
           else
-            std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * ldt, 4 * nr);
+            std::memcpy(C + (i0 + bi + i + h) * N + j0, f + h * L, 4 * nr);
         }
       }
     };
-    rp_amx_gemm(pa, Kp, m * Kp, bp, m, N, K, kMod, nullptr,
-                [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
-                  (*static_cast<decltype(finish)*>(ctx))(bi, mr, j0, nr, t, ldt);
-                }, const_cast<void*>(static_cast<const void*>(&finish)));
+    const auto finish = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles, int64_t ldt,
+                            int64_t plane) {
+      if (ldt == 32)
+        finish_rows(std::integral_constant<int64_t, 32>{}, bi, mr, j0, nr, tiles, plane);
+      else
+        finish_rows(std::integral_constant<int64_t, 16>{}, bi, mr, j0, nr, tiles, plane);
+    };
+    path.gemm(pa, Kp, m * Kp, bp, m, N, K, kMod,
+              [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt,
+                 int64_t plane) { (*static_cast<decltype(finish)*>(ctx))(bi, mr, j0, nr, t, ldt, plane); },
+              const_cast<void*>(static_cast<const void*>(&finish)));
   }
   if (buf.pa.capacity() + buf.pb.capacity() + buf.bpacked.capacity() + 4 * buf.res.capacity() > kKeepBytes)
     buf = Buffers();
@@ -631,9 +666,14 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   if (M == 0 || N == 0) return;
   // AMX at every K: below 64 the tiles multiply zero padding, but the fused reconstruction saves
-  // more (QK^T's 32 products of 128 x 32 x 128: 2.8 ms against 3.3 ms on VNNI, 2026-12-02).
-  if (rp_int8_uses_amx() && K <= kChunk)
-    return exact_product_amx(A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
+  // more (QK^T's 32 products of 128 x 32 x 128: 2.8 ms against 3.3 ms on VNNI, 2026-12-02). The
+  // SIMD path fused up to kFusedSimdK: the residue sums of a panel ([kMod][mp][N] int32, 25 MB at
+  // the model's 1024 x 768) no longer go through memory, and one product packs and runs once
+  // where eight small ones did (PV); AMD Zen 4, VNNI: 1.1-1.35x on the model's products with
+  // N >= 256, 1.2x on PV, the others within 3% (tools/matmul_loop.py, 2026-12-03).
+  const bool amx = rp_int8_uses_amx();
+  if (K <= kChunk && (amx || K <= kFusedSimdK))
+    return exact_product_tiled(amx, A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;

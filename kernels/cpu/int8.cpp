@@ -129,6 +129,19 @@ typedef int16_t TB;
 constexpr int64_t G = 1, MR = 4, NR = 16;
 constexpr const char* kI8Path = "int8 GEMM: scalar (int16), tile 4x16";
 #endif
+// rp_int8_gemm_packed's finish gets tiles of MR rows x NR columns; exact.cpp reconstructs them 64
+// outputs (whole rows) at a time.
+static_assert((NR == 16 || NR == 32) && (MR * NR) % 64 == 0, "a tile is whole rows of 64-output groups");
+
+// The accumulators' start for a column whose values sum to colsum: -128 colsum modulo 2^32 on VNNI
+// (unsigned: wraparound is defined; see the correction above), else 0.
+inline int32_t bias_of([[maybe_unused]] int64_t colsum) {
+#if defined(RP_I8_VNNI)
+  return (int32_t)(uint32_t)(0u - 128u * (uint32_t)(uint64_t)colsum);
+#else
+  return 0;
+#endif
+}
 
 // A's packed value of an int8: a + 128 as a byte for vpdpbusd, else a itself (int16).
 inline TA a_val(int8_t a) {
@@ -148,25 +161,25 @@ inline int64_t a_stride(int64_t Kp) {
   return lda;
 }
 
-// Rows [r0, r1) of A (row r at src + r K; rows >= M are zero) into out [*, lda].
-void pack_a(const int8_t* src, int64_t M, int64_t K, int64_t lda, int64_t r0, int64_t r1, TA* out) {
+// Rows [r0, r1) of A (row r at src + r ld; rows >= M are zero) into out [*, lda].
+void pack_a(const int8_t* src, int64_t ld, int64_t M, int64_t K, int64_t lda, int64_t r0, int64_t r1, TA* out) {
   for (int64_t r = r0; r < r1; ++r) {
     TA* o = out + r * lda;
     const int64_t n = r < M ? K : 0;
-    const int8_t* s = src + r * K;
+    const int8_t* s = src + r * ld;
     for (int64_t k = 0; k < n; ++k) o[k] = a_val(s[k]);
     for (int64_t k = n; k < lda; ++k) o[k] = 0;
   }
 }
 
 #if defined(RP_I8_VNNI)
-// A full panel's (NR = 32 rows) values, all K of them: per half of 16 rows and 64 values (the
+// A full panel's (NR = 32 rows, row r at src + r ld) values, all K of them: per half of 16 rows and 64 values (the
 // last block's rows loaded under a mask, zero past K), 16 rows x 16 words through a 16 x 16
 // transpose of 32-bit words (transpose.h), so that word w of each row lands in group w's 64 bytes
 // (out [Kp / 4][NR][4], Kp = K rounded up to 4, the last group zero-padded); sums[r] = the row's
 // sum, four per lane by vpdpbusd with bytes of one (exact: |sum| <= 128 K < 2^31, since the
 // binding bounds K below 133144). Returns Kp.
-int64_t pack_b_blocks(const int8_t* src, int64_t K, int8_t* out, int64_t* sums) {
+int64_t pack_b_blocks(const int8_t* src, int64_t ld, int64_t K, int8_t* out, int64_t* sums) {
   const int64_t Kp = (K + 3) / 4 * 4;
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t h = 0; h < NR; h += 16) {
@@ -175,7 +188,7 @@ int64_t pack_b_blocks(const int8_t* src, int64_t K, int8_t* out, int64_t* sums) 
       const int64_t n = std::min<int64_t>(64, K - k);
       const __mmask64 live = n == 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
       __m512i v[16];
-      for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_maskz_loadu_epi8(live, src + (h + i) * K + k);
+      for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_maskz_loadu_epi8(live, src + (h + i) * ld + k);
       rp::transpose16(v);
       for (int64_t w = 0; w < (std::min<int64_t>(64, Kp - k)) / 4; ++w) {
         _mm512_storeu_si512(out + ((k / 4 + w) * NR + h) * 4, v[w]);
@@ -189,19 +202,19 @@ int64_t pack_b_blocks(const int8_t* src, int64_t K, int8_t* out, int64_t* sums) 
   return Kp;
 }
 #elif defined(RP_I8_AVX2)
-// A full panel's (NR = 16 rows) values [0, kv), kv = K rounded down to 16: per half of 8 rows and
+// A full panel's (NR = 16 rows, row r at src + r ld) values [0, kv), kv = K rounded down to 16: per half of 8 rows and
 // 16 values, each row sign-extended to 16 int16 (8 words, one per pair of values), the 8 rows x
 // 8 words through an 8 x 8 transpose of 32-bit words (transpose.h), so that pair w of each row
 // lands in group w's 64 bytes (out [kv / 2][NR][2]). Returns kv. (Value by value, this packing
 // took 5-6% of an exact step on AMD Zen 3, perf, 2026-12-02.)
-int64_t pack_b_blocks(const int8_t* src, int64_t K, int16_t* out) {
+int64_t pack_b_blocks(const int8_t* src, int64_t ld, int64_t K, int16_t* out) {
   const int64_t kv = K / 16 * 16;
   for (int64_t h = 0; h < NR; h += 8)
     for (int64_t k = 0; k < kv; k += 16) {
       __m256 v[8];
       for (int64_t i = 0; i < 8; ++i)
         v[i] = _mm256_castsi256_ps(
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (h + i) * K + k))));
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (h + i) * ld + k))));
       rp::transpose8(v);   // v[w]: values k + 2w and k + 2w + 1 of rows h .. h + 7
       for (int64_t w = 0; w < 8; ++w)
         _mm256_storeu_ps(reinterpret_cast<float*>(out + ((k / 2 + w) * NR + h) * 2), v[w]);
@@ -210,27 +223,28 @@ int64_t pack_b_blocks(const int8_t* src, int64_t K, int16_t* out) {
 }
 #endif
 
-// One B panel: rows [0, rows) of src ([*, K], row stride K) into out [Kp / G][NR][G]; rows past
+// One B panel: rows [0, rows) of src ([*, K], row stride ld) into out [Kp / G][NR][G]; rows past
 // `rows` are zero. colsum[r] = sum_k src[r, k] (exact in int64; VNNI only, for its correction).
 // A full panel goes through pack_b_blocks on VNNI (all of it) and AVX2 (its blocks of 16 values);
 // the rest, and every other path, value by value.
-void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, [[maybe_unused]] int64_t* colsum) {
+void pack_b(const int8_t* src, int64_t ld, int64_t rows, int64_t K, int64_t Kp, TB* out,
+            [[maybe_unused]] int64_t* colsum) {
   const int64_t kfull = K / G * G;
   const int64_t live = std::min(rows, NR);
   int64_t kv = 0;   // values [0, kv) of every row packed by blocks
 #if defined(RP_I8_VNNI)
   int64_t sums[NR] = {};   // their sums
-  if (live == NR) kv = pack_b_blocks(src, K, out, sums);
+  if (live == NR) kv = pack_b_blocks(src, ld, K, out, sums);
 #elif defined(RP_I8_AVX2)
-  if (live == NR) kv = pack_b_blocks(src, K, out);
+  if (live == NR) kv = pack_b_blocks(src, ld, K, out);
 #endif
   for (int64_t g = kv / G; g < kfull / G; ++g)  // full groups of the live rows: sequential writes
     for (int64_t r = 0; r < live; ++r)
-      for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = (TB)src[r * K + g * G + u];
+      for (int64_t u = 0; u < G; ++u) out[(g * NR + r) * G + u] = (TB)src[r * ld + g * G + u];
   if (kfull < Kp && kv < Kp)                    // the last, partial group
     for (int64_t r = 0; r < live; ++r)
       for (int64_t u = 0; u < G; ++u)
-        out[((kfull / G) * NR + r) * G + u] = kfull + u < K ? (TB)src[r * K + kfull + u] : (TB)0;
+        out[((kfull / G) * NR + r) * G + u] = kfull + u < K ? (TB)src[r * ld + kfull + u] : (TB)0;
   if (live < NR)                                // rows past the matrix
     for (int64_t g = 0; g < Kp / G; ++g)
       for (int64_t r = live; r < NR; ++r)
@@ -239,7 +253,7 @@ void pack_b(const int8_t* src, int64_t rows, int64_t K, int64_t Kp, TB* out, [[m
   for (int64_t r = 0; r < NR; ++r) {
     int64_t sum = sums[r];
     if (r < live)
-      for (int64_t k = kv; k < K; ++k) sum += src[r * K + k];
+      for (int64_t k = kv; k < K; ++k) sum += src[r * ld + k];
     colsum[r] = sum;
   }
 #endif
@@ -396,17 +410,11 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
   TB* bp = rp_aligned64(pk.b, npanels * NR * Kp);
   int32_t* bias = rp_aligned64(pk.bias, npanels * NR);
   int64_t* colsum = rp_aligned64(pk.colsum, npanels * NR);
-  rp::parallel_for(mpanels * MR, 64, [&](int64_t b, int64_t e) { pack_a(A, M, K, lda, b, e, ap); });
+  rp::parallel_for(mpanels * MR, 64, [&](int64_t b, int64_t e) { pack_a(A, K, M, K, lda, b, e, ap); });
   rp::parallel_for(npanels, 4, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
-      pack_b(B + p * NR * K, N - p * NR, K, Kp, bp + p * NR * Kp, colsum + p * NR);
-      for (int64_t j = p * NR; j < p * NR + NR; ++j)
-#if defined(RP_I8_VNNI)
-        // -128 * colsum modulo 2^32 (unsigned: wraparound is defined), see the correction above
-        bias[j] = (int32_t)(uint32_t)(0u - 128u * (uint32_t)(uint64_t)colsum[j]);
-#else
-        bias[j] = 0;
-#endif
+      pack_b(B + p * NR * K, K, N - p * NR, K, Kp, bp + p * NR * Kp, colsum + p * NR);
+      for (int64_t j = p * NR; j < p * NR + NR; ++j) bias[j] = bias_of(colsum[j]);
     }
   });
   const int64_t mblocks = (M + MC - 1) / MC, nblocks = (N + NC - 1) / NC;
@@ -438,6 +446,81 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
   if (pk.a.capacity() * sizeof(TA) + pk.b.capacity() * sizeof(TB) > kKeepBytes) pk = Packed();
 }
 
+// ---------------------------------------------------------------- several GEMMs on a packed B
+// The exact matmul's eight residue GEMMs on this build's SIMD path (exact.cpp), in the AMX path's
+// convention (kernels.h: rp_amx_pack_b, rp_amx_gemm). Each B_m is packed once, a chunk of rows at
+// a time, at Bp + m * rp_int8_packed_bytes(N, K, 1): its panels as pack_b lays them
+// ([N / NR][Kp / G][NR][G]), then the accumulators' start of each column (bias_of, int32). Each A_m
+// is packed per call (pack_a). Then every MR x NR block of outputs runs the nmat micro-kernels one
+// after the other, over all of K, into nmat tiles [MR][NR] that finish receives while they are in
+// L1: the residue sums never go to memory. Blocks of mc rows x NC columns per task, mc chosen so
+// that the task's A (nmat x mc rows x Kp) takes about kBlockBytes of L2 (K = 1024: 32 rows; K =
+// 128: MC); each B panel (nmat x NR x Kp) is reused by the block's mc / MR row tiles.
+constexpr int64_t kBlockBytes = int64_t(512) << 10;
+
+inline int64_t packed_k(int64_t K) { return (K + G - 1) / G * G; }
+inline int64_t panels_of(int64_t N) { return (N + NR - 1) / NR; }
+
+}  // namespace
+
+int64_t rp_int8_packed_bytes(int64_t N, int64_t K, int nmat) {
+  return nmat * panels_of(N) * NR * (packed_k(K) * (int64_t)sizeof(TB) + (int64_t)sizeof(int32_t));
+}
+
+void rp_int8_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
+                    int64_t j1, uint8_t* out) {
+  const int64_t Kp = packed_k(K), npanels = panels_of(N), bytes = rp_int8_packed_bytes(N, K, 1);
+  const int64_t p0 = j0 / NR, np = (j1 + NR - 1) / NR - p0;
+  rp::parallel_for(nmat * np, 4, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      const int64_t m = q / np, p = p0 + q % np;
+      uint8_t* mat = out + m * bytes;
+      int32_t* bias = reinterpret_cast<int32_t*>(mat + npanels * NR * Kp * sizeof(TB)) + p * NR;
+      int64_t colsum[NR];
+      pack_b(B + m * b_next + (p * NR - j0) * ldb, ldb, j1 - p * NR, K, Kp, reinterpret_cast<TB*>(mat) + p * NR * Kp,
+             colsum);
+      for (int64_t r = 0; r < NR; ++r) bias[r] = bias_of(colsum[r]);
+    }
+  });
+}
+
+void rp_int8_gemm_packed(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N,
+                         int64_t K, int nmat, RpTileFinish finish, void* ctx) {
+  if (M == 0 || N == 0) return;
+  const int64_t Kp = packed_k(K), npanels = panels_of(N), bytes = rp_int8_packed_bytes(N, K, 1);
+  const int64_t la = a_stride(Kp), rows = (M + MR - 1) / MR * MR;   // A_m packed: [rows][la]
+  static thread_local std::vector<TA> abuf;   // the calling thread's; workers fill disjoint rows
+  TA* ap = rp_aligned64(abuf, nmat * rows * la);
+  rp::parallel_for(nmat * rows, 64, [&](int64_t b, int64_t e) {
+    by_rows(b, e, rows, [&](int64_t m, int64_t r0, int64_t r1) {
+      pack_a(A + m * a_next, lda, M, K, la, r0 - m * rows, r1 - m * rows, ap + m * rows * la);
+    });
+  });
+  const int64_t mc = std::clamp<int64_t>(kBlockBytes / (nmat * la * (int64_t)sizeof(TA)) / MR * MR, MR, MC);
+  const int64_t mblocks = (M + mc - 1) / mc, nblocks = (N + NC - 1) / NC;
+  rp::parallel_for(mblocks * nblocks, 1, [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<int32_t> tiles_buf;   // nmat finished tiles [MR][NR], in L1
+    int32_t* tiles = rp_aligned64(tiles_buf, nmat * MR * NR);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i0 = (t / nblocks) * mc, mcb = std::min(mc, M - i0);
+      const int64_t j0 = (t % nblocks) * NC, ncb = std::min(NC, N - j0);
+      for (int64_t jp = 0; jp < ncb; jp += NR)
+        for (int64_t ip = 0; ip < mcb; ip += MR) {
+          for (int m = 0; m < nmat; ++m) {
+            const uint8_t* mat = Bp + m * bytes;
+            const int32_t* bias = reinterpret_cast<const int32_t*>(mat + npanels * NR * Kp * sizeof(TB));
+            micro(Kp / G, ap + (m * rows + i0 + ip) * la, la, reinterpret_cast<const TB*>(mat) + (j0 + jp) * Kp,
+                  bias + j0 + jp, 0, tiles + m * MR * NR, NR, nullptr);
+          }
+          finish(ctx, i0 + ip, std::min(MR, mcb - ip), j0 + jp, std::min(NR, ncb - jp), tiles, NR, MR * NR);
+        }
+    }
+  });
+  if (abuf.capacity() * sizeof(TA) > kKeepBytes) std::vector<TA>().swap(abuf);   // large shapes do not pin memory
+}
+
+namespace {
+
 // ---------------------------------------------------------------- the path: SIMD or AMX
 // AMX-INT8 (int8_amx.cpp) is the default where rp_amx_usable(): its bit-for-bit tests
 // (tests/test_int8.py, test_int8_pv.py, test_exact_matmul.py against this file's SIMD path and the
@@ -459,7 +542,7 @@ void gemm_amx(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K,
   uint8_t* b = rp_aligned64(bp, rp_amx_packed_bytes(N, K, 1));
   rp_amx_pack_b(B, K, 0, N, K, 1, 0, N, b);
   rp_amx_gemm(A, K, 0, b, M, N, K, 1, direct,
-              [](void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt) {
+              [](void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt, int64_t) {
                 (*static_cast<const Finish*>(ctx))(i0, mr, j0, nr, t, ldt);
               }, const_cast<void*>(static_cast<const void*>(&finish)));
   if (bp.capacity() > kKeepBytes) std::vector<uint8_t>().swap(bp);   // large shapes do not pin memory

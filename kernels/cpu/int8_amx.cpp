@@ -227,13 +227,14 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
               continue;
             }
             tiles_store(cb, BN);
-            if (last && job.nmat == 1) job.finish(job.ctx, r0, mr, j0 + jb, nr, cb, BN);
+            if (last && job.nmat == 1) job.finish(job.ctx, r0, mr, j0 + jb, nr, cb, BN, BM * BN);
           }
         }
       }
       if (job.nmat > 1)
         for (int64_t jb = 0; jb < nc; jb += BN)
-          job.finish(job.ctx, r0, mr, j0 + jb, std::min(BN, nc - jb), ct + (jb / BN) * job.nmat * BM * BN, BN);
+          job.finish(job.ctx, r0, mr, j0 + jb, std::min(BN, nc - jb), ct + (jb / BN) * job.nmat * BM * BN, BN,
+                     BM * BN);
     }
   }
   _tile_release();

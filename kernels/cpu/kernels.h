@@ -112,11 +112,17 @@ bool rp_int8_uses_amx();   // the path now in use is AMX-INT8
 // rp_amx_usable(): the CPU has AMX-INT8, the build has the AMX code and Linux granted the tile
 // state (asked once per process). rp_amx_pack_b: rows [j0, j1) of all B_m (j0 a multiple of 16,
 // j1 one too or N; row j of B_m at B + m * b_next + (j - j0) * ldb) into their place in the tile
-// layout of all N rows (out: rp_amx_packed_bytes), so that B can be packed a chunk of rows at a time. rp_amx_gemm: each finished block of outputs (mr <= 32 rows at i0, nr <= 32
-// columns at j0) goes to finish(ctx, i0, mr, j0, nr, tiles, 32) in the thread that computed it,
-// tiles holding nmat blocks [32][32] one after the other; with nmat = 1 and direct (the output
-// [M, N]) given, full 32 x 32 blocks are stored there instead. A needs lda >= K only (its blocks
-// are copied into tile order, zero past K).
+// layout of all N rows (out: rp_amx_packed_bytes), so that B can be packed a chunk of rows at a
+// time. rp_amx_gemm: each finished block of outputs (mr <= 32 rows at i0, nr <= 32 columns at j0)
+// goes to finish(ctx, i0, mr, j0, nr, tiles, 32, 1024) in the thread that computed it, tiles
+// holding nmat blocks [32][32] one after the other; with nmat = 1 and direct (the output [M, N])
+// given, full 32 x 32 blocks are stored there instead. A needs lda >= K only (its blocks are copied
+// into tile order, zero past K).
+// int8.cpp: the same nmat GEMMs on this build's SIMD path (int8.cpp has the layout), for the exact
+// matmul: rp_int8_pack_b as rp_amx_pack_b (j0 a multiple of 32), rp_int8_gemm_packed as
+// rp_amx_gemm without direct, its blocks rows x nr <= cols (the path's tile: 8 x 32 with AVX-512,
+// 4 x 16 otherwise) in finish(ctx, i0, mr, j0, nr, tiles, cols, rows * cols), rows * cols a multiple
+// of 64 and cols 16 or 32; the sums in a block's rows past mr are undefined.
 // n elements of v at a 64-byte boundary (v grown to n plus a cache line, never shrunk: a buffer
 // kept between calls is not cleared again for each smaller product; its contents are undefined):
 // AMX reads and writes tile rows of 64 bytes, and a row that straddles two cache lines costs two
@@ -126,14 +132,20 @@ inline T* rp_aligned64(std::vector<T>& v, size_t n) {
   if (v.size() < n + 64 / sizeof(T)) v.resize(n + 64 / sizeof(T));
   return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
 }
+// finish's tiles: nmat blocks one after the other (plane int32 apart), rows ldt int32 apart.
 typedef void (*RpTileFinish)(void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles,
-                             int64_t ldt);
+                             int64_t ldt, int64_t plane);
 bool rp_amx_usable();
 int64_t rp_amx_packed_bytes(int64_t N, int64_t K, int nmat);
 void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
                    int64_t j1, uint8_t* out);
 void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
                  int nmat, int32_t* direct, RpTileFinish finish, void* ctx);
+int64_t rp_int8_packed_bytes(int64_t N, int64_t K, int nmat);
+void rp_int8_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
+                    int64_t j1, uint8_t* out);
+void rp_int8_gemm_packed(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N,
+                         int64_t K, int nmat, RpTileFinish finish, void* ctx);
 // int8_pv.cpp (§10 int8 P·V): the block step rule over rows of x [R, C] -> s [R]; the int8 band
 // mix qp [batch, M, W] (band layout of window.cpp) x qv [batch, T, D] -> o [batch, M, D] float,
 // sp [batch * M] per query row, sv [batch] per value block.
