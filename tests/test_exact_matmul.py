@@ -390,11 +390,12 @@ def test_kernel_b_in_row_chunks_and_a_in_row_panels(int8_path):
 @pytest.mark.parametrize("M,K,N", [(300, 200, 530), (530, 131, 70), (150, 700, 300), (40, 1000, 600)])
 def test_kernel_fused_blocks_and_edges(M, K, N, int8_path):
     """The eight residue GEMMs of each block of C one after the other, the block reconstructed at
-    once (kernels/cpu/exact.cpp, exact_product_tiled): on the SIMD path for K <= 256, in tasks of
-    256 columns by 128 rows (int8.cpp, rp_int8_gemm_packed) of 8 x 32 tiles with AVX-512 (4 x 16
-    otherwise), the scaled operand A (M <= N) or B; on AMX for K <= 1024 (blocks of 32 x 32; at
-    K = 1000 B split and packed 512 rows at a time). Edges of every kind, a NaN row and an infinite
-    column at the edges, all-positive sums in a row and a column: the reference's bits."""
+    once (kernels/cpu/exact.cpp, exact_product_tiled): on the SIMD path for 64 <= K <= 256, in
+    tasks of 256 columns by 128 rows (int8.cpp, rp_int8_gemm_packed) of 8 x 32 tiles with AVX-512
+    (4 x 16 otherwise), the scaled operand A (M <= N) or B; on AMX for K <= 1024 (blocks of
+    32 x 32; at K = 1000 B split and packed 512 rows at a time). Edges of every kind, a NaN row and
+    an infinite column at the edges, all-positive sums in a row and a column: the reference's
+    bits."""
     rng = np.random.default_rng(M + K + N)
     a = (rng.standard_normal((M, K)) * rng.exponential(1.0, (M, 1))).astype(np.float32)
     b = (rng.standard_normal((K, N)) * rng.exponential(1.0, (1, N))).astype(np.float32)

@@ -14,7 +14,7 @@
 //              uint32 shifts and selects) and its eight residues, one int8 plane [rows, K] per
 //              modulus (in float32 lanes: near, below);
 //   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (AMX-INT8 / VNNI / vpmaddwd /
-//              smlal). At small K (kFusedK on AMX, kFusedSimdK otherwise) the eight GEMMs of each
+//              smlal). At small K (up to kFusedK on AMX, 64-256 otherwise) the eight GEMMs of each
 //              block of C run one after the other (AMX: a 32 x 32 block on the tiles; SIMD: a
 //              micro-tile, 8 x 32 with AVX-512) and the block is reconstructed at once
 //              (exact_product_tiled: the residue sums never leave L1). Above it, eight GEMMs into
@@ -56,8 +56,9 @@ constexpr int64_t kChunk = 131072;  // k per residue GEMM: 131072 * 127^2 < 2^31
 // 1024 (2048^3), where each block's eight passes over K stream more than L2 holds; on the SIMD
 // path above 256, where the eight B panels of a block (8 x 32 x K bytes) no longer stay in L1 and
 // L2 with A's rows (AMD Zen 4, VNNI: K = 384-1024 with N = 128 lost 3-12%, tools/matmul_loop.py,
-// 2026-12-03).
-constexpr int64_t kFusedK = 1024, kFusedSimdK = 256;
+// and the exact step 5% at step level, tools/step_ab.py, 2026-12-03). Below kFusedSimdMinK the
+// SIMD path's eight GEMMs are cheap and the fused form was slower too (QK^T, K = 32: 0.92x).
+constexpr int64_t kFusedK = 1024, kFusedSimdK = 256, kFusedSimdMinK = 64;
 
 constexpr uint32_t inverse(uint32_t a, uint32_t p) {  // a^-1 mod p by search (compile time)
   uint32_t x = 1;
@@ -553,7 +554,7 @@ constexpr TiledPath kAmxPath{rp_amx_packed_bytes, rp_amx_pack_b,
                              }};
 constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b, rp_int8_gemm_packed};
 
-// rp_exact_product on a tiled path (AMX: K <= kChunk; SIMD: K <= kFusedSimdK). B's eight planes are
+// rp_exact_product on a tiled path (AMX: K <= kChunk; SIMD: kFusedSimdMinK <= K <= kFusedSimdK). B's eight planes are
 // split (planes_rows rows at a time) and packed once; then per panel of rows of C, A's planes (rows
 // of Kp values: on AMX K rounded up to 64, zero-padded; the SIMD path's gemm copies A, so K) and
 // either (K <= kFusedK) the eight residue GEMMs of each
@@ -667,12 +668,12 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
   if (M == 0 || N == 0) return;
   // AMX at every K: below 64 the tiles multiply zero padding, but the fused reconstruction saves
   // more (QK^T's 32 products of 128 x 32 x 128: 2.8 ms against 3.3 ms on VNNI, 2026-12-02). The
-  // SIMD path fused up to kFusedSimdK: the residue sums of a panel ([kMod][mp][N] int32, 25 MB at
-  // the model's 1024 x 768) no longer go through memory, and one product packs and runs once
-  // where eight small ones did (PV); AMD Zen 4, VNNI: 1.1-1.35x on the model's products with
-  // N >= 256, 1.2x on PV, the others within 3% (tools/matmul_loop.py, 2026-12-03).
+  // SIMD path fused from kFusedSimdMinK to kFusedSimdK: the residue sums of a panel ([kMod][mp][N]
+  // int32, 25 MB at the model's 1024 x 768) no longer go through memory, and one product packs and
+  // runs once where eight small ones did (PV); AMD Zen 4, VNNI: 1.18-1.24x on the model's products
+  // with K = 128 and N >= 384, 1.19x on PV (tools/matmul_loop.py, 2026-12-03).
   const bool amx = rp_int8_uses_amx();
-  if (K <= kChunk && (amx || K <= kFusedSimdK))
+  if (K <= kChunk && (amx || (K >= kFusedSimdMinK && K <= kFusedSimdK)))
     return exact_product_tiled(amx, A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
