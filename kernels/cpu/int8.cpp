@@ -625,29 +625,21 @@ void rp_lsq_init(const float* x, float* s, int64_t R, int64_t C, float inv_c) {
 
 void rp_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                      int64_t R, int64_t C) {
-  // gx: the straight-through estimator, elementwise (any chunking).
-  rp::parallel_for(R * C, 4096, [&](int64_t b, int64_t e) {
-    by_rows(b, e, C, [&](int64_t r, int64_t i, int64_t end) {
-      const float inv = rp::recip(s[r]);
-      for (; i + rp::VL <= end; i += rp::VL)
-        rp::storen(gx + i, rp::sel(vinside(rp::mul(rp::loadn(x + i), inv)), rp::loadn(gxh + i), rp::vf{}));
-      for (; i < end; ++i) {
-        const float v = rp::mul(x[i], inv);
-        gx[i] = (v > -127.0f && v < 127.0f) ? gxh[i] : 0.0f;
-      }
-    });
-  });
-  // gs[r] = csum_c(gxh * term) * g, term = Q(v) - v inside the grid, Q(v) = +-127 at the clip
-  // (the canonical sum on vectors, vmath.h vcsum).
+  // One pass per row: gx, the straight-through estimator (elementwise), and gs[r] = csum_c(gxh *
+  // term) * g, term = Q(v) - v inside the grid, Q(v) = +-127 at the clip: the canonical sum on
+  // vectors (vmath.h vcsum), whose term function runs once per chunk of the row, in order, and
+  // stores that chunk's gx on the way.
   rp::parallel_for(R, 1, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const float inv = rp::recip(s[r]);
       const float *xr = x + r * C, *gr = gxh + r * C;
-      const float sum = rp::vcsum(C, [xr, gr, inv](int64_t c, int64_t m) {
-        const rp::vf v = rp::mul(rp::loadn(xr + c, m), inv);
+      float* gxr = gx + r * C;
+      const float sum = rp::vcsum(C, [xr, gr, gxr, inv](int64_t c, int64_t m) {
+        const rp::vf v = rp::mul(rp::loadn(xr + c, m), inv), gv = rp::loadn(gr + c, m);
+        const rp::vi inside = vinside(v);
+        rp::storen(gxr + c, rp::sel(inside, gv, rp::vf{}), m);
         const rp::vf qf = rp::to_float(vquant(v));
-        const rp::vf term = rp::sel(vinside(v), rp::sub(qf, v), qf);
-        return rp::mul(rp::loadn(gr + c, m), term);
+        return rp::mul(gv, rp::sel(inside, rp::sub(qf, v), qf));
       });
       gs[r] = rp::mul(sum, g);
     }
