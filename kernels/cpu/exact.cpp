@@ -554,18 +554,17 @@ constexpr TiledPath kAmxPath{rp_amx_packed_bytes, rp_amx_pack_b,
                              }};
 constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b, rp_int8_gemm_packed};
 
-// rp_exact_product on a tiled path (AMX: K <= kChunk; SIMD: kFusedSimdMinK <= K <= kFusedSimdK). B's eight planes are
-// split (planes_rows rows at a time) and packed once; then per panel of rows of C, A's planes (rows
-// of Kp values: on AMX K rounded up to 64, zero-padded; the SIMD path's gemm copies A, so K) and
-// either (K <= kFusedK) the eight residue GEMMs of each
-// block of C one after the other (the path's gemm with nmat = 8: AMX 32 x 32 blocks, SIMD its
-// micro-tiles), the block reconstructed from the eight sums while they are in L1, or (AMX) eight
-// GEMMs into the panel's residue sums and one reconstruction pass. Where B packed takes at most
-// half of kKeepBytes the panels are small (A's planes ~4 MB, residue sums ~16 MB), so that all
-// buffers stay under kKeepBytes (a 2048^3 product's: 32 MB + 24 MB) and repeated products reuse
-// them without page faults; above it (released anyway) they are twice that, so that B's planes
-// stream from memory half as often (4096^3: 256-row panels ran faster than 128-row ones, AMX,
-// 2026-12-02).
+// rp_exact_product on a tiled path (AMX: K <= kChunk; SIMD: kFusedSimdMinK <= K <= kFusedSimdK).
+// B's eight planes are split (planes_rows rows at a time) and packed once; then per panel of rows
+// of C, A's planes (rows of Kp values: on AMX K rounded up to 64, zero-padded; the SIMD path's gemm
+// copies A, so K) and either (K <= kFusedK) the eight residue GEMMs of each block of C one after
+// the other (the path's gemm with nmat = 8: AMX 32 x 32 blocks, SIMD its micro-tiles), the block
+// reconstructed from the eight sums while they are in L1, or (AMX) eight GEMMs into the panel's
+// residue sums and one reconstruction pass. Where B packed takes at most half of kKeepBytes the
+// panels are small (A's planes ~4 MB, residue sums ~16 MB), so that all buffers stay under
+// kKeepBytes (a 2048^3 product's: 32 MB + 24 MB) and repeated products reuse them without page
+// faults; above it (released anyway) they are twice that, so that B's planes stream from memory
+// half as often (4096^3: 256-row panels ran faster than 128-row ones, AMX, 2026-12-02).
 void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K,
                          int beta, const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   const TiledPath& path = amx ? kAmxPath : kSimdPath;

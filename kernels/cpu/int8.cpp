@@ -173,12 +173,12 @@ void pack_a(const int8_t* src, int64_t ld, int64_t M, int64_t K, int64_t lda, in
 }
 
 #if defined(RP_I8_VNNI)
-// A full panel's (NR = 32 rows, row r at src + r ld) values, all K of them: per half of 16 rows and 64 values (the
-// last block's rows loaded under a mask, zero past K), 16 rows x 16 words through a 16 x 16
-// transpose of 32-bit words (transpose.h), so that word w of each row lands in group w's 64 bytes
-// (out [Kp / 4][NR][4], Kp = K rounded up to 4, the last group zero-padded); sums[r] = the row's
-// sum, four per lane by vpdpbusd with bytes of one (exact: |sum| <= 128 K < 2^31, since the
-// binding bounds K below 133144). Returns Kp.
+// A full panel's (NR = 32 rows, row r at src + r ld) values, all K of them: per half of 16 rows
+// and 64 values (the last block's rows loaded under a mask, zero past K), 16 rows x 16 words
+// through a 16 x 16 transpose of 32-bit words (transpose.h), so that word w of each row lands in
+// group w's 64 bytes (out [Kp / 4][NR][4], Kp = K rounded up to 4, the last group zero-padded);
+// sums[r] = the row's sum, four per lane by vpdpbusd with bytes of one (exact: |sum| <= 128 K <
+// 2^31, since the binding bounds K below 133144). Returns Kp.
 int64_t pack_b_blocks(const int8_t* src, int64_t ld, int64_t K, int8_t* out, int64_t* sums) {
   const int64_t Kp = (K + 3) / 4 * 4;
   const __m512i ones = _mm512_set1_epi8(1);
@@ -202,10 +202,10 @@ int64_t pack_b_blocks(const int8_t* src, int64_t ld, int64_t K, int8_t* out, int
   return Kp;
 }
 #elif defined(RP_I8_AVX2)
-// A full panel's (NR = 16 rows, row r at src + r ld) values [0, kv), kv = K rounded down to 16: per half of 8 rows and
-// 16 values, each row sign-extended to 16 int16 (8 words, one per pair of values), the 8 rows x
-// 8 words through an 8 x 8 transpose of 32-bit words (transpose.h), so that pair w of each row
-// lands in group w's 64 bytes (out [kv / 2][NR][2]). Returns kv. (Value by value, this packing
+// A full panel's (NR = 16 rows, row r at src + r ld) values [0, kv), kv = K rounded down to 16:
+// per half of 8 rows and 16 values, each row sign-extended to 16 int16 (8 words, one per pair of
+// values), the 8 rows x 8 words through an 8 x 8 transpose of 32-bit words (transpose.h), so that
+// pair w of each row lands in group w's 64 bytes (out [kv / 2][NR][2]). Returns kv. (Value by value, this packing
 // took 5-6% of an exact step on AMD Zen 3, perf, 2026-12-02.)
 int64_t pack_b_blocks(const int8_t* src, int64_t ld, int64_t K, int16_t* out) {
   const int64_t kv = K / 16 * 16;
@@ -454,8 +454,9 @@ void gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K, con
 // is packed per call (pack_a). Then every MR x NR block of outputs runs the nmat micro-kernels one
 // after the other, over all of K, into nmat tiles [MR][NR] that finish receives while they are in
 // L1: the residue sums never go to memory. Blocks of mc rows x NC columns per task, mc chosen so
-// that the task's A (nmat x mc rows x Kp) takes about kBlockBytes of L2 (K = 1024: 32 rows; K =
-// 128: MC); each B panel (nmat x NR x Kp) is reused by the block's mc / MR row tiles.
+// that the task's A (nmat x mc rows x Kp) takes at most about kBlockBytes of L2 (eight matrices:
+// MC = 128 rows up to K = 256 on VNNI, 64 at K = 1024); each B panel (nmat x NR x Kp) is reused
+// by the block's mc / MR row tiles.
 constexpr int64_t kBlockBytes = int64_t(512) << 10;
 
 inline int64_t packed_k(int64_t K) { return (K + G - 1) / G * G; }
