@@ -405,10 +405,13 @@ def test_kernel_fused_blocks_and_edges(M, K, N, int8_path):
     assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
 
 
-def test_kernel_bits_do_not_depend_on_threads(int8_path):
+@pytest.mark.parametrize("M,K,N", [(70, 300, 90), (300, 200, 530)])
+def test_kernel_bits_do_not_depend_on_threads(M, K, N, int8_path):
+    """One and two threads (K = 200: the fused blocks, nine tasks on the SIMD path): the same bits,
+    the reference's."""
     rng = np.random.default_rng(9)
-    a = rng.standard_normal((70, 300)).astype(np.float32)
-    b = rng.standard_normal((300, 90)).astype(np.float32)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
     saved = torch.get_num_threads()
     try:
         outs = []
