@@ -19,9 +19,19 @@ namespace rp {
 // Every function takes V = vf (VL lanes) or vw (VW lanes, contract.h): the same operations on
 // every lane.
 template <class V> constexpr int64_t kLanesOf = sizeof(V) / sizeof(float);
+#if defined(__AVX2__) && !(defined(__AVX512F__) && defined(__AVX512VL__))
+// vmaskmovps's mask: lanes [0, n) set (their sign bit), n < 8.
+inline __m256i tail_mask(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
 template <class V = vf> inline V splat(float c) { return V{} + c; }  // +0 + c = c (exact)
 // Loads / stores min(n, lanes) floats (n >= 1). The full case is its own branch so that it is one
-// vector move rather than a variable-length copy.
+// vector move rather than a variable-length copy. A partial vector (a row's tail) is one masked
+// move on x86 (AVX-512: vmovups under a mask register; AVX2: vmaskmovps), which touches no float
+// past n and zeroes the missing lanes, as the copy through the stack does elsewhere; that copy
+// (a memcpy call and a store-forwarding stall per tail) was most of the causal softmax's fixed
+// cost per row, about 115 ns of it (docs/performance.md).
 template <class V = vf>
 inline V loadn(const float* p, int64_t n = kLanesOf<V>) {
   if (n >= kLanesOf<V>) {
@@ -29,14 +39,29 @@ inline V loadn(const float* p, int64_t n = kLanesOf<V>) {
     __builtin_memcpy(&v, p, sizeof(V));
     return v;
   }
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+  if constexpr (kLanesOf<V> == 16) return (V)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+  if constexpr (kLanesOf<V> == 8) return (V)_mm256_maskz_loadu_ps((__mmask8)((1u << n) - 1), p);
+#elif defined(__AVX2__)
+  if constexpr (kLanesOf<V> == 8) return (V)_mm256_maskload_ps(p, tail_mask(n));
+#endif
   V v = {};
   __builtin_memcpy(&v, p, n * sizeof(float));
   return v;
 }
 template <class V>
 inline void storen(float* p, V v, int64_t n = kLanesOf<V>) {
-  if (n >= kLanesOf<V>) __builtin_memcpy(p, &v, sizeof(V));
-  else __builtin_memcpy(p, &v, n * sizeof(float));
+  if (n >= kLanesOf<V>) {
+    __builtin_memcpy(p, &v, sizeof(V));
+    return;
+  }
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+  if constexpr (kLanesOf<V> == 16) return _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
+  if constexpr (kLanesOf<V> == 8) return _mm256_mask_storeu_ps(p, (__mmask8)((1u << n) - 1), (__m256)v);
+#elif defined(__AVX2__)
+  if constexpr (kLanesOf<V> == 8) return _mm256_maskstore_ps(p, tail_mask(n), (__m256)v);
+#endif
+  __builtin_memcpy(p, &v, n * sizeof(float));
 }
 
 // DAZ on the bit level (contract.h daz), lane by lane.
