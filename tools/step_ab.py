@@ -4,6 +4,7 @@ per tree, taking turns, so that a shared machine's load falls on both alike. Pro
     python -m tools.step_ab --against 7bff9fd                    # default model, one thread
     python -m tools.step_ab --against HEAD --rounds 12 --steps 3
     python -m tools.step_ab --against main -- --matmul=exact     # train.py keys after --, both sides
+    python -m tools.step_ab --against HEAD --kernels --rounds 9  # the step's elementwise kernels
 
 The other revision is checked out (`git archive`) into a temporary folder, which builds its own
 kernels on first import (a few minutes). Each process builds the model of the same config (the
@@ -13,6 +14,13 @@ then hash their states (hashchain.state_hash): the same steps from the same init
 are equal unless the two revisions give different bits (STATES DIFFER, exit 1). Prints each
 round's ms per step and their ratio (this / other), then the median, the spread and the best
 rounds. Not a test: run it alone. Needs git.
+
+--kernels: instead of steps, the step's kernels that are neither a matmul nor the optimizer, each
+at the config's shapes on fixed random inputs (KERNELS below: the causal softmax and its backward,
+swiglu, rmsnorm, the residual add, the LSQ backward), --calls calls of each per round (their mean
+CPU time); per kernel the best round of each side and the median of the rounds' ratios; then
+one hash of every kernel's outputs on each side (BITS DIFFER, exit 1). Where a change to a kernel
+is a few percent of a step, the step's figure cannot show it on a shared host; this can.
 """
 import os
 import statistics
@@ -55,6 +63,53 @@ for line in sys.stdin:
 """
 
 
+# The --kernels worker: the same protocol, "N" answered with each kernel's mean CPU seconds over N
+# calls (KERNELS order), "hash" with the sha256 of every kernel's outputs.
+KERNEL_WORKER = r"""
+import hashlib, sys, time
+sys.path.insert(0, ".")
+threads, keys = int(sys.argv[1]), sys.argv[3:]
+import torch
+if threads:
+    torch.set_num_threads(threads)
+import config, repops
+cfg = config.parse_config(keys)
+ops = repops.ops
+B, T, d, H, h = cfg.micro_batch_size, cfg.seq_len, cfg.d_model, cfg.n_head, cfg.d_hidden
+rows, gen = B * T, torch.Generator().manual_seed(0)
+rand = lambda *shape: torch.randn(*shape, generator=gen)
+s, gp, u, gu, x, w, gy = rand(B * H, T, T), rand(B * H, T, T), rand(rows, 2 * h), rand(rows, h), \
+    rand(rows, d), rand(d), rand(rows, d)
+p, (_, rstd), sx = ops.causal_softmax(s, 0.125), ops.rmsnorm(x, w, 1e-5), \
+    torch.rand(rows, generator=gen) * 0.05 + 0.01
+KERNELS = [lambda: ops.causal_softmax(s, 0.125), lambda: ops.causal_softmax_backward(gp, p, 0.125),
+           lambda: ops.swiglu(u), lambda: ops.swiglu_backward(gu, u), lambda: ops.rmsnorm(x, w, 1e-5),
+           lambda: ops.rmsnorm_backward(gy, x, w, rstd), lambda: ops.add(x, gy),
+           lambda: ops.lsq_backward(x, sx, gy, 0.01)]
+for f in KERNELS:
+    f()
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "hash":
+        digest = hashlib.sha256()
+        for f in KERNELS:
+            out = f()
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                digest.update(t.contiguous().numpy().tobytes())
+        print(digest.hexdigest(), flush=True)
+        break
+    n, seconds = int(line), []
+    for f in KERNELS:
+        t0 = time.process_time()
+        for _ in range(n):
+            f()
+        seconds.append(str((time.process_time() - t0) / n))
+    print(" ".join(seconds), flush=True)
+"""
+KERNEL_NAMES = ["causal_softmax", "causal_softmax_backward", "swiglu", "swiglu_backward", "rmsnorm",
+                "rmsnorm_backward", "add", "lsq_backward"]
+
+
 def parser():
     ap = CommandLine(PROG, "The training step of this checkout against another git revision's, two processes "
                      "taking turns, process CPU time.")
@@ -65,6 +120,10 @@ def parser():
                     help="steps per process and round; the round's figure is their median (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, metavar="N",
                     help="torch.set_num_threads in both processes; 0 leaves torch's default (default %(default)s)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="time the step's elementwise kernels one by one instead of whole steps")
+    ap.add_argument("--calls", type=int, default=20, metavar="N",
+                    help="with --kernels: calls of each kernel per process and round (default %(default)s)")
     ap.add_argument("--data_dir", default="data/shakespeare",
                     help="the prepared corpus (python data.py), relative to this checkout (default %(default)s)")
     ap.add_argument("keys", nargs="*", metavar="-- --key=value",
@@ -100,9 +159,10 @@ class Side:
 
     def __init__(self, name, tree, args, data_dir):
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(args.threads), data_dir, *args.keys],
+        worker = KERNEL_WORKER if args.kernels else WORKER
+        self.proc = subprocess.Popen([sys.executable, "-c", worker, str(args.threads), data_dir, *args.keys],
                                      cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.answer()                                   # "ready": built, one step taken
+        self.answer()                                   # "ready": built, one step (each kernel) run
 
     def answer(self):
         line = self.proc.stdout.readline()
@@ -118,8 +178,8 @@ class Side:
 
 def main():
     args = parser().parse_args()
-    if args.rounds < 1 or args.steps < 1 or args.threads < 0:
-        fail("--rounds and --steps must be at least 1, --threads at least 0")
+    if args.rounds < 1 or args.steps < 1 or args.calls < 1 or args.threads < 0:
+        fail("--rounds, --steps and --calls must be at least 1, --threads at least 0")
     data_dir = os.path.abspath(os.path.join(ROOT, args.data_dir))
     if not os.path.isdir(data_dir):
         fail(f"no prepared corpus at {data_dir} (python data.py)")
@@ -133,6 +193,8 @@ def main():
               f"{args.threads or 'default'} thread(s), config {' '.join(args.keys) or 'default'}; "
               f"building the other side's kernels if needed", flush=True)
         this, other = Side("this", ROOT, args, data_dir), Side(args.against, other_tree, args, data_dir)
+        if args.kernels:
+            return compare_kernels(args, this, other)
         ratios, ms = [], {this: [], other: []}
         print(f"{'round':>5s} {'this ms':>9s} {'other ms':>9s} {'this/other':>10s}")
         for r in range(args.rounds):
@@ -150,6 +212,29 @@ def main():
               f"{args.against} {hashes[other][:16]}")
         sys.exit(1)
     print(f"states equal after {1 + args.rounds * args.steps} steps: {hashes[this][:16]}")
+
+
+def compare_kernels(args, this, other):
+    """--kernels: the rounds, then per kernel the best rounds and the median ratio, and the bits."""
+    us = {this: [], other: []}                          # per round: each kernel's us per call
+    for r in range(args.rounds):
+        for side in (this, other) if r % 2 == 0 else (other, this):
+            us[side].append([1e6 * float(v) for v in side.ask(str(args.calls)).split()])
+        print(f"round {r + 1} of {args.rounds}", flush=True)
+    hashes = {side: side.ask("hash") for side in (this, other)}
+    for side in (this, other):
+        side.proc.wait()
+    print(f"{'kernel':24s} {'this us':>9s} {'other us':>9s} {'best':>7s} {'median':>7s}")
+    for k, name in enumerate(KERNEL_NAMES):
+        mine, theirs = [rnd[k] for rnd in us[this]], [rnd[k] for rnd in us[other]]
+        ratio = statistics.median(a / b for a, b in zip(mine, theirs))
+        print(f"{name:24s} {min(mine):9.1f} {min(theirs):9.1f} {min(mine) / min(theirs):7.3f} {ratio:7.3f}")
+    print("(this / other: time ratios, below 1 is faster)")
+    if hashes[this] != hashes[other]:
+        print(f"BITS DIFFER: the kernels' outputs hash to {hashes[this][:16]} here, {hashes[other][:16]} at "
+              f"{args.against}")
+        sys.exit(1)
+    print(f"bits equal: every kernel's outputs hash to {hashes[this][:16]} on both sides")
 
 
 if __name__ == "__main__":
