@@ -19,7 +19,7 @@ rounds. Not a test: run it alone. Needs git.
 at the config's shapes on fixed random inputs (KERNELS below: the causal softmax and its backward,
 swiglu, rmsnorm, the residual add, the LSQ backward), --calls calls of each per round (their mean
 CPU time); per kernel the best round of each side and the median of the rounds' ratios; then
-one hash of every kernel's outputs on each side (BITS DIFFER, exit 1). Where a change to a kernel
+a hash of each kernel's outputs on each side (BITS DIFFER naming the kernels, exit 1). Where a change to a kernel
 is a few percent of a step, the step's figure cannot show it on a shared host; this can.
 """
 import os
@@ -63,8 +63,8 @@ for line in sys.stdin:
 """
 
 
-# The --kernels worker: the same protocol, "N" answered with each kernel's mean CPU seconds over N
-# calls (KERNELS order), "hash" with the sha256 of every kernel's outputs.
+# The --kernels worker: the same protocol, "ready" followed by the kernels' names, "N" answered with
+# each kernel's mean CPU seconds over N calls, "hash" with the sha256 of each kernel's outputs.
 KERNEL_WORKER = r"""
 import hashlib, sys, time
 sys.path.insert(0, ".")
@@ -82,32 +82,32 @@ s, gp, u, gu, x, w, gy = rand(B * H, T, T), rand(B * H, T, T), rand(rows, 2 * h)
     rand(rows, d), rand(d), rand(rows, d)
 p, (_, rstd), sx = ops.causal_softmax(s, 0.125), ops.rmsnorm(x, w, 1e-5), \
     torch.rand(rows, generator=gen) * 0.05 + 0.01
-KERNELS = [lambda: ops.causal_softmax(s, 0.125), lambda: ops.causal_softmax_backward(gp, p, 0.125),
-           lambda: ops.swiglu(u), lambda: ops.swiglu_backward(gu, u), lambda: ops.rmsnorm(x, w, 1e-5),
-           lambda: ops.rmsnorm_backward(gy, x, w, rstd), lambda: ops.add(x, gy),
-           lambda: ops.lsq_backward(x, sx, gy, 0.01)]
-for f in KERNELS:
+KERNELS = {"causal_softmax": lambda: ops.causal_softmax(s, 0.125),
+           "causal_softmax_backward": lambda: ops.causal_softmax_backward(gp, p, 0.125),
+           "swiglu": lambda: ops.swiglu(u), "swiglu_backward": lambda: ops.swiglu_backward(gu, u),
+           "rmsnorm": lambda: ops.rmsnorm(x, w, 1e-5), "rmsnorm_backward": lambda: ops.rmsnorm_backward(gy, x, w, rstd),
+           "add": lambda: ops.add(x, gy), "lsq_backward": lambda: ops.lsq_backward(x, sx, gy, 0.01)}
+for f in KERNELS.values():
     f()
-print("ready", flush=True)
+print("ready", *KERNELS, flush=True)
 for line in sys.stdin:
     if line.strip() == "hash":
-        digest = hashlib.sha256()
-        for f in KERNELS:
-            out = f()
+        digests = []
+        for f in KERNELS.values():
+            out, digest = f(), hashlib.sha256()
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 digest.update(t.contiguous().numpy().tobytes())
-        print(digest.hexdigest(), flush=True)
+            digests.append(digest.hexdigest())
+        print(*digests, flush=True)
         break
     n, seconds = int(line), []
-    for f in KERNELS:
+    for f in KERNELS.values():
         t0 = time.process_time()
         for _ in range(n):
             f()
         seconds.append(str((time.process_time() - t0) / n))
     print(" ".join(seconds), flush=True)
 """
-KERNEL_NAMES = ["causal_softmax", "causal_softmax_backward", "swiglu", "swiglu_backward", "rmsnorm",
-                "rmsnorm_backward", "add", "lsq_backward"]
 
 
 def parser():
@@ -162,7 +162,7 @@ class Side:
         worker = KERNEL_WORKER if args.kernels else WORKER
         self.proc = subprocess.Popen([sys.executable, "-c", worker, str(args.threads), data_dir, *args.keys],
                                      cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.answer()                                   # "ready": built, one step (each kernel) run
+        self.ready = self.answer().split()[1:]          # "ready": built, one step (each kernel) run
 
     def answer(self):
         line = self.proc.stdout.readline()
@@ -221,20 +221,22 @@ def compare_kernels(args, this, other):
         for side in (this, other) if r % 2 == 0 else (other, this):
             us[side].append([1e6 * float(v) for v in side.ask(str(args.calls)).split()])
         print(f"round {r + 1} of {args.rounds}", flush=True)
-    hashes = {side: side.ask("hash") for side in (this, other)}
+    hashes = {side: side.ask("hash").split() for side in (this, other)}
     for side in (this, other):
         side.proc.wait()
+    if this.ready != other.ready:
+        fail(f"the two sides time different kernels: {' '.join(this.ready)} against {' '.join(other.ready)}")
     print(f"{'kernel':24s} {'this us':>9s} {'other us':>9s} {'best':>7s} {'median':>7s}")
-    for k, name in enumerate(KERNEL_NAMES):
+    for k, name in enumerate(this.ready):
         mine, theirs = [rnd[k] for rnd in us[this]], [rnd[k] for rnd in us[other]]
         ratio = statistics.median(a / b for a, b in zip(mine, theirs))
         print(f"{name:24s} {min(mine):9.1f} {min(theirs):9.1f} {min(mine) / min(theirs):7.3f} {ratio:7.3f}")
     print("(this / other: time ratios, below 1 is faster)")
-    if hashes[this] != hashes[other]:
-        print(f"BITS DIFFER: the kernels' outputs hash to {hashes[this][:16]} here, {hashes[other][:16]} at "
-              f"{args.against}")
+    differ = [name for name, a, b in zip(this.ready, hashes[this], hashes[other]) if a != b]
+    if differ:
+        print(f"BITS DIFFER: the outputs of {', '.join(differ)} differ from {args.against}'s")
         sys.exit(1)
-    print(f"bits equal: every kernel's outputs hash to {hashes[this][:16]} on both sides")
+    print("bits equal: every kernel's outputs hash the same on both sides")
 
 
 if __name__ == "__main__":
