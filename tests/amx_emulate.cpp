@@ -9,8 +9,8 @@
 // order (matrix m, row j: K values zero-padded to a multiple of 64), which only rp_amx_gemm reads;
 // rp_amx_gemm computes each block of 32 x 32 outputs of the nmat products (exact int32 sums; rows
 // past M and columns past N zero, as the tiles' zero padding gives) and stores full blocks of a
-// single product into direct when given, else calls finish(ctx, i0, mr, j0, nr, tiles, 32, 1024) with
-// the nmat blocks [32][32] one after the other, in the thread that computed them.
+// single product into direct when given, else calls finish(ctx, i0, mr, j0, nr, tiles, 32, 1024)
+// with the nmat blocks [32][32] one after the other, in the thread that computed them.
 #include "kernels.h"
 
 #include <algorithm>
