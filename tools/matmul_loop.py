@@ -7,6 +7,7 @@ product, so that a shared machine's load falls on both alike.
     python -m tools.matmul_loop --against 49f534d             # this checkout's matmul.cpp vs 49f534d's
     python -m tools.matmul_loop --against main --fresh 16     # each call writes one of 16 outputs
     python -m tools.matmul_loop --against main --only gy.T --rounds 21
+    python -m tools.matmul_loop --against main --only attn    # attention's six products
     python -m tools.matmul_loop --against main --width 256    # the 256-bit tile (default: this CPU's)
     python -m tools.matmul_loop --width 512 --other_width 256  # this CPU's two tiles, one source
     python -m tools.matmul_loop --kernel exact --against fb70f5c   # exact.cpp against fb70f5c's
@@ -16,10 +17,12 @@ The exact matmul's products: the default model's linears and attention's two bat
 GEMM (int8.cpp, int8_amx.cpp: AMX-INT8 where the CPU has it, else the SIMD path). Per product: ms
 per call of each version (its best round), this / the other; then the geometric mean.
 
-Products: the default model's 15 (x @ W.T, gy @ W and gy.T @ x of each weight, the operands laid
-out as tools/bench.py's, rows = micro_batch_size x seq_len) and 2048^3. Per product: GFLOP/s of
-each version (its best round), this / the other (best rounds, and the median of the rounds'
-ratios); then the geometric means over the model's products and their fraction of the port limit
+Products: the default model's 15 linear products (x @ W.T, gy @ W and gy.T @ x of each weight, the
+operands laid out as tools/bench.py's, rows = micro_batch_size x seq_len), attention's six batched
+products of a layer (q @ k^T, P @ v and the four backward products, each operand in the step's
+layout: model.py, repops._MatMul) and 2048^3. Per product: GFLOP/s of each version (its best
+round), this / the other (best rounds, and the median of the rounds' ratios); then the geometric
+means over the linears and over attention's products, and their fraction of the port limit
 (tools/bench.py's: flop per cycle x the clock measured in this process, after the products). The
 outputs of both versions are compared bit for bit: a difference prints BITS DIFFER and exits 1.
 Needs git and g++. Not a test: run it alone (docs/performance.md, round 3).
@@ -114,7 +117,7 @@ static double alternate(int rounds, int calls, const Run& run, double best[2]) {
 """
 
 HARNESS = PRELUDE + r"""
-struct Product { const char* name; int64_t M, N, K, sam, sak, sbk, sbn, a_size, b_size; bool model; };
+struct Product { const char* name; int64_t batch, M, N, K, sab, sam, sak, sbb, sbk, sbn, a_size, b_size; int group; };
 static const Product kProducts[] = { PRODUCTS };
 int main(int argc, char** argv) {
   const int rounds = atoi(argv[1]), fresh = atoi(argv[2]), width = atoi(argv[3]), other_width = atoi(argv[5]);
@@ -126,40 +129,46 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
-  double log_other = 0, log_self = 0, log_ratio = 0;
-  int n_model = 0, differ = 0;
-  printf("%-22s %16s %8s %8s %7s %7s\n", "product", "M x N x K", "other", "this", "best", "median");
+  // per group (0: the model's linears, 1: attention's products, 2: neither): sums of logs, counts
+  double log_other[2] = {}, log_self[2] = {}, log_ratio[2] = {};
+  int n_group[2] = {}, differ = 0;
+  printf("%-22s %22s %8s %8s %7s %7s\n", "product", "batch x M x N x K", "other", "this", "best", "median");
   for (const Product& p : kProducts) {
     if (!strstr(p.name, only)) continue;
     std::vector<float> A(p.a_size), B(p.b_size);
     for (float& x : A) x = normal(rng);
     for (float& x : B) x = normal(rng);
-    std::vector<float> C[2] = {std::vector<float>(fresh * p.M * p.N), std::vector<float>(fresh * p.M * p.N)};
-    const double flop = 2.0 * p.M * p.N * p.K;
+    const int64_t out = p.batch * p.M * p.N;
+    std::vector<float> C[2] = {std::vector<float>(fresh * out), std::vector<float>(fresh * out)};
+    const double flop = 2.0 * p.batch * p.M * p.N * p.K;
     const int calls = std::max<int64_t>(1, (int64_t)(1.5e9 / flop));   // ~15 ms at 100 GFLOP/s
     double best[2];
     const double median = alternate(rounds, calls, [&](int v, int i) {
-      float* c = C[v].data() + (i % fresh) * p.M * p.N;
-      if (v == 0) other::rp_matmul(A.data(), 0, p.sam, p.sak, B.data(), 0, p.sbk, p.sbn, c, 1, p.M, p.N, p.K);
-      else self::rp_matmul(A.data(), 0, p.sam, p.sak, B.data(), 0, p.sbk, p.sbn, c, 1, p.M, p.N, p.K);
+      float* c = C[v].data() + (i % fresh) * out;
+      if (v == 0) other::rp_matmul(A.data(), p.sab, p.sam, p.sak, B.data(), p.sbb, p.sbk, p.sbn, c, p.batch, p.M, p.N, p.K);
+      else self::rp_matmul(A.data(), p.sab, p.sam, p.sak, B.data(), p.sbb, p.sbk, p.sbn, c, p.batch, p.M, p.N, p.K);
     }, best);
     const bool same = memcmp(C[0].data(), C[1].data(), C[0].size() * sizeof(float)) == 0;
     differ += !same;
-    printf("%-22s %5ldx%5ldx%5ld %8.1f %8.1f %6.3fx %6.3fx%s\n", p.name, (long)p.M, (long)p.N, (long)p.K,
-           flop / best[0] / 1e9, flop / best[1] / 1e9, best[0] / best[1], median, same ? "" : "  BITS DIFFER");
-    if (p.model) {
-      log_other += log(flop / best[0] / 1e9), log_self += log(flop / best[1] / 1e9);
-      log_ratio += log(median), ++n_model;
+    printf("%-22s %4ldx%5ldx%5ldx%5ld %8.1f %8.1f %6.3fx %6.3fx%s\n", p.name, (long)p.batch, (long)p.M, (long)p.N,
+           (long)p.K, flop / best[0] / 1e9, flop / best[1] / 1e9, best[0] / best[1], median, same ? "" : "  BITS DIFFER");
+    if (p.group < 2) {
+      log_other[p.group] += log(flop / best[0] / 1e9), log_self[p.group] += log(flop / best[1] / 1e9);
+      log_ratio[p.group] += log(median), ++n_group[p.group];
     }
   }
   const double hz = self::rp_cpu_clock_hz(), limit = self::rp_matmul_flop_per_cycle() * hz / 1e9;
-  if (n_model) {
-    const double g_other = exp(log_other / n_model), g_self = exp(log_self / n_model);
-    printf("geometric mean over the model's %d products: other %.1f, this %.1f GFLOP/s: this / other %.3fx "
-           "(median of the rounds' ratios %.3fx)\n", n_model, g_other, g_self, g_self / g_other, exp(log_ratio / n_model));
-    if (limit > 0)
-      printf("port limit %.1f GFLOP/s (%.0f flop/cycle x %.2f GHz measured): other %.3f, this %.3f\n", limit,
-             self::rp_matmul_flop_per_cycle(), hz / 1e9, g_other / limit, g_self / limit);
+  if (limit > 0)
+    printf("port limit %.1f GFLOP/s (%.0f flop/cycle x %.2f GHz measured)\n", limit, self::rp_matmul_flop_per_cycle(),
+           hz / 1e9);
+  static const char* const kGroups[2] = {"the model's linears", "attention's products"};
+  for (int g = 0; g < 2; ++g) {
+    if (!n_group[g]) continue;
+    const double g_other = exp(log_other[g] / n_group[g]), g_self = exp(log_self[g] / n_group[g]);
+    printf("geometric mean over %s (%d): other %.1f, this %.1f GFLOP/s: this / other %.3fx (median of the rounds' "
+           "ratios %.3fx)", kGroups[g], n_group[g], g_other, g_self, g_self / g_other, exp(log_ratio[g] / n_group[g]));
+    if (limit > 0) printf("; of the port limit: other %.3f, this %.3f", g_other / limit, g_self / limit);
+    printf("\n");
   }
   printf("%s: this %s; other %s\n", differ ? "BITS DIFFER" : "bits equal", self::rp_cpu_path(), other::rp_cpu_path());
   return differ ? 1 : 0;
@@ -233,21 +242,35 @@ def exact_source(text):
 
 
 def products():
-    """The C++ initializer of the products: the default model's 15 and 2048^3 (name, M, N, K, A's
-    row and k strides, B's k and column strides, element counts of A and B, counted in the mean)."""
+    """The C++ initializer of the products (name, batch, M, N, K, A's batch, row and k strides, B's
+    batch, k and column strides, element counts of A and B, group): the default model's 15 linear
+    products (group 0), attention's six batched products per layer (group 1) and 2048^3 (group 2)."""
     cfg, vocab = Config(), 256     # the default corpus's vocabulary (python data.py)
     d, h, rows = cfg.d_model, cfg.d_hidden, cfg.micro_batch_size * cfg.seq_len
-    qkv = (cfg.n_head + 2 * (cfg.n_kv_head or cfg.n_head)) * (d // cfg.n_head)
-    rows_out = []
+    dh, T = d // cfg.n_head, cfg.seq_len
+    kv = cfg.n_kv_head or cfg.n_head
+    qkv = (cfg.n_head + 2 * kv) * dh
+    out = []
     for name, (out_f, in_f) in {"wqkv": (qkv, d), "wo": (d, d), "w_gate_up": (2 * h, d), "w_down": (d, h),
                                 "lm_head": (vocab, d)}.items():
         # x [rows, in], W [out, in], gy [rows, out], all contiguous; the views as tools/bench.py's
-        rows_out += [(f"{name} x@W.T", rows, out_f, in_f, in_f, 1, 1, in_f, rows * in_f, out_f * in_f, 1),
-                     (f"{name} gy@W", rows, in_f, out_f, out_f, 1, in_f, 1, rows * out_f, out_f * in_f, 1),
-                     (f"{name} gy.T@x", out_f, in_f, rows, 1, out_f, in_f, 1, rows * out_f, rows * in_f, 1)]
+        out += [(f"{name} x@W.T", 1, rows, out_f, in_f, 0, in_f, 1, 0, 1, in_f, rows * in_f, out_f * in_f, 0),
+                (f"{name} gy@W", 1, rows, in_f, out_f, 0, out_f, 1, 0, in_f, 1, rows * out_f, out_f * in_f, 0),
+                (f"{name} gy.T@x", 1, out_f, in_f, rows, 0, 1, out_f, 0, in_f, 1, rows * out_f, rows * in_f, 0)]
+    # attention (model.py, repops._MatMul's backward): q, k, v, gO [b, R, dh] and P, gS [b, R, T]
+    # contiguous, b = micro_batch_size x kv heads, R = T x the query heads per kv head
+    b, r = cfg.micro_batch_size * kv, T * (cfg.n_head // kv)
+    qs, ps = r * dh, r * T                     # batch strides of q (gO) and of P (gS)
+    ks = T * dh                                # of k and v
+    out += [("attn q@k.T", b, r, T, dh, qs, dh, 1, ks, 1, dh, b * qs, b * ks, 1),
+            ("attn P@v", b, r, dh, T, ps, T, 1, ks, dh, 1, b * ps, b * ks, 1),
+            ("attn gO@v.T", b, r, T, dh, qs, dh, 1, ks, 1, dh, b * qs, b * ks, 1),
+            ("attn P.T@gO", b, T, dh, r, ps, 1, T, qs, dh, 1, b * ps, b * qs, 1),
+            ("attn gS@k", b, r, dh, T, ps, T, 1, ks, dh, 1, b * ps, b * ks, 1),
+            ("attn gS.T@q", b, T, dh, r, ps, 1, T, qs, dh, 1, b * ps, b * qs, 1)]
     n = 2048
-    rows_out.append(("square x@W.T", n, n, n, n, 1, 1, n, n * n, n * n, 0))
-    return ", ".join("{" + ", ".join(f'"{v}"' if isinstance(v, str) else str(v) for v in r) + "}" for r in rows_out)
+    out.append(("square x@W.T", 1, n, n, n, 0, n, 1, 0, 1, n, n * n, n * n, 2))
+    return ", ".join("{" + ", ".join(f'"{v}"' if isinstance(v, str) else str(v) for v in row) + "}" for row in out)
 
 
 def fail(message):

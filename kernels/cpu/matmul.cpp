@@ -4,8 +4,9 @@
 // Speed comes only from work across output elements: B is packed once per call into panels
 // ([k-block][n-panel][kc][NR], any input strides, so transposed views cost nothing extra) that
 // every thread shares; each task packs its A block (the 512-bit tile reads A in place where its
-// rows are contiguous across i, see matmul), and an MR x NR register tile of accumulators
-// is updated with SIMD across j. Threads take disjoint output blocks.
+// rows are contiguous across i, or in k where the task has one column panel, see matmul), and an
+// MR x NR register tile of accumulators is updated with SIMD across j. Threads take disjoint
+// output blocks.
 // Blocking over k carries the running acc through C (load, keep adding), never sums blocks.
 //
 // Two register tiles on x86 with AVX-512 (rp_matmul_select picks one; both give the same bits,
@@ -82,14 +83,18 @@ constexpr const char* kPath512 = "x86 AVX-512, matmul tile 12x32 (24 accumulator
 template <class V> inline V load(const float* p) { V v; __builtin_memcpy(&v, p, sizeof(V)); return v; }
 template <class V> inline void store(float* p, V v) { __builtin_memcpy(p, &v, sizeof(V)); }
 
-// acc[MR][NR] (+)= A x Bp[k][NR] over k in [0, kc), A(i, k) at Ap[k * MR + i] (a packed panel),
-// or with InPlace at Ap[k * lda + i] (the operand itself, its rows contiguous across i); C tile
+// Where micro_kernel reads A(i, k): kPacked at Ap[k * MR + i] (a packed panel), or in the operand
+// itself, kColumns at Ap[k * lda + i] (its rows contiguous across i), kRows at Ap[i * lda + k]
+// (its rows contiguous in k).
+enum ALayout { kPacked, kColumns, kRows };
+
+// acc[MR][NR] (+)= A x Bp[k][NR] over k in [0, kc), A read as Layout says; C tile
 // has row stride ldc. `vector * scalar` broadcasts the scalar without arithmetic;
 // -ffp-contract=off keeps the multiply and the add separate instructions. Products go through
 // rp::mul (contract §3: the plain product on x86, the fix-up on AArch64, the software flush
 // elsewhere) unless Plain, which the caller picks only where no product can come near 2^-126
 // (see plain_ok).
-constexpr int64_t kPrefetchK = 8;   // InPlace: A's row kPrefetchK k ahead is fetched into L1
+constexpr int64_t kPrefetchK = 8;   // kColumns: A's row kPrefetchK k ahead is fetched into L1
 
 // b * (*a) through rp::mul. The 512-bit tile's takes *a as vmulps's broadcast memory operand
 // ({1to16}: the same multiply, b its first source as in rp::mul, so the same bits): written as
@@ -104,7 +109,7 @@ template <> inline vf16 product<vf16>(vf16 b, const float* a) {
   return r;
 }
 #endif
-template <class T, bool Plain = false, bool InPlace = false>
+template <class T, bool Plain = false, ALayout Layout = kPacked>
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
                          float* C, int64_t ldc, bool first, int64_t lda = T::MR) {
   using V = typename T::vec;
@@ -115,17 +120,33 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
   for (int64_t k = 0; k < kc; ++k) {
     V b[NV];
     for (int v = 0; v < NV; ++v) b[v] = load<V>(Bp + k * NR + v * L);
-    const float* a = Ap + k * (InPlace ? lda : MR);
-    // A's rows are lda floats apart: each k step's MR values sit in another line, which the
-    // hardware prefetchers do not fetch in time (without this the broadcasts wait on L1 misses)
-    if constexpr (InPlace) __builtin_prefetch(a + kPrefetchK * lda, 0, 3);
+    const float* a = Layout == kRows ? Ap + k : Ap + k * (Layout == kColumns ? lda : MR);
+    const int64_t is_ = Layout == kRows ? lda : 1;   // A(i, k) at a[i * is_]
+    // kColumns: A's k steps are lda floats apart, each k step's MR values in another line, which
+    // the hardware prefetchers do not fetch in time (without this the broadcasts wait on L1 misses)
+    if constexpr (Layout == kColumns) __builtin_prefetch(a + kPrefetchK * lda, 0, 3);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i] : product(b[v], a + i));
+      for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i * is_] : product(b[v], a + i * is_));
   }
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) store<V>(C + i * ldc + v * L, acc[i][v]);
+}
+
+// micro_kernel with A read in place by rows (kRows) on `tiles` consecutive MR-row tiles of one
+// column panel. Out of line: inlined into matmul's task loop beside the other kernels, it made
+// GCC 12 keep that loop's accumulators in memory, and the K = 32 products ran 5-7% slower
+// (tools.matmul_loop --fresh 16); `flatten` inlines the kernel here, where they stay in registers.
+template <class T>
+__attribute__((noinline, flatten)) void row_tiles(int64_t tiles, int64_t kc, const float* A, int64_t lda,
+                                                  const float* Bp, float* C, int64_t ldc, bool first) {
+  for (int64_t t = 0; t < tiles; ++t) {
+    float* c = C + t * T::MR * ldc;
+    for (int64_t i = 0; i < T::MR; ++i)   // the next tile's C lines, as in matmul
+      for (int64_t v = 0; v < T::NR; v += T::L) __builtin_prefetch(c + (T::MR + i) * ldc + v, 1, 3);
+    micro_kernel<T, false, kRows>(kc, A + t * T::MR * lda, Bp, c, ldc, first, lda);
+  }
 }
 
 #if RP_FLUSH_HW
@@ -340,13 +361,20 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       float* Cb = C + b * M * N;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t kc = std::min(KC, K - k0);
-        // 512-bit tile: where A's rows are contiguous across i (sam == 1: the gy^T of a weight
-        // gradient), its full MR-row panels [0, packed_from) are read in place (A(i, k) at
-        // Ab[i + k * sak]), not packed: packing them took about 14% of those products' time
-        // (strided 48-byte reads, perf), and the broadcasts find the values in L1 with a
-        // software prefetch (micro_kernel). x86 only, where no exponent check reads the packed A.
-        const bool a_in_place = T::L == 16 && !kCheckExponents && sam == 1;
-        const int64_t packed_from = a_in_place ? mc / MR * MR : 0;
+        // 512-bit tile: A's full MR-row panels [0, packed_from) are read in place, not packed,
+        // where that costs less (x86 only, where no exponent check reads the packed A):
+        // - kColumns, where A's rows are contiguous across i (sam == 1: the gy^T of a weight
+        //   gradient, attention's P^T and gS^T): packing took about 14% of those products' time
+        //   (strided 48-byte reads, perf), and the broadcasts find the values in L1 with a
+        //   software prefetch (micro_kernel);
+        // - kRows, where A's rows are contiguous in k (sak == 1) and the task has one column panel
+        //   (nc == NR: attention's P V and gS K, N = head_dim = 32), so that each A value is used
+        //   by one tile only: attention's two such products ran 1.2-1.3x faster unpacked (AMD Zen
+        //   4, tools.matmul_loop, 2026-12-03). Not where the rows are a multiple of 2 KB apart:
+        //   the tile's 12 rows would then share at most two of L1's 64 sets.
+        const bool a_columns = T::L == 16 && !kCheckExponents && sam == 1;
+        const bool a_rows = T::L == 16 && !kCheckExponents && sak == 1 && !a_columns && nc == NR && sam % 512 != 0;
+        const int64_t packed_from = a_columns || a_rows ? mc / MR * MR : 0;
         if (packed_from < mc)
           pack_for<T, MR>(Ab + (i0 + packed_from) * sam + k0 * sak, sam, sak, mc - packed_from, kc,
                           apack + packed_from * kc);
@@ -355,12 +383,9 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
         const bool plain = kCheckExponents &&
             plain_ok(min_exponent(apack, (mc + MR - 1) / MR * MR * kc),
                      bmin[((sbb == 0 ? 0 : b) * kblocks + k0 / KC) * nblocks + nb]);
-        const auto micro = [plain](int64_t kc_, const float* ap, const float* bpn, float* c, int64_t ldc, bool f) {
-          if (plain) micro_kernel<T, true>(kc_, ap, bpn, c, ldc, f);
-          else micro_kernel<T, false>(kc_, ap, bpn, c, ldc, f);
-        };
+        if (a_rows) row_tiles<T>(packed_from / MR, kc, Ab + i0 * sam + k0, sam, bpanels, Cb + i0 * N + j0, N, first);
         for (int64_t jp = 0; jp < nc; jp += NR) {
-          for (int64_t ip = 0; ip < mc; ip += MR) {
+          for (int64_t ip = a_rows ? packed_from : 0; ip < mc; ip += MR) {
             float* ct = Cb + (i0 + ip) * N + (j0 + jp);
             const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
             if constexpr (T::L == 16) {
@@ -370,17 +395,21 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
               for (int64_t i = 0; i < MR; ++i)
                 for (int64_t v = 0; v < NR; v += 16) __builtin_prefetch(cn + i * N + v, 1, 3);
             }
-            if (mr == MR && nr == NR) {
+            // the tile into c (row stride ldc)
+            const auto tile = [&](float* c, int64_t ldc) {
+              const float* bpn = &bpanels[jp * kc];
               if (T::L == 16 && ip < packed_from)
-                micro_kernel<T, false, true>(kc, Ab + (i0 + ip) + k0 * sak, &bpanels[jp * kc], ct, N, first, sak);
-              else micro(kc, &apack[ip * kc], &bpanels[jp * kc], ct, N, first);
+                micro_kernel<T, false, kColumns>(kc, Ab + (i0 + ip) + k0 * sak, bpn, c, ldc, first, sak);
+              else if (plain) micro_kernel<T, true>(kc, &apack[ip * kc], bpn, c, ldc, first);
+              else micro_kernel<T, false>(kc, &apack[ip * kc], bpn, c, ldc, first);
+            };
+            if (mr == MR && nr == NR) {
+              tile(ct, N);
             } else {  // edge tile: run on a full scratch tile, copy the valid part
               for (int64_t i = 0; i < MR; ++i)
                 for (int64_t j = 0; j < NR; ++j)
                   edge[i * NR + j] = (!first && i < mr && j < nr) ? ct[i * N + j] : 0.0f;
-              if (T::L == 16 && ip < packed_from)
-                micro_kernel<T, false, true>(kc, Ab + (i0 + ip) + k0 * sak, &bpanels[jp * kc], edge, NR, first, sak);
-              else micro(kc, &apack[ip * kc], &bpanels[jp * kc], edge, NR, first);
+              tile(edge, NR);
               for (int64_t i = 0; i < mr; ++i)
                 for (int64_t j = 0; j < nr; ++j) ct[i * N + j] = edge[i * NR + j];
             }
