@@ -5,8 +5,8 @@
 // ([k-block][n-panel][kc][NR], any input strides, so transposed views cost nothing extra) that
 // every thread shares; each task packs its A block (the 512-bit tile reads A in place where its
 // rows are contiguous across i, or in k where the task has one column panel, see matmul), and an
-// MR x NR register tile of accumulators is updated with SIMD across j. Threads take disjoint
-// output blocks.
+// MR x NR register tile of accumulators is updated with SIMD across j (an edge tile of fewer
+// rows on those rows only). Threads take disjoint output blocks.
 // Blocking over k carries the running acc through C (load, keep adding), never sums blocks.
 //
 // Two register tiles on x86 with AVX-512 (rp_matmul_select picks one; both give the same bits,
@@ -109,18 +109,25 @@ template <> inline vf16 product<vf16>(vf16 b, const float* a) {
   return r;
 }
 #endif
-template <class T, bool Plain = false, ALayout Layout = kPacked>
+// Rows < MR: only the tile's first Rows rows (an edge tile; a packed panel keeps its MR stride).
+template <class T, bool Plain = false, ALayout Layout = kPacked, int64_t Rows = T::MR>
 inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __restrict Bp,
                          float* C, int64_t ldc, bool first, int64_t lda = T::MR) {
   using V = typename T::vec;
-  constexpr int64_t MR = T::MR, NR = T::NR, NV = T::NV, L = T::L;
+  constexpr int64_t MR = Rows, NR = T::NR, NV = T::NV, L = T::L;
+  // Every loop over the accumulators is unrolled by pragma: with the loads and stores of C left
+  // to GCC 12's own unrolling, a kernel compiled out of line kept acc as an array in memory and
+  // stored every accumulator at each k step (objdump).
   V acc[MR][NV];
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[i][v] = first ? V{} : load<V>(C + i * ldc + v * L);
   for (int64_t k = 0; k < kc; ++k) {
     V b[NV];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) b[v] = load<V>(Bp + k * NR + v * L);
-    const float* a = Layout == kRows ? Ap + k : Ap + k * (Layout == kColumns ? lda : MR);
+    const float* a = Layout == kRows ? Ap + k : Ap + k * (Layout == kColumns ? lda : T::MR);
     const int64_t is_ = Layout == kRows ? lda : 1;   // A(i, k) at a[i * is_]
     // kColumns: A's k steps are lda floats apart, each k step's MR values in another line, which
     // the hardware prefetchers do not fetch in time (without this the broadcasts wait on L1 misses)
@@ -130,14 +137,16 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i * is_] : product(b[v], a + i * is_));
   }
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) store<V>(C + i * ldc + v * L, acc[i][v]);
 }
 
 // micro_kernel with A read in place by rows (kRows) on `tiles` consecutive MR-row tiles of one
-// column panel. Out of line: inlined into matmul's task loop beside the other kernels, it made
-// GCC 12 keep that loop's accumulators in memory, and the K = 32 products ran 5-7% slower
-// (tools.matmul_loop --fresh 16); `flatten` inlines the kernel here, where they stay in registers.
+// column panel, out of line (`flatten` inlines the kernel here): inlined into matmul's task loop
+// instead, the products with K = 32, which do not use it, ran 6% slower (tools.matmul_loop
+// --fresh 16 --only attn, AMD Zen 4, 2026-12-03).
 template <class T>
 __attribute__((noinline, flatten)) void row_tiles(int64_t tiles, int64_t kc, const float* A, int64_t lda,
                                                   const float* Bp, float* C, int64_t ldc, bool first) {
@@ -147,6 +156,18 @@ __attribute__((noinline, flatten)) void row_tiles(int64_t tiles, int64_t kc, con
       for (int64_t v = 0; v < T::NR; v += T::L) __builtin_prefetch(c + (T::MR + i) * ldc + v, 1, 3);
     micro_kernel<T, false, kRows>(kc, A + t * T::MR * lda, Bp, c, ldc, first, lda);
   }
+}
+
+// micro_kernel on the first mr (1 .. MR - 1) rows of a packed A panel (an edge tile), straight into
+// C: one kernel per row count, out of line as row_tiles. With a scratch tile instead (all MR rows
+// computed, cleared and copied element by element), the products with such an edge ran 2-9%
+// slower (tools.matmul_loop, AMD Zen 4, 2026-12-03).
+template <class T, bool Plain, int64_t R = T::MR - 1>
+__attribute__((noinline, flatten)) void edge_rows(int64_t mr, int64_t kc, const float* Ap, const float* Bp, float* C,
+                                                  int64_t ldc, bool first) {
+  if constexpr (R > 1)
+    if (mr < R) return edge_rows<T, Plain, R - 1>(mr, kc, Ap, Bp, C, ldc, first);
+  micro_kernel<T, Plain, kPacked, R>(kc, Ap, Bp, C, ldc, first);
 }
 
 #if RP_FLUSH_HW
@@ -369,7 +390,7 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
         //   software prefetch (micro_kernel);
         // - kRows, where A's rows are contiguous in k (sak == 1) and the task has one column panel
         //   (nc == NR: attention's P V and gS K, N = head_dim = 32), so that each A value is used
-        //   by one tile only: attention's two such products ran 1.2-1.3x faster unpacked (AMD Zen
+        //   by one tile only: attention's two such products ran 1.16-1.2x faster unpacked (AMD Zen
         //   4, tools.matmul_loop, 2026-12-03). Not where the rows are a multiple of 2 KB apart:
         //   the tile's 12 rows would then share at most two of L1's 64 sets.
         const bool a_columns = T::L == 16 && !kCheckExponents && sam == 1;
@@ -405,7 +426,10 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
             };
             if (mr == MR && nr == NR) {
               tile(ct, N);
-            } else {  // edge tile: run on a full scratch tile, copy the valid part
+            } else if (nr == NR) {  // fewer rows (a packed panel's last): those rows, straight into C
+              if (plain) edge_rows<T, true>(mr, kc, &apack[ip * kc], &bpanels[jp * kc], ct, N, first);
+              else edge_rows<T, false>(mr, kc, &apack[ip * kc], &bpanels[jp * kc], ct, N, first);
+            } else {  // fewer columns: run on a full scratch tile, copy the valid part
               for (int64_t i = 0; i < MR; ++i)
                 for (int64_t j = 0; j < NR; ++j)
                   edge[i * NR + j] = (!first && i < mr && j < nr) ? ct[i * N + j] : 0.0f;
