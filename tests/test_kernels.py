@@ -415,26 +415,25 @@ def test_matmul_strided_bits(ops, ta, tb, MNK):
     assert_bits(ops.matmul(ta2, bt), R.matmul(a2[::2, ::2], b), "matmul sliced a")
 
 
-# attention's six products (model.py, repops._MatMul's backward) on [batch, rows, 32] heads: q, k,
-# v, gO [2, T, 32] and P, gS [2, T, T], each operand as the step lays it out. T = 128 ends the
-# 512-bit tile's rows with an 8-row edge tile; N = 32 is one column panel, where A with rows
-# contiguous in k is read in place (matmul.cpp, kRows), T = 512 rows 2 KB apart, where it is packed.
-ATTENTION = {"q@k.T": ("q", "k.T"), "P@v": ("P", "v"), "gO@v.T": ("q", "k.T"), "P.T@gO": ("P.T", "v"),
-             "gS@k": ("P", "v"), "gS.T@q": ("P.T", "v")}
+# attention's six products (model.py, repops._MatMul's backward) in the step's three operand
+# layouts: q, k, v, gO [2, T, 32] and P, gS [2, T, T] contiguous. T = 128 ends the 512-bit tile's
+# rows with an 8-row edge tile; N = 32 is one column panel, where A with rows contiguous in k is read
+# in place (matmul.cpp, kRows); at T = 512 those rows are 2 KB apart, and A is packed.
+ATTENTION = {"q@k.T gO@v.T": ("q", "k.T"), "P@v gS@k": ("P", "v"), "P.T@gO gS.T@q": ("P.T", "v")}
 
 
-@pytest.mark.parametrize("product", list(ATTENTION))
+@pytest.mark.parametrize("products", list(ATTENTION))
 @pytest.mark.parametrize("Tn", [20, 128, 512])
-def test_matmul_attention_bits(ops, product, Tn):
-    rng = np.random.default_rng(zlib.crc32(f"{product} {Tn}".encode()))
+def test_matmul_attention_bits(ops, products, Tn):
+    rng = np.random.default_rng(zlib.crc32(f"{products} {Tn}".encode()))
     heads = rng.standard_normal((2, Tn, 32)).astype(F32)           # q, k, v or gO
     scores = rng.standard_normal((2, Tn, Tn)).astype(F32)          # P or gS
     views = {"q": (T(heads), heads), "k.T": (T(heads).transpose(1, 2), np.swapaxes(heads, 1, 2)),
              "v": (T(heads), heads), "P": (T(scores), scores),
              "P.T": (T(scores).transpose(1, 2), np.swapaxes(scores, 1, 2))}
-    (ta, a), (tb, b) = (views[name] for name in ATTENTION[product])
+    (ta, a), (tb, b) = (views[name] for name in ATTENTION[products])
     assert_bits(ops.matmul(ta, tb), R.matmul(np.ascontiguousarray(a), np.ascontiguousarray(b)),
-                f"attention {product} T={Tn}")
+                f"attention {products} T={Tn}")
 
 
 @pytest.mark.parametrize("case", ["3d3d", "3d2d", "3d3d_t", "3d2d_t", "k0", "adv", "tiny", "huge"])
