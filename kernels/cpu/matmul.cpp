@@ -128,14 +128,15 @@ inline void micro_kernel(int64_t kc, const float* __restrict Ap, const float* __
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) b[v] = load<V>(Bp + k * NR + v * L);
     const float* a = Layout == kRows ? Ap + k : Ap + k * (Layout == kColumns ? lda : T::MR);
-    const int64_t is_ = Layout == kRows ? lda : 1;   // A(i, k) at a[i * is_]
+    const int64_t row_step = Layout == kRows ? lda : 1;   // A(i, k) at a[i * row_step]
     // kColumns: A's k steps are lda floats apart, each k step's MR values in another line, which
     // the hardware prefetchers do not fetch in time (without this the broadcasts wait on L1 misses)
     if constexpr (Layout == kColumns) __builtin_prefetch(a + kPrefetchK * lda, 0, 3);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i * is_] : product(b[v], a + i * is_));
+      for (int v = 0; v < NV; ++v)
+        acc[i][v] = rp::add(acc[i][v], Plain ? b[v] * a[i * row_step] : product(b[v], a + i * row_step));
   }
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
@@ -419,7 +420,7 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
             // the tile into c (row stride ldc)
             const auto tile = [&](float* c, int64_t ldc) {
               const float* bpn = &bpanels[jp * kc];
-              if (T::L == 16 && ip < packed_from)
+              if (a_columns && ip < packed_from)
                 micro_kernel<T, false, kColumns>(kc, Ab + (i0 + ip) + k0 * sak, bpn, c, ldc, first, sak);
               else if (plain) micro_kernel<T, true>(kc, &apack[ip * kc], bpn, c, ldc, first);
               else micro_kernel<T, false>(kc, &apack[ip * kc], bpn, c, ldc, first);
