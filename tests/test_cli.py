@@ -179,3 +179,12 @@ def test_data_options_belong_to_their_modes(capsys):
             data.parser().parse_args(argv)
         assert data.main(argv) == 2
         assert capsys.readouterr().err == f"data.py: error: {named}\n"
+
+
+@pytest.mark.parametrize("argv", [["--operands", "0"], ["--fresh", "0"], ["--rounds", "0"]])
+def test_matmul_loop_counts_are_positive(argv):
+    """tools.matmul_loop refuses a count below 1 in one line, before it builds anything."""
+    proc = run_process([sys.executable, "-m", "tools.matmul_loop", *argv], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "python -m tools.matmul_loop: error: --rounds, --fresh and --operands must be at least 1"], proc.stderr

@@ -6,6 +6,7 @@ product, so that a shared machine's load falls on both alike.
 
     python -m tools.matmul_loop --against 49f534d             # this checkout's matmul.cpp vs 49f534d's
     python -m tools.matmul_loop --against main --fresh 16     # each call writes one of 16 outputs
+    python -m tools.matmul_loop --against main --fresh 16 --operands 16   # and reads one of 16 A, B
     python -m tools.matmul_loop --against main --only gy.T --rounds 21
     python -m tools.matmul_loop --against main --only attn    # attention's six products
     python -m tools.matmul_loop --against main --width 256    # the 256-bit tile (default: this CPU's)
@@ -51,6 +52,10 @@ def parser():
     ap.add_argument("--fresh", type=int, default=1, metavar="N",
                     help="outputs each version writes in turn: 1 reuses one (in cache), 16 rotates past L2 "
                          "(default %(default)s)")
+    ap.add_argument("--operands", type=int, default=1, metavar="N",
+                    help="copies of each product's A and B (the same values) each version reads in turn: 1 "
+                         "reads one (in cache), 16 rotates past L2, as in a training step, where each "
+                         "product's operands come from other kernels (default %(default)s)")
     ap.add_argument("--only", metavar="TEXT", default="", help="only the products whose name contains TEXT")
     ap.add_argument("--width", type=int, choices=(0, 256, 512), default=0,
                     help="the matmul tile's vector width in both versions (default %(default)s: this CPU's choice)")
@@ -121,6 +126,7 @@ struct Product { const char* name; int64_t batch, M, N, K, sab, sam, sak, sbb, s
 static const Product kProducts[] = { PRODUCTS };
 int main(int argc, char** argv) {
   const int rounds = atoi(argv[1]), fresh = atoi(argv[2]), width = atoi(argv[3]), other_width = atoi(argv[5]);
+  const int operands = atoi(argv[6]);
   const char* only = argv[4];
   if (other::rp_matmul_select(other_width) < 0 || self::rp_matmul_select(width) < 0) {
     fprintf(stderr, "python -m tools.matmul_loop: error: this build has no %d-bit matmul tile\n",
@@ -135,9 +141,13 @@ int main(int argc, char** argv) {
   printf("%-22s %22s %8s %8s %7s %7s\n", "product", "batch x M x N x K", "other", "this", "best", "median");
   for (const Product& p : kProducts) {
     if (!strstr(p.name, only)) continue;
-    std::vector<float> A(p.a_size), B(p.b_size);
-    for (float& x : A) x = normal(rng);
-    for (float& x : B) x = normal(rng);
+    std::vector<float> A(operands * p.a_size), B(operands * p.b_size);   // copies of one A and one B
+    for (int64_t e = 0; e < p.a_size; ++e) A[e] = normal(rng);
+    for (int64_t e = 0; e < p.b_size; ++e) B[e] = normal(rng);
+    for (int o = 1; o < operands; ++o) {
+      std::copy(A.begin(), A.begin() + p.a_size, A.begin() + o * p.a_size);
+      std::copy(B.begin(), B.begin() + p.b_size, B.begin() + o * p.b_size);
+    }
     const int64_t out = p.batch * p.M * p.N;
     std::vector<float> C[2] = {std::vector<float>(fresh * out), std::vector<float>(fresh * out)};
     const double flop = 2.0 * p.batch * p.M * p.N * p.K;
@@ -145,8 +155,9 @@ int main(int argc, char** argv) {
     double best[2];
     const double median = alternate(rounds, calls, [&](int v, int i) {
       float* c = C[v].data() + (i % fresh) * out;
-      if (v == 0) other::rp_matmul(A.data(), p.sab, p.sam, p.sak, B.data(), p.sbb, p.sbk, p.sbn, c, p.batch, p.M, p.N, p.K);
-      else self::rp_matmul(A.data(), p.sab, p.sam, p.sak, B.data(), p.sbb, p.sbk, p.sbn, c, p.batch, p.M, p.N, p.K);
+      const float *a = A.data() + (i % operands) * p.a_size, *b = B.data() + (i % operands) * p.b_size;
+      if (v == 0) other::rp_matmul(a, p.sab, p.sam, p.sak, b, p.sbb, p.sbk, p.sbn, c, p.batch, p.M, p.N, p.K);
+      else self::rp_matmul(a, p.sab, p.sam, p.sak, b, p.sbb, p.sbk, p.sbn, c, p.batch, p.M, p.N, p.K);
     }, best);
     const bool same = memcmp(C[0].data(), C[1].data(), C[0].size() * sizeof(float)) == 0;
     differ += !same;
@@ -183,7 +194,7 @@ HARNESS_EXACT = PRELUDE + r"""
 struct Product { const char* name; int64_t batch, M, N, K; };
 static const Product kProducts[] = { PRODUCTS };
 int main(int argc, char** argv) {
-  const int rounds = atoi(argv[1]), fresh = atoi(argv[2]);
+  const int rounds = atoi(argv[1]), fresh = atoi(argv[2]), operands = atoi(argv[4]);
   const char* only = argv[3];
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
@@ -193,15 +204,21 @@ int main(int argc, char** argv) {
   for (const Product& p : kProducts) {
     if (!strstr(p.name, only)) continue;
     const int64_t out = p.batch * p.M * p.N;
-    std::vector<float> A(p.batch * p.M * p.K), B(p.batch * p.N * p.K);   // A [batch, M, K], B^T [batch, N, K]
-    for (float& x : A) x = normal(rng);
-    for (float& x : B) x = normal(rng);
+    const int64_t a_size = p.batch * p.M * p.K, b_size = p.batch * p.N * p.K;
+    std::vector<float> A(operands * a_size), B(operands * b_size);   // A [batch, M, K], B^T [batch, N, K]; copies
+    for (int64_t e = 0; e < a_size; ++e) A[e] = normal(rng);
+    for (int64_t e = 0; e < b_size; ++e) B[e] = normal(rng);
+    for (int o = 1; o < operands; ++o) {
+      std::copy(A.begin(), A.begin() + a_size, A.begin() + o * a_size);
+      std::copy(B.begin(), B.begin() + b_size, B.begin() + o * b_size);
+    }
     std::vector<float> C[2] = {std::vector<float>(fresh * out), std::vector<float>(fresh * out)};
     const int calls = std::max<int64_t>(1, (int64_t)(2.5e8 / ((double)p.batch * p.M * p.N * p.K)));   // ~10-20 ms
     double best[2];
     const double median = alternate(rounds, calls, [&](int v, int i) {
       for (int64_t b = 0; b < p.batch; ++b) {
-        const RpExactOperand a{A.data() + b * p.M * p.K, p.K, 1}, bt{B.data() + b * p.N * p.K, p.K, 1};
+        const RpExactOperand a{A.data() + (i % operands) * a_size + b * p.M * p.K, p.K, 1},
+            bt{B.data() + (i % operands) * b_size + b * p.N * p.K, p.K, 1};
         float* c = C[v].data() + (i % fresh) * out + b * p.M * p.N;
         if (v == 0) other::rp_exact_matmul(a, bt, c, p.M, p.N, p.K);
         else self::rp_exact_matmul(a, bt, c, p.M, p.N, p.K);
@@ -281,8 +298,8 @@ def fail(message):
 
 def main():
     args = parser().parse_args()
-    if args.rounds < 1 or args.fresh < 1:
-        fail("--rounds and --fresh must be at least 1")
+    if args.rounds < 1 or args.fresh < 1 or args.operands < 1:
+        fail("--rounds, --fresh and --operands must be at least 1")
     exact = args.kernel == "exact"
     if exact and (args.width or args.other_width is not None):
         fail("--width and --other_width choose the fp32 matmul's tile: not with --kernel exact")
@@ -314,13 +331,14 @@ def main():
             fail(f"{cxx} could not build the two versions together: "
                  f"{(built.stderr.strip().splitlines() or ['failed'])[0]}")
         print(f"this checkout's {name} against {args.against}'s; thread CPU time, best of {args.rounds} "
-              f"alternating rounds, {args.fresh} output(s) per version; {'ms per call' if exact else 'GFLOP/s'}",
+              f"alternating rounds, {args.fresh} output(s) and {args.operands} copies of the operands per version; "
+              f"{'ms per call' if exact else 'GFLOP/s'}",
               flush=True)
         if exact:
-            command = [program, str(args.rounds), str(args.fresh), args.only]
+            command = [program, str(args.rounds), str(args.fresh), args.only, str(args.operands)]
         else:
             command = [program, str(args.rounds), str(args.fresh), str(args.width), args.only,
-                       str(args.width if args.other_width is None else args.other_width)]
+                       str(args.width if args.other_width is None else args.other_width), str(args.operands)]
         sys.exit(subprocess.run(command).returncode)
 
 
