@@ -41,6 +41,7 @@ import torch  # noqa: E402  (below the command line's first answer, above)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hashchain
+import repops
 
 
 FORMAT = "repops-optrace-v1"
@@ -76,11 +77,21 @@ def _describe(arg):
 
 
 class OpTrace(TorchDispatchMode):
-    """Records every repops::* operator dispatched while active (other operators pass through)."""
+    """Records every repops::* operator dispatched while active (other operators pass through).
+    Attention runs as its composed operators meanwhile (repops.COMPOSED_ATTENTION: the CPU's
+    one-op attention gives their bits), so that every backend's trace lists the same operators."""
 
     def __init__(self):
         super().__init__()
         self.entries = []
+
+    def __enter__(self):
+        self.composed, repops.COMPOSED_ATTENTION = repops.COMPOSED_ATTENTION, True
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        repops.COMPOSED_ATTENTION = self.composed
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -399,6 +399,42 @@ def causal_softmax(s, scale):
     return _CausalSoftmax.apply(s, f32(scale))
 
 
+# While set, causal_attention runs the composed operators (matmul, causal_softmax, matmul) on every
+# backend: optrace.OpTrace sets it while it records a step, so that a trace lists the same
+# operators on a CPU as on a GPU, and two traces diff operator by operator.
+COMPOSED_ATTENTION = False
+
+
+class _CausalAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        o, p = ops.causal_attention(q, k, v, scale)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v, p = ctx.saved_tensors
+        gq, gk, gv = ops.causal_attention_backward(go, q, k, v, p, ctx.scale)
+        return gq, gk, gv, None
+
+
+def causal_attention(q, k, v, scale):
+    """Full causal attention (contract §8 attention): q [batch, G*T, Dh] (the G query heads of one
+    key/value head stacked as rows), k, v [batch, T, Dh] -> O [batch, G*T, Dh] =
+    matmul(causal_softmax(matmul(q, k^T) viewed [G, T, T] per slice, scale), v), with the
+    gradients of those ops. On the CPU one op runs them head by head, each head's scores in L2
+    (kernels/cpu/attention.cpp); elsewhere, and while COMPOSED_ATTENTION is set, the ops run over
+    all heads at once. The same bits."""
+    scale = f32(scale)
+    if q.device.type == "cpu" and not COMPOSED_ATTENTION:
+        return _CausalAttention.apply(q, k, v, scale)
+    batch, rows, T = q.shape[0], q.shape[1], k.shape[1]
+    p = causal_softmax(matmul(q, k.transpose(1, 2)).view(-1, T, T), scale)
+    return matmul(p.view(batch, rows, T), v)
+
+
 def _band_ops(exact):
     """(band_scores, band_mix, band_mix_t): the §8 window kernels, or with exact their §11 band
     products (CPU only)."""

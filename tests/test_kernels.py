@@ -572,6 +572,55 @@ def test_causal_softmax_bits(ops, BH, Tn, kind):
         assert_bits(gs, R.causal_softmax_backward(gp, eP, scale), f"causal_softmax_backward {kind}")
 
 
+def reference_attention(q, k, v, go, scale):
+    """§8 attention composed in NumPy (matmul, causal_softmax over each slice's G blocks, matmul)
+    and its backward: q, go [batch, G*T, D], k, v [batch, T, D] -> o, p, gq, gk, gv."""
+    batch, M, D = q.shape
+    Tn = k.shape[1]
+    G = M // Tn
+    kt, vt = np.swapaxes(k, 1, 2), np.swapaxes(v, 1, 2)
+    p = R.causal_softmax(R.matmul(q, kt).reshape(batch * G, Tn, Tn), scale).reshape(batch, M, Tn)
+    gs = R.causal_softmax_backward(R.matmul(go, vt).reshape(batch * G, Tn, Tn), p.reshape(batch * G, Tn, Tn),
+                                   scale).reshape(batch, M, Tn)
+    return (R.matmul(p, v), p, R.matmul(gs, k), R.matmul(np.swapaxes(gs, 1, 2), q),
+            R.matmul(np.swapaxes(p, 1, 2), go))
+
+
+@pytest.mark.parametrize("batch,G,Tn,D", [(1, 1, 1, 8), (2, 1, 20, 32), (3, 2, 5, 16), (2, 4, 33, 8),
+                                          (2, 1, 128, 32)])
+@pytest.mark.parametrize("kind", ["normal", "adv"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_causal_attention_bits(ops, batch, G, Tn, D, kind, threads):
+    """The CPU's head-by-head attention (forward and backward) gives the composed ops' bits."""
+    rng = np.random.default_rng(zlib.crc32(f"{batch} {G} {Tn} {D} {kind}".encode()))
+    make = (lambda shape: adversarial(rng, shape, frac=0.05)) if kind == "adv" else \
+        (lambda shape: rng.standard_normal(shape).astype(F32))
+    q, go = make((batch, G * Tn, D)), make((batch, G * Tn, D))
+    k, v = make((batch, Tn, D)), make((batch, Tn, D))
+    scale = repops.f32(1.0 / math.sqrt(D))
+    o, p, gq, gk, gv = reference_attention(q, k, v, go, scale)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        to, tp = ops.causal_attention(T(q), T(k), T(v), scale)
+        # go as the step hands it: a non-contiguous view is read as its values
+        tgo = T(np.swapaxes(go, 1, 2)).transpose(1, 2)
+        tgq, tgk, tgv = ops.causal_attention_backward(tgo, T(q), T(k), T(v), tp, scale)
+    finally:
+        torch.set_num_threads(previous)
+    what = f"causal_attention batch={batch} G={G} T={Tn} D={D} {kind} threads={threads}"
+    for name, got, exp in (("o", to, o), ("p", tp, p), ("gq", tgq, gq), ("gk", tgk, gk), ("gv", tgv, gv)):
+        assert_bits(got, exp, f"{what}: {name}")
+
+
+def test_causal_attention_refuses_bad_shapes(ops):
+    q, k = torch.zeros(2, 10, 8), torch.zeros(2, 4, 8)
+    with pytest.raises(RuntimeError, match=r"q \[batch, G\*T, D\], k and v \[batch, T, D\]"):
+        ops.causal_attention(q, k, k, 0.5)          # 10 rows are not G * 4
+    with pytest.raises(RuntimeError, match="go like q"):
+        ops.causal_attention_backward(torch.zeros(2, 8, 8), torch.zeros(2, 8, 8), k, k, torch.zeros(2, 8, 3), 0.5)
+
+
 @pytest.mark.parametrize("Rn,H", [(1, 1), (7, 33), (33, 129), (2, 7)])
 @pytest.mark.parametrize("kind", ["normal", "adv", "wide"])
 def test_swiglu_bits(ops, Rn, H, kind):

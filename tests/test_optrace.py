@@ -90,6 +90,9 @@ def test_trace_covers_the_whole_step(audit_trace):
     # forward, backward, TreeFold, clipping and the optimizer
     assert {"repops::matmul", "repops::cross_entropy_backward", "repops::add", "repops::clip_grad",
             "repops::adamw_"} <= ops, ops
+    # attention as its composed operators, as every backend lists them (not the CPU's one op)
+    assert {"repops::causal_softmax", "repops::causal_softmax_backward"} <= ops, ops
+    assert not {"repops::causal_attention", "repops::causal_attention_backward"} & ops, ops
     adamw = next(e for e in entries if e["op"] == "repops::adamw_")
     assert len(adamw["outputs"]) == 3          # in place: p, m and v after the update
 

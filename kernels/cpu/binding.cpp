@@ -76,6 +76,42 @@ Tensor causal_softmax_backward(const Tensor& gp_, const Tensor& p_, double scale
   return gs;
 }
 
+// Full causal attention head by head (CPU only: repops.causal_attention composes the ops elsewhere).
+// q [batch, G*T, D], k and v [batch, T, D] -> (o [batch, G*T, D], p [batch, G*T, T]).
+struct AttentionArgs {
+  Tensor q, k, v;
+  int64_t batch, G, T, D;
+};
+AttentionArgs attention_args(const Tensor& q_, const Tensor& k_, const Tensor& v_, const char* op) {
+  Tensor q = rpb::contig(kDev, q_, "q"), k = rpb::contig(kDev, k_, "k"), v = rpb::contig(kDev, v_, "v");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+                  q.size(2) == k.size(2) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
+              "repops.", op, ": q [batch, G*T, D], k and v [batch, T, D]");
+  return {q, k, v, q.size(0), q.size(1) / k.size(1), k.size(1), k.size(2)};
+}
+
+std::tuple<Tensor, Tensor> causal_attention(const Tensor& q_, const Tensor& k_, const Tensor& v_, double scale) {
+  const AttentionArgs a = attention_args(q_, k_, v_, "causal_attention");
+  Tensor o = at::empty_like(a.q), p = at::empty({a.batch, a.G * a.T, a.T}, a.q.options());
+  rp_causal_attention(a.q.data_ptr<float>(), a.k.data_ptr<float>(), a.v.data_ptr<float>(), (float)scale,
+                      o.data_ptr<float>(), p.data_ptr<float>(), a.batch, a.G, a.T, a.D);
+  return {o, p};
+}
+
+std::tuple<Tensor, Tensor, Tensor> causal_attention_backward(const Tensor& go_, const Tensor& q_, const Tensor& k_,
+                                                             const Tensor& v_, const Tensor& p_, double scale) {
+  const AttentionArgs a = attention_args(q_, k_, v_, "causal_attention_backward");
+  const Tensor go = rpb::contig(kDev, go_, "go"), p = rpb::contig(kDev, p_, "p");
+  TORCH_CHECK(go.sizes() == a.q.sizes() && p.dim() == 3 && p.size(0) == a.batch && p.size(1) == a.G * a.T &&
+                  p.size(2) == a.T,
+              "repops.causal_attention_backward: go like q, p [batch, G*T, T]");
+  Tensor gq = at::empty_like(a.q), gk = at::empty_like(a.k), gv = at::empty_like(a.v);
+  rp_causal_attention_backward(go.data_ptr<float>(), a.q.data_ptr<float>(), a.k.data_ptr<float>(),
+                               a.v.data_ptr<float>(), p.data_ptr<float>(), (float)scale, gq.data_ptr<float>(),
+                               gk.data_ptr<float>(), gv.data_ptr<float>(), a.batch, a.G, a.T, a.D);
+  return {gq, gk, gv};
+}
+
 Tensor band_scores(const Tensor& a_, const Tensor& b_, int64_t W) {
   auto [a, b, sh] = rpb::band_scores_args(kDev, a_, b_, W);
   Tensor s = at::empty({sh.batch, sh.M, sh.W}, a.options());
@@ -392,6 +428,10 @@ TORCH_LIBRARY(repops, m) {
   m.def("rope(Tensor x, Tensor cos, Tensor sin, bool backward) -> Tensor");
   m.def("causal_softmax(Tensor s, float scale) -> Tensor");
   m.def("causal_softmax_backward(Tensor gp, Tensor p, float scale) -> Tensor");
+  // §8 attention head by head on the CPU (attention.cpp); other backends compose matmul and causal_softmax.
+  m.def("causal_attention(Tensor q, Tensor k, Tensor v, float scale) -> (Tensor, Tensor)");
+  m.def("causal_attention_backward(Tensor go, Tensor q, Tensor k, Tensor v, Tensor p, float scale) -> "
+        "(Tensor, Tensor, Tensor)");
   // Window attention (§8): bands [batch, G*T, W] of a sliding window of W keys per query.
   m.def("band_scores(Tensor a, Tensor b, int W) -> Tensor");
   m.def("band_mix(Tensor p, Tensor b) -> Tensor");
@@ -446,6 +486,8 @@ void check_index(const Tensor& idx_, int64_t hi, c10::string_view what) {
 TORCH_LIBRARY_IMPL(repops, CPU, m) {
   RPB_IMPL_TENSOR_OPS(m);
   m.impl("check_index", check_index);
+  m.impl("causal_attention", causal_attention);
+  m.impl("causal_attention_backward", causal_attention_backward);
   m.impl("exact_matmul", exact_matmul);
   m.impl("exact_band_scores", exact_band_scores);
   m.impl("exact_band_mix", exact_band_mix);

@@ -40,6 +40,13 @@ void rp_rope(const float* x, RpRows xs, const float* cos_t, const float* sin_t, 
 void rp_causal_softmax(const float* s, float scale, float* p, int64_t BH, int64_t T);
 void rp_causal_softmax_backward(const float* gp, const float* p, float scale, float* gs,
                                 int64_t BH, int64_t T);
+// Full causal attention, head by head (§8 attention): q, o [batch, G*T, D], k, v [batch, T, D],
+// p [batch, G*T, T] (batch = B * Hkv; row r = g*T + t); backward: go like o, gq like q, gk, gv like k.
+void rp_causal_attention(const float* q, const float* k, const float* v, float scale, float* o, float* p,
+                         int64_t batch, int64_t G, int64_t T, int64_t D);
+void rp_causal_attention_backward(const float* go, const float* q, const float* k, const float* v, const float* p,
+                                  float scale, float* gq, float* gk, float* gv, int64_t batch, int64_t G, int64_t T,
+                                  int64_t D);
 
 // window.cpp (§8 window attention). a [batch, M, D] (M = G*T query rows, position t = r % T),
 // b [batch, T, D] keys or values, band s/p [batch, M, W] (column w: key j = t - (W-1) + w);
