@@ -132,13 +132,13 @@ def test_curve_catches_a_late_decay_and_an_attention_scale(corpus, monkeypatch):
     gives step s the rate of step s - 1 after the warmup) and every attention scale 6% too large
     each move the fp32 curve beyond TOL_FP32 (measured 2e-2 and 3.6e-3); a late decay moves the
     int8 curve beyond TOL_INT8 too."""
-    lr_at, softmax = train.lr_at, repops.causal_softmax
+    lr_at, attention = train.lr_at, repops.causal_attention
     with monkeypatch.context() as m:
         m.setattr(train, "lr_at", lambda cfg, s: lr_at(cfg, s - 1) if s > cfg.warmup_steps else lr_at(cfg, s))
         for quant in ("none", "int8"):
             assert curve_error(loss_curve(corpus, quant)) > 4 * TOL[quant][0], f"late decay, {quant}"
     with monkeypatch.context() as m:
-        m.setattr(repops, "causal_softmax", lambda s, scale: softmax(s, scale * 1.06))
+        m.setattr(repops, "causal_attention", lambda q, k, v, scale: attention(q, k, v, scale * 1.06))
         assert curve_error(loss_curve(corpus, "none")) > 4 * TOL_FP32, "attention scale"
 
 
