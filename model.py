@@ -253,15 +253,9 @@ class Llama(nn.Module):
         elif windowed(cfg, i):                                    # bands [B*Hkv, G*T, W]: O(T*W)
             o = repops.window_attention(q, k, v, cfg.attn_window, 1.0 / math.sqrt(Dh),
                                         mix=quant.band_mix if cfg.int8_pv else None, exact=self.exact)
-        elif cfg.int8_pv or self.exact:
-            s = repops.matmul(q, k.transpose(1, 2), self.exact).view(B * H, T, T)
-            p = repops.causal_softmax(s, 1.0 / math.sqrt(Dh))      # [B*H, T, T]
-            if cfg.int8_pv:                                       # quant="int8" (exact is fp32-only)
-                o = quant.matmul_pv(p.view(B * Hkv, G * T, T), v)
-            else:
-                o = repops.matmul(p.view(B * Hkv, G * T, T), v, self.exact)   # [B*Hkv, G*T, Dh]
-        else:                                                     # the same ops, head by head on the CPU
-            o = repops.causal_attention(q, k, v, 1.0 / math.sqrt(Dh))   # [B*Hkv, G*T, Dh]
+        else:                                                     # scores [B*Hkv, G*T, T]
+            o = repops.causal_attention(q, k, v, 1.0 / math.sqrt(Dh),  # [B*Hkv, G*T, Dh]
+                                        mix=quant.matmul_pv if cfg.int8_pv else None, exact=self.exact)
         o = o.view(B, H, T, Dh).permute(0, 2, 1, 3).reshape(B, T, H * Dh)
         return self._linear(layer, "wo", o)
 

@@ -420,19 +420,20 @@ class _CausalAttention(torch.autograd.Function):
         return gq, gk, gv, None
 
 
-def causal_attention(q, k, v, scale):
+def causal_attention(q, k, v, scale, mix=None, exact=False):
     """Full causal attention (contract §8 attention): q [batch, G*T, Dh] (the G query heads of one
-    key/value head stacked as rows), k, v [batch, T, Dh] -> O [batch, G*T, Dh] =
+    key/value head stacked as rows), k, v [batch, T, Dh] -> o [batch, G*T, Dh] =
     matmul(causal_softmax(matmul(q, k^T) viewed [G, T, T] per slice, scale), v), with the
-    gradients of those ops. On the CPU one op runs them head by head, each head's scores in L2
-    (kernels/cpu/attention.cpp); elsewhere, and while COMPOSED_ATTENTION is set, the ops run over
-    all heads at once. The same bits."""
+    gradients of those ops. mix(p, v): the P·V product (default matmul; quant.matmul_pv with
+    int8_pv). exact: every product is §11's. On the CPU, with neither, one op runs them head by
+    head, each head's scores in L2 (kernels/cpu/attention.cpp); otherwise, and while
+    COMPOSED_ATTENTION is set, the ops run over all heads at once. The same bits."""
     scale = f32(scale)
-    if q.device.type == "cpu" and not COMPOSED_ATTENTION:
+    if q.device.type == "cpu" and mix is None and not exact and not COMPOSED_ATTENTION:
         return _CausalAttention.apply(q, k, v, scale)
     batch, rows, T = q.shape[0], q.shape[1], k.shape[1]
-    p = causal_softmax(matmul(q, k.transpose(1, 2)).view(-1, T, T), scale)
-    return matmul(p.view(batch, rows, T), v)
+    p = causal_softmax(matmul(q, k.transpose(1, 2), exact).view(-1, T, T), scale).view(batch, rows, T)
+    return mix(p, v) if mix else matmul(p, v, exact)
 
 
 def _band_ops(exact):

@@ -138,7 +138,7 @@ def test_curve_catches_a_late_decay_and_an_attention_scale(corpus, monkeypatch):
         for quant in ("none", "int8"):
             assert curve_error(loss_curve(corpus, quant)) > 4 * TOL[quant][0], f"late decay, {quant}"
     with monkeypatch.context() as m:
-        m.setattr(repops, "causal_attention", lambda q, k, v, scale: attention(q, k, v, scale * 1.06))
+        m.setattr(repops, "causal_attention", lambda q, k, v, scale, **kw: attention(q, k, v, scale * 1.06, **kw))
         assert curve_error(loss_curve(corpus, "none")) > 4 * TOL_FP32, "attention scale"
 
 
