@@ -587,7 +587,7 @@ def reference_attention(q, k, v, go, scale):
 
 
 @pytest.mark.parametrize("batch,G,Tn,D", [(1, 1, 1, 8), (2, 1, 20, 32), (3, 2, 5, 16), (2, 4, 33, 8),
-                                          (2, 1, 128, 32)])
+                                          (2, 1, 128, 32), (1, 2, 97, 16)])
 @pytest.mark.parametrize("kind", ["normal", "adv"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_causal_attention_bits(ops, batch, G, Tn, D, kind, threads):

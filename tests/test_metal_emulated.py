@@ -77,7 +77,7 @@ def selftest_object(tmp_path_factory):
     the exact matmul's lines (contract §11 has no Metal kernel: --matmul=exact is refused on mps),
     so it prints exactly ST.EXPECTED_NAMES."""
     obj = tmp_path_factory.mktemp("metal_selftest") / "selftest.o"
-    _run(["g++", *FLAGS, *CPU_INCLUDES, "-DRP_SELFTEST_NO_EXACT", "-c", ROOT / "kernels" / "cpu" / "selftest.cpp",
+    _run(["g++", *FLAGS, *CPU_INCLUDES, "-DRP_SELFTEST_NO_CPU_ONLY", "-c", ROOT / "kernels" / "cpu" / "selftest.cpp",
           "-o", obj], timeout=600)
     return obj
 

@@ -68,6 +68,8 @@ is the finite adversarial table with big value b, SPEC the table for the canonic
 | int8_dequantize         | dequantize(q, s)                                       | q from int8_quantize                                  |
 | lsq_init                | lsq_init(x) per row (inv_c = f32(1/129))               | x 123                                                 |
 | lsq_backward            | lsq_backward(x, s, gxh, f32(1/sqrt(129*127))) -> gx, gs | gxh 125 [37,129] -3,8,16,FIN(2^10)                  |
+| causal_attention        | causal_attention(q, k, v, f32(1/3)) -> o, p            | q 150 [3,200,9], k 151 [3,100,9] -3,6,16,FIN(2^10); v 152 [3,100,9] -3,8,16,FIN(2^20) |
+| causal_attention_backward | causal_attention_backward(go, q, k, v, p, same scale) -> gq, gk, gv | go 153 [3,200,9] -3,8,16,FIN(2^10) |
 | exact_matmul            | exact_matmul(A, Bt.T) (contract §11)                   | A 130 [37,129], Bt 131 [45,129] -20,40,16,FIN(2^20)  |
 | exact_matmul_special    | exact_matmul(A, Bt.T)                                  | A 132 [19,70], Bt 133 [33,70] -60,120,512,SPEC       |
 | exact_matmul_k1031      | exact_matmul(A, Bt.T)                                  | A 134 [9,1031], Bt 135 [7,1031] -2,4,16,FIN(2^20)    |
@@ -209,7 +211,7 @@ def results(binaries):
 def test_o0_runs_fast_and_clean(results):
     lines, digests, stderr, elapsed = results["gcc_O0"]
     assert stderr == "", stderr  # no canary complaint under the contract's flags
-    assert list(digests) == EXPECTED_NAMES + EXACT_NAMES
+    assert list(digests) == EXPECTED_NAMES + CPU_ONLY_NAMES
     assert elapsed < 10.0, f"the -O0 self-test took {elapsed:.1f} s (meant to be < 2 s)"
 
 
@@ -663,11 +665,13 @@ EXPECTED_NAMES = [
     "dropout", "csum_rows", "csum_rows_long", "adamw", "clip_grad", "clip_grad_chunks", "exp", "log", "recip", "rsqrt",
     "sqrt", "sin", "cos", "philox", "uniform", "normal", "canary", "int8_matmul", "int8_linear",
     "int8_quantize", "int8_dequantize", "lsq_init", "lsq_backward"]
-# The exact matmul's lines (contract §11), printed last; a CPU kernel only so far (the CUDA and
-# Metal comparisons above check EXPECTED_NAMES).
-EXACT_NAMES = ["exact_matmul", "exact_matmul_special", "exact_matmul_k1031", "exact_matmul_chunks",
-               "exact_band_scores", "exact_band_mix", "exact_band_mix_t",
-               "exact_band_scores_wide", "exact_band_mix_wide", "exact_band_mix_t_wide"]
+# The lines of kernels only the CPU has, printed last (the CUDA and Metal comparisons check
+# EXPECTED_NAMES): attention head by head (§8 attention; the model composes it from matmul and
+# causal_softmax elsewhere) and the exact matmul (contract §11).
+CPU_ONLY_NAMES = ["causal_attention", "causal_attention_backward",
+                  "exact_matmul", "exact_matmul_special", "exact_matmul_k1031", "exact_matmul_chunks",
+                  "exact_band_scores", "exact_band_mix", "exact_band_mix_t",
+                  "exact_band_scores_wide", "exact_band_mix_wide", "exact_band_mix_t_wide"]
 
 
 def torch_digests(device="cpu", ops=None, suffix=None):
@@ -820,10 +824,21 @@ def int8_digests(device="cpu", ops=None):
     return d
 
 
-def exact_digests(ops=None):
-    """The exact matmul's lines (contract §11) through torch.ops.repops (or `ops`) on the CPU."""
+def cpu_only_digests(ops=None):
+    """The CPU-only lines (CPU_ONLY_NAMES) through torch.ops.repops (or `ops`) on the CPU."""
+    import repops
     ops = ops or torch.ops.repops
     d = {}
+    batch, G, Tn, D = 3, 2, 100, 9                       # attention: three slices, GQA 2
+    scale = float.fromhex("0x1.555556p-2")
+    assert scale == repops.f32(1.0 / 3.0)
+    q = to_tensor(gen(150, (batch, G * Tn, D), -3, 6, 16, _fin(2.0**10)))
+    k = to_tensor(gen(151, (batch, Tn, D), -3, 6, 16, _fin(2.0**10)))
+    v = to_tensor(gen(152, (batch, Tn, D), -3, 8, 16, _fin(2.0**20)))
+    go = to_tensor(gen(153, (batch, G * Tn, D), -3, 8, 16, _fin(2.0**10)))
+    o, p = ops.causal_attention(q, k, v, scale)
+    d["causal_attention"] = _digest(o, p)
+    d["causal_attention_backward"] = _digest(*ops.causal_attention_backward(go, q, k, v, p, scale))
     for name, M, N, K, s, emin, erange, period, table in (
             ("exact_matmul", 37, 45, 129, 130, -20, 40, 16, _fin(2.0**20)),
             ("exact_matmul_special", 19, 33, 70, 132, -60, 120, 512, SPEC),
@@ -861,6 +876,8 @@ def test_selftest_matches_torch_extension(results):
     assert list(ours) == EXPECTED_NAMES
     bad = [f"{n}: selftest {program[n][:16]}.. torch {ours[n][:16]}.." for n in EXPECTED_NAMES if program[n] != ours[n]]
     assert not bad, "self-test digests differ from the torch extension's:\n" + "\n".join(bad)
-    exact = exact_digests()
-    bad = [f"{n}: selftest {program[n][:16]}.. torch {exact[n][:16]}.." for n in EXACT_NAMES if program[n] != exact[n]]
-    assert not bad, "exact matmul digests differ from the torch extension's:\n" + "\n".join(bad)
+    cpu_only = cpu_only_digests()
+    assert list(cpu_only) == CPU_ONLY_NAMES
+    bad = [f"{n}: selftest {program[n][:16]}.. torch {cpu_only[n][:16]}.." for n in CPU_ONLY_NAMES
+           if program[n] != cpu_only[n]]
+    assert not bad, "CPU-only digests differ from the torch extension's:\n" + "\n".join(bad)

@@ -504,9 +504,29 @@ void run_int8() {
   emit2("lsq_backward", gx, gs);
 }
 
-// RP_SELFTEST_NO_EXACT: the Metal emulation (tests/test_metal_emulated.py) links this file
-// against the Metal kernels, which have no exact matmul (it is refused on mps).
-#ifndef RP_SELFTEST_NO_EXACT
+// RP_SELFTEST_NO_CPU_ONLY: the Metal emulation (tests/test_metal_emulated.py) links this file
+// against the Metal kernels, which have neither the fused attention (the model composes it from
+// matmul and causal_softmax there) nor the exact matmul (refused on mps).
+#ifndef RP_SELFTEST_NO_CPU_ONLY
+void run_attention() {
+  // §8 attention head by head: 3 slices (as many as this file's threads: one per task), G = 2,
+  // T = 100, D = 9 (partial tiles in every product).
+  const int64_t batch = 3, G = 2, T = 100, D = 9, M = G * T;
+  const float scale = 0x1.555556p-2f;   // f32(1/sqrt(9))
+  auto q = gen(150, batch * M * D, -3, 6, 16, finite(0x1p10f));
+  auto k = gen(151, batch * T * D, -3, 6, 16, finite(0x1p10f));
+  auto v = gen(152, batch * T * D, -3, 8, 16, finite(0x1p20f));
+  auto go = gen(153, batch * M * D, -3, 8, 16, finite(0x1p10f));
+  std::vector<float> o(batch * M * D), p(batch * M * T), gq(q.size()), gk(k.size()), gv(v.size());
+  rp_causal_attention(q.data(), k.data(), v.data(), scale, o.data(), p.data(), batch, G, T, D);
+  emit2("causal_attention", o, p);
+  rp_causal_attention_backward(go.data(), q.data(), k.data(), v.data(), p.data(), scale, gq.data(), gk.data(),
+                               gv.data(), batch, G, T, D);
+  Digest d;
+  d.f(gq).f(gk).f(gv);
+  emit("causal_attention_backward", d);
+}
+
 void run_exact() {
   // Contract §11. C = A @ Bt^T through the integer path: wide exponent ranges, the FINITE table
   // (zeros, subnormals, the smallest normal), the SPECIAL table (NaN and infinities: NaN rows and
@@ -582,7 +602,8 @@ int main(int argc, char** argv) {
     if (c[1] != 0.0f) std::fprintf(stderr, "selftest: canary: flush-to-zero missing in worker threads\n");
   }
   run_int8();
-#ifndef RP_SELFTEST_NO_EXACT
+#ifndef RP_SELFTEST_NO_CPU_ONLY
+  run_attention();
   run_exact();
 #endif
   return 0;
