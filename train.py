@@ -715,7 +715,7 @@ def run(cfg, rank, world):
         # aborted there ("terminate called without an active exception", as in
         # pytorch/pytorch#179291). The barrier releases the GIL until every rank is here, so the
         # worker finishes; its own work holds no Python tensors. Two-rank runs of 2 steps
-        # (tests/test_scale.py's): 2 of 40 aborted without it, 0 of 57 with it (2026-12-03).
+        # (tests/test_scale.py's): 2 of 40 aborted without it, 0 of 107 with it (2026-12-03).
         dist.barrier()
     if writer and cfg.sample_tokens:
         log_sample(state, data, cfg, log)
