@@ -15,9 +15,10 @@ are equal unless the two revisions give different bits (STATES DIFFER, exit 1). 
 round's ms per step and their ratio (this / other), then the median, the spread and the best
 rounds. Not a test: run it alone. Needs git.
 
---kernels: instead of steps, the step's kernels that are neither a matmul nor the optimizer, each
-at the config's shapes on fixed random inputs (KERNELS below: the causal softmax and its backward,
-swiglu, rmsnorm, the residual add, the LSQ backward), --calls calls of each per round (their mean
+--kernels: instead of steps, the step's kernels that are neither a plain matmul nor the optimizer,
+each at the config's shapes on fixed random inputs (KERNELS below: the causal softmax and its
+backward, swiglu, rmsnorm, the residual add, the LSQ backward, and the CPU's fused attention and
+its backward where the revision has them), --calls calls of each per round (their mean
 CPU time); per kernel the best round of each side and the median of the rounds' ratios; then
 a hash of each kernel's outputs on each side (BITS DIFFER naming the kernels, exit 1). Where a change to a kernel
 is a few percent of a step, the step's figure cannot show it on a shared host; this can.
@@ -87,6 +88,13 @@ KERNELS = {"causal_softmax": lambda: ops.causal_softmax(s, 0.125),
            "swiglu": lambda: ops.swiglu(u), "swiglu_backward": lambda: ops.swiglu_backward(gu, u),
            "rmsnorm": lambda: ops.rmsnorm(x, w, 1e-5), "rmsnorm_backward": lambda: ops.rmsnorm_backward(gy, x, w, rstd),
            "add": lambda: ops.add(x, gy), "lsq_backward": lambda: ops.lsq_backward(x, sx, gy, 0.01)}
+if hasattr(torch.ops.repops, "causal_attention"):   # the CPU's fused attention, its matmuls inside
+    Hkv = cfg.n_kv_head or H
+    q, go, k, v = rand(B * Hkv, H // Hkv * T, d // H), rand(B * Hkv, H // Hkv * T, d // H), \
+        rand(B * Hkv, T, d // H), rand(B * Hkv, T, d // H)
+    pa = ops.causal_attention(q, k, v, 0.125)[1]
+    KERNELS.update({"causal_attention": lambda: ops.causal_attention(q, k, v, 0.125),
+                    "causal_attention_backward": lambda: ops.causal_attention_backward(go, q, k, v, pa, 0.125)})
 for f in KERNELS.values():
     f()
 print("ready", *KERNELS, flush=True)

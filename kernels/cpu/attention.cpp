@@ -5,7 +5,10 @@
 // each output is one kernel's output on the same values, and §4.1 fixes a matmul's bits whatever
 // its blocking), one key/value head's slice at a time, so that its scores, probabilities and
 // their gradients ([G*T, T] each, 64 KB at the default model's T = 128) stay in L2 between the
-// kernels instead of passing through memory for all heads at once.
+// kernels instead of passing through memory for all heads at once. The scores and their gradient
+// are scratch here and the softmax reads them on and below the diagonal only, so their products
+// skip the register tiles wholly above it (rp_matmul_lower; the 512-bit tile computes 29 of 44
+// at T = 128).
 #include "kernels.h"
 
 #include <vector>
@@ -56,8 +59,8 @@ void by_slices(int64_t batch, const Run& run) {
 }
 }  // namespace
 
-// Per slice b: S = q_b k_b^T [G*T, T] (§4.1 over Dh); p_b = causal_softmax(S * scale) on its G
-// blocks of [T, T]; o_b = p_b v_b [G*T, Dh] (§4.1 over the keys).
+// Per slice b: S = q_b k_b^T [G*T, T] (§4.1 over Dh; as G blocks of [T, T], j <= t only);
+// p_b = causal_softmax(S * scale) on those blocks; o_b = p_b v_b [G*T, Dh] (§4.1 over the keys).
 void rp_causal_attention(const float* q, const float* k, const float* v, float scale, float* o, float* p,
                          int64_t batch, int64_t G, int64_t T, int64_t D) {
   const int64_t M = G * T;
@@ -66,15 +69,16 @@ void rp_causal_attention(const float* q, const float* k, const float* v, float s
     for (int64_t b = b0; b < b1; ++b) {
       const float *qb = q + b * M * D, *kb = k + b * T * D, *vb = v + b * T * D;
       float *pb = p + b * M * T, *ob = o + b * M * D;
-      rp_matmul(qb, 0, D, 1, kb, 0, 1, D, s.data(), 1, M, T, D);   // B(d, j) = k_b[j, d]
+      rp_matmul_lower(qb, T * D, D, 1, kb, 0, 1, D, s.data(), G, T, T, D);   // B(d, j) = k_b[j, d]
       rp_causal_softmax(s.data(), scale, pb, G, T);
       rp_matmul(pb, 0, T, 1, vb, 0, D, 1, ob, 1, M, D, T);
     }
   });
 }
 
-// Per slice b, with go_b [G*T, Dh]: gP = go_b v_b^T; gS = causal_softmax_backward(gP, p_b);
-// gq_b = gS k_b; gk_b = gS^T q_b and gv_b = p_b^T go_b (§4.1 over the group's G*T rows in order).
+// Per slice b, with go_b [G*T, Dh]: gP = go_b v_b^T (j <= t only);
+// gS = causal_softmax_backward(gP, p_b); gq_b = gS k_b; gk_b = gS^T q_b and gv_b = p_b^T go_b
+// (§4.1 over the group's G*T rows in order).
 void rp_causal_attention_backward(const float* go, const float* q, const float* k, const float* v, const float* p,
                                   float scale, float* gq, float* gk, float* gv, int64_t batch, int64_t G, int64_t T,
                                   int64_t D) {
@@ -84,7 +88,7 @@ void rp_causal_attention_backward(const float* go, const float* q, const float* 
     for (int64_t b = b0; b < b1; ++b) {
       const float *gob = go + b * M * D, *qb = q + b * M * D, *kb = k + b * T * D, *vb = v + b * T * D;
       const float* pb = p + b * M * T;
-      rp_matmul(gob, 0, D, 1, vb, 0, 1, D, gp.data(), 1, M, T, D);
+      rp_matmul_lower(gob, T * D, D, 1, vb, 0, 1, D, gp.data(), G, T, T, D);
       rp_causal_softmax_backward(gp.data(), pb, scale, gs.data(), G, T);
       rp_matmul(gs.data(), 0, T, 1, kb, 0, D, 1, gq + b * M * D, 1, M, D, T);
       rp_matmul(gs.data(), 0, 1, T, qb, 0, D, 1, gk + b * T * D, 1, T, D, M);   // A(j, r) = gS[r, j]

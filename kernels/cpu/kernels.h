@@ -13,6 +13,11 @@
 void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                float* C, int64_t batch, int64_t M, int64_t N, int64_t K);
+// The same where only C[b, i, j <= i] is needed (attention's scores, read by the causal softmax
+// on and below the diagonal): those entries have rp_matmul's bits, the others are not written.
+void rp_matmul_lower(const float* A, int64_t sab, int64_t sam, int64_t sak,
+                     const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+                     float* C, int64_t batch, int64_t M, int64_t N, int64_t K);
 // The instruction set this file was built for and the matmul register tile it uses (for bench.py).
 const char* rp_cpu_path();
 // The matmul's register tile by vector width: 256, 512 (x86 builds with AVX-512 only), or 0 for

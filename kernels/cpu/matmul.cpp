@@ -309,10 +309,12 @@ void pack_for(const float* p, int64_t rs, int64_t ks, int64_t rows, int64_t kc, 
   pack<R>(p, rs, ks, rows, kc, out);
 }
 
+// lower: only C[b, i, j <= i] is needed (rp_matmul_lower): tiles and tasks wholly above the
+// diagonal are skipped; every entry computed is the same as without.
 template <class T>
 void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
             const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
-            float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
+            float* C, int64_t batch, int64_t M, int64_t N, int64_t K, bool lower) {
   constexpr int64_t MR = T::MR, NR = T::NR, KC = T::KC, MC = T::MC, NC = T::NC;
   // Smaller blocks when the output is small, so that there are enough tasks for the threads
   // (a weight gradient with 128 rows would otherwise be one task). Bits do not change.
@@ -378,6 +380,7 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
       const int64_t b = t / (mblocks * nblocks), mb = (t / nblocks) % mblocks, nb = t % nblocks;
       const int64_t i0 = mb_row(mb), mc = mb_row(mb + 1) - i0;
       const int64_t j0 = nb * nc_blk, nc = std::min(nc_blk, N - j0);
+      if (lower && j0 >= i0 + mc) continue;   // every column right of every row's diagonal
       const float* Ab = A + b * sab;
       const float* Bb = bp + (sbb == 0 ? 0 : b) * K * Npad;
       float* Cb = C + b * M * N;
@@ -410,6 +413,7 @@ void matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
           for (int64_t ip = a_rows ? packed_from : 0; ip < mc; ip += MR) {
             float* ct = Cb + (i0 + ip) * N + (j0 + jp);
             const int64_t mr = std::min(MR, mc - ip), nr = std::min(NR, nc - jp);
+            if (lower && j0 + jp >= i0 + ip + mr) continue;
             if constexpr (T::L == 16) {
               // 512-bit tile: the next tile's C lines, fetched for writing while this one runs (a
               // fresh output is not in cache; prefetches past an edge or C's end are harmless)
@@ -599,16 +603,30 @@ double rp_cpu_clock_hz() {
 #endif
 }
 
-void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
-               const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
-               float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
+namespace {
+void run_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
+                const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+                float* C, int64_t batch, int64_t M, int64_t N, int64_t K, bool lower) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     std::fill(C, C + batch * M * N, 0.0f);
     return;
   }
 #if defined(RP_MATMUL_512)
-  if (width() == 512) return matmul<Tile512>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K);
+  if (width() == 512) return matmul<Tile512>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, lower);
 #endif
-  matmul<Tile256>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K);
+  matmul<Tile256>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, lower);
+}
+}  // namespace
+
+void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
+               const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+               float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  run_matmul(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, false);
+}
+
+void rp_matmul_lower(const float* A, int64_t sab, int64_t sam, int64_t sak,
+                     const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
+                     float* C, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  run_matmul(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, true);
 }
