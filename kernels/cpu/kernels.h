@@ -14,7 +14,7 @@ void rp_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                float* C, int64_t batch, int64_t M, int64_t N, int64_t K);
 // The same where only C[b, i, j <= i] is needed (attention's scores, read by the causal softmax
-// on and below the diagonal): those entries have rp_matmul's bits, the others are not written.
+// on and below the diagonal): those entries have rp_matmul's bits; the others are unspecified.
 void rp_matmul_lower(const float* A, int64_t sab, int64_t sam, int64_t sak,
                      const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                      float* C, int64_t batch, int64_t M, int64_t N, int64_t K);
