@@ -7,10 +7,11 @@
 //
 // What it keeps of the interface: rp_amx_usable() is true; rp_amx_pack_b lays B out in its own
 // order (matrix m, row j: K values zero-padded to a multiple of 64), which only rp_amx_gemm reads;
-// rp_amx_gemm computes each block of 32 x 32 outputs of the nmat products (exact int32 sums; rows
-// past M and columns past N zero, as the tiles' zero padding gives) and stores full blocks of a
-// single product into direct when given, else calls finish(ctx, i0, mr, j0, nr, tiles, 32, 1024)
-// with the nmat blocks [32][32] one after the other, in the thread that computed them.
+// rp_amx_gemm reads A by rows (lda) or in tile order (lda = 0: rp_amx_a_offset), computes each
+// block of 32 x 32 outputs of the nmat products (exact int32 sums; rows past M and columns past N
+// zero, as the tiles' zero padding gives) and stores full blocks of a single product into direct
+// when given, else calls finish(ctx, i0, mr, j0, nr, tiles, 32, 1024) with the nmat blocks
+// [32][32] one after the other, in the thread that computed them.
 #include "kernels.h"
 
 #include <algorithm>
@@ -49,10 +50,11 @@ void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp
       for (int m = 0; m < nmat; ++m)
         for (int64_t i = 0; i < mr; ++i)
           for (int64_t j = 0; j < nr; ++j) {
-            const int8_t* a = A + m * a_next + (i0 + i) * lda;
+            const int8_t* a = A + m * a_next;
             const int8_t* bj = reinterpret_cast<const int8_t*>(Bp + (m * N + j0 + j) * Kp);
             int32_t sum = 0;
-            for (int64_t k = 0; k < K; ++k) sum += int32_t(a[k]) * int32_t(bj[k]);
+            for (int64_t k = 0; k < K; ++k)
+              sum += int32_t(a[lda ? (i0 + i) * lda + k : rp_amx_a_offset(i0 + i, k, Kp)]) * int32_t(bj[k]);
             tiles[(m * kBlock + i) * kBlock + j] = sum;
           }
       if (nmat == 1 && direct && mr == kBlock && nr == kBlock)

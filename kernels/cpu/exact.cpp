@@ -209,13 +209,14 @@ inline i8q to_int8(f32v x) {
 
 // n <= kSplit values (their float bits) of a row with exponent e: q = m 2^(E - e + beta - 24)
 // rounded half away from zero (q <= 2^beta, and below 2^31 at beta = 31: m 2^7 at most), held
-// with its sign as an int32, then its residues into out[t * plane + k] (the symmetric
+// with its sign as an int32, then its residues into out[t * plane + at(k)] (at(k) = k, or with
+// tiled AMX's tile order within a row, (k / 64) 2048 + k % 64: kernels.h's rp_amx_a_offset) (the symmetric
 // representative in [-(p-1)/2, (p-1)/2]) of +-q, or with scaled of +-q Q_t (Garner's
 // coef[t][t], below): the integers first, then the residues a vector at a time.
 constexpr int64_t kSplit = 256;
 // v mod p_t as the symmetric representative, |v| <= 127 (a compile-time constant of the split).
 constexpr int32_t sym(uint64_t v, uint32_t p) { return v % p <= p / 2 ? int32_t(v % p) : int32_t(v % p) - int32_t(p); }
-template <bool scaled>
+template <bool scaled, bool tiled>
 RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_t e, int beta, int8_t* out,
                                          int64_t plane) {
   int32_t q[kSplit];
@@ -242,10 +243,11 @@ RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_
     i32v qv;
     std::memcpy(&qv, q + k, sizeof(qv));
     const auto store = [&](int t, i8q r) {
+      int8_t* o = out + t * plane + (tiled ? k / 64 * 2048 + k % 64 : k);   // (16 values: one 64-k step)
       if (n - k >= kV)
-        std::memcpy(out + t * plane + k, &r, kV);
+        std::memcpy(o, &r, kV);
       else
-        std::memcpy(out + t * plane + k, &r, n - k);
+        std::memcpy(o, &r, n - k);
     };
     if constexpr (scaled) {
       const f32v a = __builtin_convertvector(qv >> 20, f32v), b = __builtin_convertvector((qv >> 10) & 0x3FF, f32v),
@@ -410,19 +412,26 @@ inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t 
 }
 
 // Rows [r0, r1) of x, values [k0, k0 + kc): planes [kMod][rows][ld], ld >= kc, the values past kc
-// zero; scaled: the residues for Sums::kScaled (split_values). 16 rows at a time, kSplit values
+// zero; or, tiled (k0 = 0, ld = kc rounded up to 64), each plane in AMX's tile order
+// (rp_amx_a_offset, rows rounded up to 32), the rows past `rows` zeroed by the call that ends
+// there; scaled: the residues for Sums::kScaled (split_values). 16 rows at a time, kSplit values
 // at a time, gathered into bits: rows that are K-contiguous copied; rows of a transposed operand
 // (rs = 1) through register transposes of the consecutive values of 16 rows at each k (16 x 16
 // with AVX-512, 8 x 8 with AVX), so that x^T is never written out.
 void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int beta, int8_t* planes, int64_t rows,
-                int64_t ld, int64_t r0, int64_t r1, bool scaled) {
-  const int64_t plane = rows * ld;
+                int64_t ld, int64_t r0, int64_t r1, bool scaled, bool tiled) {
+  const int64_t plane = (tiled ? (rows + 31) / 32 * 32 : rows) * ld;
+  const auto at = [&](int64_t r, int64_t k) { return tiled ? rp_amx_a_offset(r, k, ld) : r * ld + k; };
+  if (tiled && r1 == rows)   // the last block's rows past `rows`
+    for (int64_t r = rows; r % 32; ++r)
+      for (int t = 0; t < kMod; ++t)
+        for (int64_t k = 0; k < ld; k += 64) std::memset(planes + t * plane + at(r, k), 0, 64);
   alignas(64) uint32_t bits[kV][kSplit];   // 16 KB
   for (int64_t g = r0; g < r1; g += kV) {
     const int64_t ng = std::min(kV, r1 - g);
-    if (ld > kc)
+    if (ld > kc)   // (tiled: within the last 64-k step)
       for (int64_t r = g; r < g + ng; ++r)
-        for (int t = 0; t < kMod; ++t) std::memset(planes + t * plane + r * ld + kc, 0, ld - kc);
+        for (int t = 0; t < kMod; ++t) std::memset(planes + t * plane + at(r, kc), 0, ld - kc);
     for (int64_t b0 = 0; b0 < kc; b0 += kSplit) {
       const int64_t n = std::min(kSplit, kc - b0), k1 = k0 + b0;
       if (x.ks == 1) {
@@ -457,11 +466,11 @@ void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int 
           for (int64_t kk = k; kk < n; ++kk) std::memcpy(&bits[i][kk], x.x + (k1 + kk) * x.ks + g + i, 4);
       }
       for (int64_t i = 0; i < ng; ++i) {
-        int8_t* out = planes + (g + i) * ld + b0;
-        if (scaled)
-          split_values<true>(bits[i], n, e[g + i], beta, out, plane);
+        int8_t* out = planes + at(g + i, b0);
+        if (tiled)
+          (scaled ? split_values<true, true> : split_values<false, true>)(bits[i], n, e[g + i], beta, out, plane);
         else
-          split_values<false>(bits[i], n, e[g + i], beta, out, plane);
+          (scaled ? split_values<true, false> : split_values<false, false>)(bits[i], n, e[g + i], beta, out, plane);
       }
     }
   }
@@ -556,8 +565,8 @@ constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b, rp_int8_gemm
 
 // rp_exact_product on a tiled path (AMX: K <= kChunk; SIMD: kFusedSimdMinK <= K <= kFusedSimdK).
 // B's eight planes are split (planes_rows rows at a time) and packed once; then per panel of rows
-// of C, A's planes (rows of Kp values: on AMX K rounded up to 64, zero-padded; the SIMD path's gemm
-// copies A, so K) and either (K <= kFusedK) the eight residue GEMMs of each block of C one after
+// of C, A's planes (on AMX in its tile order, K rounded up to 64 and zero-padded, so that the GEMM
+// loads A's tiles where the split wrote them; the SIMD path's gemm copies A: rows of K) and either (K <= kFusedK) the eight residue GEMMs of each block of C one after
 // the other (the path's gemm with nmat = 8: AMX 32 x 32 blocks, SIMD its micro-tiles), the block
 // reconstructed from the eight sums while they are in L1, or (AMX) eight GEMMs into the panel's
 // residue sums and one reconstruction pass. Where B packed takes at most half of kKeepBytes the
@@ -577,23 +586,26 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
   const int64_t res_rows = std::max<int64_t>(32, scale * (int64_t(16) << 20) / (4 * kMod * N) / 32 * 32);
   const int64_t mp = std::min(M, fused ? planes_rows : std::min(planes_rows, res_rows)), nb = std::min(N, planes_rows);
   Buffers& buf = buffers();
-  int8_t* pa = rp_aligned64(buf.pa, kMod * mp * Kp);   // rows start on cache lines
+  // A's planes: AMX's tile order (rows rounded up to 32: the GEMM loads its tiles in place), or
+  // rows of Kp
+  const int64_t mpad = amx ? (mp + 31) / 32 * 32 : mp, lda = amx ? 0 : Kp;
+  int8_t* pa = rp_aligned64(buf.pa, kMod * mpad * Kp);   // rows start on cache lines
   int8_t* pb = rp_aligned64(buf.pb, kMod * nb * Kp);   // the planes of nb rows of B
   uint8_t* bp = rp_aligned64(buf.bpacked, path.packed_bytes(N, K, kMod));
   int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * N);
   for (int64_t j0 = 0; j0 < N; j0 += nb) {
     const int64_t n = std::min(nb, N - j0);
     rp::parallel_for(n, 4, [&](int64_t b, int64_t e) {
-      split_rows(rows_from(Bt, j0), 0, K, eb + j0, beta, pb, n, Kp, b, e, scale_b);
+      split_rows(rows_from(Bt, j0), 0, K, eb + j0, beta, pb, n, Kp, b, e, scale_b, false);
     });
     path.pack_b(pb, Kp, n * Kp, N, K, kMod, j0, j0 + n, bp);
   }
   std::vector<int32_t> exb(N);
   for (int64_t j = 0; j < N; ++j) exb[j] = eb[j] - 126 - beta;
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
-    const int64_t m = std::min(mp, M - i0);
+    const int64_t m = std::min(mp, M - i0), a_next = (amx ? (m + 31) / 32 * 32 : m) * Kp;
     rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-      split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e, scale_a);
+      split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e, scale_a, amx);
     });
     if (!fused) {   // (AMX) eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
       for (int t = 0; t < kMod; ++t) {
@@ -601,7 +613,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
         const auto edge = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
           for (int64_t i = 0; i < mr; ++i) std::memcpy(rt + (bi + i) * N + j0, tile + i * ldt, 4 * nr);
         };
-        rp_amx_gemm(pa + t * m * Kp, Kp, 0, bp + t * rp_amx_packed_bytes(N, K, 1), m, N, K, 1, rt,
+        rp_amx_gemm(pa + t * a_next, 0, 0, bp + t * rp_amx_packed_bytes(N, K, 1), m, N, K, 1, rt,
                     [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt,
                        int64_t) { (*static_cast<decltype(edge)*>(ctx))(bi, mr, j0, nr, tile, ldt); },
                     const_cast<void*>(static_cast<const void*>(&edge)));
@@ -651,7 +663,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
       else
         finish_rows(std::integral_constant<int64_t, 16>{}, bi, mr, j0, nr, tiles, plane);
     };
-    path.gemm(pa, Kp, m * Kp, bp, m, N, K, kMod,
+    path.gemm(pa, lda, a_next, bp, m, N, K, kMod,
               [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt,
                  int64_t plane) { (*static_cast<decltype(finish)*>(ctx))(bi, mr, j0, nr, t, ldt, plane); },
               const_cast<void*>(static_cast<const void*>(&finish)));
@@ -686,7 +698,9 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
   int32_t* res = rp_aligned64(buf.res, kMod * mp * N);
   int32_t* part = nchunks > 1 ? rp_aligned64(buf.part, mp * N) : nullptr;
   auto split_b = [&](int64_t k0, int64_t kc) {
-    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) { split_rows(Bt, k0, kc, eb, beta, pb, N, kc, b, e, scale_b); });
+    rp::parallel_for(N, 4, [&](int64_t b, int64_t e) {
+      split_rows(Bt, k0, kc, eb, beta, pb, N, kc, b, e, scale_b, false);
+    });
   };
   if (nchunks == 1) split_b(0, K);   // B's planes once for every panel
   std::vector<int32_t> exb(N);
@@ -697,7 +711,7 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);
       rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa, m, kc, b, e, scale_a);
+        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa, m, kc, b, e, scale_a, false);
       });
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res + t * m * N;

@@ -26,7 +26,9 @@
 //     ([16 groups of 4 k][16 columns][4] each, 2 KB per step), k padded with zeros to a multiple
 //     of 64 (zeros add nothing: exact);
 //   - A is copied per row block (32 rows x KC k) into the same order: per k-step its tile of rows
-//     0-15, then that of rows 16-31, zero past the last row and past K.
+//     0-15, then that of rows 16-31, zero past the last row and past K; or, given with lda = 0
+//     (the exact matmul's residue planes, split straight into it), A already lies in that order
+//     for all of K (rp_amx_a_offset, kernels.h) and its tiles are loaded where they are.
 // Buffers start on cache lines (a 64-byte tile row across two lines costs two accesses).
 // Threads take disjoint blocks of outputs; each configures its tiles (ldtilecfg) per chunk of
 // work and releases them after.
@@ -127,6 +129,12 @@ __attribute__((target("avx512f,avx512bw"))) void pack_a(const int8_t* A, int64_t
   }
 }
 
+// Part `part` of `parts` of the bytes [p, p + n) into L2 (A in tile order: the next pass's tiles).
+inline void prefetch_bytes(const int8_t* p, int64_t n, int64_t part, int64_t parts) {
+  for (int64_t q = n / 64 * part / parts, q1 = n / 64 * (part + 1) / parts; q < q1; ++q)
+    _mm_prefetch(reinterpret_cast<const char*>(p + q * 64), _MM_HINT_T1);
+}
+
 // Part `part` of `parts` of the cache lines of rows [r0, r0 + mr) x k [k0, k0 + kc) of A, into L2:
 // the next row block's A, a little while each column block of this one runs, so that its packing
 // does not wait on memory.
@@ -186,13 +194,14 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
     cfg.colsb[t] = TB;
   }
   _tile_loadconfig(&cfg);
-  const int64_t M = job.M, N = job.N, Kp = job.Kp, NCT = job.nc, K = std::min(job.K, job.lda);
+  const bool tiled = job.lda == 0;   // A in tile order (rp_amx_a_offset): no copy
+  const int64_t M = job.M, N = job.N, Kp = job.Kp, NCT = job.nc, K = tiled ? job.K : std::min(job.K, job.lda);
   const int64_t kpass = std::min(KC, Kp), ntm = (M + MC - 1) / MC;
   // the thread's A block and partial sums, kept between calls (1-2 MB: no allocation, page faults
   // or clearing per call); every byte read is written first (pack_a, tiles_store)
   static thread_local std::vector<int8_t> apack_buf;
   static thread_local std::vector<int32_t> ct_buf;
-  int8_t* apack = rp_aligned64(apack_buf, BM * kpass);
+  int8_t* apack = tiled ? nullptr : rp_aligned64(apack_buf, BM * kpass);
   int32_t* ct = rp_aligned64(ct_buf, (NCT / BN) * job.nmat * BM * BN);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t i0 = (t % ntm) * MC, mc = std::min(MC, M - i0);
@@ -213,15 +222,22 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
             if (m + 1 < job.nmat) an = am + job.a_next;
             else nr0 = r0 + BM, nmr = std::max<int64_t>(0, std::min(BM, (t == t1 - 1 ? i0 + mc : M) - nr0)), an = job.A;
           }
-          pack_a(am, job.lda, r0, mr, K, k0, kc, apack);
+          const int8_t* at = am + r0 * Kp + k0 * 32;   // tiled: this pass's tiles (32 rows x kc)
+          if (!tiled) {
+            pack_a(am, job.lda, r0, mr, K, k0, kc, apack);
+            at = apack;
+          }
           __asm__ volatile("" ::: "memory");   // GCC's tileloadd asm declares no memory input
           for (int64_t jb = 0; jb < nc; jb += BN) {
             const int64_t nr = std::min(BN, nc - jb);
-            prefetch_a(an, job.lda, nr0, nmr, nk0, std::min(kpass, K - nk0), jb / BN, nblk);
+            if (!tiled)
+              prefetch_a(an, job.lda, nr0, nmr, nk0, std::min(kpass, K - nk0), jb / BN, nblk);
+            else if (nmr > 0)
+              prefetch_bytes(an + nr0 * Kp + nk0 * 32, std::min(kpass, Kp - nk0) * 32, jb / BN, nblk);
             int32_t* cb = ct + ((jb / BN) * job.nmat + m) * BM * BN;
             if (first) tiles_zero();
             else tiles_load(cb, BN);
-            tile_steps(apack, bm + jb * Kp + k0 * 32, steps);
+            tile_steps(at, bm + jb * Kp + k0 * 32, steps);
             if (last && job.direct && mr == BM && nr == BN) {
               tiles_store(job.direct + r0 * N + j0 + jb, N);
               continue;

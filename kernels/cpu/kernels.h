@@ -129,7 +129,9 @@ bool rp_int8_uses_amx();   // the path now in use is AMX-INT8
 // goes to finish(ctx, i0, mr, j0, nr, tiles, 32, 1024) in the thread that computed it, tiles
 // holding nmat blocks [32][32] one after the other; with nmat = 1 and direct (the output [M, N])
 // given, full 32 x 32 blocks are stored there instead. A needs lda >= K only (its blocks are copied
-// into tile order, zero past K).
+// into tile order, zero past K); lda = 0 says that each A_m is in tile order already (byte
+// rp_amx_a_offset(i, k, Kp) holds A_m[i, k], Kp = K rounded up to 64, the rows M rounded up to 32;
+// zero past K and in the rows past M) and a_next counts bytes of it.
 // int8.cpp: the same nmat GEMMs on this build's SIMD path (int8.cpp has the layout), for the exact
 // matmul: rp_int8_pack_b as rp_amx_pack_b (j0 a multiple of 32), rp_int8_gemm_packed as
 // rp_amx_gemm without direct, its blocks rows x nr <= cols (the path's tile: 8 x 32 with AVX-512,
@@ -148,6 +150,11 @@ inline T* rp_aligned64(std::vector<T>& v, size_t n) {
 typedef void (*RpTileFinish)(void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles,
                              int64_t ldt, int64_t plane);
 bool rp_amx_usable();
+// A's tile order: blocks of 32 rows, each all of Kp in k-steps of 64 k, a step the tile of its
+// rows 0-15 then that of rows 16-31 (16 rows of 64 consecutive k).
+inline int64_t rp_amx_a_offset(int64_t i, int64_t k, int64_t Kp) {
+  return (i / 32) * 32 * Kp + (k / 64) * 2048 + (i % 32) / 16 * 1024 + (i % 16) * 64 + k % 64;
+}
 int64_t rp_amx_packed_bytes(int64_t N, int64_t K, int nmat);
 void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
                    int64_t j1, uint8_t* out);
