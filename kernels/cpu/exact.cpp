@@ -524,27 +524,28 @@ void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, u
 
 namespace {
 
-// The outputs of rows [i0, i0 + m) from their residue sums res [kMod][m][N] (§11 steps 6-7).
+// The outputs of rows [i0, i0 + m) from their residue sums res [kMod][m][N] (§11 steps 6-7), into
+// columns [0, N) of C's rows, ldc apart.
 template <Sums sums>
 void reconstruct_rows(const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
-                      const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C) {
+                      const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C, int64_t ldc) {
   const int64_t nblocks = (N + kBlock - 1) / kBlock;
   rp::parallel_for(m * nblocks, 16, [&](int64_t b, int64_t e) {
     for (int64_t w = b; w < e; ++w) {
       const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
       reconstruct<sums>(res + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb + j0, bad_b + j0,
-                        bad_a[i0 + i] != 0, C + (i0 + i) * N + j0);
+                        bad_a[i0 + i] != 0, C + (i0 + i) * ldc + j0);
     }
   });
 }
 void reconstruct_panel(Sums sums, const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
-                       const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C) {
+                       const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C, int64_t ldc) {
   if (sums == Sums::kScaled)
-    reconstruct_rows<Sums::kScaled>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C);
+    reconstruct_rows<Sums::kScaled>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc);
   else if (sums == Sums::kSmall)
-    reconstruct_rows<Sums::kSmall>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C);
+    reconstruct_rows<Sums::kSmall>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc);
   else
-    reconstruct_rows<Sums::kFolded>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C);
+    reconstruct_rows<Sums::kFolded>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc);
 }
 
 // The int8 paths that run several GEMMs block by block on a B packed once (kernels.h): AMX-INT8
@@ -566,14 +567,18 @@ constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b, rp_int8_gemm
 // rp_exact_product on a tiled path (AMX: K <= kChunk; SIMD: kFusedSimdMinK <= K <= kFusedSimdK).
 // B's eight planes are split (planes_rows rows at a time) and packed once; then per panel of rows
 // of C, A's planes (on AMX in its tile order, K rounded up to 64 and zero-padded, so that the GEMM
-// loads A's tiles where the split wrote them; the SIMD path's gemm copies A: rows of K) and either (K <= kFusedK) the eight residue GEMMs of each block of C one after
-// the other (the path's gemm with nmat = 8: AMX 32 x 32 blocks, SIMD its micro-tiles), the block
-// reconstructed from the eight sums while they are in L1, or (AMX) eight GEMMs into the panel's
-// residue sums and one reconstruction pass. Where B packed takes at most half of kKeepBytes the
-// panels are small (A's planes ~4 MB, residue sums ~16 MB), so that all buffers stay under
-// kKeepBytes (a 2048^3 product's: 32 MB + 24 MB) and repeated products reuse them without page
-// faults; above it (released anyway) they are twice that, so that B's planes stream from memory
-// half as often (4096^3: 256-row panels ran faster than 128-row ones, AMX, 2026-12-02).
+// loads A's tiles where the split wrote them; the SIMD path's gemm copies A: rows of K) and
+// either (K <= kFusedK) the eight residue GEMMs of each block of C one after the other (the
+// path's gemm with nmat = 8: AMX 32 x 32 blocks, SIMD its micro-tiles), the block
+// reconstructed from the eight sums while they are in L1, or (AMX) per chunk of cw columns eight
+// GEMMs into the chunk's residue sums ([kMod][mp][cw] int32, 4 MB) and its reconstruction, so
+// that the sums are read back from L2 and L3 rather than memory (4096^3: 0.94-0.96x the time of
+// one pass over the panel's N columns; 2048^3 the same within the noise; AMX, 2026-12-04). Where
+// B packed takes at most half of kKeepBytes the panels are small (A's planes ~4 MB), so that all
+// buffers stay under kKeepBytes (a 2048^3 product's: 32 MB + 12 MB) and repeated products reuse
+// them without page faults; above it (released anyway) they are twice that, so that B's planes
+// stream from memory half as often (4096^3: 256-row panels ran faster than 128-row ones, AMX,
+// 2026-12-02).
 void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K,
                          int beta, const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   const TiledPath& path = amx ? kAmxPath : kSimdPath;
@@ -583,8 +588,8 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
   const bool scale_a = sums == Sums::kScaled && M <= N, scale_b = sums == Sums::kScaled && M > N;
   const int64_t scale = path.packed_bytes(N, K, kMod) <= int64_t(kKeepBytes / 2) ? 1 : 2;
   const int64_t planes_rows = std::max<int64_t>(32, scale * (int64_t(4) << 20) / (kMod * Kp) / 32 * 32);
-  const int64_t res_rows = std::max<int64_t>(32, scale * (int64_t(16) << 20) / (4 * kMod * N) / 32 * 32);
-  const int64_t mp = std::min(M, fused ? planes_rows : std::min(planes_rows, res_rows)), nb = std::min(N, planes_rows);
+  const int64_t mp = std::min(M, planes_rows), nb = std::min(N, planes_rows);
+  const int64_t cw = std::min(N, std::max<int64_t>(32, (int64_t(4) << 20) / (4 * kMod * mp) / 32 * 32));
   Buffers& buf = buffers();
   // A's planes: AMX's tile order (rows rounded up to 32: the GEMM loads its tiles in place), or
   // rows of Kp
@@ -592,7 +597,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
   int8_t* pa = rp_aligned64(buf.pa, kMod * mpad * Kp);   // rows start on cache lines
   int8_t* pb = rp_aligned64(buf.pb, kMod * nb * Kp);   // the planes of nb rows of B
   uint8_t* bp = rp_aligned64(buf.bpacked, path.packed_bytes(N, K, kMod));
-  int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * N);
+  int32_t* res = fused ? nullptr : rp_aligned64(buf.res, kMod * mp * cw);
   for (int64_t j0 = 0; j0 < N; j0 += nb) {
     const int64_t n = std::min(nb, N - j0);
     rp::parallel_for(n, 4, [&](int64_t b, int64_t e) {
@@ -608,17 +613,20 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
       split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e, scale_a, amx);
     });
     if (!fused) {   // (AMX) eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
-      for (int t = 0; t < kMod; ++t) {
-        int32_t* rt = res + t * m * N;
-        const auto edge = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
-          for (int64_t i = 0; i < mr; ++i) std::memcpy(rt + (bi + i) * N + j0, tile + i * ldt, 4 * nr);
-        };
-        rp_amx_gemm(pa + t * a_next, 0, 0, bp + t * rp_amx_packed_bytes(N, K, 1), m, N, K, 1, rt,
-                    [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt,
-                       int64_t) { (*static_cast<decltype(edge)*>(ctx))(bi, mr, j0, nr, tile, ldt); },
-                    const_cast<void*>(static_cast<const void*>(&edge)));
+      for (int64_t c0 = 0; c0 < N; c0 += cw) {   // columns [c0, c0 + n): B's pairs of panels from c0 / 32
+        const int64_t n = std::min(cw, N - c0);
+        for (int t = 0; t < kMod; ++t) {
+          int32_t* rt = res + t * m * n;
+          const auto edge = [&](int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt) {
+            for (int64_t i = 0; i < mr; ++i) std::memcpy(rt + (bi + i) * n + j0, tile + i * ldt, 4 * nr);
+          };
+          rp_amx_gemm(pa + t * a_next, 0, 0, bp + t * rp_amx_packed_bytes(N, K, 1) + c0 * Kp, m, n, K, 1, rt,
+                      [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* tile, int64_t ldt,
+                         int64_t) { (*static_cast<decltype(edge)*>(ctx))(bi, mr, j0, nr, tile, ldt); },
+                      const_cast<void*>(static_cast<const void*>(&edge)));
+        }
+        reconstruct_panel(sums, res, i0, m, n, beta, ea, bad_a, exb.data() + c0, bad_b + c0, C + c0, N);
       }
-      reconstruct_panel(sums, res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
       continue;
     }
     // a block's outputs from its eight sums, rows of L = ldt columns (32 or 16: a compile-time
@@ -727,7 +735,7 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
         });
       }
     }
-    reconstruct_panel(sums, res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C);
+    reconstruct_panel(sums, res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C, N);
   }
   if ((buf.pa.capacity() + buf.pb.capacity()) + 4 * (buf.res.capacity() + buf.part.capacity()) > kKeepBytes)
     buf = Buffers();
