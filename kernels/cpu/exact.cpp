@@ -173,7 +173,18 @@ inline void exponent_of(uint32_t eall, uint32_t eplus, int32_t* e, uint8_t* bad)
   *bad = eall == 255;
 }
 
-inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
+// The largest of a vector's 16 lanes, by halves (four shuffles and maxima, not 15 scalar steps).
+inline uint32_t lane_max(u32v v) {
+  u32h h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const u32h g = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  h = h > g ? h : g;
+  typedef uint32_t u32q __attribute__((vector_size(16)));
+  u32q q = __builtin_shufflevector(h, h, 0, 1, 2, 3), r = __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  q = q > r ? q : r;
+  return std::max(std::max(q[0], q[1]), std::max(q[2], q[3]));
+}
+
+RP_WIDE_VECTORS inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
   u32v vall = {}, vplus = {};
   int64_t k = 0;
   for (; k + kV <= K; k += kV) {
@@ -181,11 +192,7 @@ inline void row_exponent(const float* x, int64_t K, int32_t* e, uint8_t* bad) {
     std::memcpy(&u, x + k, sizeof(u));
     exponent_maxima(u, vall, vplus);
   }
-  uint32_t eall = 0, eplus = 0;
-  for (int l = 0; l < kV; ++l) {
-    eall = std::max(eall, vall[l]);
-    eplus = std::max(eplus, vplus[l]);
-  }
+  uint32_t eall = lane_max(vall), eplus = lane_max(vplus);
   for (; k < K; ++k) {
     uint32_t u;
     std::memcpy(&u, x + k, sizeof(u));
@@ -497,6 +504,21 @@ inline RpExactOperand rows_from(RpExactOperand x, int64_t r) { return {x.x + r *
 
 int rp_exact_beta(int64_t K) { return beta_of(K); }
 
+namespace {
+// The exponents of 64 consecutive rows of a transposed operand (row i's value k at x[k * ks + i]).
+RP_WIDE_VECTORS void slab_exponents(const float* x, int64_t ks, int64_t K, int32_t* e, uint8_t* bad) {
+  u32v vall[4] = {}, vplus[4] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int v = 0; v < 4; ++v) {
+      u32v u;
+      std::memcpy(&u, x + k * ks + v * kV, sizeof(u));
+      exponent_maxima(u, vall[v], vplus[v]);
+    }
+  for (int v = 0; v < 4; ++v)
+    for (int64_t l = 0; l < kV; ++l) exponent_of(vall[v][l], vplus[v][l], &e[v * kV + l], &bad[v * kV + l]);
+}
+}  // namespace
+
 void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad) {
   if (x.ks == 1) {
     rp::parallel_for(rows, 16, [&](int64_t b, int64_t end) {
@@ -505,19 +527,24 @@ void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, u
     return;
   }
   // a transposed operand: k by k along the rows' consecutive values, the two maxima of
-  // row_exponent per row (slabs of up to 1024 rows)
-  constexpr int64_t kSlab = 1024;
-  rp::parallel_for((rows + kSlab - 1) / kSlab, 1, [&](int64_t sb, int64_t se) {
+  // row_exponent per row, 64 rows at a time in registers (the rest of 64 one by one)
+  constexpr int64_t kSlab = 4 * kV;
+  rp::parallel_for((rows + kSlab - 1) / kSlab, 4, [&](int64_t sb, int64_t se) {
     for (int64_t r0 = sb * kSlab; r0 < std::min(rows, se * kSlab); r0 += kSlab) {
       const int64_t n = std::min(kSlab, rows - r0);
-      uint32_t eall[kSlab] = {}, eplus[kSlab] = {};
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t i = 0; i < n; ++i) {
+      if (n == kSlab) {
+        slab_exponents(x.x + r0, x.ks, K, e + r0, bad + r0);
+        continue;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t eall = 0, eplus = 0;
+        for (int64_t k = 0; k < K; ++k) {
           uint32_t u;
           std::memcpy(&u, x.x + k * x.ks + r0 + i, sizeof(u));
-          exponent_maxima(u, eall[i], eplus[i]);
+          exponent_maxima(u, eall, eplus);
         }
-      for (int64_t i = 0; i < n; ++i) exponent_of(eall[i], eplus[i], &e[r0 + i], &bad[r0 + i]);
+        exponent_of(eall, eplus, &e[r0 + i], &bad[r0 + i]);
+      }
     }
   });
 }
