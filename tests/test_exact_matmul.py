@@ -375,17 +375,19 @@ def test_kernel_output_panels(int8_path):
     assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
 
 
-def test_kernel_b_in_row_chunks_and_a_in_row_panels(int8_path):
-    """K = 2000 (above the AMX path's fused limit, 1024): eight separate residue GEMMs per panel.
-    On AMX, B's planes are split and packed 256 rows at a time (4 MB at Kp = 2048), C's rows
-    run in panels of 256 and each panel's columns in chunks of 512 (residue sums of 4 MB):
-    300 x 600 = B's chunks of 256, 256 and 88, panels of 256 and 44, column chunks of 512 and 88
-    (an edge block at column 576), the reference's bits."""
+@pytest.mark.parametrize("M,K,N", [(300, 2000, 600), (150, 8192, 40)])
+def test_kernel_b_in_row_chunks_and_a_in_row_panels(M, K, N, int8_path):
+    """K above the AMX path's fused limit (1024): eight separate residue GEMMs per panel. On AMX,
+    B's planes are split and packed in chunks of 4 MB (256 rows at Kp = 2048), C's rows run in
+    panels of twice that and each panel's columns in chunks whose residue sums take 4 MB: at
+    K = 2000, B's chunks of 256, 256 and 88 rows, one panel of 300 rows, column chunks of 256,
+    256 and 88 (an edge block at column 576); at K = 8192, panels of 128 and 22 rows. The
+    reference's bits."""
     rng = np.random.default_rng(11)
-    a = rng.standard_normal((300, 2000)).astype(np.float32)
-    b = (rng.standard_normal((2000, 600)) * rng.exponential(1.0, (2000, 1))).astype(np.float32)
-    b[:, 599] = np.abs(b[:, 599])
-    a[299] = np.abs(a[299])                   # all-positive sums in the last row and column
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = (rng.standard_normal((K, N)) * rng.exponential(1.0, (K, 1))).astype(np.float32)
+    b[:, N - 1] = np.abs(b[:, N - 1])
+    a[M - 1] = np.abs(a[M - 1])               # all-positive sums in the last row and column
     assert same_bits(kernel(a, b), ref.exact_matmul(a, b))
 
 

@@ -601,11 +601,12 @@ constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b, rp_int8_gemm
 // GEMMs into the chunk's residue sums ([kMod][mp][cw] int32, 4 MB) and its reconstruction, so
 // that the sums are read back from L2 and L3 rather than memory (4096^3: 0.94-0.96x the time of
 // one pass over the panel's N columns; 2048^3 the same within the noise; AMX, 2026-12-04). Where
-// B packed takes at most half of kKeepBytes the panels are small (A's planes ~4 MB), so that all
-// buffers stay under kKeepBytes (a 2048^3 product's: 32 MB + 12 MB) and repeated products reuse
-// them without page faults; above it (released anyway) they are twice that, so that B's planes
-// stream from memory half as often (4096^3: 256-row panels ran faster than 128-row ones, AMX,
-// 2026-12-02).
+// B packed takes at most half of kKeepBytes the planes are split ~4 MB at a time (A's ~8 MB
+// unfused: panels twice as tall, each B chunk reused by twice the rows), so that all buffers stay
+// under kKeepBytes (a 2048^3 product's: 32 MB + 16 MB) and repeated products reuse them without
+// page faults; above it (released anyway) they are twice that, so that B's planes stream from
+// memory half as often (AMX, 2026-12-04: 4096^3 with 512-row panels 0.91-0.92x the time of
+// 256-row ones, 1024-row ones 1.05-1.07x; 2048^3 512 rows 0.97-1.0x).
 void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K,
                          int beta, const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
   const TiledPath& path = amx ? kAmxPath : kSimdPath;
@@ -615,7 +616,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
   const bool scale_a = sums == Sums::kScaled && M <= N, scale_b = sums == Sums::kScaled && M > N;
   const int64_t scale = path.packed_bytes(N, K, kMod) <= int64_t(kKeepBytes / 2) ? 1 : 2;
   const int64_t planes_rows = std::max<int64_t>(32, scale * (int64_t(4) << 20) / (kMod * Kp) / 32 * 32);
-  const int64_t mp = std::min(M, planes_rows), nb = std::min(N, planes_rows);
+  const int64_t mp = std::min(M, fused ? planes_rows : 2 * planes_rows), nb = std::min(N, planes_rows);
   const int64_t cw = std::min(N, std::max<int64_t>(32, (int64_t(4) << 20) / (4 * kMod * mp) / 32 * 32));
   Buffers& buf = buffers();
   // A's planes: AMX's tile order (rows rounded up to 32: the GEMM loads its tiles in place), or
