@@ -12,14 +12,15 @@
 //   split      per row: the max biased exponent e of its finite nonzero values (a NaN/inf marks
 //              the row), then each value's beta-bit integer q (rounded half away from zero;
 //              uint32 shifts and selects) and its eight residues, one int8 plane [rows, K] per
-//              modulus (in float32 lanes: near, below);
+//              modulus (in float32 lanes: near, below; A's planes on AMX in its tile order);
 //   GEMMs      per modulus, the exact int8 GEMM of int8.cpp (AMX-INT8 / VNNI / vpmaddwd /
 //              smlal). At small K (up to kFusedK on AMX, 64-256 otherwise) the eight GEMMs of each
 //              block of C run one after the other (AMX: a 32 x 32 block on the tiles; SIMD: a
 //              micro-tile, 8 x 32 with AVX-512) and the block is reconstructed at once
 //              (exact_product_tiled: the residue sums never leave L1). Above it, eight GEMMs into
-//              a panel's residue sums, then one reconstruction pass (AMX: up to kChunk; SIMD:
-//              rp_int8_matmul, in chunks of at most kChunk k, its K limit, whose residues add up);
+//              residue sums, then their reconstruction (AMX: up to kChunk, a chunk of a panel's
+//              columns at a time; SIMD: a panel at a time, rp_int8_matmul, in chunks of at most
+//              kChunk k, its K limit, whose residues add up);
 //   reconstruct per output, 64 at a time in vectors: the residues and Garner's symmetric digits
 //              (in float32 lanes), C' in int64, rounded to float32 once (§11 step 7).
 // The residues and digits are integers below 2^24 held in float32 lanes, where products, sums and
