@@ -420,17 +420,44 @@ class _CausalAttention(torch.autograd.Function):
         return gq, gk, gv, None
 
 
+class _ExactCausalAttention(torch.autograd.Function):
+    """The composed ops of exact attention (§11 products) on the CPU, their bits, with the two
+    score products (S = q k^T, gP = gO v^T) computed on and below the diagonal only
+    (ops.exact_matmul_lower: +0.0 above it, where causal_softmax and its backward read nothing)."""
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        T = k.shape[1]
+        s = ops.exact_matmul_lower(q, k.transpose(1, 2))                      # [batch, G*T, T]
+        p = ops.causal_softmax(s.view(-1, T, T), scale).view(s.shape)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = scale
+        return ops.exact_matmul(p, v)                                        # [batch, G*T, Dh]
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v, p = ctx.saved_tensors
+        T = k.shape[1]
+        gp = ops.exact_matmul_lower(go, v.transpose(1, 2))
+        gs = ops.causal_softmax_backward(gp.view(-1, T, T), p.view(-1, T, T), ctx.scale).view(gp.shape)
+        need = ctx.needs_input_grad
+        gq = ops.exact_matmul(gs, k) if need[0] else None
+        gk = ops.exact_matmul(gs.transpose(1, 2), q) if need[1] else None
+        gv = ops.exact_matmul(p.transpose(1, 2), go) if need[2] else None
+        return gq, gk, gv, None
+
+
 def causal_attention(q, k, v, scale, mix=None, exact=False):
     """Full causal attention (contract §8 attention): q [batch, G*T, Dh] (the G query heads of one
     key/value head stacked as rows), k, v [batch, T, Dh] -> o [batch, G*T, Dh] =
     matmul(causal_softmax(matmul(q, k^T) viewed [G, T, T] per slice, scale), v), with the
     gradients of those ops. mix(p, v): the P·V product (default matmul; quant.matmul_pv with
-    int8_pv). exact: every product is §11's. On the CPU, with neither, one op runs them head by
-    head, each head's scores in L2 (kernels/cpu/attention.cpp); otherwise, and while
-    COMPOSED_ATTENTION is set, the ops run over all heads at once. The same bits."""
+    int8_pv). exact: every product is §11's. On the CPU, without mix, one op runs them: fp32 head
+    by head, each head's scores in L2 (kernels/cpu/attention.cpp); exact with the scores below the
+    diagonal only (_ExactCausalAttention); otherwise, and while COMPOSED_ATTENTION is set, the ops
+    run over all heads at once. The same bits."""
     scale = f32(scale)
-    if q.device.type == "cpu" and mix is None and not exact and not COMPOSED_ATTENTION:
-        return _CausalAttention.apply(q, k, v, scale)
+    if q.device.type == "cpu" and mix is None and not COMPOSED_ATTENTION:
+        return (_ExactCausalAttention if exact else _CausalAttention).apply(q, k, v, scale)
     batch, rows, T = q.shape[0], q.shape[1], k.shape[1]
     p = causal_softmax(matmul(q, k.transpose(1, 2), exact).view(-1, T, T), scale).view(batch, rows, T)
     return mix(p, v) if mix else matmul(p, v, exact)

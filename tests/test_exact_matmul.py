@@ -425,3 +425,60 @@ def test_kernel_bits_do_not_depend_on_threads(M, K, N, int8_path):
     finally:
         torch.set_num_threads(saved)
     assert same_bits(outs[0], outs[1]) and same_bits(outs[0], ref.exact_matmul(a, b))
+
+
+# ------------------------------------------------------------------ attention's scores, and attention
+def lower_reference(q, kt, T):
+    """The reference's q @ kt with +0.0 above each head's diagonal: row r = (g, t), t = r % T,
+    keeps columns j <= t."""
+    c = ref.exact_matmul(q, kt)
+    t = np.arange(q.shape[-2]) % T
+    return np.where(np.arange(T)[None, :] <= t[:, None], c, np.float32(0.0)).astype(np.float32)
+
+
+@pytest.mark.parametrize("batch,G,T,D", [(2, 1, 128, 32), (3, 2, 97, 16), (1, 1, 1, 8), (2, 4, 33, 8),
+                                         (2, 1, 200, 64), (1, 3, 64, 300), (1, 90, 97, 32)])
+def test_kernel_lower_scores(batch, G, T, D, int8_path):
+    """exact_matmul_lower (attention's scores S = q k^T and gP = gO v^T, rows r = (g, t), t = r % T):
+    the reference's bits on and below each head's diagonal, +0.0 above it, NaN rows and columns
+    included. On AMX the 32 x 32 blocks wholly above the diagonal are skipped (also where a block
+    holds rows of two heads, T = 97, 33, and across the fused path's panels of 8192 rows, G = 90,
+    where a panel starts at t = 44); the SIMD paths compute them and the +0.0 is written after."""
+    rng = np.random.default_rng(batch + 100 * G + 7 * T + D)
+    q = rng.standard_normal((batch, G * T, D)).astype(np.float32)
+    k = rng.standard_normal((batch, T, D)).astype(np.float32)
+    if T > 2:
+        q[0, T + 1 if G > 1 else 1, D // 2] = np.nan      # a bad row (NaN on and below its diagonal)
+        k[-1, T - 2, 0] = np.inf                          # a bad column
+    got = repops.ops.exact_matmul_lower(torch.from_numpy(q), torch.from_numpy(k).transpose(1, 2)).numpy()
+    assert same_bits(got, lower_reference(q, np.swapaxes(k, 1, 2), T))
+
+
+def test_kernel_lower_scores_refuses_bad_shapes():
+    with pytest.raises(RuntimeError, match="rows a multiple of the columns"):
+        repops.ops.exact_matmul_lower(torch.zeros(2, 10, 8), torch.zeros(2, 8, 4))
+
+
+@pytest.mark.parametrize("batch,G,T,D", [(2, 1, 128, 32), (3, 2, 97, 16), (2, 4, 33, 8), (1, 1, 1, 8)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_exact_attention_is_the_composed_ops(batch, G, T, D, threads, int8_path, monkeypatch):
+    """repops.causal_attention(exact=True) on the CPU (_ExactCausalAttention: the score products on
+    and below the diagonal only) gives the composed ops' bits (exact_matmul, causal_softmax,
+    exact_matmul, as optrace runs them), forward and backward."""
+    rng = np.random.default_rng(batch + 10 * G + T + D)
+    q, go = (torch.from_numpy(rng.standard_normal((batch, G * T, D)).astype(np.float32)) for _ in range(2))
+    k, v = (torch.from_numpy(rng.standard_normal((batch, T, D)).astype(np.float32)) for _ in range(2))
+    saved = torch.get_num_threads()
+    outs = []
+    try:
+        torch.set_num_threads(threads)
+        for composed in (False, True):
+            monkeypatch.setattr(repops, "COMPOSED_ATTENTION", composed)
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            o = repops.causal_attention(*leaves, 1.0 / math.sqrt(D), exact=True)
+            o.backward(go.transpose(1, 2).contiguous().transpose(1, 2))   # a strided gradient, as a step's
+            outs.append([o.detach()] + [x.grad for x in leaves])
+    finally:
+        torch.set_num_threads(saved)
+    for name, got, exp in zip(("o", "gq", "gk", "gv"), *outs):
+        assert same_bits(got.numpy(), exp.numpy()), name

@@ -3,6 +3,8 @@
 // any order, tiling or instruction set.
 //
 //   rp_exact_matmul(A, Bt, C, M, N, K)    C[i,j] = fl32(sum_k A[i,k] * Bt[j,k]) per §11
+//   rp_exact_matmul(A, Bt, C, M, N, K, true)   attention's scores: the same on and below the
+//                                        diagonal (j <= i % N), +0.0 above it (AMX skips its blocks)
 //   rp_exact_band_scores / _band_mix / _band_mix_t   window attention's band products (end of file)
 //
 // A [M, K] and Bt [N, K] (B transposed: each output column's operand is a row of K values) are
@@ -419,8 +421,8 @@ inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t 
   std::memcpy(out, f, sizeof(uint32_t) * nj);
 }
 
-// Rows [r0, r1) of x, values [k0, k0 + kc): planes [kMod][rows][ld], ld >= kc, the values past kc
-// zero; or, tiled (k0 = 0, ld = kc rounded up to 64), each plane in AMX's tile order
+// Rows [r0, r1) of x, values [k0, k0 + kc): planes [kMod][rows][ld], ld = kc or kc rounded up to
+// 64, the values past kc zero; or, tiled (k0 = 0, ld = kc rounded up to 64), each plane in AMX's tile order
 // (rp_amx_a_offset, rows rounded up to 32), the rows past `rows` zeroed by the call that ends
 // there; scaled: the residues for Sums::kScaled (split_values). 16 rows at a time, kSplit values
 // at a time, gathered into bits: rows that are K-contiguous copied; rows of a transposed operand
@@ -437,9 +439,9 @@ void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int 
   alignas(64) uint32_t bits[kV][kSplit];   // 16 KB
   for (int64_t g = r0; g < r1; g += kV) {
     const int64_t ng = std::min(kV, r1 - g);
-    if (ld > kc)   // (tiled: within the last 64-k step)
+    if (ld > kc)   // the last 64 k (ld = kc rounded up), zeroed whole; the split then writes its first kc % 64
       for (int64_t r = g; r < g + ng; ++r)
-        for (int t = 0; t < kMod; ++t) std::memset(planes + t * plane + at(r, kc), 0, ld - kc);
+        for (int t = 0; t < kMod; ++t) std::memset(planes + t * plane + at(r, kc / 64 * 64), 0, 64);
     for (int64_t b0 = 0; b0 < kc; b0 += kSplit) {
       const int64_t n = std::min(kSplit, kc - b0), k1 = k0 + b0;
       if (x.ks == 1) {
@@ -582,15 +584,20 @@ struct TiledPath {
   int64_t (*packed_bytes)(int64_t N, int64_t K, int nmat);
   void (*pack_b)(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
                  int64_t j1, uint8_t* out);
+  // lower: as rp_amx_gemm's (the SIMD path computes every block)
   void (*gemm)(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
-               int nmat, RpTileFinish finish, void* ctx);
+               int nmat, RpTileFinish finish, void* ctx, int64_t lower, int64_t row0);
 };
 constexpr TiledPath kAmxPath{rp_amx_packed_bytes, rp_amx_pack_b,
                              [](const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N,
-                                int64_t K, int nmat, RpTileFinish finish, void* ctx) {
-                               rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, nullptr, finish, ctx);
+                                int64_t K, int nmat, RpTileFinish finish, void* ctx, int64_t lower, int64_t row0) {
+                               rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, nullptr, finish, ctx, lower, row0);
                              }};
-constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b, rp_int8_gemm_packed};
+constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b,
+                              [](const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N,
+                                 int64_t K, int nmat, RpTileFinish finish, void* ctx, int64_t, int64_t) {
+                                rp_int8_gemm_packed(A, lda, a_next, Bp, M, N, K, nmat, finish, ctx);
+                              }};
 
 // rp_exact_product on a tiled path (AMX: K <= kChunk; SIMD: kFusedSimdMinK <= K <= kFusedSimdK).
 // B's eight planes are split (planes_rows rows at a time) and packed once; then per panel of rows
@@ -609,7 +616,8 @@ constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b, rp_int8_gemm
 // memory half as often (AMX, 2026-12-04: 4096^3 with 512-row panels 0.91-0.92x the time of
 // 256-row ones, 1024-row ones 1.05-1.07x; 2048^3 512 rows 0.97-1.0x).
 void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K,
-                         int beta, const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
+                         int beta, const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b,
+                         bool lower) {
   const TiledPath& path = amx ? kAmxPath : kSimdPath;
   const int64_t Kp = amx ? (K + 63) / 64 * 64 : K;   // the planes' rows: AMX tile rows start on cache lines
   const bool fused = K <= kFusedK;
@@ -703,7 +711,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
     path.gemm(pa, lda, a_next, bp, m, N, K, kMod,
               [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt,
                  int64_t plane) { (*static_cast<decltype(finish)*>(ctx))(bi, mr, j0, nr, t, ldt, plane); },
-              const_cast<void*>(static_cast<const void*>(&finish)));
+              const_cast<void*>(static_cast<const void*>(&finish)), lower ? N : 0, i0);
   }
   if (buf.pa.capacity() + buf.pb.capacity() + buf.bpacked.capacity() + 4 * buf.res.capacity() > kKeepBytes)
     buf = Buffers();
@@ -712,7 +720,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
 }  // namespace
 
 void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
-                      const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b) {
+                      const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b, bool lower) {
   if (M == 0 || N == 0) return;
   // AMX at every K: below 64 the tiles multiply zero padding, but the fused reconstruction saves
   // more (QK^T's 32 products of 128 x 32 x 128: 2.8 ms against 3.3 ms on VNNI, 2026-12-02). The
@@ -722,7 +730,7 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
   // with K = 128 and N >= 384, 1.19x on PV (tools/matmul_loop.py, 2026-12-03).
   const bool amx = rp_int8_uses_amx();
   if (K <= kChunk && (amx || (K >= kFusedSimdMinK && K <= kFusedSimdK)))
-    return exact_product_tiled(amx, A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b);
+    return exact_product_tiled(amx, A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b, lower);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
@@ -770,7 +778,7 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
     buf = Buffers();
 }
 
-void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K) {
+void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, bool lower) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     std::memset(C, 0, sizeof(float) * M * N);   // +0.0
@@ -780,7 +788,14 @@ void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, i
   std::vector<uint8_t> bad_a(M), bad_b(N);
   rp_exact_exponents(A, M, K, ea.data(), bad_a.data());
   rp_exact_exponents(Bt, N, K, eb.data(), bad_b.data());
-  rp_exact_product(A, Bt, C, M, N, K, beta_of(K), ea.data(), bad_a.data(), eb.data(), bad_b.data());
+  rp_exact_product(A, Bt, C, M, N, K, beta_of(K), ea.data(), bad_a.data(), eb.data(), bad_b.data(), lower);
+  if (lower)   // +0.0 above the diagonal, whether a path skipped its block or computed it
+    for (int64_t r = 0; r < M; ++r) {
+      float* row = C + r * N;
+      int64_t j = r % N + 1;
+      for (; j + kV <= N; j += kV) std::memset(row + j, 0, sizeof(float) * kV);   // (a vector store)
+      for (; j < N; ++j) row[j] = 0.0f;
+    }
 }
 
 // ------------------------------------------------------------ the band products (§11 "Band products")

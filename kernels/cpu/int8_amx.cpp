@@ -4,8 +4,9 @@
 //   rp_amx_usable()                                  AMX-INT8 here: CPU, build and Linux permission
 //   rp_amx_pack_b(B, ldb, b_next, N, K, nmat, j0, j1, out)
 //                                                    rows [j0, j1) of B (nmat matrices) into the tile layout
-//   rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, direct, finish, ctx)
+//   rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, direct, finish, ctx, lower, row0)
 //                                                    the nmat GEMMs, block by finished block
+//                                                    (lower: attention's scores, none above the diagonal)
 // (kernels.h says more; int8.cpp runs one matrix, exact.cpp the eight residue GEMMs at once.)
 //
 // tdpbssd multiplies signed bytes by signed bytes and adds groups of four products into int32
@@ -109,6 +110,7 @@ struct Job {
   int32_t* direct;
   RpTileFinish finish;
   void* ctx;
+  int64_t lower, row0;   // lower > 0: outputs right of t = (row0 + i) % lower skipped in row i (kernels.h)
 };
 
 // Rows [r0, r0 + mr) of A (row r at A + r * lda; mr <= 32), k in [k0, k0 + kc), into tile order
@@ -208,6 +210,9 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
     const int64_t j0 = (t / ntm) * NCT, nc = std::min(NCT, N - j0), nblk = (nc + BN - 1) / BN;
     for (int64_t ib = 0; ib < mc; ib += BM) {
       const int64_t mr = std::min(BM, mc - ib), r0 = i0 + ib;
+      // the block's columns wanted: left of jend (lower: up to its rows' largest t)
+      const int64_t t0 = job.lower ? (job.row0 + r0) % job.lower : 0;
+      const int64_t jend = !job.lower ? N : t0 + mr <= job.lower ? t0 + mr : job.lower;
       for (int m = 0; m < job.nmat; ++m) {
         const int8_t* am = job.A + m * job.a_next;
         const uint8_t* bm = job.Bp + (m * job.npanels + j0 / 16) * Kp * 16;
@@ -234,6 +239,7 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
               prefetch_a(an, job.lda, nr0, nmr, nk0, std::min(kpass, K - nk0), jb / BN, nblk);
             else if (nmr > 0)
               prefetch_bytes(an + nr0 * Kp + nk0 * 32, std::min(kpass, Kp - nk0) * 32, jb / BN, nblk);
+            if (j0 + jb >= jend) continue;
             int32_t* cb = ct + ((jb / BN) * job.nmat + m) * BM * BN;
             if (first) tiles_zero();
             else tiles_load(cb, BN);
@@ -248,7 +254,7 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
         }
       }
       if (job.nmat > 1)
-        for (int64_t jb = 0; jb < nc; jb += BN)
+        for (int64_t jb = 0; jb < nc && j0 + jb < jend; jb += BN)
           job.finish(job.ctx, r0, mr, j0 + jb, std::min(BN, nc - jb), ct + (jb / BN) * job.nmat * BM * BN, BN,
                      BM * BN);
     }
@@ -296,13 +302,14 @@ void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int6
 }
 
 void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
-                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx) {
+                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx, int64_t lower,
+                 int64_t row0) {
   if (M == 0 || N == 0) return;
   const int64_t Kp = padded_k(K);
   // the task's columns: its B panels (nmat x nc x Kp bytes) in kL2Bytes, at least one block, at
   // most N rounded up to a block
   const int64_t nc = std::clamp<int64_t>(kL2Bytes / (nmat * Kp) / BN * BN, BN, (N + BN - 1) / BN * BN);
-  const Job job{A, lda, a_next, Bp, M, N, K, Kp, panels(N), nc, nmat, nmat == 1 ? direct : nullptr, finish, ctx};
+  const Job job{A, lda, a_next, Bp, M, N, K, Kp, panels(N), nc, nmat, nmat == 1 ? direct : nullptr, finish, ctx, lower, row0};
   const int64_t tasks = ((M + MC - 1) / MC) * ((N + nc - 1) / nc);
   rp::parallel_for(tasks, 1, [&](int64_t t0, int64_t t1) { run_tasks(job, t0, t1); });
 }
@@ -313,6 +320,6 @@ bool rp_amx_usable() { return false; }
 int64_t rp_amx_packed_bytes(int64_t, int64_t, int) { return 0; }
 void rp_amx_pack_b(const int8_t*, int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, uint8_t*) {}
 void rp_amx_gemm(const int8_t*, int64_t, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int, int32_t*, RpTileFinish,
-                 void*) {}
+                 void*, int64_t, int64_t) {}
 
 #endif
