@@ -420,29 +420,34 @@ class _CausalAttention(torch.autograd.Function):
         return gq, gk, gv, None
 
 
+# exact_matmul_causal's forms (kernels/README.md §11 "Attention's products")
+SCORES, MIX, MIX_T = 1, 2, 3
+
+
 class _ExactCausalAttention(torch.autograd.Function):
-    """The composed ops of exact attention (§11 products) on the CPU, their bits, with the two
-    score products (S = q k^T, gP = gO v^T) computed on and below the diagonal only
-    (ops.exact_matmul_lower: +0.0 above it, where causal_softmax and its backward read nothing)."""
+    """The composed ops of exact attention (§11 products) on the CPU, with their bits, each product
+    told its causal form (ops.exact_matmul_causal): the scores S = q k^T and gP = gO v^T on and
+    below the diagonal only (+0.0 above it, where causal_softmax and its backward read nothing);
+    the products with P and gS (+0.0 above the diagonal) without their zeros."""
     @staticmethod
     def forward(ctx, q, k, v, scale):
         T = k.shape[1]
-        s = ops.exact_matmul_lower(q, k.transpose(1, 2))                      # [batch, G*T, T]
+        s = ops.exact_matmul_causal(q, k.transpose(1, 2), SCORES)                # [batch, G*T, T]
         p = ops.causal_softmax(s.view(-1, T, T), scale).view(s.shape)
         ctx.save_for_backward(q, k, v, p)
         ctx.scale = scale
-        return ops.exact_matmul(p, v)                                        # [batch, G*T, Dh]
+        return ops.exact_matmul_causal(p, v, MIX)                                # [batch, G*T, Dh]
 
     @staticmethod
     def backward(ctx, go):
         q, k, v, p = ctx.saved_tensors
         T = k.shape[1]
-        gp = ops.exact_matmul_lower(go, v.transpose(1, 2))
+        gp = ops.exact_matmul_causal(go, v.transpose(1, 2), SCORES)
         gs = ops.causal_softmax_backward(gp.view(-1, T, T), p.view(-1, T, T), ctx.scale).view(gp.shape)
         need = ctx.needs_input_grad
-        gq = ops.exact_matmul(gs, k) if need[0] else None
-        gk = ops.exact_matmul(gs.transpose(1, 2), q) if need[1] else None
-        gv = ops.exact_matmul(p.transpose(1, 2), go) if need[2] else None
+        gq = ops.exact_matmul_causal(gs, k, MIX) if need[0] else None
+        gk = ops.exact_matmul_causal(gs.transpose(1, 2), q, MIX_T) if need[1] else None
+        gv = ops.exact_matmul_causal(p.transpose(1, 2), go, MIX_T) if need[2] else None
         return gq, gk, gv, None
 
 

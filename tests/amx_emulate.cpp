@@ -11,8 +11,8 @@
 // block of 32 x 32 outputs of the nmat products (exact int32 sums; rows past M and columns past N
 // zero, as the tiles' zero padding gives) and stores full blocks of a single product into direct
 // when given, else calls finish(ctx, i0, mr, j0, nr, tiles, 32, 1024) with the nmat blocks
-// [32][32] one after the other, in the thread that computed them; every block, lower or not (a
-// path may skip the blocks above the diagonal, none has to).
+// [32][32] one after the other, in the thread that computed them; every block and k-step, causal or
+// not (a path may skip what an attention product's form makes zero or unwanted; none has to).
 #include "kernels.h"
 
 #include <algorithm>
@@ -40,8 +40,8 @@ void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int6
 }
 
 void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
-                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx, int64_t /*lower*/,
-                 int64_t /*row0*/) {
+                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx,
+                 RpCausalRows /*causal*/) {
   const int64_t Kp = padded(K), mblocks = (M + kBlock - 1) / kBlock, nblocks = (N + kBlock - 1) / kBlock;
   rp::parallel_for(mblocks * nblocks, 1, [&](int64_t b, int64_t e) {
     std::vector<int32_t> tiles(nmat * kBlock * kBlock);

@@ -427,47 +427,75 @@ def test_kernel_bits_do_not_depend_on_threads(M, K, N, int8_path):
     assert same_bits(outs[0], outs[1]) and same_bits(outs[0], ref.exact_matmul(a, b))
 
 
-# ------------------------------------------------------------------ attention's scores, and attention
-def lower_reference(q, kt, T):
-    """The reference's q @ kt with +0.0 above each head's diagonal: row r = (g, t), t = r % T,
-    keeps columns j <= t."""
-    c = ref.exact_matmul(q, kt)
-    t = np.arange(q.shape[-2]) % T
-    return np.where(np.arange(T)[None, :] <= t[:, None], c, np.float32(0.0)).astype(np.float32)
+# ------------------------------------------------------------------ attention's products
+def causal_case(batch, G, T, D, seed):
+    """q, k, v, go and a P like causal_softmax's ([batch, G*T, T], +0.0 above each head's diagonal)."""
+    rng = np.random.default_rng(seed)
+    q, go = (rng.standard_normal((batch, G * T, D)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((batch, T, D)).astype(np.float32) for _ in range(2))
+    p = rng.exponential(1.0, (batch, G * T, T)).astype(np.float32) * above(G, T, keep=True)
+    return q, k, v, go, p
 
 
-@pytest.mark.parametrize("batch,G,T,D", [(2, 1, 128, 32), (3, 2, 97, 16), (1, 1, 1, 8), (2, 4, 33, 8),
-                                         (2, 1, 200, 64), (1, 3, 64, 300), (1, 90, 97, 32)])
-def test_kernel_lower_scores(batch, G, T, D, int8_path):
-    """exact_matmul_lower (attention's scores S = q k^T and gP = gO v^T, rows r = (g, t), t = r % T):
-    the reference's bits on and below each head's diagonal, +0.0 above it, NaN rows and columns
-    included. On AMX the 32 x 32 blocks wholly above the diagonal are skipped (also where a block
-    holds rows of two heads, T = 97, 33, and across the fused path's panels of 8192 rows, G = 90,
-    where a panel starts at t = 44); the SIMD paths compute them and the +0.0 is written after."""
-    rng = np.random.default_rng(batch + 100 * G + 7 * T + D)
-    q = rng.standard_normal((batch, G * T, D)).astype(np.float32)
-    k = rng.standard_normal((batch, T, D)).astype(np.float32)
+def above(G, T, keep=False):
+    """[G*T, T]: True where column j > t = r % T (or, keep, where j <= t)."""
+    t = np.arange(G * T) % T
+    up = np.arange(T)[None, :] > t[:, None]
+    return ~up if keep else up
+
+
+CAUSAL_SHAPES = [(2, 1, 128, 32), (3, 2, 97, 16), (1, 1, 1, 8), (2, 4, 33, 8), (2, 1, 200, 64), (1, 3, 64, 300),
+                 (1, 1, 130, 40), (1, 90, 97, 32)]
+
+
+@pytest.mark.parametrize("batch,G,T,D", CAUSAL_SHAPES)
+def test_kernel_causal_products(batch, G, T, D, int8_path):
+    """exact_matmul_causal (kernels/README.md §11 "Attention's products") against the reference:
+    form 1, the scores q k^T: the reference's bits on and below each head's diagonal, +0.0 above
+    it (NaN rows and columns included); forms 2 and 3, P v and P^T gO with P +0.0 above the
+    diagonal: the reference's bits, and the same where P holds NaN, infinities and huge values
+    there instead (read as +0.0). On AMX the 32 x 32 score blocks wholly above the diagonal and
+    the 64-k steps of P's zeros are skipped (also where a block holds rows of two heads, T = 97,
+    33, and across the fused path's panels of 8192 rows, G = 90, where a panel starts at t = 44);
+    the other paths compute them."""
+    q, k, v, go, p = causal_case(batch, G, T, D, batch + 100 * G + 7 * T + D)
     if T > 2:
         q[0, T + 1 if G > 1 else 1, D // 2] = np.nan      # a bad row (NaN on and below its diagonal)
         k[-1, T - 2, 0] = np.inf                          # a bad column
-    got = repops.ops.exact_matmul_lower(torch.from_numpy(q), torch.from_numpy(k).transpose(1, 2)).numpy()
-    assert same_bits(got, lower_reference(q, np.swapaxes(k, 1, 2), T))
+    ops, tt = repops.ops, torch.from_numpy
+    kt = np.swapaxes(k, 1, 2)
+    want = np.where(above(G, T), np.float32(0.0), ref.exact_matmul(q, kt))
+    assert same_bits(ops.exact_matmul_causal(tt(q), tt(k).transpose(1, 2), 1).numpy(), want), "scores"
+    garbage = p.copy()
+    garbage[:, above(G, T)] = np.resize(np.array([np.nan, np.inf, -np.inf, 3e38, 1.0], np.float32),
+                                        garbage[:, above(G, T)].shape)
+    want_mix = ref.exact_matmul(p, v)
+    want_mix_t = ref.exact_matmul(np.swapaxes(p, 1, 2), go)
+    for pp, what in ((p, "P"), (garbage, "garbage above the diagonal")):
+        assert same_bits(ops.exact_matmul_causal(tt(pp), tt(v), 2).numpy(), want_mix), f"mix, {what}"
+        assert same_bits(ops.exact_matmul_causal(tt(pp).transpose(1, 2), tt(go), 3).numpy(), want_mix_t), \
+            f"mix_t, {what}"
 
 
-def test_kernel_lower_scores_refuses_bad_shapes():
-    with pytest.raises(RuntimeError, match="rows a multiple of the columns"):
-        repops.ops.exact_matmul_lower(torch.zeros(2, 10, 8), torch.zeros(2, 8, 4))
+def test_kernel_causal_products_refuse_bad_shapes():
+    z = torch.zeros
+    with pytest.raises(RuntimeError, match=r"form 1 needs M \(G\*T\) a multiple of T \(N\)"):
+        repops.ops.exact_matmul_causal(z(2, 10, 8), z(2, 8, 4), 1)
+    with pytest.raises(RuntimeError, match=r"form 2 needs M \(G\*T\) a multiple of T \(K\)"):
+        repops.ops.exact_matmul_causal(z(2, 7, 3), z(2, 3, 4), 2)
+    with pytest.raises(RuntimeError, match=r"form 3 needs K \(G\*T\) a multiple of T \(M\)"):
+        repops.ops.exact_matmul_causal(z(2, 4, 7), z(2, 7, 3), 3)
+    with pytest.raises(RuntimeError, match="form must be 1"):
+        repops.ops.exact_matmul_causal(z(2, 4, 4), z(2, 4, 4), 0)
 
 
 @pytest.mark.parametrize("batch,G,T,D", [(2, 1, 128, 32), (3, 2, 97, 16), (2, 4, 33, 8), (1, 1, 1, 8)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_exact_attention_is_the_composed_ops(batch, G, T, D, threads, int8_path, monkeypatch):
-    """repops.causal_attention(exact=True) on the CPU (_ExactCausalAttention: the score products on
-    and below the diagonal only) gives the composed ops' bits (exact_matmul, causal_softmax,
-    exact_matmul, as optrace runs them), forward and backward."""
-    rng = np.random.default_rng(batch + 10 * G + T + D)
-    q, go = (torch.from_numpy(rng.standard_normal((batch, G * T, D)).astype(np.float32)) for _ in range(2))
-    k, v = (torch.from_numpy(rng.standard_normal((batch, T, D)).astype(np.float32)) for _ in range(2))
+    """repops.causal_attention(exact=True) on the CPU (_ExactCausalAttention: every product told its
+    causal form) gives the composed ops' bits (exact_matmul, causal_softmax, exact_matmul, as
+    optrace runs them), forward and backward."""
+    q, k, v, go, _ = (torch.from_numpy(x) for x in causal_case(batch, G, T, D, batch + 10 * G + T + D))
     saved = torch.get_num_threads()
     outs = []
     try:

@@ -363,23 +363,41 @@ RpExactOperand exact_view(const Tensor& x, int64_t i) {
   return {p, 1, x.stride(2)};
 }
 
-// Contract §11. A 2-D operand of a batched product gives every batch entry the same view. lower:
-// attention's scores (rp_exact_matmul), C [.., G*T, T].
-Tensor exact_product_op(const Tensor& a, const Tensor& b, bool lower) {
+// Contract §11. A 2-D operand of a batched product gives every batch entry the same view.
+Tensor exact_matmul(const Tensor& a, const Tensor& b) {
   const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
   TORCH_CHECK(s.K < (int64_t(1) << 31), "repops.exact_matmul: K must be < 2^31");
-  TORCH_CHECK(!lower || (s.N > 0 && s.M % s.N == 0),
-              "repops.exact_matmul_lower: the scores [.., G*T, T] need rows a multiple of the columns");
   const Tensor a3 = exact_operand((a.dim() == 2 ? a.unsqueeze(0) : a).expand({s.batch, s.M, s.K}));
   const Tensor bt = exact_operand((b.dim() == 2 ? b.unsqueeze(0) : b).expand({s.batch, s.K, s.N}).transpose(1, 2));
   Tensor c = at::empty(s.out, a.options());
   for (int64_t i = 0; i < s.batch; ++i)
-    rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K,
-                    lower);
+    rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K);
   return c;
 }
-Tensor exact_matmul(const Tensor& a, const Tensor& b) { return exact_product_op(a, b, false); }
-Tensor exact_matmul_lower(const Tensor& a, const Tensor& b) { return exact_product_op(a, b, true); }
+
+// Full causal attention's §11 products (kernels.h RpCausal; form 1 the scores q k^T and gO v^T
+// [batch, G*T, T], 2 P v and gS k (a = P [batch, G*T, T]), 3 P^T gO and gS^T q (a = P^T [batch, T,
+// G*T])), 3-D operands of one batch. A of form 2 is read by K-contiguous rows and of form 3 as the
+// transpose of a row-major P (copied into that layout where it is not).
+Tensor exact_matmul_causal(const Tensor& a, const Tensor& b, int64_t form) {
+  TORCH_CHECK(form >= 1 && form <= 3, "repops.exact_matmul_causal: form must be 1 (scores), 2 (mix) or 3 (mix_t)");
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "repops.exact_matmul_causal: a and b must be 3-D [batch, ., .]");
+  const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
+  TORCH_CHECK(s.K < (int64_t(1) << 31), "repops.exact_matmul_causal: K must be < 2^31");
+  const int64_t T = form == 1 ? s.N : form == 2 ? s.K : s.M, G = form == 3 ? s.K : s.M;
+  TORCH_CHECK(T > 0 && G % T == 0, "repops.exact_matmul_causal: form ", form,
+              " needs ", form == 3 ? "K" : "M", " (G*T) a multiple of T (", form == 1 ? "N" : form == 2 ? "K" : "M", ")");
+  Tensor a3 = exact_operand(a.expand({s.batch, s.M, s.K}));
+  if (form == 2 && a3.size(2) > 1 && a3.stride(2) != 1) a3 = a3.contiguous();
+  if (form == 3 && a3.size(1) > 1 && a3.stride(1) != 1) a3 = a3.transpose(1, 2).contiguous().transpose(1, 2);
+  const Tensor bt = exact_operand(b.expand({s.batch, s.K, s.N}).transpose(1, 2));
+  Tensor c = at::empty(s.out, a.options());
+  const RpCausal causal = form == 1 ? RpCausal::kScores : form == 2 ? RpCausal::kMix : RpCausal::kMixT;
+  for (int64_t i = 0; i < s.batch; ++i)
+    rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K,
+                    causal);
+  return c;
+}
 
 // The band products with matmul = "exact" (§11 "Band products"): window attention's shapes.
 Tensor exact_band_scores(const Tensor& a_, const Tensor& b_, int64_t W) {
@@ -475,7 +493,7 @@ TORCH_LIBRARY(repops, m) {
   m.def("int8_absmax_step(Tensor x) -> Tensor");
   m.def("int8_band_mix(Tensor qp, Tensor qv, Tensor sp, Tensor sv) -> Tensor");
   m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CUDA: exact.cu, opt-in until a GPU verifies it
-  m.def("exact_matmul_lower(Tensor a, Tensor b) -> Tensor");   // §11 scores on and below the diagonal; CPU only
+  m.def("exact_matmul_causal(Tensor a, Tensor b, int form) -> Tensor");   // §11 "Attention's products"; CPU only
   // §11 band products (window attention with matmul = "exact"): CPU only (config.validate)
   m.def("exact_band_scores(Tensor a, Tensor b, int W) -> Tensor");
   m.def("exact_band_mix(Tensor p, Tensor b) -> Tensor");
@@ -496,7 +514,7 @@ TORCH_LIBRARY_IMPL(repops, CPU, m) {
   m.impl("causal_attention", causal_attention);
   m.impl("causal_attention_backward", causal_attention_backward);
   m.impl("exact_matmul", exact_matmul);
-  m.impl("exact_matmul_lower", exact_matmul_lower);
+  m.impl("exact_matmul_causal", exact_matmul_causal);
   m.impl("exact_band_scores", exact_band_scores);
   m.impl("exact_band_mix", exact_band_mix);
   m.impl("exact_band_mix_t", exact_band_mix_t);

@@ -3,8 +3,9 @@
 // any order, tiling or instruction set.
 //
 //   rp_exact_matmul(A, Bt, C, M, N, K)    C[i,j] = fl32(sum_k A[i,k] * Bt[j,k]) per §11
-//   rp_exact_matmul(A, Bt, C, M, N, K, true)   attention's scores: the same on and below the
-//                                        diagonal (j <= i % N), +0.0 above it (AMX skips its blocks)
+//   rp_exact_matmul(A, Bt, C, M, N, K, causal)   attention's products (kernels.h RpCausal): the
+//                                        scores on and below the diagonal only, P's and gS's zeros
+//                                        neither split nor multiplied (AMX skips those blocks and steps)
 //   rp_exact_band_scores / _band_mix / _band_mix_t   window attention's band products (end of file)
 //
 // A [M, K] and Bt [N, K] (B transposed: each output column's operand is a row of K values) are
@@ -222,7 +223,8 @@ inline i8q to_int8(f32v x) {
 // with its sign as an int32, then its residues into out[t * plane + at(k)] (at(k) = k, or with
 // tiled AMX's tile order within a row, (k / 64) 2048 + k % 64: kernels.h's rp_amx_a_offset) (the symmetric
 // representative in [-(p-1)/2, (p-1)/2]) of +-q, or with scaled of +-q Q_t (Garner's
-// coef[t][t], below): the integers first, then the residues a vector at a time.
+// coef[t][t], below): the integers first, then the residues a vector at a time (tiled: the last
+// vector written whole, its lanes past n zero, where the row's values are zeros).
 constexpr int64_t kSplit = 256;
 // v mod p_t as the symmetric representative, |v| <= 127 (a compile-time constant of the split).
 constexpr int32_t sym(uint64_t v, uint32_t p) { return v % p <= p / 2 ? int32_t(v % p) : int32_t(v % p) - int32_t(p); }
@@ -254,7 +256,8 @@ RP_WIDE_VECTORS inline void split_values(const uint32_t* bits, int64_t n, int32_
     std::memcpy(&qv, q + k, sizeof(qv));
     const auto store = [&](int t, i8q r) {
       int8_t* o = out + t * plane + (tiled ? k / 64 * 2048 + k % 64 : k);   // (16 values: one 64-k step)
-      if (n - k >= kV)
+      if (n - k >= kV || tiled)   // (tiled: the lanes past n, zeros, stay in the row's 64-k step, where
+                                  // the values past n are zeros: padding, or a causal form's)
         std::memcpy(o, &r, kV);
       else
         std::memcpy(o, &r, n - k);
@@ -429,22 +432,56 @@ inline void reconstruct(const int32_t* res, int64_t stride, int64_t nj, int32_t 
 // (rs = 1) through register transposes of the consecutive values of 16 rows at each k (16 x 16
 // with AVX-512, 8 x 8 with AVX), so that x^T is never written out.
 void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int beta, int8_t* planes, int64_t rows,
-                int64_t ld, int64_t r0, int64_t r1, bool scaled, bool tiled) {
+                int64_t ld, int64_t r0, int64_t r1, bool scaled, bool tiled, RpCausalRows cz = {}) {
   const int64_t plane = (tiled ? (rows + 31) / 32 * 32 : rows) * ld;
   const auto at = [&](int64_t r, int64_t k) { return tiled ? rp_amx_a_offset(r, k, ld) : r * ld + k; };
   if (tiled && r1 == rows)   // the last block's rows past `rows`
     for (int64_t r = rows; r % 32; ++r)
       for (int t = 0; t < kMod; ++t)
         for (int64_t k = 0; k < ld; k += 64) std::memset(planes + t * plane + at(r, k), 0, 64);
+  const bool mix = cz.form == RpCausal::kMix, mix_t = cz.form == RpCausal::kMixT;
   alignas(64) uint32_t bits[kV][kSplit];   // 16 KB
+  int64_t keep[kV];   // kMix: each row's values k < keep[i] (t + 1); the rest are the form's zeros
   for (int64_t g = r0; g < r1; g += kV) {
-    const int64_t ng = std::min(kV, r1 - g);
-    if (ld > kc)   // the last 64 k (ld = kc rounded up), zeroed whole; the split then writes its first kc % 64
-      for (int64_t r = g; r < g + ng; ++r)
-        for (int t = 0; t < kMod; ++t) std::memset(planes + t * plane + at(r, kc / 64 * 64), 0, 64);
-    for (int64_t b0 = 0; b0 < kc; b0 += kSplit) {
+    const int64_t ng = std::min(kV, r1 - g), rg = cz.row0 + g;   // rg: the group's first row in the product
+    if (mix)
+      for (int64_t i = 0, t = rg % cz.T; i < ng; ++i, t = t + 1 == cz.T ? 0 : t + 1) keep[i] = t + 1;
+    else
+      for (int64_t i = 0; i < ng; ++i) keep[i] = k0 + kc;
+    // kMixT with one head (k0 + kc = K = T): the group's rows are keys j >= rg, so no value below
+    // rg (whole 64-k steps of it) is kept
+    const int64_t kfirst = mix_t && k0 == 0 && kc == cz.T ? rg / 64 * 64 : 0;
+    // The zeros the split does not write, before it: values [z0, z1) of row r in every plane (tiled:
+    // z0 and z1 multiples of 64, whole 64-k steps, of which the split then overwrites its part)
+    const auto zero = [&](int64_t r, int64_t z0, int64_t z1) {
+      for (int t = 0; t < kMod; ++t)
+        if (!tiled)
+          std::memset(planes + t * plane + r * ld + z0, 0, z1 - z0);
+        else
+          for (int64_t k = z0; k < z1; k += 64) std::memset(planes + t * plane + at(r, k), 0, 64);
+    };
+    for (int64_t i = 0; i < ng; ++i) {
+      const int64_t r = g + i;
+      if (mix && !tiled) {
+        zero(r, keep[i] - k0 < kc ? std::max<int64_t>(keep[i] - k0, 0) : kc, ld);   // k past t (and kc)
+      } else if (mix) {   // k past t, up to the k-steps the AMX GEMM multiplies for r's block of 32 rows
+        const int64_t b0 = r / 32 * 32, mb = std::min<int64_t>(32, rows - b0), t0 = (cz.row0 + b0) % cz.T;
+        const int64_t tl = t0 + mb <= cz.T ? t0 + mb - 1 : cz.T - 1;   // the block's largest t
+        const int64_t z0 = std::min(keep[i], kc) / 64 * 64, z1 = std::min(ld, (tl + 64) / 64 * 64);
+        if (z1 > z0) zero(r, z0, z1);
+      } else {
+        if (kfirst) zero(r, 0, kfirst);                           // kMixT: the steps below the group's keys
+        if (ld > kc) zero(r, tiled ? kc / 64 * 64 : kc, ld);      // past kc (ld = kc rounded up to 64)
+      }
+    }
+    for (int64_t b0 = kfirst; b0 < kc; b0 += kSplit) {
       const int64_t n = std::min(kSplit, kc - b0), k1 = k0 + b0;
-      if (x.ks == 1) {
+      if (mix && *std::max_element(keep, keep + ng) <= k1) continue;   // all the form's zeros
+      const uint32_t* src[kV];   // row i's values k1 ..: bits[i], or with kMix the row itself
+      for (int64_t i = 0; i < ng; ++i) src[i] = bits[i];
+      if (x.ks == 1 && mix) {   // (read in place: each row's own number of values, no copy of them)
+        for (int64_t i = 0; i < ng; ++i) src[i] = reinterpret_cast<const uint32_t*>(x.x + (g + i) * x.rs + k1);
+      } else if (x.ks == 1) {
         for (int64_t i = 0; i < ng; ++i) {
           const float* row = x.x + (g + i) * x.rs + k1;
           if (n == kSplit)   // (a fixed-size copy is inlined)
@@ -475,12 +512,20 @@ void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int 
         for (int64_t i = 0; i < ng; ++i)
           for (int64_t kk = k; kk < n; ++kk) std::memcpy(&bits[i][kk], x.x + (k1 + kk) * x.ks + g + i, 4);
       }
+      if (mix_t)   // row j keeps k = (g', t) with t >= j: zero t < j in each head's period
+        for (int64_t i = 0; i < ng; ++i)
+          for (int64_t p0 = k1 / cz.T * cz.T; p0 < k1 + n; p0 += cz.T) {
+            const int64_t z0 = std::max<int64_t>(p0, k1), z1 = std::min<int64_t>(p0 + rg + i, k1 + n);
+            if (z1 > z0) std::memset(&bits[i][z0 - k1], 0, 4 * (z1 - z0));
+          }
       for (int64_t i = 0; i < ng; ++i) {
         int8_t* out = planes + at(g + i, b0);
+        const int64_t ni = std::clamp<int64_t>(keep[i] - k1, 0, n);
+        if (ni == 0) continue;
         if (tiled)
-          (scaled ? split_values<true, true> : split_values<false, true>)(bits[i], n, e[g + i], beta, out, plane);
+          (scaled ? split_values<true, true> : split_values<false, true>)(src[i], ni, e[g + i], beta, out, plane);
         else
-          (scaled ? split_values<true, false> : split_values<false, false>)(bits[i], n, e[g + i], beta, out, plane);
+          (scaled ? split_values<true, false> : split_values<false, false>)(src[i], ni, e[g + i], beta, out, plane);
       }
     }
   }
@@ -502,6 +547,11 @@ Buffers& buffers() {
 
 // x from its row r on.
 inline RpExactOperand rows_from(RpExactOperand x, int64_t r) { return {x.x + r * x.rs, x.rs, x.ks}; }
+// The causal form's rows from row0 on, with its period T (kernels.h: kScores N, kMix K, kMixT M).
+inline RpCausalRows causal_rows(RpCausal form, int64_t M, int64_t N, int64_t K, int64_t row0) {
+  const int64_t T = form == RpCausal::kScores ? N : form == RpCausal::kMix ? K : M;
+  return {form, T, row0};
+}
 
 }  // namespace
 
@@ -554,6 +604,61 @@ void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, u
 
 namespace {
 
+// The row exponents of attention's A under its causal form (kernels.h), the form's zeros read as
+// +0.0 (a zero counts as exponent 0, as in row_exponent): kMix, K-contiguous rows r over k <= t =
+// r % K; kMixT, a transposed operand (row j's value k at x[k * ks + j], T = rows) over k = (g, t)
+// with t >= j, 64 rows at a time in registers with the lanes j > t masked to +0.0 (the rest of 64
+// one by one).
+RP_WIDE_VECTORS void causal_exponents(RpExactOperand x, int64_t rows, int64_t K, RpCausal form, int32_t* e,
+                                      uint8_t* bad) {
+  if (form == RpCausal::kMix) {
+    rp::parallel_for(rows, 16, [&](int64_t b, int64_t end) {
+      for (int64_t i = b, t = b % K; i < end; ++i, t = t + 1 == K ? 0 : t + 1)   // (t = i % K without a division)
+        row_exponent(x.x + i * x.rs, t + 1, &e[i], &bad[i]);
+    });
+    return;
+  }
+  constexpr int64_t kSlab = 4 * kV;
+  const int64_t T = rows;
+  rp::parallel_for((rows + kSlab - 1) / kSlab, 1, [&](int64_t sb, int64_t se) {
+    for (int64_t r0 = sb * kSlab; r0 < std::min(rows, se * kSlab); r0 += kSlab) {
+      const int64_t n = std::min(kSlab, rows - r0);
+      if (n < kSlab) {
+        for (int64_t i = 0; i < n; ++i) {
+          uint32_t eall = 0, eplus = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            if (k % T < r0 + i) continue;
+            uint32_t u;
+            std::memcpy(&u, x.x + k * x.ks + r0 + i, sizeof(u));
+            exponent_maxima(u, eall, eplus);
+          }
+          exponent_of(eall, eplus, &e[r0 + i], &bad[r0 + i]);
+        }
+        continue;
+      }
+      u32v vall[4] = {}, vplus[4] = {};
+      u32v lane;
+      for (int64_t l = 0; l < kV; ++l) lane[l] = uint32_t(l);
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t t = k % T;
+        if (t < r0) continue;   // every lane j > t
+        for (int v = 0; v < 4; ++v) {
+          u32v u;
+          std::memcpy(&u, x.x + k * x.ks + r0 + v * kV, sizeof(u));
+          const int64_t off = t - (r0 + v * kV);   // lanes l <= off are kept
+          if (off < 0)
+            u = u32v{};
+          else if (off < kV - 1)
+            u = lane <= (u32v{} + uint32_t(off)) ? u : u32v{};
+          exponent_maxima(u, vall[v], vplus[v]);
+        }
+      }
+      for (int v = 0; v < 4; ++v)
+        for (int64_t l = 0; l < kV; ++l) exponent_of(vall[v][l], vplus[v][l], &e[r0 + v * kV + l], &bad[r0 + v * kV + l]);
+    }
+  });
+}
+
 // The outputs of rows [i0, i0 + m) from their residue sums res [kMod][m][N] (§11 steps 6-7), into
 // columns [0, N) of C's rows, ldc apart.
 template <Sums sums>
@@ -584,18 +689,18 @@ struct TiledPath {
   int64_t (*packed_bytes)(int64_t N, int64_t K, int nmat);
   void (*pack_b)(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
                  int64_t j1, uint8_t* out);
-  // lower: as rp_amx_gemm's (the SIMD path computes every block)
+  // causal: as rp_amx_gemm's (the SIMD path computes every block and k)
   void (*gemm)(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
-               int nmat, RpTileFinish finish, void* ctx, int64_t lower, int64_t row0);
+               int nmat, RpTileFinish finish, void* ctx, RpCausalRows causal);
 };
 constexpr TiledPath kAmxPath{rp_amx_packed_bytes, rp_amx_pack_b,
                              [](const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N,
-                                int64_t K, int nmat, RpTileFinish finish, void* ctx, int64_t lower, int64_t row0) {
-                               rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, nullptr, finish, ctx, lower, row0);
+                                int64_t K, int nmat, RpTileFinish finish, void* ctx, RpCausalRows causal) {
+                               rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, nullptr, finish, ctx, causal);
                              }};
 constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b,
                               [](const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N,
-                                 int64_t K, int nmat, RpTileFinish finish, void* ctx, int64_t, int64_t) {
+                                 int64_t K, int nmat, RpTileFinish finish, void* ctx, RpCausalRows) {
                                 rp_int8_gemm_packed(A, lda, a_next, Bp, M, N, K, nmat, finish, ctx);
                               }};
 
@@ -617,7 +722,7 @@ constexpr TiledPath kSimdPath{rp_int8_packed_bytes, rp_int8_pack_b,
 // 256-row ones, 1024-row ones 1.05-1.07x; 2048^3 512 rows 0.97-1.0x).
 void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K,
                          int beta, const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b,
-                         bool lower) {
+                         RpCausal causal) {
   const TiledPath& path = amx ? kAmxPath : kSimdPath;
   const int64_t Kp = amx ? (K + 63) / 64 * 64 : K;   // the planes' rows: AMX tile rows start on cache lines
   const bool fused = K <= kFusedK;
@@ -647,7 +752,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
   for (int64_t i0 = 0; i0 < M; i0 += mp) {
     const int64_t m = std::min(mp, M - i0), a_next = (amx ? (m + 31) / 32 * 32 : m) * Kp;
     rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-      split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e, scale_a, amx);
+      split_rows(rows_from(A, i0), 0, K, ea + i0, beta, pa, m, Kp, b, e, scale_a, amx, causal_rows(causal, M, N, K, i0));
     });
     if (!fused) {   // (AMX) eight GEMMs, full 32 x 32 blocks straight into res, the edges through edge
       for (int64_t c0 = 0; c0 < N; c0 += cw) {   // columns [c0, c0 + n): B's pairs of panels from c0 / 32
@@ -711,7 +816,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
     path.gemm(pa, lda, a_next, bp, m, N, K, kMod,
               [](void* ctx, int64_t bi, int64_t mr, int64_t j0, int64_t nr, const int32_t* t, int64_t ldt,
                  int64_t plane) { (*static_cast<decltype(finish)*>(ctx))(bi, mr, j0, nr, t, ldt, plane); },
-              const_cast<void*>(static_cast<const void*>(&finish)), lower ? N : 0, i0);
+              const_cast<void*>(static_cast<const void*>(&finish)), causal_rows(causal, M, N, K, i0));
   }
   if (buf.pa.capacity() + buf.pb.capacity() + buf.bpacked.capacity() + 4 * buf.res.capacity() > kKeepBytes)
     buf = Buffers();
@@ -720,7 +825,7 @@ void exact_product_tiled(bool amx, RpExactOperand A, RpExactOperand Bt, float* C
 }  // namespace
 
 void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
-                      const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b, bool lower) {
+                      const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b, RpCausal causal) {
   if (M == 0 || N == 0) return;
   // AMX at every K: below 64 the tiles multiply zero padding, but the fused reconstruction saves
   // more (QK^T's 32 products of 128 x 32 x 128: 2.8 ms against 3.3 ms on VNNI, 2026-12-02). The
@@ -730,7 +835,7 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
   // with K = 128 and N >= 384, 1.19x on PV (tools/matmul_loop.py, 2026-12-03).
   const bool amx = rp_int8_uses_amx();
   if (K <= kChunk && (amx || (K >= kFusedSimdMinK && K <= kFusedSimdK)))
-    return exact_product_tiled(amx, A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b, lower);
+    return exact_product_tiled(amx, A, Bt, C, M, N, K, beta, ea, bad_a, eb, bad_b, causal);
   // C in panels of mp rows, so that the eight residue sums of a panel ([kMod][mp][N] int32) stay
   // near kResBytes whatever M and N (a vocabulary-wide lm_head included).
   const int64_t kc0 = std::min(K, kChunk), nchunks = (K + kChunk - 1) / kChunk;
@@ -756,7 +861,8 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
       const int64_t kc = std::min(kChunk, K - k0);
       if (nchunks > 1) split_b(k0, kc);
       rp::parallel_for(m, 4, [&](int64_t b, int64_t e) {
-        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa, m, kc, b, e, scale_a, false);
+        split_rows(rows_from(A, i0), k0, kc, ea + i0, beta, pa, m, kc, b, e, scale_a, false,
+                   causal_rows(causal, M, N, K, i0));
       });
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res + t * m * N;
@@ -778,7 +884,8 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
     buf = Buffers();
 }
 
-void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, bool lower) {
+void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K,
+                     RpCausal causal) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     std::memset(C, 0, sizeof(float) * M * N);   // +0.0
@@ -786,13 +893,16 @@ void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, i
   }
   std::vector<int32_t> ea(M), eb(N);
   std::vector<uint8_t> bad_a(M), bad_b(N);
-  rp_exact_exponents(A, M, K, ea.data(), bad_a.data());
+  if (causal == RpCausal::kMix || causal == RpCausal::kMixT)
+    causal_exponents(A, M, K, causal, ea.data(), bad_a.data());
+  else
+    rp_exact_exponents(A, M, K, ea.data(), bad_a.data());
   rp_exact_exponents(Bt, N, K, eb.data(), bad_b.data());
-  rp_exact_product(A, Bt, C, M, N, K, beta_of(K), ea.data(), bad_a.data(), eb.data(), bad_b.data(), lower);
-  if (lower)   // +0.0 above the diagonal, whether a path skipped its block or computed it
-    for (int64_t r = 0; r < M; ++r) {
+  rp_exact_product(A, Bt, C, M, N, K, beta_of(K), ea.data(), bad_a.data(), eb.data(), bad_b.data(), causal);
+  if (causal == RpCausal::kScores)   // +0.0 above the diagonal, whether a path skipped its block or computed it
+    for (int64_t r = 0, t = 0; r < M; ++r, t = t + 1 == N ? 0 : t + 1) {   // t = r % N
       float* row = C + r * N;
-      int64_t j = r % N + 1;
+      int64_t j = t + 1;
       for (; j + kV <= N; j += kV) std::memset(row + j, 0, sizeof(float) * kV);   // (a vector store)
       for (; j < N; ++j) row[j] = 0.0f;
     }

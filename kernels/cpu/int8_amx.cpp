@@ -4,9 +4,9 @@
 //   rp_amx_usable()                                  AMX-INT8 here: CPU, build and Linux permission
 //   rp_amx_pack_b(B, ldb, b_next, N, K, nmat, j0, j1, out)
 //                                                    rows [j0, j1) of B (nmat matrices) into the tile layout
-//   rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, direct, finish, ctx, lower, row0)
+//   rp_amx_gemm(A, lda, a_next, Bp, M, N, K, nmat, direct, finish, ctx, causal)
 //                                                    the nmat GEMMs, block by finished block
-//                                                    (lower: attention's scores, none above the diagonal)
+//                                                    (causal: attention's, skipping its zeros)
 // (kernels.h says more; int8.cpp runs one matrix, exact.cpp the eight residue GEMMs at once.)
 //
 // tdpbssd multiplies signed bytes by signed bytes and adds groups of four products into int32
@@ -110,7 +110,7 @@ struct Job {
   int32_t* direct;
   RpTileFinish finish;
   void* ctx;
-  int64_t lower, row0;   // lower > 0: outputs right of t = (row0 + i) % lower skipped in row i (kernels.h)
+  RpCausalRows causal;   // attention's products: the blocks and k-steps skipped (kernels.h)
 };
 
 // Rows [r0, r0 + mr) of A (row r at A + r * lda; mr <= 32), k in [k0, k0 + kc), into tile order
@@ -210,19 +210,26 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
     const int64_t j0 = (t / ntm) * NCT, nc = std::min(NCT, N - j0), nblk = (nc + BN - 1) / BN;
     for (int64_t ib = 0; ib < mc; ib += BM) {
       const int64_t mr = std::min(BM, mc - ib), r0 = i0 + ib;
-      // the block's columns wanted: left of jend (lower: up to its rows' largest t)
-      const int64_t t0 = job.lower ? (job.row0 + r0) % job.lower : 0;
-      const int64_t jend = !job.lower ? N : t0 + mr <= job.lower ? t0 + mr : job.lower;
+      // the block's columns wanted, [0, jend), and the k-steps of A not zero by the form, [kbeg, kend)
+      int64_t jend = N, kbeg = 0, kend = Kp;
+      const RpCausalRows& cz = job.causal;
+      if (cz.form == RpCausal::kScores || cz.form == RpCausal::kMix) {
+        const int64_t t0 = (cz.row0 + r0) % cz.T, tl = t0 + mr <= cz.T ? t0 + mr - 1 : cz.T - 1;   // largest t
+        if (cz.form == RpCausal::kScores) jend = tl + 1;
+        else kend = std::min(Kp, (tl + TB) / TB * TB);   // k <= tl
+      } else if (cz.form == RpCausal::kMixT && K == cz.T) {
+        kbeg = (cz.row0 + r0) / TB * TB;   // rows are keys j >= row0 + r0: k = t < j is zero
+      }
       for (int m = 0; m < job.nmat; ++m) {
         const int8_t* am = job.A + m * job.a_next;
         const uint8_t* bm = job.Bp + (m * job.npanels + j0 / 16) * Kp * 16;
-        for (int64_t k0 = 0; k0 < Kp; k0 += kpass) {
-          const int64_t kc = std::min(kpass, Kp - k0), steps = kc / TB;
-          const bool first = k0 == 0, last = k0 + kc >= Kp;
+        for (int64_t k0 = kbeg; k0 < kend; k0 += kpass) {
+          const int64_t kc = std::min(kpass, kend - k0), steps = kc / TB;
+          const bool first = k0 == kbeg, last = k0 + kc >= kend;
           // the A block that runs next: this rows' next pass, the next matrix, or the next rows
           const int8_t* an = am;
           int64_t nr0 = r0, nmr = mr, nk0 = k0 + kc;
-          if (nk0 >= Kp) {
+          if (nk0 >= kend) {
             nk0 = 0;
             if (m + 1 < job.nmat) an = am + job.a_next;
             else nr0 = r0 + BM, nmr = std::max<int64_t>(0, std::min(BM, (t == t1 - 1 ? i0 + mc : M) - nr0)), an = job.A;
@@ -302,14 +309,14 @@ void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int6
 }
 
 void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
-                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx, int64_t lower,
-                 int64_t row0) {
+                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx,
+                 RpCausalRows causal) {
   if (M == 0 || N == 0) return;
   const int64_t Kp = padded_k(K);
   // the task's columns: its B panels (nmat x nc x Kp bytes) in kL2Bytes, at least one block, at
   // most N rounded up to a block
   const int64_t nc = std::clamp<int64_t>(kL2Bytes / (nmat * Kp) / BN * BN, BN, (N + BN - 1) / BN * BN);
-  const Job job{A, lda, a_next, Bp, M, N, K, Kp, panels(N), nc, nmat, nmat == 1 ? direct : nullptr, finish, ctx, lower, row0};
+  const Job job{A, lda, a_next, Bp, M, N, K, Kp, panels(N), nc, nmat, nmat == 1 ? direct : nullptr, finish, ctx, causal};
   const int64_t tasks = ((M + MC - 1) / MC) * ((N + nc - 1) / nc);
   rp::parallel_for(tasks, 1, [&](int64_t t0, int64_t t1) { run_tasks(job, t0, t1); });
 }
@@ -320,6 +327,6 @@ bool rp_amx_usable() { return false; }
 int64_t rp_amx_packed_bytes(int64_t, int64_t, int) { return 0; }
 void rp_amx_pack_b(const int8_t*, int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, uint8_t*) {}
 void rp_amx_gemm(const int8_t*, int64_t, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int, int32_t*, RpTileFinish,
-                 void*, int64_t, int64_t) {}
+                 void*, RpCausalRows) {}
 
 #endif

@@ -131,10 +131,11 @@ bool rp_int8_uses_amx();   // the path now in use is AMX-INT8
 // given, full 32 x 32 blocks are stored there instead. A needs lda >= K only (its blocks are copied
 // into tile order, zero past K); lda = 0 says that each A_m is in tile order already (byte
 // rp_amx_a_offset(i, k, Kp) holds A_m[i, k], Kp = K rounded up to 64, the rows M rounded up to 32;
-// zero past K and in the rows past M) and a_next counts bytes of it. lower > 0 (attention's
-// scores, row i of C being row r = row0 + i = (g, t) of them, t = r % lower): a block whose columns
-// all lie right of every one of its rows' t is neither computed nor finished (its outputs are left
-// as they are).
+// zero past K and in the rows past M) and a_next counts bytes of it. causal (RpCausal, below; row
+// i of this call is row causal.row0 + i of the product): with kScores a block whose columns all
+// lie right of its rows' diagonal is neither computed nor finished (its outputs are left as they
+// are); with kMix and kMixT the k-steps of 64 in which a block's rows of A are all zero by the form
+// are not multiplied (kMixT: where K = T, one head).
 // int8.cpp: the same nmat GEMMs on this build's SIMD path (int8.cpp has the layout), for the exact
 // matmul: rp_int8_pack_b as rp_amx_pack_b (j0 a multiple of 32), rp_int8_gemm_packed as
 // rp_amx_gemm without direct, its blocks rows x nr <= cols (the path's tile: 8 x 32 with AVX-512,
@@ -149,6 +150,22 @@ inline T* rp_aligned64(std::vector<T>& v, size_t n) {
   if (v.size() < n + 64 / sizeof(T)) v.resize(n + 64 / sizeof(T));
   return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
 }
+// Attention's causal structure, for the products of full causal attention (exact.cpp's
+// rp_exact_matmul; int8_amx.cpp skips work by it). Rows (or columns) r = (g, t) of G*T, t = r % T:
+//   kScores  C [G*T, T] (S = q k^T, gP = gO v^T; T = N): C[r, j] for j <= t as §11 gives it, +0.0
+//            for j > t (causal_softmax and its backward never read it); the blocks wholly above
+//            the diagonal may be skipped;
+//   kMix     A [G*T, T] (P, gS; T = K): A[r, k] for k > t read as +0.0 (o = P v, gq = gS k);
+//   kMixT    A [T, G*T] (P^T, gS^T; T = M): A[j, (g, t)] for t < j read as +0.0 (gv = P^T gO,
+//            gk = gS^T q).
+// P and gS hold +0.0 there (causal_softmax and its backward write it), so each is the §11 product
+// of the full operands; the kernels neither read nor multiply those entries where they can skip
+// them. row0: the first row of a part of the product (a panel) within the whole.
+enum class RpCausal { kNone, kScores, kMix, kMixT };
+struct RpCausalRows {
+  RpCausal form = RpCausal::kNone;
+  int64_t T = 0, row0 = 0;
+};
 // finish's tiles: nmat blocks one after the other (plane int32 apart), rows ldt int32 apart.
 typedef void (*RpTileFinish)(void* ctx, int64_t i0, int64_t mr, int64_t j0, int64_t nr, const int32_t* tiles,
                              int64_t ldt, int64_t plane);
@@ -162,7 +179,7 @@ int64_t rp_amx_packed_bytes(int64_t N, int64_t K, int nmat);
 void rp_amx_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
                    int64_t j1, uint8_t* out);
 void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp, int64_t M, int64_t N, int64_t K,
-                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx, int64_t lower = 0, int64_t row0 = 0);
+                 int nmat, int32_t* direct, RpTileFinish finish, void* ctx, RpCausalRows causal = {});
 int64_t rp_int8_packed_bytes(int64_t N, int64_t K, int nmat);
 void rp_int8_pack_b(const int8_t* B, int64_t ldb, int64_t b_next, int64_t N, int64_t K, int nmat, int64_t j0,
                     int64_t j1, uint8_t* out);
@@ -185,11 +202,11 @@ struct RpExactOperand {
   const float* x;
   int64_t rs, ks;
 };
-// lower (attention's scores, C [G*T, T] with row r = (g, t), t = r % T; lower = T = N, M a multiple
-// of N): only C[r, j <= t] is wanted; the entries above the diagonal are +0.0, and a path may skip
-// the blocks of outputs wholly above it (AMX: 32 x 32).
+// causal: attention's products (RpCausal above; kScores: M a multiple of N; kMix: M a multiple of
+// K, A's rows K-contiguous (ks = 1); kMixT: K a multiple of M, A the transpose of a row-major
+// tensor (rs = 1)).
 void rp_exact_matmul(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K,
-                     bool lower = false);
+                     RpCausal causal = RpCausal::kNone);
 // Its parts, for products whose scales come from operands larger than the ones multiplied (the
 // band products, end of exact.cpp): beta of a K; each row's exponent and bad flag (§11 steps
 // 2-3) of x [rows, K]; and steps 4-8 for A [M, K] and Bt [N, K] with given beta and scales
@@ -198,7 +215,7 @@ int rp_exact_beta(int64_t K);
 void rp_exact_exponents(RpExactOperand x, int64_t rows, int64_t K, int32_t* e, uint8_t* bad);
 void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, int64_t N, int64_t K, int beta,
                       const int32_t* ea, const uint8_t* bad_a, const int32_t* eb, const uint8_t* bad_b,
-                      bool lower = false);
+                      RpCausal causal = RpCausal::kNone);
 // The band products of window attention as §11 products of the full (masked) operands, in
 // O(T*W); shapes and layouts as rp_band_scores / rp_band_mix / rp_band_mix_t above.
 void rp_exact_band_scores(const float* a, const float* b, float* s, int64_t batch, int64_t M, int64_t T, int64_t D,
