@@ -457,24 +457,30 @@ def test_kernel_causal_products(batch, G, T, D, int8_path):
     there instead (read as +0.0). On AMX the 32 x 32 score blocks wholly above the diagonal and
     the 64-k steps of P's zeros are skipped (also where a block holds rows of two heads, T = 97,
     33, and across the fused path's panels of 8192 rows, G = 90, where a panel starts at t = 44);
-    the other paths compute them."""
+    the other paths compute them. One thread, and two (a batch's products one per thread)."""
     q, k, v, go, p = causal_case(batch, G, T, D, batch + 100 * G + 7 * T + D)
     if T > 2:
         q[0, T + 1 if G > 1 else 1, D // 2] = np.nan      # a bad row (NaN on and below its diagonal)
         k[-1, T - 2, 0] = np.inf                          # a bad column
-    ops, tt = repops.ops, torch.from_numpy
-    kt = np.swapaxes(k, 1, 2)
-    want = np.where(above(G, T), np.float32(0.0), ref.exact_matmul(q, kt))
-    assert same_bits(ops.exact_matmul_causal(tt(q), tt(k).transpose(1, 2), 1).numpy(), want), "scores"
     garbage = p.copy()
     garbage[:, above(G, T)] = np.resize(np.array([np.nan, np.inf, -np.inf, 3e38, 1.0], np.float32),
                                         garbage[:, above(G, T)].shape)
-    want_mix = ref.exact_matmul(p, v)
-    want_mix_t = ref.exact_matmul(np.swapaxes(p, 1, 2), go)
-    for pp, what in ((p, "P"), (garbage, "garbage above the diagonal")):
-        assert same_bits(ops.exact_matmul_causal(tt(pp), tt(v), 2).numpy(), want_mix), f"mix, {what}"
-        assert same_bits(ops.exact_matmul_causal(tt(pp).transpose(1, 2), tt(go), 3).numpy(), want_mix_t), \
-            f"mix_t, {what}"
+    want = {"scores": np.where(above(G, T), np.float32(0.0), ref.exact_matmul(q, np.swapaxes(k, 1, 2))),
+            "mix": ref.exact_matmul(p, v), "mix_t": ref.exact_matmul(np.swapaxes(p, 1, 2), go)}
+    ops, tt = repops.ops, torch.from_numpy
+    saved = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got = ops.exact_matmul_causal(tt(q), tt(k).transpose(1, 2), 1).numpy()
+            assert same_bits(got, want["scores"]), f"scores, {threads} threads"
+            for pp, what in ((p, "P"), (garbage, "garbage above the diagonal")):
+                got = ops.exact_matmul_causal(tt(pp), tt(v), 2).numpy()
+                assert same_bits(got, want["mix"]), f"mix, {what}, {threads} threads"
+                got = ops.exact_matmul_causal(tt(pp).transpose(1, 2), tt(go), 3).numpy()
+                assert same_bits(got, want["mix_t"]), f"mix_t, {what}, {threads} threads"
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_kernel_causal_products_refuse_bad_shapes():

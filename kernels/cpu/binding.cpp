@@ -363,6 +363,20 @@ RpExactOperand exact_view(const Tensor& x, int64_t i) {
   return {p, 1, x.stride(2)};
 }
 
+// The exact products of a batch, each on one thread where there are at least as many as threads
+// (attention's heads: one small product's split, GEMMs and reconstruction spread over all threads
+// wait on each other more than they compute); one after the other, each over all threads,
+// otherwise. Every product's bits are its own, whoever computes it.
+template <class F>
+void exact_batch(int64_t batch, const F& product) {
+  if (batch >= 2 && batch >= rp_threads())
+    rp::parallel_for(batch, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) product(i);
+    });
+  else
+    for (int64_t i = 0; i < batch; ++i) product(i);
+}
+
 // Contract §11. A 2-D operand of a batched product gives every batch entry the same view.
 Tensor exact_matmul(const Tensor& a, const Tensor& b) {
   const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
@@ -370,8 +384,10 @@ Tensor exact_matmul(const Tensor& a, const Tensor& b) {
   const Tensor a3 = exact_operand((a.dim() == 2 ? a.unsqueeze(0) : a).expand({s.batch, s.M, s.K}));
   const Tensor bt = exact_operand((b.dim() == 2 ? b.unsqueeze(0) : b).expand({s.batch, s.K, s.N}).transpose(1, 2));
   Tensor c = at::empty(s.out, a.options());
-  for (int64_t i = 0; i < s.batch; ++i)
-    rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K);
+  float* out = c.data_ptr<float>();
+  exact_batch(s.batch, [&](int64_t i) {
+    rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), out + i * s.M * s.N, s.M, s.N, s.K);
+  });
   return c;
 }
 
@@ -393,9 +409,10 @@ Tensor exact_matmul_causal(const Tensor& a, const Tensor& b, int64_t form) {
   const Tensor bt = exact_operand(b.expand({s.batch, s.K, s.N}).transpose(1, 2));
   Tensor c = at::empty(s.out, a.options());
   const RpCausal causal = form == 1 ? RpCausal::kScores : form == 2 ? RpCausal::kMix : RpCausal::kMixT;
-  for (int64_t i = 0; i < s.batch; ++i)
-    rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K,
-                    causal);
+  float* out = c.data_ptr<float>();
+  exact_batch(s.batch, [&](int64_t i) {
+    rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), out + i * s.M * s.N, s.M, s.N, s.K, causal);
+  });
   return c;
 }
 
