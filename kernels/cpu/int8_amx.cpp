@@ -105,7 +105,7 @@ struct Job {
   const int8_t* A;
   int64_t lda, a_next;
   const uint8_t* Bp;   // packed B: matrix t, pair of panels (columns 32q) at Bp + (t * npanels + 2 q) * Kp * 16
-  int64_t M, N, K, Kp, npanels, nc;   // nc: the columns of a task
+  int64_t M, N, K, Kp, npanels, nc, mc;   // nc, mc: the columns and rows of a task
   int nmat;
   int32_t* direct;
   RpTileFinish finish;
@@ -185,7 +185,7 @@ __attribute__((target("amx-tile,amx-int8"))) inline void tiles_store(int32_t* c,
   _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
 }
 
-// The tasks [t0, t1) of a job (task t: rows (t % ntm) * MC .., columns (t / ntm) * nc ..). ct holds
+// The tasks [t0, t1) of a job (task t: rows (t % ntm) * mc .., columns (t / ntm) * nc ..). ct holds
 // the task's finished (or, between passes, partial) blocks: block jb of matrix m at
 // ct + (jb * nmat + m) * 1024, [32][32] int32, so that finish gets the nmat blocks of one output
 // block one after the other.
@@ -198,7 +198,7 @@ __attribute__((target("amx-tile,amx-int8"))) void run_tasks(const Job& job, int6
   _tile_loadconfig(&cfg);
   const bool tiled = job.lda == 0;   // A in tile order (rp_amx_a_offset): no copy
   const int64_t M = job.M, N = job.N, Kp = job.Kp, NCT = job.nc, K = tiled ? job.K : std::min(job.K, job.lda);
-  const int64_t kpass = std::min(KC, Kp), ntm = (M + MC - 1) / MC;
+  const int64_t kpass = std::min(KC, Kp), MC = job.mc, ntm = (M + MC - 1) / MC;
   // the thread's A block and partial sums, kept between calls (1-2 MB: no allocation, page faults
   // or clearing per call); every byte read is written first (pack_a, tiles_store)
   static thread_local std::vector<int8_t> apack_buf;
@@ -316,8 +316,15 @@ void rp_amx_gemm(const int8_t* A, int64_t lda, int64_t a_next, const uint8_t* Bp
   // the task's columns: its B panels (nmat x nc x Kp bytes) in kL2Bytes, at least one block, at
   // most N rounded up to a block
   const int64_t nc = std::clamp<int64_t>(kL2Bytes / (nmat * Kp) / BN * BN, BN, (N + BN - 1) / BN * BN);
-  const Job job{A, lda, a_next, Bp, M, N, K, Kp, panels(N), nc, nmat, nmat == 1 ? direct : nullptr, finish, ctx, causal};
-  const int64_t tasks = ((M + MC - 1) / MC) * ((N + nc - 1) / nc);
+  // the task's rows: MC, or with several threads fewer (down to a block) until there are at least
+  // two tasks per thread (the model's products with 128 rows and K = 1024 had one to three)
+  int64_t mc = MC;
+  const auto tasks_of = [&](int64_t rows) { return ((M + rows - 1) / rows) * ((N + nc - 1) / nc); };
+  if (rp_threads() > 1)
+    while (mc > BM && tasks_of(mc) < 2 * rp_threads()) mc /= 2;
+  const int64_t tasks = tasks_of(mc);
+  const Job job{A, lda, a_next, Bp, M, N, K, Kp, panels(N), nc, mc, nmat, nmat == 1 ? direct : nullptr, finish, ctx,
+                causal};
   rp::parallel_for(tasks, 1, [&](int64_t t0, int64_t t1) { run_tasks(job, t0, t1); });
 }
 
