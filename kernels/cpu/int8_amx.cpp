@@ -61,8 +61,9 @@ constexpr int64_t TR = 16;   // rows of a tile
 constexpr int64_t TB = 64;   // bytes of a tile row: 64 int8 k values (A), 16 columns x 4 k (B)
 constexpr int64_t TILE = TR * TB;    // bytes of a tile
 constexpr int64_t BM = 32, BN = 32;  // a block: 2 x 2 C tiles
-// The blocking (a task: MC rows x nc columns of outputs, all of K; tasks run column-chunk by
-// column-chunk, rows inner, so a thread's consecutive tasks share their B panels):
+// The blocking (a task: MC rows x nc columns of outputs, all of K, with several threads fewer rows
+// where that leaves a thread fewer than two tasks; tasks run column-chunk by column-chunk, rows
+// inner, so a thread's consecutive tasks share their B panels):
 //   - a row block's A tiles (32 rows x KC k, 16 KB) are copied into tile order and stay in L1
 //     while the B panels of the task's columns stream from L2;
 //   - nc is chosen so that those B panels (nc columns x K, all nmat matrices) fit in half of L2
