@@ -660,27 +660,31 @@ RP_WIDE_VECTORS void causal_exponents(RpExactOperand x, int64_t rows, int64_t K,
 }
 
 // The outputs of rows [i0, i0 + m) from their residue sums res [kMod][m][N] (§11 steps 6-7), into
-// columns [0, N) of C's rows, ldc apart.
+// columns [0, N) of C's rows, ldc apart; scores (kScores, rows i0 + i of the whole product): not
+// the blocks of kBlock outputs wholly right of their row's diagonal.
 template <Sums sums>
 void reconstruct_rows(const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
-                      const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C, int64_t ldc) {
+                      const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C, int64_t ldc,
+                      bool scores) {
   const int64_t nblocks = (N + kBlock - 1) / kBlock;
   rp::parallel_for(m * nblocks, 16, [&](int64_t b, int64_t e) {
     for (int64_t w = b; w < e; ++w) {
       const int64_t i = w / nblocks, j0 = (w % nblocks) * kBlock, nj = std::min(kBlock, N - j0);
+      if (scores && j0 > (i0 + i) % N) continue;   // (+0.0, written by rp_exact_matmul)
       reconstruct<sums>(res + i * N + j0, m * N, nj, ea[i0 + i] - 126 - beta, exb + j0, bad_b + j0,
                         bad_a[i0 + i] != 0, C + (i0 + i) * ldc + j0);
     }
   });
 }
 void reconstruct_panel(Sums sums, const int32_t* res, int64_t i0, int64_t m, int64_t N, int beta, const int32_t* ea,
-                       const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C, int64_t ldc) {
+                       const uint8_t* bad_a, const int32_t* exb, const uint8_t* bad_b, float* C, int64_t ldc,
+                       bool scores = false) {
   if (sums == Sums::kScaled)
-    reconstruct_rows<Sums::kScaled>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc);
+    reconstruct_rows<Sums::kScaled>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc, scores);
   else if (sums == Sums::kSmall)
-    reconstruct_rows<Sums::kSmall>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc);
+    reconstruct_rows<Sums::kSmall>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc, scores);
   else
-    reconstruct_rows<Sums::kFolded>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc);
+    reconstruct_rows<Sums::kFolded>(res, i0, m, N, beta, ea, bad_a, exb, bad_b, C, ldc, scores);
 }
 
 // The int8 paths that run several GEMMs block by block on a B packed once (kernels.h): AMX-INT8
@@ -878,7 +882,7 @@ void rp_exact_product(RpExactOperand A, RpExactOperand Bt, float* C, int64_t M, 
         });
       }
     }
-    reconstruct_panel(sums, res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C, N);
+    reconstruct_panel(sums, res, i0, m, N, beta, ea, bad_a, exb.data(), bad_b, C, N, causal == RpCausal::kScores);
   }
   if ((buf.pa.capacity() + buf.pb.capacity()) + 4 * (buf.res.capacity() + buf.part.capacity()) > kKeepBytes)
     buf = Buffers();
