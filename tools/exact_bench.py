@@ -14,8 +14,10 @@ of both against float64 (outputs whose float64 value is 0 are left out: a relati
 undefined) and the normwise error max|C - C64| / max|C64|.
 Speed: median time of each product at the default model's shapes and at 1024^3, 2048^3 and
 4096^3, exact vs RepOps fp32 vs torch fp32, with ratios; the first line names the kernels that ran
-(the int8 GEMM of the residues: AMX-INT8 or the SIMD path, REPOPS_CPU_INT8). Not a test: run it
-alone (nice 0).
+(the int8 GEMM of the residues: AMX-INT8 or the SIMD path, REPOPS_CPU_INT8). The rows marked
+"causal" are attention's products as the exact step runs them, told their causal form
+(exact_matmul_causal: the scores on and below the diagonal, P with +0.0 above it and its zeros
+skipped); their fp32 and torch columns are the full products. Not a test: run it alone (nice 0).
 """
 import os
 import statistics
@@ -89,12 +91,15 @@ def record_step(warm):
 
     repops._MatMul.backward = staticmethod(bwd)
     repops.ops.matmul = rec
+    # attention as its composed ops (matmul, causal_softmax, matmul), so that its products are seen
+    composed, repops.COMPOSED_ATTENTION = repops.COMPOSED_ATTENTION, True
     try:
         x, y = tokens.micro_batch("train", warm + 1, 0, cfg.micro_batch_size, cfg.seq_len)
         state.model(x, y, zloss=cfg.zloss).backward()
     finally:
         repops._MatMul.backward = staticmethod(orig_bwd)
         repops.ops.matmul = real
+        repops.COMPOSED_ATTENTION = composed
     return calls
 
 
@@ -142,16 +147,25 @@ def speed(repeats, clock_name):
     shapes = [("qkv fwd [1024,128]x[128,384]", (R, d), (d, 3 * d)), ("down fwd [1024,384]x[384,128]", (R, h), (h, d)),
               ("gate_up grad_W [768,1024]x[1024,128]", (2 * h, R), (R, d)), ("lm_head fwd [1024,128]x[128,256]", (R, d), (d, V)),
               ("QK^T [32,128,32]x[32,32,128]", (BH, T, Dh), (BH, Dh, T)), ("PV [32,128,128]x[32,128,32]", (BH, T, T), (BH, T, Dh)),
+              ("QK^T causal", (BH, T, Dh), (BH, Dh, T)), ("PV causal", (BH, T, T), (BH, T, Dh)),
+              ("P^T gO causal", (BH, T, T), (BH, T, Dh)),
               ("1024^3", (1024, 1024), (1024, 1024)), ("2048^3", (2048, 2048), (2048, 2048)),
               ("4096^3", (4096, 4096), (4096, 4096))]
     print(f"{'shape':40} {'exact ms':>9} {'fp32 ms':>9} {'torch ms':>9} {'exact/fp32':>11} {'exact/torch':>12} {'exact GFLOP/s':>14}")
     g = torch.Generator().manual_seed(0)
     for name, sa, sb in shapes:
         a, b = torch.randn(*sa, generator=g), torch.randn(*sb, generator=g)
+        # kernels/README.md §11 "Attention's products": forms 1-3 (0: the plain exact matmul)
+        form = 0 if "causal" not in name else repops.SCORES if name.startswith("QK") else \
+            repops.MIX if name.startswith("PV") else repops.MIX_T
+        if form in (repops.MIX, repops.MIX_T):   # P, as causal_softmax leaves it; P^T for MIX_T
+            a = torch.softmax(a.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")), -1)
+            a = a.transpose(1, 2) if form == repops.MIX_T else a
         n = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
         # fewer repeats of the large products, but at least 3 (--repeats allowing): one sample is noise
         reps = min(repeats, max(3, int(2e10 / n)))
-        te = timed(lambda: repops.ops.exact_matmul(a, b), reps, clock)
+        te = timed(lambda: repops.ops.exact_matmul_causal(a, b, form) if form else repops.ops.exact_matmul(a, b),
+                   reps, clock)
         tf = timed(lambda: repops.ops.matmul(a, b), reps, clock)
         tt = timed(lambda: torch.matmul(a, b), reps, clock)
         print(f"{name:40} {te * 1e3:9.2f} {tf * 1e3:9.2f} {tt * 1e3:9.2f} {te / tf:11.2f} {te / tt:12.2f} {n / te / 1e9:14.1f}")
