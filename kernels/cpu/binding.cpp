@@ -363,13 +363,16 @@ RpExactOperand exact_view(const Tensor& x, int64_t i) {
   return {p, 1, x.stride(2)};
 }
 
-// The exact products of a batch, each on one thread where there are at least as many as threads
-// (attention's heads: one small product's split, GEMMs and reconstruction spread over all threads
-// wait on each other more than they compute); one after the other, each over all threads,
-// otherwise. Every product's bits are its own, whoever computes it.
+// The exact products of a batch, each on one thread where there are at least as many as threads and
+// each is small (attention's heads: one small product's split, GEMMs and reconstruction spread over
+// all threads wait on each other more than they compute; a small product's residue planes, (M + N)
+// K bytes per modulus, at most 8 MB, are all that each thread's kept buffers then grow to); one
+// after the other, each over all threads, otherwise. Every product's bits are its own, whoever
+// computes it.
 template <class F>
-void exact_batch(int64_t batch, const F& product) {
-  if (batch >= 2 && batch >= rp_threads())
+void exact_batch(const rpb::MatmulShape& s, const F& product) {
+  const int64_t batch = s.batch;
+  if (batch >= 2 && batch >= rp_threads() && (s.M + s.N) * s.K * 8 <= (int64_t(8) << 20))
     rp::parallel_for(batch, 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) product(i);
     });
@@ -385,7 +388,7 @@ Tensor exact_matmul(const Tensor& a, const Tensor& b) {
   const Tensor bt = exact_operand((b.dim() == 2 ? b.unsqueeze(0) : b).expand({s.batch, s.K, s.N}).transpose(1, 2));
   Tensor c = at::empty(s.out, a.options());
   float* out = c.data_ptr<float>();
-  exact_batch(s.batch, [&](int64_t i) {
+  exact_batch(s, [&](int64_t i) {
     rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), out + i * s.M * s.N, s.M, s.N, s.K);
   });
   return c;
@@ -410,7 +413,7 @@ Tensor exact_matmul_causal(const Tensor& a, const Tensor& b, int64_t form) {
   Tensor c = at::empty(s.out, a.options());
   const RpCausal causal = form == 1 ? RpCausal::kScores : form == 2 ? RpCausal::kMix : RpCausal::kMixT;
   float* out = c.data_ptr<float>();
-  exact_batch(s.batch, [&](int64_t i) {
+  exact_batch(s, [&](int64_t i) {
     rp_exact_matmul(exact_view(a3, i), exact_view(bt, i), out + i * s.M * s.N, s.M, s.N, s.K, causal);
   });
   return c;
