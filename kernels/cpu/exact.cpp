@@ -465,7 +465,7 @@ void split_rows(RpExactOperand x, int64_t k0, int64_t kc, const int32_t* e, int 
       if (mix && !tiled) {
         zero(r, keep[i] - k0 < kc ? std::max<int64_t>(keep[i] - k0, 0) : kc, ld);   // k past t (and kc)
       } else if (mix) {   // k past t, up to the k-steps the AMX GEMM multiplies for r's block of 32 rows
-        const int64_t b0 = r / 32 * 32, mb = std::min<int64_t>(32, rows - b0), t0 = (cz.row0 + b0) % cz.T;
+        const int64_t blk = r / 32 * 32, mb = std::min<int64_t>(32, rows - blk), t0 = (cz.row0 + blk) % cz.T;
         const int64_t tl = t0 + mb <= cz.T ? t0 + mb - 1 : cz.T - 1;   // the block's largest t
         const int64_t z0 = std::min(keep[i], kc) / 64 * 64, z1 = std::min(ld, (tl + 64) / 64 * 64);
         if (z1 > z0) zero(r, z0, z1);
@@ -626,12 +626,12 @@ RP_WIDE_VECTORS void causal_exponents(RpExactOperand x, int64_t rows, int64_t K,
       if (n < kSlab) {
         for (int64_t i = 0; i < n; ++i) {
           uint32_t eall = 0, eplus = 0;
-          for (int64_t k = 0; k < K; ++k) {
-            if (k % T < r0 + i) continue;
-            uint32_t u;
-            std::memcpy(&u, x.x + k * x.ks + r0 + i, sizeof(u));
-            exponent_maxima(u, eall, eplus);
-          }
+          for (int64_t p0 = 0; p0 < K; p0 += T)   // each head's k = p0 + t, t >= j = r0 + i
+            for (int64_t k = p0 + r0 + i; k < p0 + T; ++k) {
+              uint32_t u;
+              std::memcpy(&u, x.x + k * x.ks + r0 + i, sizeof(u));
+              exponent_maxima(u, eall, eplus);
+            }
           exponent_of(eall, eplus, &e[r0 + i], &bad[r0 + i]);
         }
         continue;
@@ -639,8 +639,7 @@ RP_WIDE_VECTORS void causal_exponents(RpExactOperand x, int64_t rows, int64_t K,
       u32v vall[4] = {}, vplus[4] = {};
       u32v lane;
       for (int64_t l = 0; l < kV; ++l) lane[l] = uint32_t(l);
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t t = k % T;
+      for (int64_t k = 0, t = 0; k < K; ++k, t = t + 1 == T ? 0 : t + 1) {   // t = k % T
         if (t < r0) continue;   // every lane j > t
         for (int v = 0; v < 4; ++v) {
           u32v u;
