@@ -47,7 +47,6 @@ import argparse
 import dataclasses
 import inspect
 import math
-import os
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -323,10 +322,7 @@ def validate(cfg, world=1, recorded=False):
         need(cfg.quant == "none", "matmul", "exact has no int8 form (the int8 block linears are their own GEMM)", "quant")
         need(cfg.attn_window == 0 or cfg.device == "cpu", "matmul", "exact's windowed attention (its band "
              "products) has CPU kernels only", "attn_window", "device")
-        # its CUDA kernels are in dev/cuda until a GPU has verified them: built only with REPOPS_CUDA_DEV=1
-        cuda_dev = cfg.device == "cuda" and os.environ.get("REPOPS_CUDA_DEV", "") == "1"
-        need(cfg.device == "cpu" or cuda_dev, "matmul", "exact runs on the cpu only until a GPU has verified its "
-             "CUDA kernels (dev/cuda; REPOPS_CUDA_DEV=1 builds them for that check; docs/exact-matmul.md)", "device")
+        need(cfg.device != "mps", "matmul", "exact has no Metal kernels (docs/metal.md): use cpu or cuda", "device")
     try:
         phases = parse_phases(cfg.micro_batch_phases)
     except ScheduleError as e:

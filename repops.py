@@ -20,8 +20,8 @@ implementations where torch has CUDA; Metal (kernels/metal, registered by repops
 torch has MPS (an Apple GPU).
 
 Every operator's autograd rule stands next to its forward, so a backward is checked against its
-forward in one place; the kernels are in kernels/, and the CUDA kernel versions that no GPU has
-verified yet in dev/cuda/ (built, selectable and hashed only with REPOPS_CUDA_DEV=1).
+forward in one place; the kernels are in kernels/, and the CUDA kernel versions kept out of the
+default build in dev/cuda/ (built, selectable and hashed only with REPOPS_CUDA_DEV=1).
 """
 import contextlib
 import fcntl
@@ -44,9 +44,10 @@ CPU_SOURCES = sorted(
     os.path.join(CPU_DIR, f) for f in os.listdir(CPU_DIR)
     if f.endswith(".cpp") and f != "selftest.cpp")
 CUDA_DIR = os.path.join(ROOT, "kernels", "cuda")
-# CUDA kernel versions that no GPU has verified yet: built, selectable and hashed only with
-# REPOPS_CUDA_DEV=1, the GPU session that verifies them (tools/matmul_versions.py, .ci/gpu).
-# Promotion moves a verified version from dev/cuda into kernels/cuda (docs/cuda-speed.md).
+# CUDA kernel versions kept out of the default build (not yet verified on a GPU, or verified and
+# slower than the default): built, selectable and hashed only with REPOPS_CUDA_DEV=1, the GPU
+# session that verifies them (tools/matmul_versions.py, .ci/gpu). Promotion moves a verified
+# version from dev/cuda into kernels/cuda (docs/cuda-speed.md).
 DEV_CUDA_DIR = os.path.join(ROOT, "dev", "cuda")
 CUDA_DEV = os.environ.get("REPOPS_CUDA_DEV", "") == "1"
 CUDA_SOURCES = sorted(os.path.join(d, f) for d in [CUDA_DIR] + [DEV_CUDA_DIR] * CUDA_DEV
@@ -88,15 +89,15 @@ CUDA_FLAGS = ["-O3", "-std=c++17", "--fmad=false", "-ftz=true", "-prec-div=true"
 HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where torch has CUDA
 HAS_MPS = torch.backends.mps.is_available()   # the Metal kernels are registered only where torch has MPS
 # The CUDA kernel versions the plain ops use, read once (docs/cuda-speed.md): all give the same bits;
-# a default changes only after tools/matmul_versions.py verified the new one on a GPU. MATMUL: 1
-# (kernels/cuda/matmul.cu), with REPOPS_CUDA_DEV=1 also 2-4 (dev/cuda/matmul_tiled.cu); INT8: mma
-# (int8.cu) or cublaslt (torch._int_mm where it fits); CLIP: 1 (optim.cu's one-warp gradient norm),
-# with REPOPS_CUDA_DEV=1 also 2 (dev/cuda/flat_sum.cu, streamed).
-CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4") if CUDA_DEV else ("1",)
+# a default is the fastest version tools/matmul_versions.py verified on a GPU (H200, 2026-12-04).
+# MATMUL: 1 (kernels/cuda/matmul.cu), 2-4 (matmul_tiled.cu), default 3; INT8: mma (int8.cu) or
+# cublaslt (torch._int_mm where it fits, else mma), default cublaslt; CLIP: 1 (optim.cu's gradient
+# norm), with REPOPS_CUDA_DEV=1 also 2 (dev/cuda/flat_sum.cu, streamed through one block: slower).
+CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4")
 CUDA_INT8_PATHS = ("mma", "cublaslt")
 CUDA_CLIP_VERSIONS = ("1", "2") if CUDA_DEV else ("1",)
-CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "1"
-CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "mma"
+CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "3"
+CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "cublaslt"
 CUDA_CLIP = os.environ.get("REPOPS_CUDA_CLIP", "") or "1"
 
 # The CPU kernel versions, chosen at load (kernels/cpu; every one gives the same bits, so the choice
@@ -174,7 +175,7 @@ def load():
                               ("REPOPS_CPU_MATMUL", CPU_MATMUL, CPU_MATMUL_VERSIONS), ("REPOPS_CPU_INT8", CPU_INT8, CPU_INT8_PATHS)):
         if value not in known:
             raise RepOpsBuildError(f"{var}={value!r} is not one of its kernel versions ({', '.join(known)}"
-                                   + ("" if CUDA_DEV else "; the unverified ones in dev/cuda need REPOPS_CUDA_DEV=1")
+                                   + ("" if CUDA_DEV or var != "REPOPS_CUDA_CLIP" else "; dev/cuda's need REPOPS_CUDA_DEV=1")
                                    + ")")
     name = ("repops_cuda_dev" if CUDA_DEV else "repops_cuda") if HAS_CUDA else "repops_cpu"
     dev_flags = ["-DRPC_DEV_VERSIONS"] if CUDA_DEV and HAS_CUDA else []   # binding_cuda.cpp and the launchers

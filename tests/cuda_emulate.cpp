@@ -1,4 +1,4 @@
-// cuda_emulate.cpp -- dev/cuda/matmul_tiled.cu (matmul versions 2 and 3) and flat_sum.cu
+// cuda_emulate.cpp -- kernels/cuda/matmul_tiled.cu (matmul versions 2 and 3) and dev/cuda/flat_sum.cu
 // (clip_grad version 2's norm) run on the host, for tests/test_cuda_emulate.py: the kernel
 // sources compiled as C++ with RPC_EMULATE, each CUDA
 // thread of a block a host thread (x86 FTZ|DAZ set, as -ftz=true on the device), __syncthreads a

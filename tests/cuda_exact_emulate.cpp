@@ -1,4 +1,4 @@
-// cuda_exact_emulate.cpp -- dev/cuda/exact.cu (the exact matmul, contract §11) run on the
+// cuda_exact_emulate.cpp -- kernels/cuda/exact.cu (the exact matmul, contract §11) run on the
 // host, for tests/test_cuda_exact.py: exact.cu compiled as C++ with RPC_EMULATE, so its launches
 // are host loops over the same __host__ __device__ element functions (exponents lane by lane then
 // the warp's max / or, split, combine, reconstruct) and the same orchestration (workspace layout,

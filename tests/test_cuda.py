@@ -45,7 +45,7 @@ from tiny import TINY, make_corpus, run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_DIR = ROOT / "kernels" / "cuda"
-DEV_CUDA_DIR = ROOT / "dev" / "cuda"      # versions no GPU has verified yet (REPOPS_CUDA_DEV=1 builds them)
+DEV_CUDA_DIR = ROOT / "dev" / "cuda"      # versions outside the default build (REPOPS_CUDA_DEV=1 builds them)
 CPU_DIR = ROOT / "kernels" / "cpu"
 COMMON_DIR = ROOT / "kernels" / "common"  # headers both backends include
 CU_SOURCES = sorted(CUDA_DIR.glob("*.cu")) + sorted(DEV_CUDA_DIR.glob("*.cu"))   # all must compile
@@ -68,8 +68,8 @@ def _nvcc():
 NVCC = _nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not installed")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA GPU on this machine")
-# The versions no GPU has verified yet (dev/cuda) exist only in the build REPOPS_CUDA_DEV=1 makes, the GPU
-# session's (.ci/gpu exports it); on a GPU without it their tests skip, and REPOPS_STRICT=1 fails them.
+# The versions of dev/cuda exist only in the build REPOPS_CUDA_DEV=1 makes, the GPU session's (.ci/gpu
+# exports it); on a GPU without it their tests skip, and REPOPS_STRICT=1 fails them.
 needs_dev_build = pytest.mark.skipif(torch.cuda.is_available() and not repops.CUDA_DEV,
                                      reason="dev/cuda is built only with REPOPS_CUDA_DEV=1 (as .ci/gpu does)")
 
@@ -92,7 +92,7 @@ def ptx_dir(tmp_path_factory):
 
     def build(src):
         base = ["-I", str(CUDA_DIR), "-I", str(DEV_CUDA_DIR), "-I", str(COMMON_DIR)] + NVCC_FLAGS
-        base += ["-DRPC_DEV_VERSIONS"] * (src.parent == DEV_CUDA_DIR or src.stem in ("matmul", "optim"))
+        base += ["-DRPC_DEV_VERSIONS"] * (src.parent == DEV_CUDA_DIR or src.stem == "optim")
         r = _run([NVCC, "-c", "-Xptxas", "-v"] + base + ARCHS + [str(src), "-o", str(out / (src.stem + ".o"))])
         (out / (src.stem + ".ptxas")).write_text(r.stdout + r.stderr)  # registers, spills, shared memory
         _run([NVCC, "-ptx", "-arch=compute_80"] + base + [str(src), "-o", str(out / (src.stem + ".ptx"))])
@@ -460,7 +460,7 @@ def test_matmul_past_the_grid_limits_bits(ops):
 
 
 @needs_gpu
-@pytest.mark.parametrize("version", [pytest.param(v, marks=[needs_dev_build] * (v > 1)) for v in MV.VERSIONS])
+@pytest.mark.parametrize("version", MV.VERSIONS)
 def test_matmul_versions_bits(ops, version):
     """Every numbered matmul kernel (repops.ops.matmul_v) on tools/matmul_versions.py's quick cases:
     odd sizes, K = 0 and 1, transposed views, step-2 slices, batch broadcast, specials, tiny values."""

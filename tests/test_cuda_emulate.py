@@ -2,7 +2,7 @@
 
     python -m pytest tests/test_cuda_emulate.py -q      # no GPU; needs g++ (C++20) and the CUDA headers
 
-tests/cuda_emulate.cpp compiles dev/cuda/matmul_tiled.cu and flat_sum.cu as C++ (RPC_EMULATE: each CUDA thread a host
+tests/cuda_emulate.cpp compiles kernels/cuda/matmul_tiled.cu and dev/cuda/flat_sum.cu as C++ (RPC_EMULATE: each CUDA thread a host
 thread, __syncthreads a barrier, cp.async a zero-filling copy: made when issued for version 2,
 so a stage refilled while another thread reads it would show; made only at the cp.async wait that
 covers it for version 3, so a stage read before its wait would show) and runs versions 2 and 3 on

@@ -1,4 +1,4 @@
-"""The exact matmul on CUDA (dev/cuda/exact.cu, contract §11; built with REPOPS_CUDA_DEV=1) gives the CPU kernel's bits.
+"""The exact matmul on CUDA (kernels/cuda/exact.cu, contract §11) gives the CPU kernel's bits.
 
     python -m pytest tests/test_cuda_exact.py -q        # emulated here (g++ + CUDA headers); GPU tests on a GPU
 
@@ -11,7 +11,8 @@ the NumPy reference's (tests/numpy_exact.py) bit for bit: zeros, NaN/inf rows an
 huge and tiny exponents, subnormals, overflow, flushes, K = 0 and 1, K past the 131072-k chunk, and
 small chunks and panels (any split gives the same bits). nvcc compilation for sm_80/sm_90 and the
 PTX float check are tests/test_cuda.py's (every kernels/cuda/*.cu). On a GPU: the CUDA op against
-the CPU op on many shapes, views and batches (int8.cu's real mma.sync GEMM, the real warps).
+the CPU op on many shapes, views and batches (int8.cu's real mma.sync GEMM, the real warps), and
+a short --matmul=exact training run whose chain and checkpoints equal the CPU run's.
 """
 import shutil
 
@@ -21,7 +22,7 @@ import torch
 
 import reference as ref
 import repops
-from test_cuda import CUDA_DIR, COMMON_DIR, DEV_CUDA_DIR, _cuda_include_dir, needs_dev_build, needs_nvcc
+from test_cuda import CUDA_DIR, COMMON_DIR, _cuda_include_dir, _train, corpus, needs_nvcc  # noqa: F401 - fixture
 from test_exact_matmul import adversarial, same_bits
 from tiny import run_process
 
@@ -36,7 +37,7 @@ def emulator(tmp_path_factory):
         pytest.skip("needs g++ and the CUDA toolkit's headers (cuda_runtime_api.h)")
     exe = tmp_path_factory.mktemp("exact") / "cuda_exact_emulate"
     run_process(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
-                 "-DRPC_EMULATE", "-Wall", "-Werror", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
+                 "-DRPC_EMULATE", "-Wall", "-Werror", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
                  str(ROOT / "tests" / "cuda_exact_emulate.cpp"), "-o", str(exe)], check=True, timeout=300)
     return exe
 
@@ -137,7 +138,6 @@ def both(a, b):
 
 
 @needs_gpu
-@needs_dev_build
 @pytest.mark.parametrize("M,K,N", SHAPES + [(64, 64, 64), (129, 4096, 257), (1000, 768, 300), (256, 3072, 768),
                                             (4, 70000, 3), (7, 131073, 5)])
 def test_cuda_exact_matmul_bits(M, K, N):
@@ -153,7 +153,6 @@ def test_cuda_exact_matmul_bits(M, K, N):
 
 
 @needs_gpu
-@needs_dev_build
 def test_cuda_exact_matmul_specials_views_batches():
     repops.load()
     rng = np.random.default_rng(11)
@@ -171,23 +170,31 @@ def test_cuda_exact_matmul_specials_views_batches():
     assert same_bits(*both(torch.zeros(5, 0), torch.zeros(0, 3))), "K = 0"
 
 
-# ------------------------------------------------------------------ never selectable unverified
-def test_cuda_exact_run_is_refused_without_the_opt_in(monkeypatch):
-    """--device=cuda --matmul=exact is refused (one line naming the opt-in) unless
-    REPOPS_CUDA_DEV=1, the GPU session's switch for verifying dev/cuda/exact.cu (docs/exact-matmul.md)."""
+@pytest.fixture(scope="module")
+def cpu_exact_chain(corpus, tmp_path_factory):  # noqa: F811 - corpus is test_cuda's fixture
+    return _train(tmp_path_factory.mktemp("cpu_exact_run"), corpus, "--matmul=exact", "--threads=1")
+
+
+@needs_gpu
+def test_exact_training_chain_equals_cpu_chain(corpus, cpu_exact_chain, tmp_path):  # noqa: F811
+    """A --matmul=exact run on CUDA (exact.cu for every product, attention's composed) has the CPU
+    run's chain and checkpoints byte for byte (the CPU runs attention as one op, told its causal form)."""
+    chain, ckpts = _train(tmp_path, corpus, "--matmul=exact", "--device=cuda")
+    assert chain == cpu_exact_chain[0], "the CUDA --matmul=exact run's chain differs from the CPU run's"
+    assert ckpts == cpu_exact_chain[1]
+
+
+# ------------------------------------------------------------------ what config accepts
+def test_cuda_exact_run_is_accepted_where_a_gpu_is(monkeypatch):
+    """--device=cuda --matmul=exact is a valid config (exact.cu was verified on an H200,
+    docs/exact-matmul.md); without a GPU only the missing GPU is refused; mps has no exact kernels."""
     from config import UsageError, parse_config, validate
     monkeypatch.delenv("REPOPS_CUDA_DEV", raising=False)
-    with pytest.raises(UsageError, match="REPOPS_CUDA_DEV=1"):
-        validate(parse_config(["--matmul=exact", "--device=cuda"]))
-    monkeypatch.setenv("REPOPS_CUDA_DEV", "0")
-    with pytest.raises(UsageError, match="device"):
-        validate(parse_config(["--matmul=exact", "--device=cuda"]))
-    monkeypatch.setenv("REPOPS_CUDA_DEV", "1")
     if torch.cuda.is_available():
         validate(parse_config(["--matmul=exact", "--device=cuda"]))
-    else:                                   # opted in: only the missing GPU is left to refuse
+    else:
         with pytest.raises(UsageError, match="no CUDA GPU") as e:
             validate(parse_config(["--matmul=exact", "--device=cuda"]))
         assert "matmul" not in str(e.value)
-    with pytest.raises(UsageError, match="device"):
+    with pytest.raises(UsageError, match="exact has no Metal kernels"):
         validate(parse_config(["--matmul=exact", "--device=mps"]))

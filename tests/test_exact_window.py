@@ -116,7 +116,7 @@ def test_exact_window_audit_match(runs, corpus):
 
 def test_exact_window_refused_on_cuda(tmp_path):
     proc = script("train.py", f"--run_dir={tmp_path / 'run'}", "--matmul=exact", "--attn_window=8", "--device=cuda",
-                  env={**launch_env(), "REPOPS_CUDA_DEV": "1"})
+                  env=launch_env())
     assert_one_line_error(proc, "train.py")
     assert "--attn_window=8" in proc.stderr and "CPU kernels only" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()

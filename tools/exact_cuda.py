@@ -1,4 +1,4 @@
-"""The exact matmul on CUDA (dev/cuda/exact.cu, contract §11): CUDA = CPU bits, then its speed.
+"""The exact matmul on CUDA (kernels/cuda/exact.cu, contract §11): CUDA = CPU bits, then its speed.
 
     python -m tools.exact_cuda              # on a CUDA machine (.ci/gpu's `exact` stage; ~30-60 s, H200)
     python -m tools.exact_cuda --quick      # the bit check on the small cases only, then 1024^3 timed
@@ -93,8 +93,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device")
-    if args.device == "cuda" and not repops.CUDA_DEV:
-        ap.error("exact.cu is in dev/cuda until a GPU has verified it: run with REPOPS_CUDA_DEV=1 (as .ci/gpu does)")
     repops.load()
     if args.device == "cuda":
         print(f"GPU {torch.cuda.get_device_name()}", flush=True)

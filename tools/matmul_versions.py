@@ -8,7 +8,7 @@
     python -m tools.matmul_versions --fp32 --versions 1,3   # some versions (one crashed the process)
 
 fp32 (contract §4.1): every version of repops.ops.matmul_v (1: kernels/cuda/matmul.cu, 2, 3 and
-4: dev/cuda/matmul_tiled.cu; 4 picks 2 or 3 by size) against the CPU kernel on odd sizes,
+4: kernels/cuda/matmul_tiled.cu; 4 picks 2 or 3 by size) against the CPU kernel on odd sizes,
 K = 0 and K = 1, transposed views and step-2 slices, batch broadcast, the attention products,
 the forward and both backward products of the default, 27.5M and 1.23B models, and 4096^3 and
 8192^3. Where the CPU would take
@@ -22,7 +22,7 @@ grids at the model's shapes, shapes cuBLASLt cannot take (path 1 falls back), an
 grid check off where K * 128^2 < 2^31; int8_linear (the dequantizing epilogue) the same way.
 
 clip_grad (contract §4.5's chunked sum, §8 clip_grad): versions 1 (kernels/cuda/optim.cu) and
-2 (flat_sum.cu) of repops.ops.clip_grad_v against the CPU op (the norm and the clipped gradient)
+2 (dev/cuda/flat_sum.cu, built with REPOPS_CUDA_DEV=1) of repops.ops.clip_grad_v against the CPU op (the norm and the clipped gradient)
 on lengths around 32, 2048 and the chunk L = 32768 (a short last chunk), specials and flushing
 squares, misaligned starts, 27.5M and 100M
 terms; then timed at 27.5M and at the 1.23B model's 1.23e9 (the two versions compared there).
@@ -358,15 +358,15 @@ def main(argv=None):
         ap.error(f"--versions must be a comma-separated subset of {','.join(map(str, VERSIONS))}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU that torch can use")
-    if not repops.CUDA_DEV:
-        ap.error("the versions under verification are in dev/cuda: run with REPOPS_CUDA_DEV=1 (as .ci/gpu does)")
+    every = not (args.fp32 or args.int8 or args.clip)   # no section named: all of them
+    if (every or args.clip) and not repops.CUDA_DEV:
+        ap.error("clip_grad version 2 is in dev/cuda: run with REPOPS_CUDA_DEV=1 (as .ci/gpu does), or name --fp32 / --int8")
     repops.load()
     props = torch.cuda.get_device_properties(0)
     print(f"GPU: {props.name}, {props.multi_processor_count} SMs | torch {torch.__version__} | CUDA {torch.version.cuda}"
           f" | {time.strftime('%Y-%m-%d %H:%M')} | defaults REPOPS_CUDA_MATMUL={repops.CUDA_MATMUL} "
           f"REPOPS_CUDA_INT8={repops.CUDA_INT8} REPOPS_CUDA_CLIP={repops.CUDA_CLIP}")
     failed = False
-    every = not (args.fp32 or args.int8 or args.clip)   # no section named: all of them
     if every or args.fp32:
         print("\nfp32 matmul versions against the CPU kernel (bit for bit, contract §4.1)")
         bad = verify_fp32(fp32_cases(args.quick), versions, "cuda")

@@ -44,22 +44,23 @@ float inv(int64_t n) { return (float)(1.0 / (double)n); }  // contract §1: shap
 
 // The kernel versions the plain ops use (docs/cuda-speed.md), set once by repops.load() through
 // cuda_select from REPOPS_CUDA_MATMUL, REPOPS_CUDA_INT8 and REPOPS_CUDA_CLIP. Every version gives
-// the same bits; the defaults (matmul.cu, our mma.sync int8 GEMM, optim.cu's one-warp norm) stay
-// until a GPU run of tools/matmul_versions.py has verified another. The _v ops name a version.
-int64_t g_matmul_version = 1;  // 1: matmul.cu; 2, 3, 4: dev/cuda/matmul_tiled.cu
-int64_t g_int8_path = 0;       // 0: int8.cu's mma.sync GEMM; 1: cuBLASLt (at::_int_mm) where it fits
+// the same bits; a default is the fastest version a GPU run of tools/matmul_versions.py verified
+// (docs/cuda-speed.md: matmul 3, cuBLASLt's int8 product, optim.cu's norm). The _v ops name a version.
+int64_t g_matmul_version = 3;  // 1: matmul.cu; 2, 3, 4: matmul_tiled.cu
+int64_t g_int8_path = 1;       // 0: int8.cu's mma.sync GEMM; 1: cuBLASLt (at::_int_mm) where it fits
 int64_t g_clip_version = 1;    // 1: optim.cu; 2: dev/cuda/flat_sum.cu
-// The versions built: the verified ones (kernels/cuda), and with RPC_DEV_VERSIONS (REPOPS_CUDA_DEV=1:
-// the harness's build) those of dev/cuda that no GPU has verified yet.
+// The versions built: those of kernels/cuda, and with RPC_DEV_VERSIONS (REPOPS_CUDA_DEV=1: the
+// harness's build) clip version 2 of dev/cuda, verified on a GPU but not promoted (docs/cuda-speed.md).
+constexpr int64_t kMatmulVersions = 4;
 #if defined(RPC_DEV_VERSIONS)
-constexpr int64_t kMatmulVersions = 4, kClipVersions = 2;
+constexpr int64_t kClipVersions = 2;
 #else
-constexpr int64_t kMatmulVersions = 1, kClipVersions = 1;
+constexpr int64_t kClipVersions = 1;
 #endif
 
 void cuda_select(int64_t matmul_version, int64_t int8_path, int64_t clip_version) {
   TORCH_CHECK(matmul_version >= 1 && matmul_version <= kMatmulVersions, "repops.cuda_select: matmul version must "
-              "be 1 to ", kMatmulVersions, " in this build (dev/cuda: REPOPS_CUDA_DEV=1), got ", matmul_version);
+              "be 1 to ", kMatmulVersions, ", got ", matmul_version);
   TORCH_CHECK(int8_path == 0 || int8_path == 1, "repops.cuda_select: int8 path must be 0 (mma) or 1 (cublaslt), got ",
               int8_path);
   TORCH_CHECK(clip_version >= 1 && clip_version <= kClipVersions, "repops.cuda_select: clip version must be 1 to ",
@@ -71,7 +72,7 @@ void cuda_select(int64_t matmul_version, int64_t int8_path, int64_t clip_version
 
 Tensor matmul_v(const Tensor& a, const Tensor& b, int64_t version) {
   TORCH_CHECK(version >= 1 && version <= kMatmulVersions, "repops.matmul_v: version must be 1 to ", kMatmulVersions,
-              " in this build (dev/cuda: REPOPS_CUDA_DEV=1), got ", version);
+              ", got ", version);
   const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
   c10::cuda::CUDAGuard guard(a.device());
   Tensor c = at::empty(s.out, a.options());
@@ -433,8 +434,7 @@ Tensor int8_band_mix(const Tensor& qp_, const Tensor& qv_, const Tensor& sp_, co
   return o;
 }
 
-#if defined(RPC_DEV_VERSIONS)
-// Contract §11 (dev/cuda/exact.cu, built with the unverified versions), as kernels/cpu/binding.cpp: K-contiguous copies of A and B^T (data
+// Contract §11 (exact.cu), as kernels/cpu/binding.cpp: K-contiguous copies of A and B^T (data
 // movement only) with the batch made explicit, and one workspace for every product of the batch.
 Tensor exact_matmul(const Tensor& a, const Tensor& b) {
   const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
@@ -450,7 +450,6 @@ Tensor exact_matmul(const Tensor& a, const Tensor& b) {
           "exact_matmul");
   return c;
 }
-#endif
 
 // ------------------------------------------------------------ ops without tensor inputs
 at::TensorOptions on_cuda(at::ScalarType t) {
@@ -511,9 +510,7 @@ TORCH_LIBRARY_IMPL(repops, CUDA, m) {
   m.impl("int8_matmul_v", int8_matmul_v);
   m.impl("int8_linear_v", int8_linear_v);
   m.impl("clip_grad_v", clip_grad_v);
-#if defined(RPC_DEV_VERSIONS)
   m.impl("exact_matmul", exact_matmul);
-#endif
 }
 
 // No tensor inputs: nothing to dispatch on, so these run wherever they are called.

@@ -15,9 +15,8 @@
 cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                        const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                        float* C, int64_t batch, int64_t M, int64_t N, int64_t K, cudaStream_t st);
-// The same product by kernel version 1 (rpc_matmul), or 2, 3, 4 (dev/cuda/matmul_tiled.cu, built only
-// with RPC_DEV_VERSIONS; docs/cuda-speed.md); every version gives the same bits. cudaErrorInvalidValue
-// for a version not built.
+// The same product by kernel version 1 (rpc_matmul), or 2, 3, 4 (matmul_tiled.cu; docs/cuda-speed.md);
+// every version gives the same bits. cudaErrorInvalidValue for another version.
 cudaError_t rpc_matmul_v(int version, const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B,
                          int64_t sbb, int64_t sbk, int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N,
                          int64_t K, cudaStream_t st);
@@ -128,7 +127,7 @@ cudaError_t rpc_lsq_init(const float* x, float* s, int64_t R, int64_t C, float i
 cudaError_t rpc_lsq_backward(const float* x, const float* s, const float* gxh, float g, float* gx, float* gs,
                              int64_t R, int64_t C, cudaStream_t st);
 
-// dev/cuda/exact.cu (§11), built only with RPC_DEV_VERSIONS. A [M, K], Bt [N, K] float32 (K-contiguous rows, K < 2^31), C [M, N]; work:
+// exact.cu (§11). A [M, K], Bt [N, K] float32 (K-contiguous rows, K < 2^31), C [M, N]; work:
 // rpc_exact_workspace_bytes(M, N, K) bytes of device memory (planes, residue sums, exponents).
 int64_t rpc_exact_workspace_bytes(int64_t M, int64_t N, int64_t K);
 cudaError_t rpc_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, void* work,

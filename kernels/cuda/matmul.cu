@@ -87,14 +87,3 @@ cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
   }
   return cudaSuccess;
 }
-
-#if !defined(RPC_DEV_VERSIONS)
-// The launcher by version (kernels_cuda.h) where only version 1 is built: the other versions are
-// in dev/cuda/ until a GPU has verified them (dev/cuda/matmul_tiled.cu is this function there).
-cudaError_t rpc_matmul_v(int version, const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B,
-                         int64_t sbb, int64_t sbk, int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N,
-                         int64_t K, cudaStream_t st) {
-  if (version != 1) return cudaErrorInvalidValue;
-  return rpc_matmul(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
-}
-#endif
