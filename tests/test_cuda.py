@@ -450,13 +450,16 @@ def test_matmul_batched_and_special_bits(ops):
 
 
 @needs_gpu
-def test_matmul_past_the_grid_limits_bits(ops):
-    """More than 65535 batches, and more than 65535 row tiles of 64 (grid.z and grid.y limits):
-    the launcher splits the work into several launches; every element keeps its bits."""
+@pytest.mark.parametrize("version", MV.VERSIONS)
+def test_matmul_past_the_grid_limits_bits(ops, version):
+    """More than 65535 batches, and more than 65535 row tiles of 64 and of 128 (grid.z and grid.y
+    limits): every version's launcher splits the work into several launches (grid_slices.cuh);
+    every element keeps its bits."""
     rng = np.random.default_rng(14)
-    r = lambda *s: rng.standard_normal(s).astype(F32)  # noqa: E731
-    same_all(ops, "matmul", r(65535 + 7, 2, 3), r(3, 2), what="batch > 65535")
-    same_all(ops, "matmul", r(65535 * 64 + 33, 3), r(3, 2), what="rows > 65535 * 64")
+    r = lambda *s: TK.T(rng.standard_normal(s).astype(F32))  # noqa: E731
+    for what, a, b in (("batch > 65535", r(65535 + 7, 2, 3), r(3, 2)),
+                       ("rows > 65535 * 128", r(65535 * 128 + 33, 3), r(3, 2))):
+        same(ops.matmul(a, b), ops.matmul_v(a.to(DEV), b.to(DEV), version), f"{what}, version {version}")
 
 
 @needs_gpu

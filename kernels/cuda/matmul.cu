@@ -9,6 +9,7 @@
 // tile sizes cannot change a bit. A and B take any strides (transposed views cost nothing);
 // a 2-D operand is broadcast over the batch with batch stride 0.
 #include "canonical.cuh"
+#include "grid_slices.cuh"
 #include "kernels_cuda.h"
 
 namespace rpc {
@@ -70,20 +71,10 @@ cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
   if (batch == 0 || M == 0 || N == 0) return cudaGetLastError();
   const int64_t gx = (N + BN - 1) / BN;
   if (gx > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  // grid.y (row tiles) and grid.z (batch) stop at 65535: larger problems run as several
-  // launches over slices of rows and of the batch (pointers offset; C keeps its batch stride
-  // M*N). Each output element is still computed whole by one thread, so the bits do not change.
-  constexpr int64_t kMaxYZ = 65535, kRowsPerLaunch = kMaxYZ * BM;
-  for (int64_t b0 = 0; b0 < batch; b0 += kMaxYZ) {
-    const int64_t nb = (batch - b0 < kMaxYZ) ? batch - b0 : kMaxYZ;
-    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerLaunch) {
-      const int64_t mm = (M - m0 < kRowsPerLaunch) ? M - m0 : kRowsPerLaunch;
-      const dim3 grid((unsigned)gx, (unsigned)((mm + BM - 1) / BM), (unsigned)nb);
-      matmul_kernel<<<grid, THREADS, 0, st>>>(A + b0 * sab + m0 * sam, sab, sam, sak, B + b0 * sbb, sbb, sbk, sbn,
-                                              C + b0 * M * N + m0 * N, M * N, mm, N, K);
-      const cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
-    }
-  }
-  return cudaSuccess;
+  return for_grid_slices<BM>(batch, M, [&](int64_t b0, int64_t nb, int64_t m0, int64_t mm) {
+    const dim3 grid((unsigned)gx, (unsigned)((mm + BM - 1) / BM), (unsigned)nb);
+    matmul_kernel<<<grid, THREADS, 0, st>>>(A + b0 * sab + m0 * sam, sab, sam, sak, B + b0 * sbb, sbb, sbk, sbn,
+                                            C + b0 * M * N + m0 * N, M * N, mm, N, K);
+    return cudaGetLastError();
+  });
 }

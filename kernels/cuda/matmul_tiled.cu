@@ -41,6 +41,7 @@
 
 #include "canonical.cuh"
 #include "cp_async.cuh"
+#include "grid_slices.cuh"
 #include "kernels_cuda.h"
 
 namespace rpc {
@@ -175,29 +176,21 @@ cudaError_t launch(const float* A, int64_t sab, int64_t sam, int64_t sak, const 
   constexpr int THREADS = (BM / 8) * (BN / 8);
   const int64_t gx = (N + BN - 1) / BN;
   if (gx > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
-  // grid.y (row tiles) and grid.z (batch) stop at 65535: several launches over slices, as v1.
-  constexpr int64_t kMaxYZ = 65535, kRowsPerLaunch = kMaxYZ * BM;
-  for (int64_t b0 = 0; b0 < batch; b0 += kMaxYZ) {
-    const int64_t nb = (batch - b0 < kMaxYZ) ? batch - b0 : kMaxYZ;
-    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerLaunch) {
-      const int64_t mm = (M - m0 < kRowsPerLaunch) ? M - m0 : kRowsPerLaunch;
-      const dim3 grid((unsigned)gx, (unsigned)((mm + BM - 1) / BM), (unsigned)nb);
-      const float *Ab = A + b0 * sab + m0 * sam, *Bb = B + b0 * sbb;
-      float* Cb = C + b0 * M * N + m0 * N;
+  return for_grid_slices<BM>(batch, M, [&](int64_t b0, int64_t nb, int64_t m0, int64_t mm) {
+    const dim3 grid((unsigned)gx, (unsigned)((mm + BM - 1) / BM), (unsigned)nb);
+    const float *Ab = A + b0 * sab + m0 * sam, *Bb = B + b0 * sbb;
+    float* Cb = C + b0 * M * N + m0 * N;
 #if defined(RPC_EMULATE)  // tests/test_cuda_emulate.py: the block's threads as host threads
-      (void)st;
-      rpc_emulate(grid, THREADS, [&] {
-        tiled_kernel<BM, BN, A_KMAJ, B_KMAJ>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N, mm, N, K, a_vec, b_vec);
-      });
+    (void)st;
+    rpc_emulate(grid, THREADS, [&] {
+      tiled_kernel<BM, BN, A_KMAJ, B_KMAJ>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N, mm, N, K, a_vec, b_vec);
+    });
 #else
-      tiled_kernel<BM, BN, A_KMAJ, B_KMAJ><<<grid, THREADS, 0, st>>>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N,
-                                                                     mm, N, K, a_vec, b_vec);
+    tiled_kernel<BM, BN, A_KMAJ, B_KMAJ><<<grid, THREADS, 0, st>>>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N, mm,
+                                                                   N, K, a_vec, b_vec);
 #endif
-      const cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
-    }
-  }
-  return cudaSuccess;
+    return cudaGetLastError();
+  });
 }
 
 // Picks the staging layout of each operand from its strides (k-major where k has unit stride)
