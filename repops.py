@@ -92,13 +92,17 @@ HAS_MPS = torch.backends.mps.is_available()   # the Metal kernels are registered
 # a default is the fastest version tools/matmul_versions.py verified on a GPU (H200, 2026-12-04).
 # MATMUL: 1 (kernels/cuda/matmul.cu), 2-4 (matmul_tiled.cu), default 3; INT8: mma (int8.cu) or
 # cublaslt (torch._int_mm where it fits, else mma), default cublaslt; CLIP: 1 (optim.cu's gradient
-# norm), with REPOPS_CUDA_DEV=1 also 2 (dev/cuda/flat_sum.cu, streamed through one block: slower).
+# norm), with REPOPS_CUDA_DEV=1 also 2 (dev/cuda/flat_sum.cu, streamed through one block: slower);
+# EXACT_GEMM, the exact matmul's residue GEMMs: mma (int8.cu), with REPOPS_CUDA_DEV=1 also cublaslt
+# (not yet verified on a GPU: tools/exact_cuda.py).
 CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4")
 CUDA_INT8_PATHS = ("mma", "cublaslt")
 CUDA_CLIP_VERSIONS = ("1", "2") if CUDA_DEV else ("1",)
+CUDA_EXACT_GEMM_PATHS = ("mma", "cublaslt") if CUDA_DEV else ("mma",)
 CUDA_MATMUL = os.environ.get("REPOPS_CUDA_MATMUL", "") or "3"
 CUDA_INT8 = os.environ.get("REPOPS_CUDA_INT8", "") or "cublaslt"
 CUDA_CLIP = os.environ.get("REPOPS_CUDA_CLIP", "") or "1"
+CUDA_EXACT_GEMM = os.environ.get("REPOPS_CUDA_EXACT_GEMM", "") or "mma"
 
 # The CPU kernel versions, chosen at load (kernels/cpu; every one gives the same bits, so the choice
 # is speed only): REPOPS_CPU_MATMUL = auto | 256 | 512, the fp32 matmul's vector width (auto: 512
@@ -172,10 +176,12 @@ def load():
         raise RepOpsBuildError(f"REPOPS_CPU_ARCH={CPU_ARCH!r} is not a -march value (e.g. x86-64-v3, armv8.2-a)")
     for var, value, known in (("REPOPS_CUDA_MATMUL", CUDA_MATMUL, CUDA_MATMUL_VERSIONS),
                               ("REPOPS_CUDA_INT8", CUDA_INT8, CUDA_INT8_PATHS), ("REPOPS_CUDA_CLIP", CUDA_CLIP, CUDA_CLIP_VERSIONS),
+                              ("REPOPS_CUDA_EXACT_GEMM", CUDA_EXACT_GEMM, CUDA_EXACT_GEMM_PATHS),
                               ("REPOPS_CPU_MATMUL", CPU_MATMUL, CPU_MATMUL_VERSIONS), ("REPOPS_CPU_INT8", CPU_INT8, CPU_INT8_PATHS)):
         if value not in known:
             raise RepOpsBuildError(f"{var}={value!r} is not one of its kernel versions ({', '.join(known)}"
-                                   + ("" if CUDA_DEV or var != "REPOPS_CUDA_CLIP" else "; dev/cuda's need REPOPS_CUDA_DEV=1")
+                                   + ("" if CUDA_DEV or var not in ("REPOPS_CUDA_CLIP", "REPOPS_CUDA_EXACT_GEMM")
+                                      else "; the others need REPOPS_CUDA_DEV=1")
                                    + ")")
     name = ("repops_cuda_dev" if CUDA_DEV else "repops_cuda") if HAS_CUDA else "repops_cpu"
     dev_flags = ["-DRPC_DEV_VERSIONS"] if CUDA_DEV and HAS_CUDA else []   # binding_cuda.cpp and the launchers
@@ -212,7 +218,8 @@ def load():
         raise RepOpsBuildError(f"REPOPS_CPU_MATMUL={CPU_MATMUL}, REPOPS_CPU_INT8={CPU_INT8}: "
                                f"{str(e).strip().splitlines()[0]}") from e
     if HAS_CUDA:
-        torch.ops.repops.cuda_select(int(CUDA_MATMUL), CUDA_INT8_PATHS.index(CUDA_INT8), int(CUDA_CLIP))
+        torch.ops.repops.cuda_select(int(CUDA_MATMUL), CUDA_INT8_PATHS.index(CUDA_INT8), int(CUDA_CLIP),
+                                     CUDA_EXACT_GEMM_PATHS.index(CUDA_EXACT_GEMM))
     if HAS_MPS:
         import repops_mps   # here, not at the top: only a machine with MPS compiles Metal
         try:

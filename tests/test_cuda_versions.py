@@ -7,8 +7,8 @@ machinery is tested here where no GPU is: the bitwise check passes a product com
 kernel and catches one computed another way (stock torch.matmul), and the same for the gradient
 norm (stock torch.linalg.vector_norm); views keep their strides on the
 way to a device; the rows checked cover every tile edge; the promote rule picks the fastest
-version that verified and never one that did not. A bad REPOPS_CUDA_MATMUL or REPOPS_CUDA_INT8, or
-a version of dev/cuda outside the REPOPS_CUDA_DEV=1 build, is one line and exit 2 from train.py,
+version that verified and never one that did not. A bad REPOPS_CUDA_MATMUL, REPOPS_CUDA_INT8 or
+REPOPS_CUDA_EXACT_GEMM, or a version outside the REPOPS_CUDA_DEV=1 build, is one line and exit 2 from train.py,
 before anything is created. The versions themselves are
 checked on a GPU: tests/test_cuda.py (matmul_v, ptxas report) and tests/test_cuda_int8.py
 (the cuBLASLt path).
@@ -92,4 +92,12 @@ def test_bad_kernel_version_is_one_line_and_creates_nothing(tmp_path, monkeypatc
     monkeypatch.setattr(repops, "_loaded", False)       # the same check for the int8 path, in-process
     monkeypatch.setattr(repops, "CUDA_INT8", "fast")
     with pytest.raises(repops.RepOpsBuildError, match="REPOPS_CUDA_INT8='fast' is not one of its kernel versions"):
+        repops.load()
+    # the exact matmul's cuBLASLt residue GEMMs, not yet verified on a GPU: the harness's build only
+    monkeypatch.setattr(repops, "CUDA_INT8", "mma")
+    monkeypatch.setattr(repops, "CUDA_EXACT_GEMM_PATHS", ("mma",))
+    monkeypatch.setattr(repops, "CUDA_DEV", False)
+    monkeypatch.setattr(repops, "CUDA_EXACT_GEMM", "cublaslt")
+    with pytest.raises(repops.RepOpsBuildError, match=r"REPOPS_CUDA_EXACT_GEMM='cublaslt' is not one of its kernel "
+                       r"versions \(mma; the others need REPOPS_CUDA_DEV=1\)"):
         repops.load()

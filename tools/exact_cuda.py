@@ -4,15 +4,20 @@
     python -m tools.exact_cuda --quick      # the bit check on the small cases only, then 1024^3 timed
     python -m tools.exact_cuda --quick --device cpu   # a dry run of the check's logic, no GPU
 
-Verify: torch.ops.repops.exact_matmul on the GPU against the CPU kernel (kernels/cpu/exact.cpp) on
+Verify: torch.ops.repops.exact_matmul_v on the GPU, each residue-GEMM path built (mma: int8.cu's
+GEMM; cublaslt: torch's cuBLASLt int8 GEMM, built with REPOPS_CUDA_DEV=1), against the CPU kernel
+(kernels/cpu/exact.cpp) on
 tools/matmul_versions.py's quick cases (odd sizes, K = 0 and 1, transposed views, step-2 slices,
 batches, specials, flushing products), the default model's forward and backward products, and
 4096^3 and 8192^3. On the large ones the CPU computes a spread of rows (every tile edge): an output
 row of §11 depends only on its row of A (its scale included) and on B, so the CPU's A[rows] @ B is
 the exact reference for those rows. One line per case; MISMATCH where a bit differs.
-Speed: median time of 4096^3 and 8192^3 as TFLOP/s-equivalent (2 M N K / time) next to cuBLAS
-fp32 (TF32 off) and RepOps fp32 (repops.ops.matmul, the selected version). The EXACT lines are what
-.ci/gpu's summary collects. Exit status 1 on any mismatch.
+Speed: median time of 4096^3, 8192^3 and 16384^3 per path as TFLOP/s-equivalent (2 M N K / time)
+next to cuBLAS fp32 (TF32 off) and RepOps fp32 (repops.ops.matmul, the selected version); the
+paths' whole products are compared with each other there. Then SUMMARY and PROMOTE lines under
+tools/matmul_versions.py's rule (the fastest path that verified everywhere; REPOPS_CUDA_EXACT_GEMM).
+The EXACT, SUMMARY and PROMOTE lines are what .ci/gpu's summary collects. Exit status 1 on any
+mismatch.
 """
 import sys
 import time
@@ -58,34 +63,58 @@ def cases(quick):
     return out + [(f"{n}^3", r(n, n), r(n, n)) for n in (4096, 8192)]
 
 
-def verify(all_cases, device):
-    """Labels of the cases where the GPU's bits differ from the CPU's."""
-    bad = []
+def product(a, b, path, device):
+    """The exact matmul on the device by residue-GEMM path (exact_matmul_v, CUDA only); on the CPU
+    (the dry run) the CPU op, whatever the path."""
+    if device == "cpu":
+        return repops.ops.exact_matmul(a, b)
+    return repops.ops.exact_matmul_v(a, b, repops.CUDA_EXACT_GEMM_PATHS.index(path))
+
+
+def verify(all_cases, paths, device):
+    """{path: labels of the cases where the device's bits differ from the CPU's}."""
+    bad = {p: [] for p in paths}
     for label, a, b in all_cases:
         t0 = time.perf_counter()
         rows = MV.check_rows(a.shape[-2]) if MV.macs(a, b) > MV.FULL_CHECK_MACS / 8 else None
         want = repops.ops.exact_matmul(a[..., rows, :] if rows else a, b)
-        got = repops.ops.exact_matmul(MV.on(a, device), MV.on(b, device))
-        ok = MV.same_bits((got[..., rows, :] if rows else got).cpu(), want)
-        if not ok:
-            bad.append(label)
+        da, db, verdicts = MV.on(a, device), MV.on(b, device), []
+        for p in paths:
+            got = product(da, db, p, device)
+            ok = MV.same_bits((got[..., rows, :] if rows else got).cpu(), want)
+            if not ok:
+                bad[p].append(label)
+            verdicts.append(f"{p} {'ok' if ok else 'MISMATCH'}")
         scope = f"{len(rows)} rows" if rows else "all"
         print(f"EXACT check {label:26s} {str(tuple(a.shape)) + ' @ ' + str(tuple(b.shape)):30s} "
-              f"{'ok' if ok else 'MISMATCH'} ({scope} vs CPU; {time.perf_counter() - t0:.1f} s)", flush=True)
+              f"{', '.join(verdicts)} ({scope} vs CPU; {time.perf_counter() - t0:.1f} s)", flush=True)
     return bad
 
 
-def timing(sizes):
+def timing(sizes, paths):
+    """{path: [TFLOP/s-equivalent per size]}; at each size the paths' whole products are compared
+    with each other (the CPU checks rows up to 8192^3 in verify)."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    print(f"EXACT speed {'n^3':>6s} {'exact':>8s} {'cuBLAS':>8s} {'RepOps':>8s} {'exact/cuBLAS':>13s} "
-          f"{'exact/RepOps':>13s}   TFLOP/s(-equivalent), fp32; cuBLAS with TF32 off")
+    speeds, differ = {p: [] for p in paths}, []
+    print(f"EXACT speed {'n^3':>6s} " + " ".join(f"{p:>9s}" for p in paths) + f" {'cuBLAS':>8s} {'RepOps':>8s}"
+          f" {'best/cuBLAS':>12s} {'best/RepOps':>12s}   TFLOP/s(-equivalent), fp32; cuBLAS with TF32 off")
     for n in sizes:
         a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
         flops = 2 * n ** 3
-        ex = flops / gpu_time(lambda: repops.ops.exact_matmul(a, b), 3) / 1e12
+        for p in paths:
+            speeds[p].append(flops / gpu_time(lambda: product(a, b, p, "cuda"), 3) / 1e12)
+        outs = [product(a, b, p, "cuda") for p in paths]
+        if not all(torch.equal(o.view(torch.int32), outs[0].view(torch.int32)) for o in outs):
+            differ.append(f"{n}^3")
+        del outs
         cb = flops / gpu_time(lambda: a @ b, 3) / 1e12
         rp = flops / gpu_time(lambda: repops.ops.matmul(a, b), 3) / 1e12
-        print(f"EXACT speed {n:6d} {ex:8.2f} {cb:8.2f} {rp:8.2f} {ex / cb:13.2f} {ex / rp:13.2f}", flush=True)
+        best = max(speeds[p][-1] for p in paths)
+        print(f"EXACT speed {n:6d} " + " ".join(f"{speeds[p][-1]:9.2f}" for p in paths)
+              + f" {cb:8.2f} {rp:8.2f} {best / cb:12.2f} {best / rp:12.2f}", flush=True)
+    if differ:
+        print(f"EXACT MISMATCH between the residue-GEMM paths at {', '.join(differ)}", flush=True)
+    return speeds, differ
 
 
 def main(argv=None):
@@ -94,14 +123,21 @@ def main(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device")
     repops.load()
+    paths = repops.CUDA_EXACT_GEMM_PATHS if args.device == "cuda" else ("mma",)
     if args.device == "cuda":
-        print(f"GPU {torch.cuda.get_device_name()}", flush=True)
-    bad = verify(cases(args.quick), args.device)
-    print(f"EXACT SUMMARY: {'CUDA = CPU bits on every case' if not bad else 'MISMATCH on ' + ', '.join(bad)}",
-          flush=True)
+        print(f"GPU {torch.cuda.get_device_name()} | residue GEMM paths {', '.join(paths)}"
+              + ("" if len(paths) > 1 else " (cublaslt: REPOPS_CUDA_DEV=1)"), flush=True)
+    bad = verify(cases(args.quick), paths, args.device)
+    failed = any(bad.values())
+    print("EXACT SUMMARY: " + ("CUDA = CPU bits on every case" if not failed else "; ".join(
+        f"{p} MISMATCH on {', '.join(b)}" for p, b in bad.items() if b)), flush=True)
     if args.device == "cuda":
-        timing((1024,) if args.quick else (4096, 8192))
-    sys.exit(1 if bad else 0)
+        speeds, differ = timing((1024,) if args.quick else (4096, 8192, 16384), paths)
+        for p in paths:
+            bad[p] += differ
+        MV.promote(bad, speeds, repops.CUDA_EXACT_GEMM, "REPOPS_CUDA_EXACT_GEMM")
+        failed |= bool(differ)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -43,31 +43,41 @@ void check_range(const Tensor& idx, int64_t hi, const char* name) {
 float inv(int64_t n) { return (float)(1.0 / (double)n); }  // contract §1: shape scalars
 
 // The kernel versions the plain ops use (docs/cuda-speed.md), set once by repops.load() through
-// cuda_select from REPOPS_CUDA_MATMUL, REPOPS_CUDA_INT8 and REPOPS_CUDA_CLIP. Every version gives
-// the same bits; a default is the fastest version a GPU run of tools/matmul_versions.py verified
-// (docs/cuda-speed.md: matmul 3, cuBLASLt's int8 product, optim.cu's norm). The _v ops name a version.
+// cuda_select from REPOPS_CUDA_MATMUL, REPOPS_CUDA_INT8, REPOPS_CUDA_CLIP and REPOPS_CUDA_EXACT_GEMM. Every
+// version gives the same bits; a default is the fastest version a GPU run of tools/matmul_versions.py
+// (tools/exact_cuda.py for the exact matmul) verified (docs/cuda-speed.md: matmul 3, cuBLASLt's int8
+// product, optim.cu's norm, the exact matmul's residue GEMMs on int8.cu). The _v ops name a version.
 int64_t g_matmul_version = 3;  // 1: matmul.cu; 2, 3, 4: matmul_tiled.cu
 int64_t g_int8_path = 1;       // 0: int8.cu's mma.sync GEMM; 1: cuBLASLt (at::_int_mm) where it fits
 int64_t g_clip_version = 1;    // 1: optim.cu; 2: dev/cuda/flat_sum.cu
+int64_t g_exact_path = 0;      // exact.cu's residue GEMMs: 0: int8.cu's mma.sync GEMM; 1: cuBLASLt where it fits
 // The versions built: those of kernels/cuda, and with RPC_DEV_VERSIONS (REPOPS_CUDA_DEV=1: the
-// harness's build) clip version 2 of dev/cuda, verified on a GPU but not promoted (docs/cuda-speed.md).
+// harness's build) clip version 2 of dev/cuda, verified on a GPU but slower, and the exact matmul's
+// cuBLASLt residue GEMMs, not yet verified on a GPU (docs/cuda-speed.md, docs/exact-matmul.md).
 constexpr int64_t kMatmulVersions = 4;
 #if defined(RPC_DEV_VERSIONS)
-constexpr int64_t kClipVersions = 2;
+constexpr int64_t kClipVersions = 2, kExactPaths = 2;
 #else
-constexpr int64_t kClipVersions = 1;
+constexpr int64_t kClipVersions = 1, kExactPaths = 1;
 #endif
 
-void cuda_select(int64_t matmul_version, int64_t int8_path, int64_t clip_version) {
+void check_exact_path(int64_t path, const char* op) {
+  TORCH_CHECK(path >= 0 && path < kExactPaths, "repops.", op, ": exact path must be 0 (mma)",
+              kExactPaths > 1 ? " or 1 (cublaslt)" : " in this build (cublaslt: REPOPS_CUDA_DEV=1)", ", got ", path);
+}
+
+void cuda_select(int64_t matmul_version, int64_t int8_path, int64_t clip_version, int64_t exact_path) {
   TORCH_CHECK(matmul_version >= 1 && matmul_version <= kMatmulVersions, "repops.cuda_select: matmul version must "
               "be 1 to ", kMatmulVersions, ", got ", matmul_version);
   TORCH_CHECK(int8_path == 0 || int8_path == 1, "repops.cuda_select: int8 path must be 0 (mma) or 1 (cublaslt), got ",
               int8_path);
   TORCH_CHECK(clip_version >= 1 && clip_version <= kClipVersions, "repops.cuda_select: clip version must be 1 to ",
               kClipVersions, " in this build (dev/cuda: REPOPS_CUDA_DEV=1), got ", clip_version);
+  check_exact_path(exact_path, "cuda_select");
   g_matmul_version = matmul_version;
   g_int8_path = int8_path;
   g_clip_version = clip_version;
+  g_exact_path = exact_path;
 }
 
 Tensor matmul_v(const Tensor& a, const Tensor& b, int64_t version) {
@@ -434,9 +444,30 @@ Tensor int8_band_mix(const Tensor& qp_, const Tensor& qv_, const Tensor& sp_, co
   return o;
 }
 
+#if defined(RPC_DEV_VERSIONS)
+// exact.cu's residue GEMM on cuBLASLt (path 1; REPOPS_CUDA_EXACT_GEMM=cublaslt, built only with
+// REPOPS_CUDA_DEV=1 until a GPU has verified it): the int8 planes viewed as tensors (no copy) and
+// at::_int_mm_out straight into the residue sums where cuBLASLt's rules allow (cublaslt_fits and a
+// 16-byte aligned C), int8.cu's GEMM elsewhere. Exact int32 sums either way (|sum| < 2^31 by
+// exact.cu's k chunks), so the same bits.
+cudaError_t exact_gemm_cublaslt(const int8_t* A, const int8_t* B, int32_t* C32, int64_t M, int64_t N, int64_t K,
+                                void*, cudaStream_t st) {
+  const auto opt = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device());
+  const Tensor a = at::from_blob(const_cast<int8_t*>(A), {M, K}, opt.dtype(at::kChar));
+  const Tensor b = at::from_blob(const_cast<int8_t*>(B), {N, K}, opt.dtype(at::kChar));
+  if (!cublaslt_fits(a, b) || reinterpret_cast<uintptr_t>(C32) % 16 != 0)
+    return rpc_int8_gemm(A, B, M, N, K, nullptr, nullptr, C32, nullptr, st);
+  Tensor c = at::from_blob(C32, {M, N}, opt.dtype(at::kInt));
+  at::_int_mm_out(c, a, b.t());
+  return cudaGetLastError();
+}
+#endif
+
 // Contract §11 (exact.cu), as kernels/cpu/binding.cpp: K-contiguous copies of A and B^T (data
-// movement only) with the batch made explicit, and one workspace for every product of the batch.
-Tensor exact_matmul(const Tensor& a, const Tensor& b) {
+// movement only) with the batch made explicit, and one workspace for every product of the batch;
+// path: the residue GEMMs' (0: int8.cu's, 1: cuBLASLt's where it fits).
+Tensor exact_matmul_v(const Tensor& a, const Tensor& b, int64_t path) {
+  check_exact_path(path, "exact_matmul_v");
   const rpb::MatmulShape s = rpb::matmul_shape(kDev, a, b);
   TORCH_CHECK(s.K < (int64_t(1) << 31), "repops.exact_matmul: K must be < 2^31");
   c10::cuda::CUDAGuard guard(a.device());
@@ -444,12 +475,18 @@ Tensor exact_matmul(const Tensor& a, const Tensor& b) {
   const Tensor bt = (b.dim() == 2 ? b.unsqueeze(0) : b).expand({s.batch, s.K, s.N}).transpose(1, 2).contiguous();
   Tensor c = at::empty(s.out, a.options());
   Tensor work = at::empty({rpc_exact_workspace_bytes(s.M, s.N, s.K)}, a.options().dtype(at::kByte));
+#if defined(RPC_DEV_VERSIONS)
+  const RpcInt8Gemm gemm = path == 1 ? exact_gemm_cublaslt : nullptr;
+#else
+  const RpcInt8Gemm gemm = nullptr;
+#endif
   for (int64_t i = 0; i < s.batch; ++i)
     check(rpc_exact_matmul(a3.data_ptr<float>() + i * s.M * s.K, bt.data_ptr<float>() + i * s.N * s.K,
-                           c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K, work.data_ptr(), stream()),
+                           c.data_ptr<float>() + i * s.M * s.N, s.M, s.N, s.K, work.data_ptr(), gemm, nullptr, stream()),
           "exact_matmul");
   return c;
 }
+Tensor exact_matmul(const Tensor& a, const Tensor& b) { return exact_matmul_v(a, b, g_exact_path); }
 
 // ------------------------------------------------------------ ops without tensor inputs
 at::TensorOptions on_cuda(at::ScalarType t) {
@@ -493,15 +530,16 @@ Tensor canary_cuda() {
 }
 }  // namespace
 
-// CUDA only: the kernel versions (docs/cuda-speed.md). matmul_v, int8_matmul_v, int8_linear_v and
-// clip_grad_v are the plain ops by a named version; cuda_select sets the plain ops' ones.
+// CUDA only: the kernel versions (docs/cuda-speed.md). matmul_v, int8_matmul_v, int8_linear_v,
+// clip_grad_v and exact_matmul_v are the plain ops by a named version; cuda_select sets the plain ops' ones.
 TORCH_LIBRARY_FRAGMENT(repops, m) {
   RPB_DEF_TENSORLESS_OPS(m, _cuda);
   m.def("matmul_v(Tensor a, Tensor b, int version) -> Tensor");
   m.def("int8_matmul_v(Tensor a, Tensor b, bool check_grid, int path) -> Tensor");
   m.def("int8_linear_v(Tensor a, Tensor b, Tensor sx, Tensor sw, bool check_grid, int path) -> Tensor");
   m.def("clip_grad_v(Tensor g, float max_norm, int version) -> (Tensor, Tensor)");
-  m.def("cuda_select(int matmul_version, int int8_path, int clip_version) -> ()");
+  m.def("exact_matmul_v(Tensor a, Tensor b, int path) -> Tensor");
+  m.def("cuda_select(int matmul_version, int int8_path, int clip_version, int exact_path) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(repops, CUDA, m) {
@@ -511,6 +549,7 @@ TORCH_LIBRARY_IMPL(repops, CUDA, m) {
   m.impl("int8_linear_v", int8_linear_v);
   m.impl("clip_grad_v", clip_grad_v);
   m.impl("exact_matmul", exact_matmul);
+  m.impl("exact_matmul_v", exact_matmul_v);
 }
 
 // No tensor inputs: nothing to dispatch on, so these run wherever they are called.

@@ -1,16 +1,16 @@
 // exact.cu -- the exact matmul on CUDA, contract §11 (kernels/README.md; Ozaki scheme II); the
 // CPU twin is kernels/cpu/exact.cpp and this gives its bits (integer arithmetic only):
 //
-//   rpc_exact_matmul(A, Bt, C, M, N, K, work, st)    C[i,j] = fl32(sum_k A[i,k] * Bt[j,k]) per §11
-//   rpc_exact_workspace_bytes(M, N, K)               the bytes `work` must hold (device memory)
+//   rpc_exact_matmul(A, Bt, C, M, N, K, work, gemm, ctx, st)   C[i,j] = fl32(sum_k A[i,k] * Bt[j,k]) per §11
+//   rpc_exact_workspace_bytes(M, N, K)                         the bytes `work` must hold (device memory)
 //
 // A [M, K] and Bt [N, K] float32 (K-contiguous rows), C [M, N] float32, all contiguous. Steps:
 //   exponents    one warp per row: max biased exponent of the finite nonzero values and whether
 //                a NaN/inf marks the row (integer max / or: any order gives the same value);
 //   split        elementwise over [rows, kc]: the beta-bit integer q (half away from zero) and its
 //                eight symmetric residues, one int8 plane [rows, kc] per modulus;
-//   GEMMs        per modulus, int8.cu's exact mma.sync GEMM (rpc_int8_gemm), in chunks of at most
-//                kChunk k whose residue sums are reduced mod p and added (combine);
+//   GEMMs        per modulus, an exact int8 GEMM (the caller's, else int8.cu's mma.sync rpc_int8_gemm),
+//                in chunks of at most kChunk k whose residue sums are reduced mod p and added (combine);
 //   reconstruct  elementwise over the outputs: Garner's digits (uint32), C' in uint64, one
 //                rounding by the int64 -> float32 conversion (cvt.rn.f32.s64), the exponent moved
 //                in the bits, the §3 flush, NaN for a bad row or column.
@@ -225,7 +225,7 @@ inline cudaError_t launched() {
 // (the emulator also runs small ones: any split of k gives the same R_t mod p_t, §11 step 5, and
 // rows are independent).
 cudaError_t exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, void* work,
-                         int64_t chunk, int64_t res_bytes, cudaStream_t st) {
+                         int64_t chunk, int64_t res_bytes, RpcInt8Gemm gemm, void* ctx, cudaStream_t st) {
   (void)st;
   if (M == 0 || N == 0) return cudaSuccess;
   if (K == 0) {
@@ -294,8 +294,9 @@ cudaError_t exact_matmul(const float* A, const float* Bt, float* C, int64_t M, i
       if ((err = launched()) != cudaSuccess) return err;
       for (int t = 0; t < kMod; ++t) {
         int32_t* rt = res + t * m * N;
-        err = rpc_int8_gemm(pa + t * m * kc, pb + t * N * kc, m, N, kc, nullptr, nullptr, k0 == 0 ? rt : part,
-                            nullptr, st);
+        int32_t* out = k0 == 0 ? rt : part;
+        err = gemm ? gemm(pa + t * m * kc, pb + t * N * kc, out, m, N, kc, ctx, st)
+                   : rpc_int8_gemm(pa + t * m * kc, pb + t * N * kc, m, N, kc, nullptr, nullptr, out, nullptr, st);
         if (err != cudaSuccess) return err;
         if (k0 > 0) combine(m * N, rt, (int32_t)modulus(t));
       }
@@ -313,8 +314,8 @@ int64_t rpc_exact_workspace_bytes(int64_t M, int64_t N, int64_t K) {
 }
 
 cudaError_t rpc_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, void* work,
-                             cudaStream_t st) {
-  return rpc::exact_matmul(A, Bt, C, M, N, K, work, rpc::kChunk, rpc::kResBytes, st);
+                             RpcInt8Gemm gemm, void* ctx, cudaStream_t st) {
+  return rpc::exact_matmul(A, Bt, C, M, N, K, work, rpc::kChunk, rpc::kResBytes, gemm, ctx, st);
 }
 
 #if defined(RPC_EMULATE)
@@ -322,7 +323,7 @@ int64_t rpc_emu_exact_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t c
   return rpc::plan_of(M, N, K, chunk, res_bytes).total;
 }
 cudaError_t rpc_emu_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K,
-                                 void* work, int64_t chunk, int64_t res_bytes) {
-  return rpc::exact_matmul(A, Bt, C, M, N, K, work, chunk, res_bytes, nullptr);
+                                 void* work, int64_t chunk, int64_t res_bytes, RpcInt8Gemm gemm, void* ctx) {
+  return rpc::exact_matmul(A, Bt, C, M, N, K, work, chunk, res_bytes, gemm, ctx, nullptr);
 }
 #endif

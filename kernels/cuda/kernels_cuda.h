@@ -129,6 +129,11 @@ cudaError_t rpc_lsq_backward(const float* x, const float* s, const float* gxh, f
 
 // exact.cu (§11). A [M, K], Bt [N, K] float32 (K-contiguous rows, K < 2^31), C [M, N]; work:
 // rpc_exact_workspace_bytes(M, N, K) bytes of device memory (planes, residue sums, exponents).
+// gemm: the residue GEMM, C32 [M, N] = A [M, K] . B [N, K]^T in int32 on int8 planes (|sum| < 2^31,
+// so any exact GEMM gives the same bits); nullptr is rpc_int8_gemm (int8.cu's mma.sync), the
+// binding can pass cuBLASLt's (binding_cuda.cpp, REPOPS_CUDA_EXACT_GEMM). ctx is passed through.
+using RpcInt8Gemm = cudaError_t (*)(const int8_t* A, const int8_t* B, int32_t* C32, int64_t M, int64_t N, int64_t K,
+                                    void* ctx, cudaStream_t st);
 int64_t rpc_exact_workspace_bytes(int64_t M, int64_t N, int64_t K);
 cudaError_t rpc_exact_matmul(const float* A, const float* Bt, float* C, int64_t M, int64_t N, int64_t K, void* work,
-                             cudaStream_t st);
+                             RpcInt8Gemm gemm, void* ctx, cudaStream_t st);
