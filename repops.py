@@ -90,12 +90,13 @@ HAS_CUDA = torch.cuda.is_available()   # the CUDA kernels are built only where t
 HAS_MPS = torch.backends.mps.is_available()   # the Metal kernels are registered only where torch has MPS
 # The CUDA kernel versions the plain ops use, read once (docs/cuda-speed.md): all give the same bits;
 # a default is the fastest version tools/matmul_versions.py verified on a GPU (H200, 2026-12-04).
-# MATMUL: 1 (kernels/cuda/matmul.cu), 2-4 (matmul_tiled.cu), default 3; INT8: mma (int8.cu) or
+# MATMUL: 1 (kernels/cuda/matmul.cu), 2-4 (matmul_tiled.cu), default 3, with REPOPS_CUDA_DEV=1 also
+# 5-6 (matmul_tiled.cu's 32 x 32 tiles, not yet verified on a GPU); INT8: mma (int8.cu) or
 # cublaslt (torch._int_mm where it fits, else mma), default cublaslt; CLIP: 1 (optim.cu's gradient
 # norm), with REPOPS_CUDA_DEV=1 also 2 (dev/cuda/flat_sum.cu, streamed through one block: slower);
 # EXACT_GEMM, the exact matmul's residue GEMMs: mma (int8.cu), with REPOPS_CUDA_DEV=1 also cublaslt
 # (not yet verified on a GPU: tools/exact_cuda.py).
-CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4")
+CUDA_MATMUL_VERSIONS = ("1", "2", "3", "4", "5", "6") if CUDA_DEV else ("1", "2", "3", "4")
 CUDA_INT8_PATHS = ("mma", "cublaslt")
 CUDA_CLIP_VERSIONS = ("1", "2") if CUDA_DEV else ("1",)
 CUDA_EXACT_GEMM_PATHS = ("mma", "cublaslt") if CUDA_DEV else ("mma",)
@@ -180,8 +181,8 @@ def load():
                               ("REPOPS_CPU_MATMUL", CPU_MATMUL, CPU_MATMUL_VERSIONS), ("REPOPS_CPU_INT8", CPU_INT8, CPU_INT8_PATHS)):
         if value not in known:
             raise RepOpsBuildError(f"{var}={value!r} is not one of its kernel versions ({', '.join(known)}"
-                                   + ("" if CUDA_DEV or var not in ("REPOPS_CUDA_CLIP", "REPOPS_CUDA_EXACT_GEMM")
-                                      else "; the others need REPOPS_CUDA_DEV=1")
+                                   + ("" if CUDA_DEV or var not in ("REPOPS_CUDA_MATMUL", "REPOPS_CUDA_CLIP", "REPOPS_CUDA_EXACT_GEMM")
+                                      else "; more with REPOPS_CUDA_DEV=1")
                                    + ")")
     name = ("repops_cuda_dev" if CUDA_DEV else "repops_cuda") if HAS_CUDA else "repops_cpu"
     dev_flags = ["-DRPC_DEV_VERSIONS"] if CUDA_DEV and HAS_CUDA else []   # binding_cuda.cpp and the launchers

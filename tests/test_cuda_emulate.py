@@ -5,7 +5,8 @@
 tests/cuda_emulate.cpp compiles kernels/cuda/matmul_tiled.cu and dev/cuda/flat_sum.cu as C++ (RPC_EMULATE: each CUDA thread a host
 thread, __syncthreads a barrier, cp.async a zero-filling copy: made when issued for version 2,
 so a stage refilled while another thread reads it would show; made only at the cp.async wait that
-covers it for version 3, so a stage read before its wait would show) and runs versions 2 and 3 on
+covers it for version 3, so a stage read before its wait would show; version 5, built with
+RPC_DEV_VERSIONS, both ways) and runs versions 2, 3 and 5 on
 tools/matmul_versions.py's quick cases: odd sizes, K = 0 and 1, the four transposed-view layouts,
 step-2 slices and a misaligned base (the 4-byte staging path), batch broadcast, specials and
 values whose products flush. Every output must equal the CPU kernel's bit for bit: the tiling,
@@ -29,7 +30,9 @@ from test_cuda import CUDA_DIR, COMMON_DIR, DEV_CUDA_DIR, _cuda_include_dir, nee
 from tiny import run_process
 
 ROOT = CUDA_DIR.parent.parent
-EMULATED = (2, 3)
+# (version, copies made only at the wait that covers them): version 2 with copies made at once, 3
+# with copies made at the wait, 5 (32 x 32 tiles, 4 x 4 per thread; REPOPS_CUDA_DEV=1) both ways.
+EMULATED = ((2, False), (3, True), (5, False), (5, True))
 
 
 def operand(t):
@@ -56,7 +59,7 @@ def emulator(tmp_path_factory):
         pytest.skip("needs g++ and the CUDA toolkit's headers (cuda_runtime.h)")
     exe = tmp_path_factory.mktemp("emulate") / "cuda_emulate"
     run_process(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
-                 "-pthread", "-DRPC_EMULATE", "-w", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
+                 "-pthread", "-DRPC_EMULATE", "-DRPC_DEV_VERSIONS", "-w", f"-I{DEV_CUDA_DIR}", f"-I{CUDA_DIR}", f"-I{COMMON_DIR}", f"-I{inc}",
                  str(ROOT / "tests" / "cuda_emulate.cpp"), "-o", str(exe)], check=True, timeout=300)
     return exe
 
@@ -74,9 +77,9 @@ def test_tiled_versions_emulated_give_the_cpu_bits(emulator, tmp_path):
     cases = [c for c in MV.fp32_cases(quick=True) if MV.macs(c[1], c[2]) <= 2e7]
     cases.append(("misaligned base", with_misaligned_base(rng), torch.from_numpy(rng.standard_normal((40, 65)).astype(np.float32))))
     blobs, shapes = [], []
-    for version in EMULATED:        # version 2 with copies made at once, 3 with copies made at the wait
+    for version, deferred in EMULATED:
         for _, a, b in cases:
-            blob, shape = record(version, a, b, deferred=version == 3)
+            blob, shape = record(version, a, b, deferred=deferred)
             blobs.append(blob)
             shapes.append(shape)
     (tmp_path / "in.bin").write_bytes(b"".join(blobs))
@@ -91,7 +94,7 @@ def test_tiled_versions_emulated_give_the_cpu_bits(emulator, tmp_path):
             torch.from_numpy(got[at:at + n].reshape(shape).copy())
         at += n
         if not MV.same_bits(out, repops.ops.matmul(a, b)):
-            bad.append(f"v{EMULATED[i // len(cases)]} {label}")
+            bad.append(f"v{EMULATED[i // len(cases)][0]}{' deferred' * EMULATED[i // len(cases)][1]} {label}")
     assert at == got.size and len(cases) >= 25
     assert not bad, f"emulated tiled matmul differs from the CPU kernel on: {bad}"
 

@@ -84,7 +84,7 @@ def test_bad_kernel_version_is_one_line_and_creates_nothing(tmp_path, monkeypatc
     env = {k: v for k, v in os.environ.items() if k != "REPOPS_CUDA_DEV"}
     proc = script("train.py", *train_args(run, corpus), env={**env, "REPOPS_CUDA_MATMUL": "7"})
     assert_one_line_error(proc, "train.py")
-    assert "REPOPS_CUDA_MATMUL='7' is not one of its kernel versions (1, 2, 3, 4)" in proc.stderr and not run.exists()
+    assert "REPOPS_CUDA_MATMUL='7' is not one of its kernel versions (1, 2, 3, 4; more with REPOPS_CUDA_DEV=1)" in proc.stderr and not run.exists()
     # a version of dev/cuda is not selectable outside the harness's build
     proc = script("train.py", *train_args(run, corpus), env={**env, "REPOPS_CUDA_CLIP": "2"})
     assert_one_line_error(proc, "train.py")
@@ -99,5 +99,5 @@ def test_bad_kernel_version_is_one_line_and_creates_nothing(tmp_path, monkeypatc
     monkeypatch.setattr(repops, "CUDA_DEV", False)
     monkeypatch.setattr(repops, "CUDA_EXACT_GEMM", "cublaslt")
     with pytest.raises(repops.RepOpsBuildError, match=r"REPOPS_CUDA_EXACT_GEMM='cublaslt' is not one of its kernel "
-                       r"versions \(mma; the others need REPOPS_CUDA_DEV=1\)"):
+                       r"versions \(mma; more with REPOPS_CUDA_DEV=1\)"):
         repops.load()

@@ -40,8 +40,6 @@ import time
 
 from config import CommandLine
 
-VERSIONS = (1, 2, 3, 4)          # the fp32 matmul versions (repops.ops.matmul_v)
-
 
 def parser():
     ap = CommandLine("python -m tools.matmul_versions", "The CUDA kernel versions (kernels/cuda/ and dev/cuda/) "
@@ -50,8 +48,9 @@ def parser():
     ap.add_argument("--int8", action="store_true", help="only the int8 GEMM paths (default: every section)")
     ap.add_argument("--clip", action="store_true", help="only the gradient-norm versions (default: every section)")
     ap.add_argument("--quick", action="store_true", help="fewer and smaller cases (a smoke run)")
-    ap.add_argument("--versions", default=",".join(map(str, VERSIONS)), metavar="V,...",
-                    help="the fp32 versions to check, e.g. 1,3 after one crashed the process (default %(default)s)")
+    ap.add_argument("--versions", default="all", metavar="V,...",
+                    help="the fp32 versions to check, e.g. 1,3 after one crashed the process (default: every "
+                         "version built: 1-4, with REPOPS_CUDA_DEV=1 1-6)")
     return ap
 
 
@@ -66,6 +65,7 @@ import repops
 from tools.bench_cuda import SHAPES_1B, SHAPES_27M, gpu_time
 from tools.torch_llama import model_shapes
 
+VERSIONS = tuple(int(v) for v in repops.CUDA_MATMUL_VERSIONS)   # the fp32 matmul versions built (matmul_v)
 
 CLIP_VERSIONS = (1, 2)
 INT8_PATHS = {0: "mma", 1: "cublaslt"}
@@ -351,7 +351,7 @@ def main(argv=None):
     ap = parser()
     args = ap.parse_args(argv)
     try:
-        versions = tuple(int(v) for v in args.versions.split(","))
+        versions = VERSIONS if args.versions == "all" else tuple(int(v) for v in args.versions.split(","))
     except ValueError:
         versions = ()
     if not versions or not set(versions) <= set(VERSIONS):

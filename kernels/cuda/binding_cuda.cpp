@@ -47,18 +47,17 @@ float inv(int64_t n) { return (float)(1.0 / (double)n); }  // contract §1: shap
 // version gives the same bits; a default is the fastest version a GPU run of tools/matmul_versions.py
 // (tools/exact_cuda.py for the exact matmul) verified (docs/cuda-speed.md: matmul 3, cuBLASLt's int8
 // product, optim.cu's norm, the exact matmul's residue GEMMs on int8.cu). The _v ops name a version.
-int64_t g_matmul_version = 3;  // 1: matmul.cu; 2, 3, 4: matmul_tiled.cu
+int64_t g_matmul_version = 3;  // 1: matmul.cu; 2-6: matmul_tiled.cu
 int64_t g_int8_path = 1;       // 0: int8.cu's mma.sync GEMM; 1: cuBLASLt (at::_int_mm) where it fits
 int64_t g_clip_version = 1;    // 1: optim.cu; 2: dev/cuda/flat_sum.cu
 int64_t g_exact_path = 0;      // exact.cu's residue GEMMs: 0: int8.cu's mma.sync GEMM; 1: cuBLASLt where it fits
 // The versions built: those of kernels/cuda, and with RPC_DEV_VERSIONS (REPOPS_CUDA_DEV=1: the
-// harness's build) clip version 2 of dev/cuda, verified on a GPU but slower, and the exact matmul's
-// cuBLASLt residue GEMMs, not yet verified on a GPU (docs/cuda-speed.md, docs/exact-matmul.md).
-constexpr int64_t kMatmulVersions = 4;
+// harness's build) clip version 2 of dev/cuda, verified on a GPU but slower, and, not yet verified
+// on a GPU, matmul versions 5-6 and the exact matmul's cuBLASLt residue GEMMs (docs/cuda-speed.md).
 #if defined(RPC_DEV_VERSIONS)
-constexpr int64_t kClipVersions = 2, kExactPaths = 2;
+constexpr int64_t kMatmulVersions = 6, kClipVersions = 2, kExactPaths = 2;
 #else
-constexpr int64_t kClipVersions = 1, kExactPaths = 1;
+constexpr int64_t kMatmulVersions = 4, kClipVersions = 1, kExactPaths = 1;
 #endif
 
 void check_exact_path(int64_t path, const char* op) {

@@ -1,4 +1,4 @@
-// matmul_tiled.cu -- the numbered matmul versions 2, 3 and 4 (docs/cuda-speed.md), and the launcher
+// matmul_tiled.cu -- the numbered matmul versions 2 to 6 (docs/cuda-speed.md), and the launcher
 // that picks a version: rpc_matmul_v(version, ...). Version 1 is matmul.cu (64 x 64 tiles). Version 3
 // is the default: tools/matmul_versions.py verified 1-4 bit for bit on an H200 and timed 3 fastest
 // over the models' products (geometric mean 15.4 TFLOP/s against version 1's 9.4; docs/cuda-speed.md).
@@ -13,6 +13,11 @@
 //       blocks, for the model's small products (4096 x 512 x 512 is 128 tiles of 128 x 128:
 //       less than one per SM on an H200).
 //   v4: v2 where its 128 x 128 tiles number at least twice the GPU's SMs, v3 otherwise.
+//   v5: a block of 8 x 8 threads computes a 32 x 32 tile, 4 x 4 per thread: four times v3's
+//       blocks again, for the weight gradients whose output is small and K long (gy^T @ x of a
+//       512 x 512 weight over 4096 tokens is 64 tiles of 64 x 64: half the H200's SMs busy).
+//   v6: v3 where its 64 x 64 tiles number at least twice the GPU's SMs, v5 otherwise.
+//   v5 and v6 are built only with RPC_DEV_VERSIONS (REPOPS_CUDA_DEV=1) until a GPU has verified them.
 //
 // k runs in steps of BK = 16 through shared memory, double buffered: while the block computes on
 // one stage, cp.async (sm_80+) copies the next k step of both operands into the other. Each
@@ -50,18 +55,20 @@ constexpr int BK = 16, PAD = 4;  // k per stage; row padding (floats) of the sta
 
 // One operand's tile of ROWS (m or n) x BK (k) for rows [r0, r0 + ROWS), k [k0, k0 + BK), staged
 // k-major (KMAJ: T[row][k], pitch BK + PAD) or row-major in k (T[k][row], pitch ROWS + PAD).
-// Global element (row, k) is at P[row * s_row + k * s_k]; `rows` and K bound it.
-template <int ROWS, bool KMAJ, int THREADS>
+// Global element (row, k) is at P[row * s_row + k * s_k]; `rows` and K bound it. Each thread
+// reads TM (8 or 4) rows of it.
+template <int ROWS, bool KMAJ, int THREADS, int TM>
 struct Tile {
   static constexpr int PITCH = KMAJ ? BK + PAD : ROWS + PAD;
   static constexpr int SIZE = KMAJ ? ROWS * PITCH : BK * PITCH;  // floats per stage
   static constexpr int VECS = ROWS * BK / 4 / THREADS;            // 16-byte pieces per thread
   static constexpr int ELEMS = ROWS * BK / THREADS;               // 4-byte elements per thread
   static_assert(ROWS * BK % (4 * THREADS) == 0, "tile must split evenly into 16-byte pieces");
+  static_assert(TM == 8 || TM == 4, "a thread reads 8 or 4 rows");
 
-  // The row index (within the tile) of the thread's q-th row, q = 0..7, t its thread row/column.
+  // The row index (within the tile) of the thread's q-th row, q = 0..TM-1, t its thread row/column.
   __device__ static __forceinline__ int row(int t, int q) {
-    return KMAJ ? t + (ROWS / 8) * q : 4 * t + (q % 4) + (ROWS / 2) * (q / 4);
+    return KMAJ ? t + (ROWS / TM) * q : 4 * t + (q % 4) + (ROWS / 2) * (q / 4);
   }
 
   __device__ static __forceinline__ void load(float* T, const float* __restrict__ P, int64_t s_row, int64_t s_k,
@@ -92,42 +99,44 @@ struct Tile {
   }
 
   // f[q][j] = the thread's q-th row at k = k4 + j (j = 0..3) from stage T.
-  __device__ static __forceinline__ void frag(const float* T, int t, int k4, float (&f)[8][4]) {
+  __device__ static __forceinline__ void frag(const float* T, int t, int k4, float (&f)[TM][4]) {
     if (KMAJ) {
-      for (int q = 0; q < 8; ++q) {
+      for (int q = 0; q < TM; ++q) {
         const float4 v = *reinterpret_cast<const float4*>(T + row(t, q) * PITCH + k4);
         f[q][0] = v.x, f[q][1] = v.y, f[q][2] = v.z, f[q][3] = v.w;
       }
     } else {
       for (int j = 0; j < 4; ++j) {
         const float4 lo = *reinterpret_cast<const float4*>(T + (k4 + j) * PITCH + 4 * t);
-        const float4 hi = *reinterpret_cast<const float4*>(T + (k4 + j) * PITCH + ROWS / 2 + 4 * t);
         f[0][j] = lo.x, f[1][j] = lo.y, f[2][j] = lo.z, f[3][j] = lo.w;
-        f[4][j] = hi.x, f[5][j] = hi.y, f[6][j] = hi.z, f[7][j] = hi.w;
+        if constexpr (TM == 8) {   // rows ROWS/2 + 4t .. +3: the second half of the tile
+          const float4 hi = *reinterpret_cast<const float4*>(T + (k4 + j) * PITCH + ROWS / 2 + 4 * t);
+          f[4][j] = hi.x, f[5][j] = hi.y, f[6][j] = hi.z, f[7][j] = hi.w;
+        }
       }
     }
   }
 };
 
 // C [M, N] (+ batch * scb) for rows [m0, m0 + gridDim.y BM) = A . B; thread (ty, tx) = (tid / TX,
-// tid % TX) owns rows TA::row(ty, r) and columns TB::row(tx, c), r, c = 0..7.
-template <int BM, int BN, bool A_KMAJ, bool B_KMAJ>
-__global__ void __launch_bounds__((BM / 8) * (BN / 8), 1)
+// tid % TX) owns rows TA::row(ty, r) and columns TB::row(tx, c), r, c = 0..TM-1.
+template <int BM, int BN, int TM, bool A_KMAJ, bool B_KMAJ>
+__global__ void __launch_bounds__((BM / TM) * (BN / TM), 1)
 tiled_kernel(const float* __restrict__ A, int64_t sab, int64_t sam, int64_t sak, const float* __restrict__ B,
              int64_t sbb, int64_t sbk, int64_t sbn, float* __restrict__ C, int64_t scb, int64_t M, int64_t N,
              int64_t K, bool a_vec, bool b_vec) {
-  constexpr int TX = BN / 8, THREADS = (BM / 8) * (BN / 8);
-  using TA = Tile<BM, A_KMAJ, THREADS>;
-  using TB = Tile<BN, B_KMAJ, THREADS>;
+  constexpr int TX = BN / TM, THREADS = (BM / TM) * (BN / TM);
+  using TA = Tile<BM, A_KMAJ, THREADS, TM>;
+  using TB = Tile<BN, B_KMAJ, THREADS, TM>;
   __shared__ __align__(16) float As[2][TA::SIZE];
   __shared__ __align__(16) float Bs[2][TB::SIZE];
   const int64_t b = blockIdx.z, i0 = (int64_t)blockIdx.y * BM, j0 = (int64_t)blockIdx.x * BN;
   const int ty = threadIdx.x / TX, tx = threadIdx.x % TX;
   A += b * sab;
   B += b * sbb;
-  float acc[8][8];
-  for (int r = 0; r < 8; ++r)
-    for (int c = 0; c < 8; ++c) acc[r][c] = 0.0f;
+  float acc[TM][TM];
+  for (int r = 0; r < TM; ++r)
+    for (int c = 0; c < TM; ++c) acc[r][c] = 0.0f;
 
   const int64_t steps = (K + BK - 1) / BK;
   if (steps > 0) {
@@ -148,20 +157,20 @@ tiled_kernel(const float* __restrict__ A, int64_t sab, int64_t sam, int64_t sak,
     __syncthreads();
     const int kc = K - s * BK < BK ? (int)(K - s * BK) : BK;  // real k in this stage
     for (int k4 = 0; k4 < kc; k4 += 4) {
-      float a[8][4], bv[8][4];
+      float a[TM][4], bv[TM][4];
       TA::frag(As[cur], ty, k4, a);
       TB::frag(Bs[cur], tx, k4, bv);
       const int jn = kc - k4;  // real k from k4 on: the last group of the matrix may have fewer than 4
       for (int j = 0; j < 4; ++j)  // k = s BK + k4 + j, in increasing order
         if (j < jn)                // never a zero-filled k (see the top of the file)
-          for (int r = 0; r < 8; ++r)
-            for (int c = 0; c < 8; ++c) acc[r][c] = fadd(acc[r][c], fmul(a[r][j], bv[c][j]));
+          for (int r = 0; r < TM; ++r)
+            for (int c = 0; c < TM; ++c) acc[r][c] = fadd(acc[r][c], fmul(a[r][j], bv[c][j]));
     }
     __syncthreads();  // every thread is done with this stage before it is refilled
   }
   float* Cb = C + b * scb;
-  for (int r = 0; r < 8; ++r)
-    for (int c = 0; c < 8; ++c) {
+  for (int r = 0; r < TM; ++r)
+    for (int c = 0; c < TM; ++c) {
       const int64_t i = i0 + TA::row(ty, r), j = j0 + TB::row(tx, c);
       if (i < M && j < N) Cb[i * N + j] = acc[r][c];
     }
@@ -169,11 +178,11 @@ tiled_kernel(const float* __restrict__ A, int64_t sab, int64_t sam, int64_t sak,
 
 bool aligned16(const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <int BM, int BN, bool A_KMAJ, bool B_KMAJ>
+template <int BM, int BN, int TM, bool A_KMAJ, bool B_KMAJ>
 cudaError_t launch(const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B, int64_t sbb, int64_t sbk,
                    int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N, int64_t K, bool a_vec, bool b_vec,
                    cudaStream_t st) {
-  constexpr int THREADS = (BM / 8) * (BN / 8);
+  constexpr int THREADS = (BM / TM) * (BN / TM);
   const int64_t gx = (N + BN - 1) / BN;
   if (gx > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
   return for_grid_slices<BM>(batch, M, [&](int64_t b0, int64_t nb, int64_t m0, int64_t mm) {
@@ -183,11 +192,11 @@ cudaError_t launch(const float* A, int64_t sab, int64_t sam, int64_t sak, const 
 #if defined(RPC_EMULATE)  // tests/test_cuda_emulate.py: the block's threads as host threads
     (void)st;
     rpc_emulate(grid, THREADS, [&] {
-      tiled_kernel<BM, BN, A_KMAJ, B_KMAJ>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N, mm, N, K, a_vec, b_vec);
+      tiled_kernel<BM, BN, TM, A_KMAJ, B_KMAJ>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N, mm, N, K, a_vec, b_vec);
     });
 #else
-    tiled_kernel<BM, BN, A_KMAJ, B_KMAJ><<<grid, THREADS, 0, st>>>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N, mm,
-                                                                   N, K, a_vec, b_vec);
+    tiled_kernel<BM, BN, TM, A_KMAJ, B_KMAJ><<<grid, THREADS, 0, st>>>(Ab, sab, sam, sak, Bb, sbb, sbk, sbn, Cb, M * N,
+                                                                       mm, N, K, a_vec, b_vec);
 #endif
     return cudaGetLastError();
   });
@@ -195,35 +204,47 @@ cudaError_t launch(const float* A, int64_t sab, int64_t sam, int64_t sak, const 
 
 // Picks the staging layout of each operand from its strides (k-major where k has unit stride)
 // and whether 16-byte copies are possible (see the top of the file).
-template <int BM, int BN>
+template <int BM, int BN, int TM>
 cudaError_t tiled(const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B, int64_t sbb, int64_t sbk,
                   int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N, int64_t K, cudaStream_t st) {
   const bool a_k = sak == 1, b_k = sbk == 1;
   const bool a_vec = aligned16(A) && sab % 4 == 0 && (a_k ? sam % 4 == 0 : sam == 1 && sak % 4 == 0);
   const bool b_vec = aligned16(B) && sbb % 4 == 0 && (b_k ? sbn % 4 == 0 : sbn == 1 && sbk % 4 == 0);
-  if (a_k && b_k) return launch<BM, BN, true, true>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, a_vec, b_vec, st);
-  if (a_k) return launch<BM, BN, true, false>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, a_vec, b_vec, st);
-  if (b_k) return launch<BM, BN, false, true>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, a_vec, b_vec, st);
-  return launch<BM, BN, false, false>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, a_vec, b_vec, st);
+  if (a_k && b_k) return launch<BM, BN, TM, true, true>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, a_vec, b_vec, st);
+  if (a_k) return launch<BM, BN, TM, true, false>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, a_vec, b_vec, st);
+  if (b_k) return launch<BM, BN, TM, false, true>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, a_vec, b_vec, st);
+  return launch<BM, BN, TM, false, false>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, a_vec, b_vec, st);
 }
 }  // namespace
 }  // namespace rpc
 
 using namespace rpc;  // the launcher below names the templates above
 
+// Versions 5 and 6 are built only with RPC_DEV_VERSIONS (REPOPS_CUDA_DEV=1) until a GPU has verified them.
+#if defined(RPC_DEV_VERSIONS)
+constexpr int kMatmulVersionsBuilt = 6;
+#else
+constexpr int kMatmulVersionsBuilt = 4;
+#endif
+
 cudaError_t rpc_matmul_v(int version, const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B,
                          int64_t sbb, int64_t sbk, int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N,
                          int64_t K, cudaStream_t st) {
   if (version == 1) return rpc_matmul(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
-  if (version < 2 || version > 4) return cudaErrorInvalidValue;
+  if (version < 2 || version > kMatmulVersionsBuilt) return cudaErrorInvalidValue;
   if (batch == 0 || M == 0 || N == 0) return cudaGetLastError();
-  if (version == 4) {  // by size: version 2 where its tiles fill every SM at least twice, else 3
+  if (version == 4 || version == 6) {  // by size: the larger tiles where they fill every SM at least twice
     int dev = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (err != cudaSuccess) return err;
-    version = batch * ((M + 127) / 128) * ((N + 127) / 128) >= 2 * (int64_t)sms ? 2 : 3;
+    const int64_t big = version == 4 ? 128 : 64;   // 4: version 2, else 3; 6: version 3, else 5
+    const bool fill = batch * ((M + big - 1) / big) * ((N + big - 1) / big) >= 2 * (int64_t)sms;
+    version = version == 4 ? (fill ? 2 : 3) : (fill ? 3 : 5);
   }
-  if (version == 2) return tiled<128, 128>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
-  return tiled<64, 64>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
+  if (version == 2) return tiled<128, 128, 8>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
+#if defined(RPC_DEV_VERSIONS)
+  if (version == 5) return tiled<32, 32, 4>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
+#endif
+  return tiled<64, 64, 8>(A, sab, sam, sak, B, sbb, sbk, sbn, C, batch, M, N, K, st);
 }
