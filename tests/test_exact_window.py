@@ -14,7 +14,7 @@ matmul = "exact" in O(T * W).
    exact=True there.
 3. The model: --matmul=exact with --attn_window trains; the run's chain is the same for R = 1
    and 2; audit.py replays it to MATCH. The config refuses it on CUDA with one line (no CUDA band
-   kernels; exact on CUDA is opt-in until a GPU verifies it).
+   kernels).
 """
 
 import numpy as np

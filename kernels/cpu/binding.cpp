@@ -512,7 +512,7 @@ TORCH_LIBRARY(repops, m) {
   // int8 P·V (§10): a block's step size from its largest |value|; the windowed layers' int8 band mix.
   m.def("int8_absmax_step(Tensor x) -> Tensor");
   m.def("int8_band_mix(Tensor qp, Tensor qv, Tensor sp, Tensor sv) -> Tensor");
-  m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CUDA: exact.cu, opt-in until a GPU verifies it
+  m.def("exact_matmul(Tensor a, Tensor b) -> Tensor");   // §11; CUDA: exact.cu
   m.def("exact_matmul_causal(Tensor a, Tensor b, int form) -> Tensor");   // §11 "Attention's products"; CPU only
   // §11 band products (window attention with matmul = "exact"): CPU only (config.validate)
   m.def("exact_band_scores(Tensor a, Tensor b, int W) -> Tensor");

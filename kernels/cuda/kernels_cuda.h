@@ -15,8 +15,9 @@
 cudaError_t rpc_matmul(const float* A, int64_t sab, int64_t sam, int64_t sak,
                        const float* B, int64_t sbb, int64_t sbk, int64_t sbn,
                        float* C, int64_t batch, int64_t M, int64_t N, int64_t K, cudaStream_t st);
-// The same product by kernel version 1 (rpc_matmul), or 2, 3, 4 (matmul_tiled.cu; docs/cuda-speed.md);
-// every version gives the same bits. cudaErrorInvalidValue for another version.
+// The same product by kernel version 1 (rpc_matmul), or 2-6 (matmul_tiled.cu; 5 and 6 only with
+// RPC_DEV_VERSIONS; docs/cuda-speed.md); every version gives the same bits. cudaErrorInvalidValue
+// for a version not built.
 cudaError_t rpc_matmul_v(int version, const float* A, int64_t sab, int64_t sam, int64_t sak, const float* B,
                          int64_t sbb, int64_t sbk, int64_t sbn, float* C, int64_t batch, int64_t M, int64_t N,
                          int64_t K, cudaStream_t st);
