@@ -17,7 +17,8 @@ Prints the GPU, then:
 - the audit of one step on the GPU against a training step;
 - --quant=int8 (contract §10): the int8 GEMM (mma.sync s8, exact int32 sums, plus the
   dequantizing epilogue) against RepOps' fp32 matmul, torch._int_mm and torch fp32 at the
-  model's forward shapes and large squares, and the int8 training step against the fp32 one.
+  model's forward shapes and large squares, and the int8 training step against the fp32 one;
+- the --matmul=exact training step (contract §11, exact.cu) against the fp32 one.
 Times are medians of CUDA-event timings (host timers where the work is the host's). Needs a
 prepared corpus (python data.py; carry data/ to a machine without network).
 """
@@ -113,12 +114,13 @@ def bench_int8(cfg, data, products, repeats):
               f"{ops_n / t_fp / 1e12:8.2f}")
     tokens = cfg.micro_batches * cfg.micro_batch_size * cfg.seq_len
     times = {}
-    for quant in ("none", "int8"):
-        qcfg = dataclasses.replace(cfg, quant=quant)
+    for name, change in (("fp32", {}), ("--quant=int8", {"quant": "int8"}), ("--matmul=exact", {"matmul": "exact"})):
+        qcfg = dataclasses.replace(cfg, **change)
         state = train.TrainState(qcfg, data.vocab_size, DEVICE)
-        times[quant] = gpu_time(lambda: train.train_step(state, data, qcfg), repeats, warmup=1)
-    print(f"training step, {tokens} tokens: fp32 {times['none'] * 1e3:.1f} ms, --quant=int8 "
-          f"{times['int8'] * 1e3:.1f} ms; int8 / fp32 step time: {times['int8'] / times['none']:.2f}x")
+        times[name] = gpu_time(lambda: train.train_step(state, data, qcfg), repeats, warmup=1)
+    for name in ("--quant=int8", "--matmul=exact"):
+        print(f"training step, {tokens} tokens: fp32 {times['fp32'] * 1e3:.1f} ms, {name} {times[name] * 1e3:.1f} ms; "
+              f"{name.split('=')[1]} / fp32 step time: {times[name] / times['fp32']:.2f}x")
 
 
 def profile_step(cfg, data, name):
@@ -202,6 +204,7 @@ def main(args, data):
     print(f"GPU: {props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB | "
           f"torch {torch.__version__} | CUDA {torch.version.cuda} | {time.strftime('%Y-%m-%d')} | kernel versions "
           f"REPOPS_CUDA_MATMUL={repops.CUDA_MATMUL} REPOPS_CUDA_INT8={repops.CUDA_INT8} REPOPS_CUDA_CLIP={repops.CUDA_CLIP} "
+          f"REPOPS_CUDA_EXACT_GEMM={repops.CUDA_EXACT_GEMM} "
           "(docs/cuda-speed.md)")
     repops.load()
     default = dataclasses.replace(config.Config(data_dir=args.data_dir), device=DEVICE)
