@@ -23,10 +23,10 @@
 // one stage, cp.async (sm_80+) copies the next k step of both operands into the other. Each
 // operand is staged in its own global layout, so every copy is a straight 16-byte cp.async:
 //   A with unit k stride ("k-major", x @ W.T's x): As[BM][BK + 4]; the thread reads float4s along
-//     k (4 k steps of one row); its rows are ty + TY r (r = 0..7), so the 8 threads of a quarter
-//     warp hit distinct bank groups (row pitch 20 floats);
+//     k (4 k steps of one row); its rows are ty + (BM / TM) r (r = 0..TM-1), so the 8 threads of a
+//     quarter warp hit distinct bank groups (row pitch 20 floats);
 //   otherwise ("m-major", gy.T @ x's gy.T): As[BK][BM + 4]; the thread reads float4s along m;
-//     its rows are 4 ty + (r % 4) + BM/2 (r / 4) (two float4s per k step).
+//     its rows are 4 ty + (r % 4) + BM/2 (r / 4) (two float4s per k step; one with TM = 4).
 //   B the same way with n for m ("k-major" B is W.T of x @ W.T, "n-major" B is W of gy @ W).
 // Out-of-matrix rows, columns and k (edge tiles) are zero-filled by cp.async's src-size operand,
 // per 16-byte piece: edge tiles take the same path as interior ones. Rows and columns outside the
