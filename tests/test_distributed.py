@@ -13,6 +13,8 @@ CPU with gloo.
   same way, gives the same step as R = 1;
 - R = 3 on N = 4 is refused on rank 0 before any work, with the valid world sizes, and creates
   nothing;
+- a rank ends without the interpreter's shutdown (train.end_rank), its output flushed, even
+  after --recompute has left the process group's Gloo threads alive (an atexit probe);
 - a rank killed with SIGKILL makes the other ranks stop with an error in bounded time, under
   torchrun and without its agent (plain processes with the env:// variables, so train.py's own
   error path is what ends them); the chain and checkpoints left behind verify, and resuming (with
@@ -289,6 +291,34 @@ def test_invalid_world_size_refused_before_any_work(tmp_path, args):
     # same args train with R = 1, 2, 4 (test_chain_byte_identical_across_world_sizes)
     treefold.check_topology(6, 3)
     treefold.check_topology(4, 2)
+
+
+# ----------------------------------------------------------------------------- a rank's end
+SHUTDOWN_PROBE = """import atexit, os, sys
+atexit.register(lambda: print("interpreter shutdown: rank " + os.environ.get("RANK", "-"), file=sys.stderr))
+"""
+
+
+def test_ranks_end_without_interpreter_shutdown(tmp_path, args):
+    """A rank ends through train.end_rank (os._exit) once its output is flushed: the interpreter's
+    shutdown, where the process group's Gloo threads (kept alive by torch after --recompute's
+    first checkpoint) aborted a rank now and then, never runs. A sitecustomize.py on PYTHONPATH
+    prints a marker from an atexit handler, which only a shutdown runs: R = 1 prints it (the
+    probe works), the ranks of R = 2 do not, and everything they log arrives."""
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "sitecustomize.py").write_text(SHUTDOWN_PROBE)
+    environ = env()
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path / "probe"), environ.get("PYTHONPATH")]))
+    steps = ["--max_steps=2", "--recompute=1"]
+    one = launch([sys.executable, TRAIN] + args + steps, tmp_path / "r1", environ)
+    check_ok(one)
+    assert "interpreter shutdown: rank -" in one.stderr
+    share_secret(tmp_path / "r1" / "run", tmp_path / "r2" / "run")
+    two = launch(torchrun_cmd(2) + args + steps, tmp_path / "r2", environ)
+    check_ok(two)
+    assert not re.search(r"interpreter shutdown: rank \d", two.stderr), two.stderr[-2000:]
+    assert "audit the last step: python audit.py --run_dir run --step 2" in two.stdout
+    assert chain_bytes(tmp_path / "r2" / "run") == chain_bytes(tmp_path / "r1" / "run")
 
 
 # ----------------------------------------------------------------------------- dead rank
