@@ -757,15 +757,12 @@ def main(argv):
             raise                      # a bug, not a broken peer: keep the traceback
         print(f"train.py: error (rank {rank}): a peer failed or the connection broke: {e}", file=sys.stderr)
         return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
     return 0
 
 
 def end_rank(code):
-    """End a rank of a multi-rank run at once (os._exit), without the interpreter's shutdown,
-    once its output is flushed.
+    """End a rank of a multi-rank run: leave the process group, flush the output and exit at once
+    (os._exit), without the interpreter's shutdown.
 
     The first torch.utils.checkpoint call (--recompute) imports torch._dynamo, which imports
     torch.distributed.nn.functional, whose functions bind the default process group as a default
@@ -775,7 +772,9 @@ def end_rank(code):
     SIGABRT, after a complete run): 5 of 122 two-rank runs of tests/test_scale.py's config, two
     at a time on 2 cores, 2026-12-04; 0 of 150 ending here. Nothing is lost by skipping the
     shutdown: train.log is written line by line, the chain and checkpoints are closed as they
-    are written, and the offloaded state's temp files are anonymous."""
+    are written, and the offloaded state's temp files are anonymous. A rank that stops before
+    joining a group (a config every rank refuses, reported by rank 0) exits the ordinary way."""
+    dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -783,6 +782,6 @@ def end_rank(code):
 
 if __name__ == "__main__":
     exit_code = main(sys.argv[1:])
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if dist.is_initialized():           # main joined a process group: a rank of a multi-rank run
         end_rank(exit_code)
     sys.exit(exit_code)

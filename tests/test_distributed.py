@@ -304,7 +304,10 @@ def test_ranks_end_without_interpreter_shutdown(tmp_path, args):
     shutdown, where the process group's Gloo threads (kept alive by torch after --recompute's
     first checkpoint) aborted a rank now and then, never runs. A sitecustomize.py on PYTHONPATH
     prints a marker from an atexit handler, which only a shutdown runs: R = 1 prints it (the
-    probe works), the ranks of R = 2 do not, and everything they log arrives."""
+    probe works), the ranks of R = 2 do not, and everything they log arrives. Ranks that stop
+    before joining the group (R = 3 on N = 4, refused by every rank) exit the ordinary way, so
+    that rank 0's report is out before torchrun stops it: those that end on their own run the
+    shutdown."""
     (tmp_path / "probe").mkdir()
     (tmp_path / "probe" / "sitecustomize.py").write_text(SHUTDOWN_PROBE)
     environ = env()
@@ -319,6 +322,9 @@ def test_ranks_end_without_interpreter_shutdown(tmp_path, args):
     assert not re.search(r"interpreter shutdown: rank \d", two.stderr), two.stderr[-2000:]
     assert "audit the last step: python audit.py --run_dir run --step 2" in two.stdout
     assert chain_bytes(tmp_path / "r2" / "run") == chain_bytes(tmp_path / "r1" / "run")
+    three = launch(torchrun_cmd(3) + args + steps, tmp_path / "r3", environ)
+    assert three.returncode != 0 and WORLD_MSG in three.stderr
+    assert re.search(r"interpreter shutdown: rank \d", three.stderr), three.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------- dead rank
