@@ -740,7 +740,9 @@ def main(argv):
         run(cfg, rank, world)
     except (UsageError, DataError, TokenizerError, treefold.TopologyError, hashchain.HashChainError,
             repops.RepOpsBuildError) as e:
-        if rank == 0:
+        if dist.is_initialized():       # a rank's own error (a chunk only it read): each reports its own
+            print(f"train.py: error (rank {rank}): {e}", file=sys.stderr)
+        elif rank == 0:                 # before joining: a config every rank refuses, reported once
             print(f"train.py: error: {e}", file=sys.stderr)
         return 2
     except (StepRefused, ReproducibilityError, deadcheck.DeadTensorError) as e:

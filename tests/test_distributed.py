@@ -13,6 +13,7 @@ CPU with gloo.
   same way, gives the same step as R = 1;
 - R = 3 on N = 4 is refused on rank 0 before any work, with the valid world sizes, and creates
   nothing;
+- an error only one rank meets (a damaged chunk only rank 1 reads) is reported by that rank;
 - a rank ends without the interpreter's shutdown (train.end_rank), its output flushed, even
   after --recompute has left the process group's Gloo threads alive (an atexit probe);
 - a rank killed with SIGKILL makes the other ranks stop with an error in bounded time, under
@@ -325,6 +326,36 @@ def test_ranks_end_without_interpreter_shutdown(tmp_path, args):
     three = launch(torchrun_cmd(3) + args + steps, tmp_path / "r3", environ)
     assert three.returncode != 0 and WORLD_MSG in three.stderr
     assert re.search(r"interpreter shutdown: rank \d", three.stderr), three.stderr[-2000:]
+
+
+def test_an_error_only_one_rank_meets_is_reported_by_it(tmp_path, args):
+    """After joining the group a rank reports its own error: a train chunk that only rank 1 reads
+    in step 1 (R = 2, its micro-batches 2 and 3), changed by one byte, gives rank 1's line naming
+    the chunk, whatever becomes of rank 0 (left waiting in the all-reduce). The unchanged corpus
+    trains (positive control: the same command with the clean copy)."""
+    import data
+    (tmp_path / "corpus").mkdir()
+    corpus = make_corpus(tmp_path / "corpus", seed=7, lines=3000, chunk_bytes=1024)
+    tokens = data.TokenData(str(corpus), seed=0)        # the runs' --seed=0: their data order
+    seq_len, batch = 16, 2                               # TINY's
+    chunk_tokens = tokens.tokens["train"].chunk_tokens
+
+    def chunks_read(micros):
+        return {k for m in micros for _, o in tokens.rows("train", 1, m, batch, seq_len)
+                for k in range(o // chunk_tokens, (o + seq_len) // chunk_tokens + 1)}
+    only_rank1 = sorted(chunks_read(treefold.block(4, 2, 1)) - chunks_read(treefold.block(4, 2, 0)))
+    assert only_rank1, "no train chunk that only rank 1 reads in step 1"
+    bad = tmp_path / "bad"
+    shutil.copytree(corpus, bad)
+    raw = bytearray((bad / "train.bin").read_bytes())
+    raw[only_rank1[0] * 1024] ^= 0x01
+    (bad / "train.bin").write_bytes(bytes(raw))
+    argv = [a for a in args if not a.startswith("--data_dir=")] + ["--max_steps=1", "--seed=0"]
+    proc = launch(torchrun_cmd(2) + argv + [f"--data_dir={bad}"], tmp_path / "w")
+    assert proc.returncode != 0
+    assert re.search(rf"train.py: error \(rank 1\): split 'train': chunk {only_rank1[0]} of .* does not match",
+                     proc.stderr), proc.stderr[-3000:]
+    check_ok(launch(torchrun_cmd(2) + argv + [f"--data_dir={corpus}"], tmp_path / "clean"))
 
 
 # ----------------------------------------------------------------------------- dead rank
