@@ -250,7 +250,7 @@ class Audit:
     def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
                  salts=None):
         self.run = rundir.Run(run_dir)          # a reader: it changes nothing in the run
-        self.run.check_contract(repops.CONTRACT)
+        self.run.check_versions(repops.CONTRACT)
         # decisive keys on which config.json (for people) disagrees with the genesis record
         self.config_json_differences = self.run.config_json_differences()
         data_dir = data_dir or self.run.recorded_data_dir()

@@ -507,7 +507,7 @@ def main(argv=None):
             except hashchain.ChainError as e:
                 print(f"MISMATCH at step {e.line - 1}: {e.message}" + (f" (in {d})" if args.compare else ""))
                 return 1
-            run.check_contract(repops.CONTRACT)     # a well-formed chain of another contract: not ours to report
+            run.check_versions(repops.CONTRACT)     # a well-formed chain of another contract: not ours to report
             sides.append(Side(run, f"{label}: {d}" if args.compare else d))
         run = sides[0].run
         own = run.dir / receipts.ANCHORS

@@ -318,20 +318,27 @@ class Run:
             raise UsageError(f"{self.chain.path} has no genesis record")
         return self.chain.records[0]
 
-    def check_contract(self, implemented):
-        """A run made under another arithmetic contract (the genesis `contract`; none: v1) cannot
-        be resumed, replayed, sampled, exported or reported by this code, whose kernels implement
-        contract `implemented`. A `contract` that is not a positive integer (SPEC §12.2) names no
-        contract at all."""
-        made = self.genesis.get("contract", 1)
-        if not isinstance(made, int) or isinstance(made, bool) or made < 1:
-            shown = json.dumps(made)
-            raise UsageError(f"{self.chain.path}: the genesis record's contract "
-                             f"{shown if len(shown) <= 40 else shown[:37] + '...'} is not an arithmetic "
-                             "contract version (a positive integer, SPEC §12.2)")
-        if made != implemented:
-            raise UsageError(f"this run was made under arithmetic contract v{made}; this code implements "
-                             f"v{implemented}")
+    def check_versions(self, contract):
+        """A run made under another version of SPEC.md (the genesis `spec`; none: v2, or v1 where
+        `contract` is missing too) or of the arithmetic contract (`contract`; none: v1) cannot be
+        resumed, replayed, sampled, exported or reported by this code, which implements
+        hashchain.SPEC and contract `contract`. A version that is not a positive integer (SPEC
+        §12.2) names no version at all."""
+        genesis = self.genesis
+        for field in ("spec", "contract"):
+            made = genesis.get(field, 1)
+            if not isinstance(made, int) or isinstance(made, bool) or made < 1:
+                shown = json.dumps(made)
+                what = "a SPEC" if field == "spec" else "an arithmetic contract"
+                raise UsageError(f"{self.chain.path}: the genesis record's {field} "
+                                 f"{shown if len(shown) <= 40 else shown[:37] + '...'} is not {what} "
+                                 "version (a positive integer, SPEC §12.2)")
+        made_contract = genesis.get("contract", 1)
+        made_spec = genesis.get("spec", 2 if "contract" in genesis else 1)
+        if (made_spec, made_contract) != (hashchain.SPEC, contract):
+            raise UsageError(f"this run was made under SPEC v{made_spec} and arithmetic contract "
+                             f"v{made_contract}; this code implements SPEC v{hashchain.SPEC} and contract "
+                             f"v{contract} (SPEC.md, Versions)")
 
     @property
     def cfg(self):

@@ -84,7 +84,7 @@ from train import TrainState  # noqa: E402
 def load_model(run_dir, step, device="cpu"):
     """(model on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
     run = rundir.Run(run_dir)
-    run.check_contract(repops.CONTRACT)
+    run.check_versions(repops.CONTRACT)
     step, tensors = run.checkpoint_for_reader(step)
     state = TrainState(run.cfg, run.vocab_size, device)
     state.load(tensors)

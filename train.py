@@ -364,7 +364,8 @@ def genesis_record(state, data, cfg, secret=None, init=None):
     initial state's source (hfllama.load_into), whose tensors are then the record's tensor
     hashes (and checkpoint 0)."""
     root, leaves = state.hash()
-    record = {"kind": "genesis", "step": 0, "contract": repops.CONTRACT, "config": decisive_config(cfg),
+    record = {"kind": "genesis", "step": 0, "spec": hashchain.SPEC, "contract": repops.CONTRACT,
+              "config": decisive_config(cfg),
               "code_digest": code_digest(), **data.commitments(),
               "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
               **({"init": init} if init else {}), "state_hash": root, "tensor_hashes": leaves}
@@ -486,7 +487,7 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         run.chain.append(genesis_record(state, data, cfg, secret, init))
         start = 0
     else:
-        run.check_contract(repops.CONTRACT)   # before all else: another contract's run is not ours
+        run.check_versions(repops.CONTRACT)   # before all else: another contract's run is not ours
         secret = receipts.read_secret(run.dir, "the chain's commitments (step_commit) cannot be "
                                       "continued without it; restore it, or start a new --run_dir")
         check_identity(cfg, data, run.genesis, secret, init)

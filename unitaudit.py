@@ -66,7 +66,7 @@ class UnitAudit:
     def __init__(self, run_dir, step, data_dir=None, device="cpu", units_file=None, recompute=None,
                  offload=None):
         self.run = rundir.Run(run_dir)
-        self.run.check_contract(repops.CONTRACT)
+        self.run.check_versions(repops.CONTRACT)
         self.step, self.data_dir, self.device = step, data_dir, device
         self.findings = []
         self.proof = {}                  # what the unit's receipt reveals (receipts.unit_receipt)

@@ -39,6 +39,7 @@ import numpy as np
 import numpy_contract as C
 from numpy_model import backward, forward, full_state, init_params, repin, trained
 
+SPEC = 3                                            # the version of SPEC.md written here (§12.2)
 CONTRACT = 2                                        # the contract version written here (SPEC §12.2)
 DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
@@ -362,14 +363,17 @@ def checkpoint_bytes(state, root, leaves, step):
     return len(h).to_bytes(8, "little") + h + b"".join(le_bytes(state[n]) for n in sorted(state))
 
 
-def code_digest(root):
-    """§14: the build flags, then (path, SHA-256 of the file) of the files that decide the math."""
-    arch = os.environ.get("REPOPS_CPU_ARCH", "") or "native"
+def code_digest(root, environ=os.environ):
+    """§14: the build flags, then (path, SHA-256 of the file) of the files that decide the math;
+    environ: the environment the digest is computed in (REPOPS_CPU_ARCH, REPOPS_CUDA_DEV)."""
+    arch = environ.get("REPOPS_CPU_ARCH", "") or "native"
     flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp -falign-loops=64"
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
              "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
              "kernels/common": (".h", ".cuh"), "kernels/metal": (".metal", ".h")}
+    if environ.get("REPOPS_CUDA_DEV", "") == "1":      # only where that build is made
+        kinds["dev/cuda"] = (".cu", ".cpp", ".h", ".cuh")
     for folder, ends in kinds.items():
         files += [f"{folder}/{f}" for f in os.listdir(os.path.join(root, folder))
                   if f.endswith(ends) and f"{folder}/{f}" != "kernels/cpu/selftest.cpp"]
@@ -382,7 +386,7 @@ def code_digest(root):
 
 def genesis_fields(cfg, corpus, code_root):
     """§12.2 without the state hash."""
-    return {"kind": "genesis", "step": 0, "contract": CONTRACT, "config": cfg,
+    return {"kind": "genesis", "step": 0, "spec": SPEC, "contract": CONTRACT, "config": cfg,
             "code_digest": code_digest(code_root),
             **corpus.commitments(), "tokenizer": corpus.manifest["tokenizer"],
             "vocab_size": corpus.manifest["tokenizer"]["vocab_size"]}
@@ -423,12 +427,14 @@ def open_run(run_dir):
     """(chain lines, genesis config) of a run this replay implements."""
     lines = open(os.path.join(run_dir, "chain.jsonl"), "rb").read().splitlines()
     genesis = json.loads(lines[0])
-    made = genesis.get("contract", 1)
-    if type(made) is not int or made < 1:               # §12.2: a positive integer
-        raise ValueError(f"the genesis record's contract {json.dumps(made)[:40]} is not an arithmetic contract version")
-    if made != CONTRACT:                                # §12.2: none is v1 (its flat sums differ)
-        raise ValueError(f"this run was made under arithmetic contract v{genesis.get('contract', 1)}; "
-                         f"this replay implements v{CONTRACT}")
+    for field in ("spec", "contract"):                  # §12.2: positive integers
+        made = genesis.get(field, 1)
+        if type(made) is not int or made < 1:
+            raise ValueError(f"the genesis record's {field} {json.dumps(made)[:40]} is not a version")
+    made = (genesis.get("spec", 2 if "contract" in genesis else 1), genesis.get("contract", 1))
+    if made != (SPEC, CONTRACT):                        # §12.2: no spec is v2 (or v1 without a contract)
+        raise ValueError(f"this run was made under SPEC v{made[0]} and arithmetic contract v{made[1]}; "
+                         f"this replay implements SPEC v{SPEC} and contract v{CONTRACT}")
     cfg = genesis["config"]
     # the OPEN-1B recipe options of SPEC §6.2 and §10 are not written here yet: refuse them
     recipe = {"attn_window": 0, "qk_norm": False, "emb_norm": False, "lr_schedule": "linear"}

@@ -462,7 +462,7 @@ def test_code_digest_ignores_subfolders(tmp_path):
     """§14: only the files directly in kernels/cpu, kernels/cuda, kernels/common and kernels/metal
     count. Files with the digest's own suffixes in a subfolder of each change neither the code's
     digest (train.code_digest, run in a copy of the code) nor the replay's; the same kind of file
-    directly in kernels/metal changes both."""
+    directly in kernels/metal changes both; dev/cuda counts only with REPOPS_CUDA_DEV=1."""
     tree = tmp_path / "code"
     shutil.copytree(ROOT / "kernels", tree / "kernels")
     for path in ROOT.glob("*.py"):
@@ -473,7 +473,7 @@ def test_code_digest_ignores_subfolders(tmp_path):
         proc = run_process([sys.executable, "-c", "import train; print(train.code_digest())"], cwd=tree,
                            env=env, capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 0, proc.stderr
-        return proc.stdout.strip(), numpy_replay.code_digest(str(tree))
+        return proc.stdout.strip(), numpy_replay.code_digest(str(tree), env)
 
     for folder, name in (("cpu", "x.cpp"), ("cpu", "x.h"), ("cuda", "x.cu"), ("common", "x.cuh"), ("metal", "x.metal")):
         (tree / "kernels" / folder / "sub").mkdir(exist_ok=True)
@@ -482,6 +482,13 @@ def test_code_digest_ignores_subfolders(tmp_path):
     (tree / "kernels" / "metal" / "x.metal").write_text("// in kernels/metal itself: hashed\n")
     code, spec = digests()
     assert code == spec != train.code_digest()
+    # dev/cuda joins the list only where REPOPS_CUDA_DEV=1 (§14), as dev/cuda/<file>
+    (tree / "dev" / "cuda").mkdir(parents=True, exist_ok=True)
+    (tree / "dev" / "cuda" / "x.cu").write_text("// a kernel version kept out of the default build\n")
+    assert digests() == (code, code)
+    env["REPOPS_CUDA_DEV"] = "1"
+    dev_code, dev_spec = digests()
+    assert dev_code == dev_spec != code
 
 
 def test_checkpoint_header_length_includes_its_padding(tmp_path):

@@ -107,7 +107,7 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
     missed, checked = [], 0
     for step, audited in ((0, 1), (STEP, STEP)):
         for path in field_paths(records[step]):
-            if path == ("contract",):                # refused before any replay (the test below)
+            if path in (("contract",), ("spec",)):    # refused before any replay (the test below)
                 continue
             commitment = path in (("step_commit",), ("secret_commit",))
             for malformed in ((False, True) if commitment else (False,)):
@@ -137,15 +137,20 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
 
 
 @pytest.mark.parametrize("edit,expect", [
-    (lambda g: g.pop("contract"), "this run was made under arithmetic contract v1; this code implements v2"),
-    (lambda g: g.update(contract=3), "this run was made under arithmetic contract v3; this code implements v2"),
+    (lambda g: g.pop("contract"), "this run was made under SPEC v3 and arithmetic contract v1; this code implements SPEC v3 and contract v2"),
+    (lambda g: g.update(contract=3), "this run was made under SPEC v3 and arithmetic contract v3; this code implements SPEC v3 and contract v2"),
     (lambda g: g.update(contract="2"), 'the genesis record\'s contract "2" is not an arithmetic contract version'),
     (lambda g: g.update(contract=True), "the genesis record's contract true is not an arithmetic contract version"),
-], ids=["v1_without_the_field", "v3", "the_string_2", "true"])
-def test_a_run_of_another_contract_is_refused(reference, records, corpus, tmp_path, edit, expect):
+    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v3 and contract v2"),
+    (lambda g: [g.pop("spec"), g.pop("contract")], "this run was made under SPEC v1 and arithmetic contract v1"),
+    (lambda g: g.update(spec=4), "this run was made under SPEC v4 and arithmetic contract v2"),
+    (lambda g: g.update(spec="3"), 'the genesis record\'s spec "3" is not a SPEC version'),
+], ids=["contract_v1_without_the_field", "contract_v3", "contract_the_string_2", "contract_true", "spec_v2_without_the_field",
+        "v1_without_either", "spec_v4", "spec_the_string_3"])
+def test_a_run_of_another_version_is_refused(reference, records, corpus, tmp_path, edit, expect):
     """The genesis record's `contract` (SPEC §12.2): a run made under another arithmetic contract
-    (no field: v1, whose flat sums differ), or whose `contract` is no version at all (the string
-    "2", a boolean), is refused with one line, exit 2, by every program that opens it: audit.py,
+    (no field: v1, whose flat sums differ) or another SPEC version (`spec`; no field: v2), or whose
+    `contract` or `spec` is no version at all (a string, a boolean), is refused with one line, exit 2, by every program that opens it: audit.py,
     train.py's resume, sample.py, export.py and report.py -- not a MISMATCH: its steps are not
     this code's to replay, its weights not this code's to vouch for. Nothing is written."""
     forged = json.loads(json.dumps(records))

@@ -52,7 +52,7 @@ def loss_at(s, n_steps):
 
 def write_chain(run, n_steps, secret):
     """A sealed chain of n_steps step records shaped like train.py's; returns the genesis record."""
-    genesis = {"kind": "genesis", "step": 0, "contract": repops.CONTRACT,
+    genesis = {"kind": "genesis", "step": 0, "spec": hashchain.SPEC, "contract": repops.CONTRACT,
                "config": {"seed": 1337, "n_layer": 4, "lr": 0.003},
                "code_digest": fake_hash("code"), "data_manifest": fake_hash("data"),
                "tokenizer": {"name": "bytes", "vocab_size": 256}, "vocab_size": 256,
