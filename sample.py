@@ -81,8 +81,9 @@ from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
 from train import TrainState  # noqa: E402
 
 
-def load_model(run_dir, step, device="cpu"):
-    """(model on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
+def load_state(run_dir, step, device="cpu"):
+    """(TrainState on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in
+    the chain)."""
     run = rundir.Run(run_dir)
     run.check_versions(repops.CONTRACT)
     step, tensors = run.checkpoint_for_reader(step)
@@ -91,7 +92,13 @@ def load_model(run_dir, step, device="cpu"):
     tokenizer = run.genesis.get("tokenizer")
     if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("name"), str):
         raise UsageError(f"{run.chain.path}: the genesis record names no tokenizer")
-    return state.model, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
+    return state, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
+
+
+def load_model(run_dir, step, device="cpu"):
+    """(model on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
+    state, tokenizer = load_state(run_dir, step, device)
+    return state.model, tokenizer
 
 
 def main(argv=None):
@@ -104,11 +111,12 @@ def main(argv=None):
             raise UsageError("--device cuda: this machine has no CUDA GPU that torch can use")
         if args.device == "mps" and not torch.backends.mps.is_available():
             raise UsageError("--device mps: this machine has no Apple GPU (MPS) that torch can use")
-        model, enc = load_model(args.run_dir, args.step, args.device)
+        state, enc = load_state(args.run_dir, args.step, args.device)
         threads = torch.get_num_threads()
         torch.set_num_threads(threads_for(args.threads, threads, os.getloadavg()[0]))
         try:
-            ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
+            with state.guard.inference(always=True):    # the decode is the contract's check (guard.py)
+                ids = state.model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
         finally:
             torch.set_num_threads(threads)      # main() also runs inside other programs and tests
     except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
