@@ -10,7 +10,7 @@ the program with one line, before a record is written.
     with g.step(1):                               # the mode: the stock model's steps, a pure one's first
         with g.micro_batch(1, 0):                 # keys F.dropout's Philox mask (step, micro-batch)
             model(x, y, rng=(1, 0)).backward()
-    with g.inference(always=True):                # a sample's decode
+    with g.inference():                           # evaluation, a sample's decode: a stock model's
         ids = model.generate(prompt, 50, seed=7)
 
 The mechanism is a TorchDispatchMode (torch.utils._python_dispatch), ContractMode below, scoped to
@@ -27,10 +27,11 @@ what to use instead).
 When it runs (docs/changing-the-model.md has the measured cost): a pass-through mode costs a few
 microseconds per operator, about 10-20% of a default step, against a budget of 2%. So:
 - Guard.probe, before a program writes anything (train.py before the run directory, audit.py
-  and the micro-batch audit before their replay): one forward and backward of the model on one
-  sequence under the mode, with anomaly mode on so that a backward operator is traced to the
-  forward line that recorded it. It classifies the model: pure RepOps (no mapped operator seen)
-  or stock (some seen); anything unmapped is refused.
+  and the micro-batch audit before their replay, sample.py before its decode, which it also
+  tries on two tokens under the mode): one forward and backward of the model on one sequence
+  under the mode, with anomaly mode on so that a backward operator is traced to the forward line
+  that recorded it. It classifies the model: pure RepOps (no mapped operator seen) or stock (some
+  seen); anything unmapped is refused.
 - A stock model runs every step, evaluation and sample under the mode (the mapping is needed
   for its bits): Guard.step, Guard.inference.
 - A pure model runs the first step each process takes under the mode (so that the fold, clip and
