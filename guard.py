@@ -16,7 +16,8 @@ the program with one line, before a record is written.
 The mechanism is a TorchDispatchMode (torch.utils._python_dispatch), ContractMode below, scoped to
 what runs inside it. It sits below autograd, so the backward operators autograd runs for a stock
 forward (aten::gelu_backward) and autograd's own sums of gradient contributions (aten::add) reach
-it too. Each operator that reaches it is a RepOps kernel (repops::*, passed), an ATen operator of
+it too. Each operator that reaches it is a RepOps kernel (repops::*, passed), communication
+(c10d::*, passed: TreeFold's all-reduce moves bytes, its additions are RepOps), an ATen operator of
 stockops.MAPPED (run as its RepOps composition, contract §12), an entry of ALLOWED below (data
 movement, selections and constants, each with the reason it computes no new float value; a copy
 only where its dtype conversion keeps every value, exact_cast), an operator with no float tensor
@@ -74,6 +75,7 @@ ALLOWED = {
                     "the backward of a sum or mean)",
     "aten::unsqueeze": "a view with a new dim of size 1 (row_softmax's row sums as a column)",
     "aten::alias": "a slice of the whole KV cache (every position filled): a view",
+    "aten::unbind.int": "rows of a TreeFold all-reduce buffer (chunks, all-gather slots): views",
     "aten::detach": "an alias without autograd history",
     # copies and constants
     "aten::clone": "contiguous() and reshape of strided views: copy bytes to a dense layout",
@@ -86,6 +88,8 @@ ALLOWED = {
     "aten::embedding": "a stock model's token and position embeddings: rows copied",
     "aten::empty.memory_format": "allocates the flat gradient buffer (no values are computed)",
     "aten::empty_like": "allocates F.dropout's mask before bernoulli_ fills it (CPU)",
+    "aten::new_empty": "allocates TreeFold's receive and all-gather buffers (the transport fills them)",
+    "aten::new_zeros": "TreeFold's all-reduce chunks: +0.0 past the gradient's end, cut off after the sum",
     "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
     "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
     "aten::ones": "constant 1.0 tensors: the norm weights at init, a causal mask's source",
@@ -236,7 +240,7 @@ class ContractMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.name()
-        if name.startswith("repops::"):
+        if name.startswith(("repops::", "c10d::")):     # RepOps kernels; communication moves bytes
             return func(*args, **kwargs)
         mapping = stockops.MAPPED.get(name) or (stockops.INIT.get(name) if self.draws is not None else None)
         if mapping is not None:

@@ -14,7 +14,8 @@ default model is pure RepOps, so none of stockops.py's mappings may run in its s
 model.Llama.generate (its KV cache, the one-row decode, the Gumbel-max pick) runs under the same
 recorder, with the one mapped operator of GENERATE_ALLOWED: so a sample's tokens are the
 contract's on every backend. Every entry of guard.ALLOWED must be used by a recorded program
-(these steps and samples, the models' construction, and a step of a small stock model).
+(these steps and samples, the models' construction, TreeFold's all-reduce of a step on several
+ranks, and a step of a small stock model).
 """
 import collections
 import math
@@ -74,9 +75,10 @@ class OpRecorder(TorchDispatchMode):
 
 
 def violations(counts, allowed=ALLOWED):
-    """The recorded operators that are neither RepOps, nor a justified exception, nor integer work."""
-    return {op: n for op, n in counts.items()
-            if not op.startswith("repops::") and op not in allowed and not op.endswith(" (integers)")}
+    """The recorded operators that are neither RepOps, nor communication (c10d: moves bytes), nor
+    a justified exception, nor integer work."""
+    return {op: n for op, n in counts.items() if not op.startswith(("repops::", "c10d::"))
+            and op not in allowed and not op.endswith(" (integers)")}
 
 
 def report(counts):
@@ -197,9 +199,37 @@ def stock_ops():
     return rec.counts
 
 
-def test_no_exception_is_stale(built_and_step_ops, sample_ops, stock_ops):
+@pytest.fixture(scope="module")
+def allreduce_ops():
+    """Operator counts of TreeFold's all-reduce, what a step on R > 1 ranks adds to one rank's
+    (its buffers, its exchanges, its adds), under the guard's mode: on a one-process gloo group,
+    which runs the same code with itself as the only peer (torch refuses a batch of no
+    point-to-point operations: here it is nothing to wait for)."""
+    import torch.distributed as dist
+    import treefold
+    batch = dist.batch_isend_irecv
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.batch_isend_irecv = lambda ops: batch(ops) if ops else []
+    try:
+        fold = treefold.Fold(3, 1, 0)
+        for _ in fold.leaves:
+            fold.push(torch.rand(10))
+        with OpRecorder() as rec, guard.ContractMode():
+            treefold.allreduce(fold, align=4)
+    finally:
+        dist.batch_isend_irecv = batch
+        dist.destroy_process_group()
+    return rec.counts
+
+
+def test_every_op_of_an_all_reduce_is_repops_or_justified(allreduce_ops):
+    assert any(op.startswith("c10d::") for op in allreduce_ops), report(allreduce_ops)
+    assert not violations(allreduce_ops), report(allreduce_ops)
+
+
+def test_no_exception_is_stale(built_and_step_ops, sample_ops, stock_ops, allreduce_ops):
     used = set().union(*built_and_step_ops[0].values(), *built_and_step_ops[1].values(), *sample_ops.values(),
-                       stock_ops)
+                       stock_ops, allreduce_ops)
     assert set(ALLOWED) <= used, f"exceptions no program needs: {sorted(set(ALLOWED) - used)}"
 
 
