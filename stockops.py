@@ -35,7 +35,6 @@ import torch
 import repops
 from repops import f32, ops
 
-FLT_MIN = 2.0 ** -126
 # Integer and bool types whose every value converts to float32 exactly.
 EXACT_TO_F32 = (torch.bool, torch.uint8, torch.int8, torch.int16)
 # Stock Philox streams (contract §12.7): counter word c1 of a dropout mask is step + DROPOUT_C1
@@ -43,8 +42,6 @@ EXACT_TO_F32 = (torch.bool, torch.uint8, torch.int8, torch.int16)
 # INIT_C1 (model.py's canonical init has c1 = 0).
 DROPOUT_C1 = 1 << 31
 INIT_C1 = 1
-
-
 F32_ONLY = "keep the model float32, without autocast (contract §1)"
 
 
@@ -61,14 +58,18 @@ PASS = object()       # returned by a mapping whose operands are all integers: t
 
 # ------------------------------------------------------------------ operands
 def _is_float(x):
-    return isinstance(x, torch.Tensor) and x.is_floating_point()
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+
+
+def _dtype(t):
+    return str(t.dtype).removeprefix("torch.")
 
 
 def _check_f32(*tensors):
     """Unmapped unless every floating tensor among `tensors` is float32 (None and others pass)."""
     for t in tensors:
         if _is_float(t) and t.dtype != torch.float32:
-            raise Unmapped(f"on {str(t.dtype).removeprefix('torch.')}", F32_ONLY)
+            raise Unmapped(f"on {_dtype(t)}", F32_ONLY)
 
 
 def _computes_f32(*operands):
@@ -89,12 +90,10 @@ def _as_f32(x, like):
         return torch.tensor(f32(float(x)), device=like.device)
     if x.dtype == torch.float32:
         return x
-    if x.dtype in EXACT_TO_F32 or (not x.is_floating_point() and not x.is_complex()
-                                   and (x.numel() == 0 or int(x.abs().max()) <= 1 << 24)):
-        return x.to(torch.float32)
     _check_f32(x)
-    raise Unmapped(f"with a {str(x.dtype).replace('torch.', '')} operand beyond 2^24",
-                   "keep the arithmetic in integers, or its values within 2^24")
+    if x.dtype in EXACT_TO_F32 or x.numel() == 0 or int(x.abs().max()) <= 1 << 24:
+        return x.to(torch.float32)
+    raise Unmapped(f"with a {_dtype(x)} operand beyond 2^24", "keep the arithmetic in integers, or its values within 2^24")
 
 
 def _const(value, like):
@@ -143,7 +142,7 @@ def add(self, other, alpha=1):
     if not _computes_f32(self, other):
         return PASS
     if not isinstance(other, torch.Tensor):
-        return _add(self, _as_f32(float(other) * float(alpha), self))
+        return _add(_as_f32(self, self), _as_f32(float(other) * float(alpha), self))
     a, b = _as_f32(self, other), _as_f32(other, self)
     if alpha == 1:
         return _add(a, b)
@@ -153,6 +152,7 @@ def add(self, other, alpha=1):
 
 
 def sub(self, other, alpha=1):
+    """self - alpha * other: add(self, other, -alpha)."""
     return add(self, other, -alpha)
 
 
@@ -168,7 +168,7 @@ def mul(self, other):
     if not _computes_f32(self, other):
         return PASS
     if not isinstance(other, torch.Tensor):
-        return ops.scale(self, f32(float(other)))
+        return ops.scale(_as_f32(self, self), f32(float(other)))
     return _mul(_as_f32(self, other), _as_f32(other, self))
 
 
