@@ -108,6 +108,7 @@ ALLOWED = {
     "aten::any": "the dead-tensor check: does a parameter's gradient have an element that is not "
                  "+-0.0 (comparisons with zero, no arithmetic)",
     "aten::argmax": "the sampled token: the index of the largest score (a selection, on the host)",
+    "aten::_local_scalar_dense": "float() of a one-element tensor: a host read (an evaluation's loss)",
 }
 
 # The operators of random numbers outside the contract: what the refusal suggests instead.
@@ -214,8 +215,8 @@ class ContractMode(TorchDispatchMode):
     def dropout_counters(self):
         """(c1, c2) of the next dropout site of this micro-batch's forward (contract §12.7)."""
         if self.step is None or self.micro is None:
-            raise stockops.Unmapped("outside a training step (no step and micro-batch to key its mask)",
-                                    "dropout runs in training only (model.eval() for evaluation and sampling)")
+            raise stockops.Unmapped("with no step to key its mask", "dropout runs in training steps only "
+                                    "(model.eval(), or F.dropout(x, p, self.training), for evaluation and sampling)")
         if torch._C._current_autograd_node() is not None:
             raise stockops.Unmapped("while backward recomputes the forward (activation checkpointing: the "
                                     "dropout sites' ordinals would move)", "use repops.dropout with its own "

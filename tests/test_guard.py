@@ -179,7 +179,7 @@ class StockModel(nn.Module):
         q, k, v = self.qkv(self.ln(x)).split(x.shape[-1], dim=2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
         att = att.masked_fill(torch.tril(torch.ones(T, T)) == 0, float("-inf"))
-        x = x + F.dropout(F.softmax(att, dim=-1), 0.1) @ v
+        x = x + F.dropout(F.softmax(att, dim=-1), 0.1, self.training) @ v
         x = torch.where(x > 0, x, 0.1 * x)                         # a leaky relu
         logits = self.head(x)
         last = logits[:, -1]                                       # a loss term on the last position
@@ -188,13 +188,16 @@ class StockModel(nn.Module):
 
 @pytest.fixture(scope="module")
 def stock_ops():
-    """Operator counts of building StockModel under the guard and of its probe (forward and backward)."""
+    """Operator counts of building StockModel under the guard, of its probe (forward and backward)
+    and of an evaluation (train.evaluate's float() of the loss, under the mode)."""
     g = guard.Guard(seed=5)
     with OpRecorder() as rec:
         with g.construction():
             model = StockModel()
         idx = torch.randint(0, 64, (2, 16))
         g.probe(lambda: model(idx, torch.roll(idx, 1, 1)), list(model.parameters()), step=1)
+        with torch.no_grad(), g.inference():
+            float(model.eval()(idx, torch.roll(idx, 1, 1)))
     assert g.stock
     return rec.counts
 
