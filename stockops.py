@@ -198,7 +198,7 @@ def _unary(kernel):
 
 
 def _kernel(name):
-    """repops.ops.<name>, looked up when first called."""
+    """repops.ops.<name> (the kernels load on first use)."""
     def call(x):
         return getattr(ops, name)(x)
     call.__doc__ = f"The canonical {name} kernel (contract §5)."
@@ -211,13 +211,13 @@ def neg(self):
 
 
 def sigmoid(x):
-    """Contract §5.6: recip(1.0 + exp(-x))."""
-    return ops.recip(_add(_const(1.0, x), ops.exp(_neg(x))))
+    """Contract §5.6: recip(1.0 + exp(-x)), one kernel."""
+    return ops.sigmoid(x)
 
 
 def silu(x):
     """Contract §5.6: x * sigmoid(x)."""
-    return _mul(x, sigmoid(x))
+    return _mul(x, ops.sigmoid(x))
 
 
 def gelu(self, *, approximate="none"):
@@ -663,12 +663,12 @@ def _modeless(fn):
 
 # aten name -> repops kernel of the canonical functions (contract §5)
 UNARY_KERNELS = {"reciprocal": "recip", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
-                 "sin": "sin", "cos": "cos", "tanh": "tanh", "erf": "erf"}
+                 "sin": "sin", "cos": "cos", "tanh": "tanh", "erf": "erf", "sigmoid": "sigmoid"}
 ELEMENTWISE = {
     "add.Tensor": add, "add.Scalar": add, "sub.Tensor": sub, "sub.Scalar": sub, "mul.Tensor": mul,
     "mul.Scalar": mul, "div.Tensor": div, "div.Scalar": div, "div.Tensor_mode": div, "neg": neg,
     "relu": relu, "abs": absolute, "sign": sign, "pow.Tensor_Scalar": power, "gelu": gelu,
-    "sigmoid": _unary(sigmoid), "silu": _unary(silu),
+    "silu": _unary(silu),
     **{name: _unary(_kernel(kernel)) for name, kernel in UNARY_KERNELS.items()},
 }
 IN_PLACE = {"add_.Tensor": "add.Tensor", "add_.Scalar": "add.Scalar", "sub_.Tensor": "sub.Tensor",

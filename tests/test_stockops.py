@@ -102,6 +102,12 @@ ELEMENTWISE = {
             lambda a, g: (C.cos(a), [S.mul(g, S.neg(C.sin(a)))])),
     "sigmoid": (lambda s: (values(s),), torch.sigmoid,
                 lambda a, g: ((y := S.sigmoid(a)), [S.sigmoid_backward(g, y)])),
+    "tanh": (lambda s: (values(s),), torch.tanh, lambda a, g: ((y := C.tanh(a)), [S.tanh_backward(g, y)])),
+    "erf": (lambda s: (values(s),), torch.erf,
+            lambda a, g: (C.erf(a), [S.mul(S.mul(C.exp(S.neg(S.powi(a, 2))), 2 / math.sqrt(math.pi)), g)])),
+    "gelu": (lambda s: (values(s),), F.gelu, lambda a, g: (C.gelu(a), [S.mul(g, C.gelu_grad(a))])),
+    "gelu tanh": (lambda s: (values(s),), lambda a: F.gelu(a, approximate="tanh"),
+                  lambda a, g: (C.gelu_tanh(a), [S.mul(g, C.gelu_tanh_grad(a))])),
     "silu": (lambda s: (values(s),), F.silu, lambda a, g: (S.silu(a), [S.silu_backward(g, a)])),
     "relu": (lambda s: (values(s),), F.relu, lambda a, g: (S.relu(a), [S.threshold_backward(g, a, 0)])),
     "abs": (lambda s: (values(s),), torch.abs, lambda a, g: (S.absolute(a), [S.mul(g, S.sign(a))])),
@@ -391,6 +397,9 @@ def test_backward_formulas_are_the_documented_ones(name):
 # ------------------------------------------------------------------ 2. accuracy against stock PyTorch
 ACCURACY = {
     "elementwise": lambda x: torch.sigmoid(x) * (x / 3.0) + F.silu(x) - x.abs().sqrt() + x ** 2 + (-x).exp(),
+    "activations": lambda x: torch.tanh(x) + torch.erf(x) + F.gelu(x) + F.gelu(x, approximate="tanh") + F.relu(x),
+    "cross_entropy": lambda x: F.cross_entropy(x, torch.arange(16) % 40) * F.cross_entropy(x, torch.arange(16) % 5,
+                                                                                      reduction="sum"),
     "softmax": lambda x: F.softmax(x, -1) + F.log_softmax(x, 0),
     "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],), torch.ones(x.shape[-1]) * 1.5, torch.ones(x.shape[-1])),
     "reductions": lambda x: x.sum(0) + x.mean(-1, keepdim=True) + x.amax(0),
