@@ -449,6 +449,17 @@ def test_signed_anchors_verify_and_forged_or_resigned_ones_are_reported(signed_r
         assert ("unsigned" if name == "unsigned" else "not signed by the publisher key") in found[0], (name, found)
 
 
+def test_a_publisher_key_that_cannot_sign_creates_no_run(corpus, tmp_path, capsys):
+    """train.py --publisher_key that does not exist or is encrypted with no agent: one line, exit
+    2, and no run directory (the key signs a probe before anything is created)."""
+    encrypted = make_key(tmp_path, "enc", passphrase="secret words")
+    for key in (tmp_path / "nope", encrypted):
+        run = tmp_path / f"run_{key.name}"
+        assert train.main([str(a) for a in train_args(run, corpus, "--max_steps=2", f"--publisher_key={key}")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("train.py: error: --publisher_key") and not run.exists(), err
+
+
 def test_a_signed_run_resumes_only_with_its_key_and_its_card_names_it(signed_run, corpus, keys, tmp_path):
     run = copy_run(signed_run, tmp_path / "run")
     write_chain(run, chain_records(run)[:11])
