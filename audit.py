@@ -380,6 +380,8 @@ class Audit:
                 self.find(step, f"checkpoint {step}: {e.message}")
         del verified
         records = self.run.chain.records
+        if state.step < last_ok:    # the contract's guard (guard.py): a model outside it is refused, exit 2
+            train.probe(state, self.data, self.cfg, state.step + 1)
         try:
             for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of, around,
                                                              proved=last if receipt else None):

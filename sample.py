@@ -15,7 +15,9 @@ than seq_len keeps its last seq_len tokens. While the context is shorter than se
 costs one decode step against a KV cache; once the context is full it slides by one token per
 token, every position moves, and a token costs a full forward over seq_len tokens. Both give
 the logits of the full forward over the context (model.py says when a zero's sign could
-differ). transformers' generate on an exported model (export.py) keeps absolute positions
+differ). Before the decode, the contract's guard checks the model (check: a probe and two tokens
+decoded under guard.py's mode); a model outside the contract is refused with one line, before
+any output, and a model written with stock operators decodes under the mode. transformers' generate on an exported model (export.py) keeps absolute positions
 instead, up to max_position_embeddings: the two agree while prompt + samples fit in seq_len.
 Speed, and the thread count on a busy machine: docs/sampling.md. It only reads the run directory.
 Exit code 2 on bad input, with one line naming the option at fault.
@@ -81,8 +83,9 @@ from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
 from train import TrainState  # noqa: E402
 
 
-def load_model(run_dir, step, device="cpu"):
-    """(model on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
+def load_state(run_dir, step, device="cpu"):
+    """(TrainState on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in
+    the chain)."""
     run = rundir.Run(run_dir)
     run.check_versions(repops.CONTRACT)
     step, tensors = run.checkpoint_for_reader(step)
@@ -91,7 +94,28 @@ def load_model(run_dir, step, device="cpu"):
     tokenizer = run.genesis.get("tokenizer")
     if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("name"), str):
         raise UsageError(f"{run.chain.path}: the genesis record names no tokenizer")
-    return state.model, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
+    return state, get_tokenizer(tokenizer["name"], run.recorded_data_dir(), tokenizer.get("files"))
+
+
+def check(state, prompt, seed, temperature):
+    """The contract's guard (guard.py) before the decode: the probe (one forward and backward on the
+    prompt's tokens, repeated to seq_len), then two tokens decoded under the mode and discarded
+    (the full forward and a cached decode step). guard.ContractError (the refusal line) before any
+    output; a stock model (one whose operators the guard maps) then decodes under the mode."""
+    seq_len = state.model.cfg.seq_len
+    ids = list(prompt) or [0]
+    ids = torch.tensor([(ids * (seq_len // len(ids) + 2))[:seq_len + 1]])
+    state.model.train()
+    state.guard.probe(lambda: state.model(ids[:, :-1], ids[:, 1:], rng=(1, 0)),
+                      [state.params[n] for n in state.trained], step=1)
+    with state.guard.inference(always=True):
+        state.model.generate(prompt, 2, seed, temperature)
+
+
+def load_model(run_dir, step, device="cpu"):
+    """(model on `device`, tokenizer) at the checkpoint of `step` (default: the latest one in the chain)."""
+    state, tokenizer = load_state(run_dir, step, device)
+    return state.model, tokenizer
 
 
 def main(argv=None):
@@ -104,11 +128,14 @@ def main(argv=None):
             raise UsageError("--device cuda: this machine has no CUDA GPU that torch can use")
         if args.device == "mps" and not torch.backends.mps.is_available():
             raise UsageError("--device mps: this machine has no Apple GPU (MPS) that torch can use")
-        model, enc = load_model(args.run_dir, args.step, args.device)
+        state, enc = load_state(args.run_dir, args.step, args.device)
         threads = torch.get_num_threads()
         torch.set_num_threads(threads_for(args.threads, threads, os.getloadavg()[0]))
         try:
-            ids = model.generate(enc.encode(args.prompt), args.tokens, args.seed, args.temperature)
+            prompt = enc.encode(args.prompt)
+            check(state, prompt, args.seed, args.temperature)
+            with state.guard.inference():               # a stock model's operators mapped (guard.py)
+                ids = state.model.generate(prompt, args.tokens, args.seed, args.temperature)
         finally:
             torch.set_num_threads(threads)      # main() also runs inside other programs and tests
     except (UsageError, DataError, TokenizerError, hashchain.HashChainError, repops.RepOpsBuildError) as e:

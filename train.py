@@ -57,6 +57,7 @@ import torch  # noqa: E402  (below --help's answer, above)
 import torch.distributed as dist  # noqa: E402
 
 import deadcheck  # noqa: E402
+import guard
 import hashchain
 import hfllama
 import offload
@@ -116,7 +117,8 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py", "guard.py",
+             "stockops.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
@@ -136,8 +138,12 @@ class TrainState:
     def __init__(self, cfg, vocab_size, device="cpu", moments=True):
         self.device = torch.device(device)
         check_memory(cfg, vocab_size)
-        # Canonical init runs on the CPU kernels; the bits then move to the device unchanged.
-        self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed).to(self.device)
+        # Canonical init runs on the CPU kernels, under the contract's guard (a stock model's
+        # nn.init draws become Philox, guard.py); the bits then move to the device unchanged.
+        self.guard = guard.Guard(cfg.seed, exact=cfg.matmul == "exact")
+        with self.guard.construction():
+            model = Llama(model_config(cfg, vocab_size), seed=cfg.seed)
+        self.model = model.to(self.device)
         self.params = self.model.named_tensors()           # canonical (sorted) order
         trained = [n for n, p in self.params.items() if p.requires_grad]   # the flat gradient's order
         self.trained = trained
@@ -247,8 +253,9 @@ def micro_batch_gradient(state, data, cfg, step, micro, witness=None):
         offset += p.numel()
     state.model.witness = witness
     try:
-        loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
-        loss.backward(inputs=params)
+        with state.guard.micro_batch(step, micro):      # keys a stock model's dropout (guard.py)
+            loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
+            loss.backward(inputs=params)
     finally:
         state.model.witness = None
         for h in hooks:
@@ -278,16 +285,18 @@ def train_step(state, data, cfg, rank=0, world=1):
     pieces = (units.StepUnits(step, n, state.flat_numel(), world, rank, sync=cfg.offload or not hash_overlaps(cfg))
               if cfg.unit_commits else None)
     fold = treefold.Fold(n, world, rank, spill=cfg.offload, observe=pieces and pieces.node)
-    for micro in fold.leaves:
-        grad = micro_batch_gradient(state, data, cfg, step, micro, pieces and pieces.witness(micro))
-        if pieces:
-            pieces.leaf(micro, grad)
-        fold.push(grad)
-        del grad
-    sums = [treefold.allreduce(fold, **({"align": units.CHUNK, "observe": pieces.row} if pieces else {}))
-            if world > 1 else fold.result()]
-    del fold                                # its frontier holds the one-rank total
-    fields = update(state, cfg, sums)
+    # under the contract's guard where it runs: a stock model's every step, a pure model's first (guard.py)
+    with state.guard.step(step):
+        for micro in fold.leaves:
+            grad = micro_batch_gradient(state, data, cfg, step, micro, pieces and pieces.witness(micro))
+            if pieces:
+                pieces.leaf(micro, grad)
+            fold.push(grad)
+            del grad
+        sums = [treefold.allreduce(fold, **({"align": units.CHUNK, "observe": pieces.row} if pieces else {}))
+                if world > 1 else fold.result()]
+        del fold                            # its frontier holds the one-rank total
+        fields = update(state, cfg, sums)
     if pieces:
         fields["units"] = pieces
     return fields
@@ -423,8 +432,31 @@ def replay(state, data, cfg, upto, salt_of, around=None, proved=None):
 def evaluate(state, data, cfg):
     state.model.eval()
     batches = (data.micro_batch("val", 0, m, cfg.micro_batch_size, cfg.seq_len) for m in range(cfg.eval_batches))
-    losses = [float(state.model(x, y)) for x, y in batches]   # host ids, as in training
+    with state.guard.inference():                            # a stock model's operators mapped
+        losses = [float(state.model(x, y)) for x, y in batches]   # host ids, as in training
     return sum(losses) / len(losses)
+
+
+def probe(state, data, cfg, step):
+    """The contract's probe (guard.Guard.probe) of the model about to take `step`: one forward and
+    backward on the first sequence of that step's micro-batch 0, dropout keyed as in the step, no
+    gradient written. guard.ContractError (the refusal line) if the model runs an operator outside
+    the contract; returns the stock operators it maps (none: a pure RepOps model)."""
+    x, y = data.micro_batch("train", step, 0, cfg.micro_batch_size, cfg.seq_len)
+    state.model.train()
+    return state.guard.probe(lambda: state.model(x[:1], y[:1], zloss=cfg.zloss, rng=(step, 0)),
+                             [state.params[n] for n in state.trained], step)
+
+
+def next_step(cfg):
+    """The step a run directory goes on with, as far as its chain file tells without reading it (1
+    for a new run): the step after its last record, at most max_steps. The probe's tokens."""
+    try:
+        with open(Path(cfg.run_dir) / "chain.jsonl", "rb") as f:
+            records = sum(1 for _ in f)
+    except OSError:
+        records = 1
+    return max(1, min(cfg.max_steps, records))
 
 
 # ----------------------------------------------------------------------------- run directory
@@ -701,7 +733,8 @@ def log_sample(state, data, cfg, log):
     """A sample of cfg.sample_tokens tokens from the final model, decoded with the corpus's tokenizer."""
     tok = data.manifest["tokenizer"]
     enc = get_tokenizer(tok["name"], data.path, tok.get("files"))
-    ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
+    with state.guard.inference():
+        ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
     log("sample:\n" + enc.decode(ids))
 
 
@@ -716,6 +749,7 @@ def run(cfg, rank, world):
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
     init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
+    probe(state, data, cfg, next_step(cfg))     # a model outside the contract is refused before any file
     # the publisher's key signs (a probe) before the run directory exists: a bad key creates nothing
     signer = signing.Signer(cfg.publisher_key, "--publisher_key") if writer and cfg.publisher_key else None
     lock = rundir.hold_lock(cfg.run_dir) if writer else None

@@ -188,6 +188,7 @@ class UnitAudit:
         del tensors
         witness = []
         try:
+            train.probe(model, corpus, self.cfg, self.step)     # the contract's guard, before the replay
             grad = train.micro_batch_gradient(model, corpus, self.cfg, self.step, m, witness.append)
         except DataMismatch as e:
             self.find(f"the micro-batch reads data that is not the corpus's: {e}")
@@ -227,7 +228,8 @@ class UnitAudit:
         model.load(tensors)
         del tensors
         try:
-            fields = train.update(model, self.cfg, [total.to(model.device)])
+            with model.guard.step(self.step):       # checked by the contract's guard (guard.py)
+                fields = train.update(model, self.cfg, [total.to(model.device)])
         except train.StepRefused as e:
             self.find(str(e))
             return
@@ -435,6 +437,8 @@ class Publisher:
         if tensors is not None:
             state.load(tensors)
         records = self.run.chain.records
+        if state.step < step:
+            train.probe(state, self.corpus, cfg, state.step + 1)    # the contract's guard, before the replay
         while state.step < step:
             fields = train.train_step(state, self.corpus, cfg)
             fields["grad_root"].result()

@@ -45,7 +45,7 @@ import numpy as np
 import numpy_contract as C
 from numpy_model import backward, forward, full_state, init_params, repin, trained
 
-SPEC = 4                                            # the version of SPEC.md written here (§12.2)
+SPEC = 5                                            # the version of SPEC.md written here (§12.2)
 CONTRACT = 2                                        # the contract version written here (SPEC §12.2)
 DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
@@ -391,7 +391,8 @@ def code_digest(root, environ=os.environ):
     arch = environ.get("REPOPS_CPU_ARCH", "") or "native"
     flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp -falign-loops=64"
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py", "guard.py",
+             "stockops.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
              "kernels/common": (".h", ".cuh"), "kernels/metal": (".metal", ".h")}
     if environ.get("REPOPS_CUDA_DEV", "") == "1":      # only where that build is made

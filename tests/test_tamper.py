@@ -137,16 +137,16 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
 
 
 @pytest.mark.parametrize("edit,expect", [
-    (lambda g: g.pop("contract"), "this run was made under SPEC v4 and arithmetic contract v1; this code implements SPEC v4 and contract v2"),
-    (lambda g: g.update(contract=3), "this run was made under SPEC v4 and arithmetic contract v3; this code implements SPEC v4 and contract v2"),
+    (lambda g: g.pop("contract"), "this run was made under SPEC v5 and arithmetic contract v1; this code implements SPEC v5 and contract v2"),
+    (lambda g: g.update(contract=3), "this run was made under SPEC v5 and arithmetic contract v3; this code implements SPEC v5 and contract v2"),
     (lambda g: g.update(contract="2"), 'the genesis record\'s contract "2" is not an arithmetic contract version'),
     (lambda g: g.update(contract=True), "the genesis record's contract true is not an arithmetic contract version"),
-    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v4 and contract v2"),
+    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v5 and contract v2"),
     (lambda g: [g.pop("spec"), g.pop("contract")], "this run was made under SPEC v1 and arithmetic contract v1"),
-    (lambda g: g.update(spec=3), "this run was made under SPEC v3 and arithmetic contract v2"),
-    (lambda g: g.update(spec="4"), 'the genesis record\'s spec "4" is not a SPEC version'),
+    (lambda g: g.update(spec=4), "this run was made under SPEC v4 and arithmetic contract v2"),
+    (lambda g: g.update(spec="5"), 'the genesis record\'s spec "5" is not a SPEC version'),
 ], ids=["contract_v1_without_the_field", "contract_v3", "contract_the_string_2", "contract_true", "spec_v2_without_the_field",
-        "v1_without_either", "spec_v3", "spec_the_string_4"])
+        "v1_without_either", "spec_v4", "spec_the_string_5"])
 def test_a_run_of_another_version_is_refused(reference, records, corpus, tmp_path, edit, expect):
     """The genesis record's `contract` (SPEC §12.2): a run made under another arithmetic contract
     (no field: v1, whose flat sums differ) or another SPEC version (`spec`; no field: v2), or whose
