@@ -72,7 +72,8 @@ import statistics
 import sys
 import time
 
-from config import CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve
+from config import (CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve,
+                    stop_on_sigterm, stopped_by)
 
 REPLAY = ("step", "range", "all")
 
@@ -107,13 +108,16 @@ def parser():
                           "the data_dir the run's config.json names)")
     replayed.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
                           help="where the steps replay; every device gives the same bits (default %(default)s)")
+    replayed.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads; the bits are the same "
+                          "for any number (default 0: measured, the faster of torch's default and 1; threads.py)")
     memory = ap.options_for(REPLAY, "the replay's memory and source (--step, --range, --all)")
     memory.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations in "
                         "backward: same bits, less memory (default: what the trainer used)")
     memory.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting gradient "
                         "in temp files under TMPDIR: same bits (default: what the trainer used)")
     memory.add_argument("--init_from", metavar="DIR", help="an imported run: check that DIR is its source "
-                        "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0)")
+                        "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0); a run "
+                        "started from a parent run: check that DIR is the parent's run directory and the lineage")
     one = ap.options_for(("step",), "one step's evidence (--step)")
     one.add_argument("--trace", metavar="FILE", help="write a per-operator trace of the step to FILE "
                      "(compare two with python optrace.py A B)")
@@ -161,10 +165,12 @@ if __name__ == "__main__":
 
 import hashchain  # noqa: E402  (below the command line's first answer, above)
 import hfllama  # noqa: E402
+import lineage  # noqa: E402
 import optrace  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
+import threads  # noqa: E402
 import unitaudit  # noqa: E402
 from data import DataError, DataMismatch, TokenData  # noqa: E402
 import train  # noqa: E402
@@ -182,6 +188,29 @@ COMMITMENTS = {"genesis": "secret_commit", "step": "step_commit"}
 
 def _canon(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def shown(value):
+    """A JSON value as a message shows it: whole (a hash is never cut), or, when longer than
+    a line can hold, what it is (an object of N keys, a list of N items, N characters)."""
+    text = _canon(value)
+    if len(text) <= 100:
+        return text
+    kind = (f"an object of {len(value)} keys" if isinstance(value, dict) else
+            f"a list of {len(value)} items" if isinstance(value, list) else f"a string of {len(value)} characters")
+    return f"({kind})"
+
+
+def leaf_difference(a, b, path):
+    """(path, a's value, b's value) of the first place two JSON values differ: into objects by
+    sorted key and into lists of equal length by index, down to the first differing value."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        key = sorted(k for k in set(a) | set(b) if _canon(a.get(k)) != _canon(b.get(k)))[0]
+        return leaf_difference(a.get(key), b.get(key), f"{path}.{key}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        i = next(i for i, (x, y) in enumerate(zip(a, b)) if _canon(x) != _canon(y))
+        return leaf_difference(a[i], b[i], f"{path}[{i}]")
+    return path, a, b
 
 
 def compare(replayed, published):
@@ -205,10 +234,10 @@ def compare(replayed, published):
             return f"field {key} is missing from the published record"
         if key in commitments:
             if not receipts.is_hex64(theirs[key]):
-                return f"field {key} is not a commitment (64 hex digits): published {_canon(theirs[key])[:70]}"
+                return f"field {key} is not a commitment (64 hex digits): published {shown(theirs[key])}"
             continue
         if key not in mine:
-            return f"field {key} is not part of a {mine.get('kind', '')} record (published {_canon(theirs[key])[:60]})"
+            return f"field {key} is not part of a {mine.get('kind', '')} record (published {shown(theirs[key])})"
         a, b = mine[key], theirs[key]
         if _canon(a) == _canon(b):
             continue
@@ -218,11 +247,8 @@ def compare(replayed, published):
             what = (f"tensor {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
                     if bad else "the state hash")
             return f"field state_hash: {what} differs from the replay"
-        if isinstance(a, dict) and isinstance(b, dict):
-            sub = sorted(k for k in set(a) | set(b) if _canon(a.get(k)) != _canon(b.get(k)))[0]
-            return (f"field {key}.{sub} differs: replayed {_canon(a.get(sub))[:70]}, "
-                    f"published {_canon(b.get(sub))[:70]}")
-        return f"field {key} differs: replayed {_canon(a)[:70]}, published {_canon(b)[:70]}"
+        where, a, b = leaf_difference(a, b, key)
+        return f"field {where} differs: replayed {shown(a)}, published {shown(b)}"
     return None
 
 
@@ -248,16 +274,23 @@ class Audit:
     (genesis) and then for the replayed steps' records (train.replay); it compares them."""
 
     def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
-                 salts=None):
+                 salts=None, threads=0):
         self.run = rundir.Run(run_dir)          # a reader: it changes nothing in the run
         self.run.check_versions(repops.CONTRACT)
         # decisive keys on which config.json (for people) disagrees with the genesis record
         self.config_json_differences = self.run.config_json_differences()
         data_dir = data_dir or self.run.recorded_data_dir()
         cfg = self.run.replay_config(device, recompute=recompute, offload=offload)
-        if source and "init" not in self.run.genesis:
-            raise UsageError(f"--init_from {source}: {run_dir} was not imported (its genesis record has no init)")
+        if source and "init" not in self.run.genesis and "parent" not in self.run.genesis:
+            raise UsageError(f"--init_from {source}: {run_dir} was neither imported nor started from a parent run "
+                             "(its genesis record has no init and no parent)")
         self.data = TokenData(data_dir, cfg.seed)
+        # another corpus, other code: the auditor's input, not the run's (exit 2, not MISMATCH)
+        if problem := self.data.other_corpus(self.run.genesis, run_dir):
+            raise UsageError(f"{problem}; audit with the run's corpus (--data_dir DIR)")
+        if problem := train.other_code(self.run.genesis, run_dir):
+            raise UsageError(f"{problem}; audit with the code that started it (SPEC §14: the commit whose "
+                             "files hash to it)")
         # the corpus's tokens must index rows of the model (the genesis vocab_size is checked later)
         self.cfg = resolve(cfg, self.data.vocab_size)
         # salt_of(step): from the run's secret (the publisher) or revealed salts (--salts FILE);
@@ -271,6 +304,7 @@ class Audit:
         self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
+        self.threads = threads                   # the replay's CPU threads (0: measured, threads.py)
 
     def find(self, step, message):
         if (step, message) not in self.findings:
@@ -297,7 +331,7 @@ class Audit:
         download; a file beyond the chain is a finding). None: no start, no range. Returns
         {step: tensors} of the start and of an imported run's checkpoint 0."""
         files, lines = self.run.checkpoints(), self.run.chain.lines
-        imported = "init" in self.run.genesis
+        imported = "init" in self.run.genesis or "parent" in self.run.genesis   # checkpoint 0 is the start
         starts = [(s, p) for s, p in reversed(files) if before is not None and s <= before]
         vouched = [(s, p) for s, p in files if (s == 0 and imported)
                    or (last is not None and before < s <= last)]
@@ -332,10 +366,16 @@ class Audit:
         """The genesis state (an imported run's: `initial`, its verified checkpoint 0), checked:
         the genesis record recomputed from it, the config, this code and this corpus against the
         published one, the config's phases, config.json, and an imported run's source folder."""
-        init = self.run.genesis.get("init")
-        state, record, problem = train.genesis(self.cfg, self.data, init, initial, self.secret)
+        init, parent = self.run.genesis.get("init"), self.run.genesis.get("parent")
+        state, record, problem = train.genesis(self.cfg, self.data, init, initial, self.secret, parent)
         if problem:
             self.find(0, problem)
+        elif parent is not None and self.source:
+            if lineage_problem := lineage.check(self.source, self.run.genesis):
+                self.find(0, f"lineage: {lineage_problem}")
+        elif parent is not None:
+            self.notes.append("the run continues a parent run's state (genesis parent); the lineage was not "
+                              "checked (--init_from RUN_DIR names the parent's run directory and checks it)")
         elif init is not None and self.source:
             if diff := hfllama.source_difference(self.source, init, state.params, self.cfg):
                 self.find(0, diff)
@@ -360,7 +400,8 @@ class Audit:
         if last_ok < 0:
             return
         verified = self.checkpoints(first - 1, last_ok)
-        state = self.state = self.check_genesis(verified.pop(0, None) if "init" in self.run.genesis else None)
+        from_checkpoint = "init" in self.run.genesis or "parent" in self.run.genesis
+        state = self.state = self.check_genesis(verified.pop(0, None) if from_checkpoint else None)
         for step, tensors in verified.items():   # the start, if any checkpoint before `first` verified
             try:
                 state.load(tensors)
@@ -369,8 +410,9 @@ class Audit:
         del verified
         records = self.run.chain.records
         try:
+            chooser = threads.Chooser(self.threads, measure=self.cfg.device == "cpu")
             for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of, around,
-                                                             proved=last if receipt else None):
+                                                     proved=last if receipt else None, chooser=chooser):
                 pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
                 self.replayed[step] = (record["state_hash"], fields["grad_root"].result(), fields["result_root"],
                                        pieces and [w.hex() for w in pieces.witness_digests])
@@ -442,7 +484,7 @@ def replay_command(args):
                    else parse_range(args.range, "--range"))
     audit = Audit(args.run_dir, args.data_dir, args.device,
                   **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")},
-                  source=args.init_from, salts=args.salts)
+                  source=args.init_from, salts=args.salts, threads=args.threads)
     records = audit.run.chain.records
     last = audit.run.chain.lines - 1 if last is None else last       # --all
     audit.replay(first, last, args.trace and (lambda s: traced(args.trace, s, records[s]) if s == last
@@ -458,7 +500,7 @@ def replay_command(args):
                    f"{commitments} not checked: no secret or salt" if len(audit.unchecked) == len(audit.replayed)
                    else f"{commitments} checked, but for steps {unchecked}: no secret or salt")
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
-              f"(step {last}: {records[last]['state_hash'][:16]}), and the "
+              f"(step {last}: {records[last]['state_hash']}), and the "
               f"checkpoints checked match the chain; {checked}")
     receipts.close_audit(t0, audit.bytes_read, args.receipt, lambda cost: audit.receipt(last, args.auditor, cost),
                          f"the replay stopped before step {last}", f"step {last}", steps_replayed=len(audit.replayed))
@@ -675,7 +717,8 @@ def anchors_command(args):
     return 0
 
 # ----------------------------------------------------------------------------- the command line
-# The options that name a file the audit writes: each must lie outside the run (rundir.check_outside).
+# The options that name a file the audit writes: each must lie outside the run, its folder is
+# created before the work starts (rundir.prepare_output).
 OUTPUT_OPTIONS = ("trace", "receipt", "out")
 COMMANDS = {"step": unit_command, "range": replay_command, "all": replay_command,
             "check_receipts": check_receipts_command, "coverage": coverage_command,
@@ -685,6 +728,7 @@ COMMANDS = {"step": unit_command, "range": replay_command, "all": replay_command
 
 def main(argv=None):
     ap = parser()
+    stop_on_sigterm()
     try:
         args = ap.parse_args(argv)
         if (args.receipt is None) != (args.auditor is None):
@@ -692,9 +736,12 @@ def main(argv=None):
         if args.auditor is not None and receipts.auditor_problem(args.auditor):
             raise UsageError(f"--auditor {receipts.shown(args.auditor)}: "
                              f"{receipts.auditor_problem(args.auditor)}")
-        for option in OUTPUT_OPTIONS:
+        for option in OUTPUT_OPTIONS:       # before any replay: its result is never lost to a path
             if getattr(args, option):
-                rundir.check_outside(args.run_dir, getattr(args, option), "--" + option)
+                rundir.prepare_output(args.run_dir, getattr(args, option), "--" + option,
+                                      directory=option == "out" and ap.mode(args) in ("materialize", "reveal_unit"))
+        if args.threads < 0:
+            raise UsageError(f"--threads {args.threads}: must be >= 0 (0: measured)")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         return COMMANDS[ap.mode(args)](args)
@@ -704,6 +751,11 @@ def main(argv=None):
     except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:      # Ctrl-C, or SIGTERM (stop_on_sigterm): no verdict
+        what, code = stopped_by(e)
+        print(f"audit.py: stopped ({what}) before its verdict; no receipt was written; the same command "
+              "runs the audit again", file=sys.stderr)
+        return code
     except (MemoryError, RuntimeError) as e:   # never exit 1: that is MISMATCH
         if not (line := out_of_memory(e, "audit this run")):
             raise

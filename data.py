@@ -346,6 +346,14 @@ class TokenData:
                     out[key].update({f"{name}/{s}": v for s, v in per_split.items()})
         return out
 
+    def other_corpus(self, genesis, run_dir):
+        """The sentence that says this is not the corpus a run was trained on (its genesis
+        data_manifest), or None: train.py's resume and the audits say it alike, as bad input."""
+        if genesis.get("data_manifest") == self.digest:
+            return None
+        return (f"{run_dir} was trained on corpus {genesis.get('data_manifest')}, but {self.path} holds "
+                f"{self.digest}")
+
     def check_run(self, genesis):
         """Raise DataMismatch unless this is the data the genesis record names. Fields an older
         genesis record lacks are skipped, except a bundle's chunk roots: its chunks were only

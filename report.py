@@ -491,7 +491,7 @@ def main(argv=None):
     try:
         args = parser().parse_args(argv)
         for d in [args.run_dir] + ([args.compare] if args.compare else []):
-            rundir.check_outside(d, args.out, "--out")
+            rundir.prepare_output(d, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         for option in ("salts", "revealed"):

@@ -159,6 +159,8 @@ class UnitAudit:
 
     def data(self):
         corpus = TokenData(self.data_dir or self.run.recorded_data_dir(), self.cfg.seed)
+        if problem := corpus.other_corpus(self.run.genesis, self.run.dir):   # the auditor's input: exit 2
+            raise UsageError(f"{problem}; audit with the run's corpus (--data_dir DIR)")
         try:
             corpus.check_run(self.run.genesis)
         except DataMismatch as e:
