@@ -60,14 +60,6 @@ def check_args(args):
     return next((f"{flag} {value}: {rule}" for flag, value, ok, rule in checks if not ok), None)
 
 
-def threads_for(requested, default, load):
-    """The thread count to sample with: `requested`, or with 0 torch's `default` unless the
-    1-minute load average `load` says other jobs hold the cores (>= default - 0.5): then 1. A
-    decode step is a few small kernels; a second thread that must wait for a busy core makes each
-    one wait too (docs/sampling.md measures it)."""
-    return requested or (1 if load >= default - 0.5 else default)
-
-
 if __name__ == "__main__":
     parser().answer_early()     # --help and bad input answer here, before torch is imported
 
@@ -76,6 +68,7 @@ import torch  # noqa: E402  (below the command line's first answer, above)
 import hashchain  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
+from threads import threads_for  # noqa: E402  (a decode step's count: the load's guess, docs/sampling.md)
 from data import DataError  # noqa: E402
 from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
 from train import TrainState  # noqa: E402

@@ -3,20 +3,24 @@
     chooser = threads.Chooser(requested=0)          # --threads 0: measure; N > 0: N threads
     for step in ...:
         fields = chooser.run(lambda: train_step(state, data, cfg))
+    chooser.restore()                               # torch's count as it was
+    threads_for(0, torch.get_num_threads(), os.getloadavg()[0])   # sample.py's count: the load's guess
 
 Every thread count gives the same bits (contract §2), so the choice is about speed alone. On a
 machine whose cores other jobs hold, a step on torch's default count (one thread per core) can be
 hundreds of times slower than on one thread: each of a step's hundreds of parallel regions waits
-for a time slice on the busy core (docs/performance.md, "Threads"). The load average cannot tell
-(it counts this process's own threads, and lags by a minute), so the steps themselves decide:
-with --threads 0 the first step runs on torch's default count, the second is timed on it and the
-third on one thread, and the faster of the two is kept, unless it is less than REQUIRED times
-faster (one sample each: a small difference is noise). The comparison is made again after
+for a time slice on the busy core (docs/performance.md, "Threads"). The load average is a guess
+(it counts this process's own threads, and lags by a minute): it picks the count the first steps
+run on (threads_for, as sample.py picks its count), and then the steps themselves decide: the
+first step warms up, the second is timed, the third runs on the other count (torch's default or
+one), and the faster of the two is kept, unless it is less than REQUIRED times faster (one
+sample each: a small difference is noise). The comparison is made again after
 FIRST_GAP steps, then after twice as many each time the choice stays (up to MAX_GAP), so a load
 that comes or goes is followed at the cost of one step on the other count now and then.
 train.py (one rank on the CPU) and the audit's replays use it; a rank of a multi-rank run keeps
 its count (torchrun gives each one OMP_NUM_THREADS=1), and so does a GPU run.
 """
+import os
 import time
 
 import torch
@@ -26,14 +30,22 @@ FIRST_GAP = 8        # steps between the first comparison and the next
 MAX_GAP = 512        # the longest gap between two comparisons
 
 
+def threads_for(requested, default, load):
+    """The thread count to start with: `requested`, or with 0 torch's `default` unless the
+    1-minute load average `load` says other jobs hold the cores (>= default - 0.5): then 1.
+    sample.py keeps it (a decode step is a few small kernels, docs/sampling.md); Chooser starts
+    with it and measures."""
+    return requested or (1 if load >= default - 0.5 else default)
+
+
 class Chooser:
     """Runs steps (run) on the thread count it chooses; `say(line)` is told each change."""
 
     def __init__(self, requested=0, measure=True, say=None):
-        self.default = torch.get_num_threads()
+        self.default = self.before = torch.get_num_threads()
         self.say = say
         self.counts = [self.default, 1] if measure and not requested and self.default > 1 else []
-        self.current = requested or self.default
+        self.current = threads_for(requested, self.default, os.getloadavg()[0]) if self.counts else requested or self.default
         self.steps = 0                  # steps run so far
         self.probe_at = 2               # the step (0-based) that runs on the other count
         self.gap = FIRST_GAP
@@ -65,3 +77,7 @@ class Chooser:
             self.gap = min(2 * self.gap, MAX_GAP)
         self.probe_at = self.steps + self.gap
         return result
+
+    def restore(self):
+        """torch's thread count as it was before this chooser (a replay inside a longer program)."""
+        torch.set_num_threads(self.before)

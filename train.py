@@ -420,16 +420,19 @@ def replay(state, data, cfg, upto, salt_of, around=None, proved=None, chooser=No
     step runs in (a trace), or None. chooser: the steps' thread count (threads.Chooser; default:
     measured on the CPU)."""
     chooser = chooser or threads.Chooser(measure=cfg.device == "cpu")
-    while state.step < upto:
-        step = state.step + 1
-        with around(step) if around else contextlib.nullcontext():
-            fields = chooser.run(lambda: train_step(state, data, cfg))
-        salt = salt_of(step)
-        root, leaves = state.hash()
-        result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
-                       if salt or step == proved else None)
-        record = step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt)
-        yield step, record, {**fields, "result_root": result_root}
+    try:
+        while state.step < upto:
+            step = state.step + 1
+            with around(step) if around else contextlib.nullcontext():
+                fields = chooser.run(lambda: train_step(state, data, cfg))
+            salt = salt_of(step)
+            root, leaves = state.hash()
+            result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
+                           if salt or step == proved else None)
+            record = step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt)
+            yield step, record, {**fields, "result_root": result_root}
+    finally:
+        chooser.restore()
 
 
 @torch.no_grad()
@@ -745,6 +748,7 @@ def run(cfg, rank, world):
     try:
         train_steps(state, data, cfg, rank, world, start, publisher, log, chooser)
     finally:
+        chooser.restore()
         log.end_line()                  # an error's line goes below the last step's
     if world > 1:
         # A rank leaves only once every rank is done with its exchanges: a rank that ends closes

@@ -123,8 +123,3 @@ def test_sample_names_the_option_at_fault(argv, named, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"sample.py: error: {named}"), err
 
-
-def test_threads_are_automatic_unless_given():
-    assert sample.threads_for(0, 2, load=0.3) == 2          # a quiet machine: torch's default
-    assert sample.threads_for(0, 2, load=5.0) == 1          # other jobs hold the cores
-    assert sample.threads_for(3, 2, load=5.0) == 3          # asked for
