@@ -8,13 +8,16 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --step 17 --trace a.jsonl         # also a per-operator trace (optrace.py)
     python audit.py --step 1 --recompute on --offload on  # less memory, same bits (default: the trainer's)
     python audit.py --step 1 --init_from models/x     # an imported run: also check its source folder
+    python audit.py --step 1 --init_from runs/x       # a run started from runs/x: also check the lineage
 
     python audit.py --step 17 --receipt r.json --auditor alice   # proof of the replay
     python audit.py --check_receipts receipts/        # publisher (the secret): accept or reject
     python audit.py --reveal_salts 1:40 --out s.json  # publisher: let anyone check those steps
     python audit.py --check_receipts receipts/ --salts s.json    # anyone, after a reveal
     python audit.py --plan --auditors 8 --redundancy 2 --seed 42 # who replays which steps
+    python audit.py --plan --auditors 8 --out out/plan.json      # ... and the assignment as JSON
     python audit.py --coverage receipts/ --redundancy 2          # what accepted receipts cover
+    python audit.py --coverage receipts/ --out out/cov.json      # ... and per step, as JSON
     python audit.py --anchors anchors.jsonl           # the chain against published chain heads
 
     # a run with unit commitments (--unit_commits, units.py): one unit of a step at a time
@@ -151,12 +154,15 @@ def parser():
     plan.add_argument("--seed", type=int, help="the plan's private seed (default: drawn now, and printed)")
     plan.add_argument("--absent", type=float, default=0.25, metavar="F", help="the fraction of auditors "
                       "assumed absent or dishonest, for the chance of a miss (default %(default)s)")
-    reveal = ap.options_for(("reveal_salts", "materialize", "reveal_unit"),
-                            "the publisher's output (--reveal_salts, --materialize, --reveal_unit)")
-    reveal.add_argument("--out", metavar="PATH", help="--reveal_salts: write the salts to PATH (default: "
-                        "standard output); --materialize, --reveal_unit: the directory to write to (required)")
-    reveal.add_argument("--params_only", action="store_true", help="--materialize: the parameters only, all a "
-                        "micro-batch audit needs (default: the whole state)")
+    output = ap.options_for(("reveal_salts", "materialize", "reveal_unit", "plan", "coverage"),
+                            "output (--reveal_salts, --materialize, --reveal_unit, --plan, --coverage)")
+    output.add_argument("--out", metavar="PATH", help="--reveal_salts: write the salts to PATH (default: "
+                        "standard output); --plan, --coverage: also write the assignment or the coverage to PATH "
+                        "as JSON, for a coordinator's tools (default: none); --materialize, --reveal_unit: the "
+                        "directory to write to (required)")
+    state = ap.options_for(("materialize",), "the state (--materialize)")
+    state.add_argument("--params_only", action="store_true", help="the parameters only, all a micro-batch audit "
+                       "needs (default: the whole state)")
     return ap
 
 
@@ -565,9 +571,13 @@ def coverage_command(args):
     first, last = chain_steps(run, args.steps)
     if run.cfg.unit_commits:
         summarize(results, args.coverage)
-        return unit_coverage(receipts.covered(results, run.chain, first, last), first, last, args.redundancy)
+        covered = receipts.covered(results, run.chain, first, last)
+        write_json(args, run, first, last, "coverage", {str(s): {u: sorted(a) for u, a in units_.items()}
+                                                        for s, units_ in covered.items()})
+        return unit_coverage(covered, first, last, args.redundancy)
     counts = receipts.coverage(results, first, last)
     summarize(results, args.coverage)
+    write_json(args, run, first, last, "coverage", {str(s): n for s, n in counts.items()})
     total = last - first + 1
     for need in sorted({1, args.redundancy}):
         steps = [s for s, n in counts.items() if n >= need]
@@ -600,14 +610,28 @@ def reveal_command(args):
     if not args.out:
         sys.stdout.write(text)
         return 0
-    try:
-        with open(args.out, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
+    write_output(args.out, text)
     print(f"salts of steps {first}..{last} written to {args.out}: anyone can now check those steps' "
           f"receipts with --check_receipts DIR --salts {args.out}")
     return 0
+
+
+def write_output(path, text):
+    """Write `text` to the output file `path` (its folder made by prepare_output); UsageError if it cannot."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}") from None
+
+
+def write_json(args, run, first, last, what, value):
+    """--plan's or --coverage's --out FILE: {"run": run id, "steps": [first, last], "redundancy",
+    what: value} as JSON, for a coordinator's tools."""
+    if args.out:
+        write_output(args.out, json.dumps({"run": receipts.run_id(run.genesis), "steps": [first, last],
+                                           "redundancy": args.redundancy, what: value}, indent=1) + "\n")
+        print(f"{what} written to {args.out}")
 
 
 # ---- the plan
@@ -673,6 +697,7 @@ def plan_command(args):
     print(f"a tampered step goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    write_json(args, run, first, last, "assignment", {str(a): steps for a, steps in enumerate(assignment, start=1)})
     return 0
 
 
@@ -697,6 +722,8 @@ def plan_units(args, run, first, last, seed, micro_s, numel):
     print(f"a lie in a unit goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    write_json(args, run, first, last, "assignment", {str(a): [f"{s}:{u}" for s, u in items]
+                                                      for a, items in enumerate(assignment, start=1)})
     return 0
 
 

@@ -530,8 +530,6 @@ def reveal_command(args):
     """audit.py --reveal_unit S:UNIT --out DIR: what the audit of that unit needs."""
     if not args.out:
         raise UsageError("--reveal_unit needs --out DIR (a directory outside the run)")
-    if args.params_only:
-        raise UsageError("--params_only goes with --materialize")
     step, _, unit = args.reveal_unit.partition(":")
     if not step.isdigit() or not unit:
         raise UsageError(f"--reveal_unit expects STEP:UNIT (12:micro_batch:3, 12:fold:0:4, 12:update), "
