@@ -3,9 +3,11 @@
     python data.py                                   # once: prepare data/shakespeare
     python train.py                                  # ~3 minutes on a 2-core CPU
     python train.py --max_steps=50 --run_dir=runs/x  # override any config key
+    python train.py --run_dir=runs/x                 # resume runs/x with its own config
     torchrun --nproc_per_node=4 train.py             # 4 ranks: the same chain, byte for byte
     python audit.py --step 120                       # replay a step and check it
     python train.py --init_from=models/x --data_dir=data/x   # fine-tune a Hugging Face Llama (hfllama.py)
+    python train.py --run_dir=runs/y --init_from=runs/x@50   # a new run from runs/x's state after step 50 (lineage.py)
 
 Every step: N micro-batches (a pure function of data, seed, step, index), each giving a fresh
 gradient; the gradients are summed with TreeFold's fixed tree (treefold.py), clipped, and
@@ -13,9 +15,12 @@ applied with AdamW, all in RepOps. The state hash (parameters, Adam moments, ste
 runs/<name>/chain.jsonl; checkpoints every `checkpoint_every` steps (rundir.py lays out the
 directory). With --hash_async (the CUDA default) step N is hashed while step N+1 computes and
 is published after it (snapshot.py); a record never exists before its state was hashed. Killed
-at any moment, `python train.py` resumes from the latest checkpoint that verifies and
-re-derives the same chain; it refuses a run directory that another trainer holds
-or that was started with another config, corpus or code. Each step record also commits to the
+at any moment, `python train.py --run_dir=DIR` resumes from the latest checkpoint that verifies
+and re-derives the same chain, with the run's own config (configure: the genesis record's
+decisive keys, config.json's bookkeeping); it refuses a run directory that another trainer holds,
+a decisive key given with another value (naming both), and another corpus or code. Ctrl-C or
+SIGTERM stops it with one line: the last step in the chain and the command that resumes it
+(interrupted, exit 130 / 143). The steps run on the thread count threads.py measures fastest. Each step record also commits to the
 step's final gradient and its post-step state with the run's secret (step_commit, receipts.py),
 so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain
 head is appended to anchors.jsonl, for the publisher to copy out of the run.
