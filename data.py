@@ -321,8 +321,8 @@ class TokenData:
             src = TokenData(os.path.join(self.path, e["name"]), self.seed)
             if "mix" in src.manifest or src.digest != e["manifest"]:
                 raise DataError(f"mix source {e['name']!r}: {src.path} is not the corpus the mix "
-                                f"names (manifest {src.digest[:12]}, the mix says "
-                                f"{e['manifest'][:12]})")
+                                f"names (manifest {src.digest}, the mix says "
+                                f"{e['manifest']})")
             if (src.manifest["tokenizer"], src.manifest["dtype"]) != \
                     (self.manifest["tokenizer"], self.manifest["dtype"]):
                 raise DataError(f"mix source {e['name']!r} has another tokenizer or dtype")

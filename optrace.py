@@ -199,7 +199,7 @@ def main(argv=None):
     if k is not None:
         o = a["outputs"][k]
         print(f"first difference at op #{found['index']} {found['op']} output {k} "
-              f"(shape {o['shape']}, {o['dtype']}): A {o['sha256'][:16]}, B {b['outputs'][k]['sha256'][:16]}")
+              f"(shape {o['shape']}, {o['dtype']}): A {o['sha256']}, B {b['outputs'][k]['sha256']}")
     else:
         print(f"first difference at op #{found['index']}: the operators differ\n"
               f"  A ran {_entry(a)}\n  B ran {_entry(b)}")

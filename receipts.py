@@ -294,7 +294,7 @@ def judge(receipt, chain, salt_of, unit_list=None, fold_keyed=None):
                             f"this run has no unit commitments: its receipts are {RECEIPT_FORMAT}")
     step, genesis = receipt["step"], chain.records[0]
     if receipt["run"] != run_id(genesis):
-        return "rejected", f"a receipt for another run ({receipt['run'][:12]})"
+        return "rejected", f"a receipt for another run ({receipt['run']})"
     if step >= len(chain):
         return "rejected", f"step {step} is not in the chain"
     record, n = chain.records[step], config.micro_batches_at(cfg, step)
@@ -587,12 +587,12 @@ def first_contradiction(chain, anchors):
     except hashchain.ChainError as e:
         broken = e
     for a in sorted(anchors, key=lambda a: a["step"]):
-        step, where = a["step"], f"anchored at {a['utc']} with record hash {a['record_hash'][:16]}"
+        step, where = a["step"], f"anchored at {a['utc']} with record hash {a['record_hash']}"
         if broken and step >= broken.line - 1:
             return broken.line - 1, f"{broken.message} (the anchor of step {step}: {where})"
         if step >= len(chain):
             return step, f"{where}, but the chain ends at step {len(chain) - 1} (history cut after anchoring)"
         if chain.records[step]["record_hash"] != a["record_hash"]:
-            return step, (f"{where}, the chain holds {chain.records[step]['record_hash'][:16]} "
+            return step, (f"{where}, the chain holds {chain.records[step]['record_hash']} "
                           "(history rewritten after anchoring)")
     return None

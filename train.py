@@ -573,7 +573,7 @@ def check_same_state(root, world):
     dist.all_gather(gathered, mine)
     roots = [bytes(g.tolist()).hex() for g in gathered]
     if len(set(roots)) != 1:
-        raise ReproducibilityError("ranks disagree on the state hash: " + ", ".join(r[:12] for r in roots))
+        raise ReproducibilityError("ranks disagree on the state hash: " + ", ".join(roots))
 
 
 def publish(chain, record, writer):

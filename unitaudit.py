@@ -278,7 +278,7 @@ class UnitAudit:
             return
         got = units.digest(units.uid(self.step, name), t).hex()
         if got != entry["digest"]:
-            self.find(f"field digest differs: {what} has {got[:16]}, published {entry['digest'][:16]}")
+            self.find(f"field digest differs: {what} has {got}, published {entry['digest']}")
 
 
 def _loss(bits):
@@ -326,7 +326,7 @@ def command(args, unit, code_digest):
         print(f"MISMATCH at {where_text}: {finding}")
     if not audit.findings:
         print(f"MATCH: {label(unit)} of step {args.step} of {args.run_dir} replays to its commitment "
-              f"(units_root {audit.record['units_root'][:16]})")
+              f"(units_root {audit.record['units_root']})")
     receipts.close_audit(t0, audit.bytes_read, args.receipt,
                          lambda cost: None if audit.entries is None else audit.receipt(args.auditor, optrace.machine(),
                                                                                        cost, code_digest),
