@@ -755,7 +755,6 @@ COMMANDS = {"step": unit_command, "range": replay_command, "all": replay_command
 
 def main(argv=None):
     ap = parser()
-    stop_on_sigterm()
     try:
         args = ap.parse_args(argv)
         if (args.receipt is None) != (args.auditor is None):
@@ -791,4 +790,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()                   # SIGTERM unwinds as Ctrl-C does: main's one line, exit 143
     sys.exit(main())

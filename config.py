@@ -554,7 +554,9 @@ def _terminated(signum, frame):
 
 
 def stop_on_sigterm():
-    """Make SIGTERM (kill, a scheduler's stop) unwind the program as Ctrl-C does (Terminated)."""
+    """Make SIGTERM (kill, a scheduler's stop) unwind the program as Ctrl-C does (Terminated).
+    A command calls it under `if __name__ == "__main__"`: its main() may run inside another
+    program (a test), whose signals are its own."""
     signal.signal(signal.SIGTERM, _terminated)
 
 

@@ -813,7 +813,6 @@ def main(argv):
         return 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    stop_on_sigterm()
 
     def note(line):
         if rank == 0:
@@ -877,6 +876,7 @@ def end_rank(code):
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()                   # SIGTERM unwinds as Ctrl-C does: main's one line, exit 143
     exit_code = main(sys.argv[1:])
     if dist.is_initialized():           # main joined a process group: a rank of a multi-rank run
         end_rank(exit_code)
