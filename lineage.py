@@ -92,9 +92,16 @@ def configure(cfg, argv, given):
             raise UsageError(f"--{key}={config.spelled(getattr(child, key))} differs from the parent's "
                              f"{config.spelled(getattr(parent, key))} ({cfg.init_from}): a child continues its "
                              "parent's state, whose tensors this key decides; leave it out")
-    if child.run_dir == str(run.dir) or os.path.realpath(child.run_dir) == os.path.realpath(run.dir):
-        raise UsageError(f"--init_from={cfg.init_from} starts a new run: give it its own --run_dir")
     return child
+
+
+def started_from(genesis, source):
+    """Did the run of `genesis` start from the run --init_from=RUN[@STEP] names (its run id, and
+    the step where one is given)? A resume may name its parent again."""
+    parent = genesis.get("parent")
+    run_dir, step = split(source)
+    return (isinstance(parent, dict) and parent.get("run") == receipts.run_id(rundir.Run(run_dir).genesis)
+            and step in (None, parent.get("step")))
 
 
 def load_into(state, source):

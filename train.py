@@ -779,7 +779,7 @@ def configure(argv, say):
     if run is not None:
         run.check_versions(repops.CONTRACT)        # another version's run is not ours to resume
         if "init_from" in given and lineage.names_run(cfg.init_from):
-            if run.genesis.get("parent") != lineage.identity(*lineage.open_parent(cfg.init_from)):
+            if not lineage.started_from(run.genesis, cfg.init_from):
                 raise UsageError(f"{cfg.run_dir} holds a run that did not start from --init_from={cfg.init_from}; "
                                  "a new run from it needs its own --run_dir")
         cfg, note = run.resumed_config(argv, given)
