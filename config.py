@@ -20,7 +20,8 @@ command-line convention of every other command. It loads without torch (so does 
     args = ap.parse_args(argv)      # UsageError for an option given with another mode
 
 Every field can be overridden as --key=value or --key value, spelled as in Config. Unknown
-keys, wrong types and out-of-range values are refused with one line (UsageError); nothing is
+keys (named first, with the closest key: "did you mean --max_steps?"), wrong types and
+out-of-range values are refused with one line (UsageError); nothing is
 created before the whole config is valid. --preset=NAME (PRESETS) sets a group of keys first,
 wherever it stands on the line; every other key overrides it. Bookkeeping fields (where files
 live, how often to checkpoint, threads, device) do not decide any step's bits, so they stay out
@@ -468,7 +469,8 @@ class CommandLine(argparse.ArgumentParser):
       flags (add_modes), and every other option that belongs to some modes in an argument group
       whose title names them (options_for); parse_args refuses such an option given with
       another mode (UsageError), so the groups in --help are the rule itself;
-    * bad input is one line `PROG: error: ...` and exit 2;
+    * bad input is one line `PROG: error: ...` and exit 2; an unknown option is named first,
+      whatever else the line gets wrong, with the known option closest to it (refuse_unknown);
     * every option's help says what it does and its default (set here, in argparse).
 
     A command defines its parser before it imports torch and calls answer_early() there, so
