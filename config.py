@@ -557,7 +557,7 @@ def _terminated(signum, frame):
 
 def stop_on_sigterm():
     """Make SIGTERM (kill, a scheduler's stop) unwind the program as Ctrl-C does (Terminated).
-    A command calls it under `if __name__ == "__main__"`: its main() may run inside another
+    A command calls it in its script block only, not in main(): main() may run inside another
     program (a test), whose signals are its own."""
     signal.signal(signal.SIGTERM, _terminated)
 
