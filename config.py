@@ -120,6 +120,10 @@ class Config:
     anchor_every: int = 100             # append the chain head to anchors.jsonl every N steps (0: never)
     hash_async: str = "auto"            # hash step N while step N+1 computes: on, off, auto (= on for cuda)
     dead_tensor_steps: int = 100        # stop when a parameter's gradient is all zero this many steps running (0: off)
+    # The publisher's SSH key (a private key file, or the public key of one ssh-agent holds): the
+    # genesis record names its public key and every anchor is signed by it (SPEC §11.7, signing.py).
+    # Bookkeeping: the genesis record's `publisher` is what counts, and a resume must give that key.
+    publisher_key: str = ""
     # Recompute each block's activations in backward instead of holding them (memory ~ one block's
     # attention scores, not n_layer of them). Bookkeeping: recomputation runs the same kernels on
     # the same inputs (dropout masks are Philox functions of their indices), so the bits are the
@@ -134,7 +138,7 @@ class Config:
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
                "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "hash_async",
-               "recompute", "offload", "init_from",
+               "recompute", "offload", "init_from", "publisher_key",
                # an alarm: it decides whether the run goes on, never a step's bits (deadcheck.py)
                "dead_tensor_steps"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}

@@ -64,9 +64,18 @@ import hfllama
 from audit import Audit
 import repops
 import rundir
+import signing
 from data import DataError
 from tokenizer import TokenizerError, bytes_in_hf_form, get_tokenizer
 from train import code_digest
+
+
+def publisher_said(publisher):
+    """The model card's line on the key that signed the run: the public key the genesis record names
+    (the audit's genesis check has refused one that is not a key), with its fingerprint."""
+    if publisher is None:
+        return "none: the genesis record names no publisher key, so the run's anchors are unsigned"
+    return f"`{publisher}` ({signing.fingerprint(publisher)}), named by the genesis record"
 
 
 CARD = """# {name}: step {step} of an auditable RepOps run
@@ -80,6 +89,7 @@ against the run's hash chain.
 | step | {step} |
 | state hash (step {step}) | `{state_hash}` |
 | genesis record hash | `{genesis_hash}` |
+| publisher key (signs the run's anchors) | {publisher} |
 | code digest | `{code_digest}` |
 | model | LlamaForCausalLM, {n_layer} layers, width {d_model}, {n_head} heads ({n_kv_head} key/value), vocab {vocab_size}, tied embeddings: {tie} |
 | tokenizer | {tokenizer} |
@@ -189,6 +199,7 @@ def export(run_dir, step, out, data_dir=None):
                 name=os.path.basename(os.path.normpath(run_dir)), run=run_dir, step=step,
                 state_hash=run.chain.records[step]["state_hash"],
                 genesis_hash=run.genesis["record_hash"], code_digest=code_digest(),
+                publisher=publisher_said(run.genesis.get("publisher")),
                 n_layer=cfg.n_layer, d_model=cfg.d_model, n_head=cfg.n_head,
                 n_kv_head=cfg.n_kv_head, vocab_size=cfg.vocab_size, tie=cfg.tie_embeddings,
                 data_manifest=run.genesis.get("data_manifest"),

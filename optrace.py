@@ -126,9 +126,8 @@ def machine():
 def write(path, entries, meta):
     """JSON lines: a header ({format, machine, **meta: step, state_hash, code_digest}), entries."""
     header = {"format": FORMAT, **meta, "machine": machine(), "ops": len(entries)}
-    with open(path, "w") as f:
-        for line in [header, *entries]:
-            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    hashchain.write_atomically(path, ((json.dumps(line, separators=(",", ":")) + "\n").encode()
+                                      for line in [header, *entries]))
 
 
 def read(path):

@@ -1,8 +1,8 @@
 """A run's story as one self-contained HTML file; or two runs side by side.
 
     python report.py --out report.html                # the run runs/default
-    python report.py --run_dir runs/x --receipts receipts/ --anchors anchors.jsonl --out report.html
-    python report.py --run_dir out/public --receipts receipts/ --salts s.json --redundancy 2 --out report.html
+    python report.py --run_dir runs/x --receipts receipts/ --roster roster --anchors anchors.jsonl --out report.html
+    python report.py --run_dir out/public --receipts receipts/ --roster roster --salts s.json --redundancy 2 --out report.html
     python report.py --run_dir runs/a --compare runs/b --out compare.html   # where two runs part
     python report.py --log_y --out report.html                             # loss and norm on log axes
 
@@ -19,15 +19,17 @@ audited. Then, curves first:
   points, a dashed line and a table;
 - throughput from train.log: ms per step and tokens/s per step, their medians and the total;
 - the checkpoint files (listed, not verified: `audit.py` verifies them);
-- with --receipts: a strip of every step coloured by the distinct auditors whose receipts were
-  accepted for it (none, 1 .. C-1, >= C = --redundancy) and red where a receipt or an anchor
-  reports a MISMATCH at that step; the rejected receipts; the audit costs the receipts report, per auditor. A run
-  with unit commitments is covered unit by unit (receipts.covered): a step is as covered as
-  its least covered unit, and the page gives the fraction of the units covered and the steps
-  whose units are covered only in part;
+- with --receipts: a strip of every step coloured by the distinct keys of --roster (an
+  allowed_signers file) whose receipts were accepted for it (none, 1 .. C-1, >= C = --redundancy)
+  and red where a receipt or an anchor reports a MISMATCH at that step; the rejected receipts,
+  and apart, never counted, the unsigned ones and those signed by keys not in the roster; the
+  audit costs the receipts report, per signer. A run with unit commitments is covered unit by
+  unit (receipts.covered): a step is as covered as its least covered provable unit, and the
+  page gives the fraction of the units covered and the steps whose units are covered only in
+  part (an update whose post-step state is public is provable by no receipt: left out);
 - the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees;
 - folded last: the hashes (genesis and head record hashes, state hashes, code digest, data
-  manifest, tokenizer) and the decisive config, all from the chain.
+  manifest, tokenizer, publisher key) and the decisive config, all from the chain.
 With --compare B: first the step where the two chains part, with the first tensor whose hash
 differs there. Runs whose genesis records differ (a config key, the code, the corpus, the
 initial state's source) part by design, and the page says that this is expected; runs that
@@ -59,12 +61,14 @@ def parser():
     ap.add_argument("--compare", metavar="DIR", help="a second run to set beside it: curves overlaid, the genesis "
                     "differences, the first step whose state differs (default: none)")
     ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from")
+    ap.add_argument("--roster", metavar="ROSTER", help="with --receipts: the auditors' keys (an allowed_signers file, "
+                    "NAME TYPE BASE64 per line); only their accepted receipts are counted (default: none counted)")
     ap.add_argument("--salts", metavar="FILE", help="with --receipts: check them with revealed salts, not the run's secret")
     ap.add_argument("--revealed", metavar="DIR", help="with --receipts: the children the publisher revealed for "
                     "fold-node audits, with which their receipts are checked")
     ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
     ap.add_argument("--redundancy", type=int, default=2, metavar="C",
-                    help="distinct auditors per step for full coverage (default %(default)s)")
+                    help="distinct roster keys per step for full coverage (default %(default)s)")
     ap.add_argument("--log_y", action="store_true", help="loss and gradient norm on log axes (default: linear)")
     return ap
 
@@ -76,6 +80,7 @@ import hashchain  # noqa: E402  (below the command line's first answer, above)
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
+import signing  # noqa: E402
 import svgchart  # noqa: E402
 import unitaudit  # noqa: E402
 from svgchart import Series  # noqa: E402
@@ -129,9 +134,9 @@ def unigram_baseline(run, log):
 def coverage_levels(results, n_steps, redundancy, extra_mismatches=(), covered=None):
     """[level] for steps 1..n_steps (index 0 is step 1): "mismatch" where a well-formed receipt
     reports a MISMATCH at that step (or an anchor does: extra_mismatches), else "full" with
-    >= redundancy distinct accepted auditors, "some" with fewer, "none" with none. With
-    `covered` (receipts.covered: a run with unit commitments) a step counts the auditors of
-    its least covered unit, and is "some" as soon as one of its units has an auditor."""
+    >= redundancy distinct roster keys with counted receipts, "some" with fewer, "none" with none.
+    With `covered` (receipts.covered: a run with unit commitments) a step counts the keys of its
+    least covered provable unit, and is "some" as soon as one of its units has one."""
     if covered is not None:
         least = {s: min(len(a) for a in u.values()) for s, u in covered.items()}
         touched = {s for s, u in covered.items() if any(u.values())}
@@ -163,13 +168,14 @@ def unit_coverage(covered, redundancy):
 
 
 def audit_costs(results):
-    """{auditor: {receipts, steps_replayed, seconds, peak_mib, bytes_read}} summed over the
-    well-formed receipts (peak_mib: the largest); numbers a receipt lacks count as 0."""
+    """{signer: {receipts, steps_replayed, seconds, peak_mib, bytes_read}} summed over the
+    well-formed receipts (peak_mib: the largest; a signer is its roster name, else its key's
+    fingerprint); numbers a receipt lacks count as 0."""
     out = {}
     for r in results:
         if not r.receipt:
             continue
-        cost, row = r.receipt["cost"], out.setdefault(r.receipt["auditor"], dict.fromkeys(
+        cost, row = r.receipt["cost"], out.setdefault(r.who(), dict.fromkeys(
             ("receipts", "steps_replayed", "seconds", "peak_mib", "bytes_read"), 0))
         number = {k: v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
                   for k, v in ((k, cost.get(k)) for k in row)}
@@ -265,7 +271,7 @@ def trust(sides, levels, redundancy, anchors, anchors_file, contradiction):
                  for lv, lvs in (("replayed", ("some", "full")), ("none", ("none",)), ("mismatch", ("mismatch",)))}
         replayed = f"steps {steps['replayed']}" if covered else "no step"
         parts.append(f"Replayed, by accepted receipts: {replayed} ({covered} of {n} steps covered "
-                     f"by accepted receipts, {full} by at least {redundancy} distinct auditor{'s' if redundancy > 1 else ''})"
+                     f"by accepted receipts, {full} by at least {redundancy} distinct roster key{'s' if redundancy > 1 else ''})"
                      + (f"; steps {steps['none']} have none" if "none" in levels else "")
                      + (f"; <span class='bad'>a MISMATCH is reported at steps {steps['mismatch']}</span>"
                         if "mismatch" in levels else "") + ".")
@@ -290,7 +296,9 @@ def header_facts(side):
             ("genesis state hash", g.get("state_hash")),
             ("final state hash", records[-1].get("state_hash") if records else "-"),
             ("code digest", g.get("code_digest")), ("data manifest", g.get("data_manifest")),
-            ("tokenizer", f"{(g.get('tokenizer') or {}).get('name')} (vocab {g.get('vocab_size')})")]
+            ("tokenizer", f"{(g.get('tokenizer') or {}).get('name')} (vocab {g.get('vocab_size')})"),
+            ("publisher key (signs the anchors)", signing.fingerprint(g["publisher"]) if signing.is_public_key(
+                g.get("publisher")) else "none: the anchors are unsigned")]
 
 
 def curves_section(sides, args):
@@ -450,25 +458,35 @@ def audit_section(args, results, levels, anchors, covered):
     out = ["<h2>Audit coverage</h2>"]
     if results is None:
         return out + ["<p class='note'>No receipts given (--receipts DIR).</p>"]
-    counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
+    counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "unsigned", "malformed",
+                                                                   "unchecked")}
+    counted = sum(r.counted for r in results)
     tally = {k: levels.count(k) for k in COLOURS}
     c = args.redundancy
     key = [f"<span style='color:{COLOURS['none']}'>&#9632;</span> no accepted receipt ({tally['none']})"]
     if c > 1:
-        some = "1 auditor" if c == 2 else f"1..{c - 1} auditors"
+        some = "1 roster key" if c == 2 else f"1..{c - 1} roster keys"
         key.append(f"<span style='color:{COLOURS['some']}'>&#9632;</span> {some} ({tally['some']})")
-    key += [f"<span style='color:{COLOURS['full']}'>&#9632;</span> &gt;= {c} auditor{'s' if c > 1 else ''} "
+    key += [f"<span style='color:{COLOURS['full']}'>&#9632;</span> &gt;= {c} roster key{'s' if c > 1 else ''} "
             f"({tally['full']})",
             f"<span style='color:{COLOURS['mismatch']}'>&#9632;</span> MISMATCH ({tally['mismatch']})",
             "&#9474; black tick: anchored step"]
+    roster = (f"{counted} counted (accepted and signed by a key of the roster <code>{html.escape(args.roster)}</code>)"
+              if args.roster else "none counted: no --roster names the auditors' keys")
     out += [f"<p>Receipts under <code>{html.escape(args.receipts)}</code>: "
-            + ", ".join(f"{v} {k}" for k, v in counts.items()) + ". Every step is drawn, one cell each.</p>"
+            + ", ".join(f"{v} {k}" for k, v in counts.items()) + f"; {roster}. Every step is drawn, one cell each.</p>"
             f"<p>{' '.join(key)}</p>", svgchart.strip(levels, COLOURS, [a["step"] for a in anchors])]
     if covered is not None:
         out += unit_coverage(covered, args.redundancy)
     bad = [r for r in results if r.status in ("rejected", "malformed")]
     if bad:
         out.append(table(("receipt", "status", "reason"), [(r.path, r.status, r.reason) for r in bad[:50]]))
+    apart = [(r.path, "unsigned", r.reason) if r.status == "unsigned" else
+             (r.path, "accepted, not counted", f"signed by {signing.fingerprint(r.receipt['signer'])}, a key not in the roster")
+             for r in results if r.status == "unsigned" or (r.status == "accepted" and not r.counted)]
+    if apart:
+        out.append("<h3>Not counted: unsigned, or signed by keys not in the roster</h3>")
+        out.append(table(("receipt", "status", "why"), apart[:50]))
     costs = audit_costs(results)
     out.append("<h3>Audit costs (as the receipts report them)</h3>")
     rows = [(a, c_["receipts"], c_["steps_replayed"], f"{c_['seconds']:.1f}", c_["peak_mib"],
@@ -483,7 +501,7 @@ def audit_section(args, results, levels, anchors, covered):
 def render(sides, args, results, anchors, contradiction):
     a = sides[0]
     # a run with unit commitments is covered unit by unit (receipts.covered)
-    covered = (receipts.covered(results, a.run.chain, 1, a.n)
+    covered = (receipts.covered(results, a.run.chain, 1, a.n, unitaudit.public_states(a.run, args.revealed))
                if results is not None and a.run.cfg.unit_commits and a.n else None)
     levels = None if results is None else coverage_levels(results, a.n, args.redundancy,
                                                            [contradiction[0]] if contradiction else [], covered)
@@ -531,7 +549,7 @@ def main(argv=None):
             rundir.prepare_output(d, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
-        for option in ("salts", "revealed"):
+        for option in ("salts", "revealed", "roster"):
             if getattr(args, option) and not args.receipts:
                 raise UsageError(f"--{option} goes with --receipts")
         sides = []
@@ -554,10 +572,11 @@ def main(argv=None):
         results = None
         if args.receipts:
             salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
-            results = receipts.check_receipts(args.receipts, run.chain, salt_of, *unitaudit.judging(run, args.revealed))
+            roster = signing.read_roster(args.roster) if args.roster else None
+            results = receipts.check_receipts(args.receipts, run.chain, salt_of, *unitaudit.judging(run, args.revealed),
+                                              roster)
         page = render(sides, args, results, anchors, contradiction)
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(page)
+        hashchain.write_atomically(args.out, page.encode("utf-8"))
     except (UsageError, hashchain.HashChainError) as e:
         print(f"report.py: error: {e}", file=sys.stderr)
         return 2

@@ -48,7 +48,6 @@ import json
 import math
 import os
 import re
-import secrets
 import socket
 from pathlib import Path
 
@@ -59,8 +58,8 @@ import config
 import hashchain
 import offload
 from config import UsageError
-from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, fsync_dir, is_int, kill_point,
-                       open_regular, strict_json, write_all)
+from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, is_int, kill_point,
+                       open_regular, strict_json, write_atomically)
 
 
 # ----------------------------------------------------------------------------- checkpoint files
@@ -70,10 +69,10 @@ class CheckpointError(HashChainError):
 
 _MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors reference reader uses
 _CKPT_RE = re.compile(r"^step_(\d{8,})\.safetensors$")
-# A checkpoint being written is ".step_N.safetensors.tmp-<random>" until its rename. Only the
-# trainer holding the run's lock removes leftovers (remove_temp_files): under the lock no other
-# writer exists, so every hidden ".*.tmp*" file is one, whoever named it (a pid, an older
-# version); readers ignore them.
+# A file being written is ".<name>.tmp-<random>" until its rename (hashchain.write_atomically).
+# Only the trainer holding the run's lock removes leftovers (remove_temp_files) in the run
+# directory, checkpoints/ and units/: under the lock no other writer exists, so every hidden
+# ".*.tmp*" file there is one, whoever named it (a pid, an older version); readers ignore them.
 _TMP_RE = re.compile(r"^\..+\.tmp")
 # Header dimensions beyond this cannot describe a real file and would overflow numpy's shapes.
 _MAX_DIM = 1 << 48
@@ -84,7 +83,7 @@ def checkpoint_path(ckpt_dir, step):
 
 
 def remove_temp_files(directory):
-    """Delete leftover checkpoint temp files. Only the writer that holds the run's lock may call
+    """Delete leftover temp files in `directory`. Only the writer that holds the run's lock may call
     this: no one else can be writing one."""
     for entry in os.scandir(directory):
         if _TMP_RE.match(entry.name) and entry.is_file(follow_symlinks=False):
@@ -92,9 +91,9 @@ def remove_temp_files(directory):
 
 
 def save_checkpoint(path, tensors, meta):
-    """Write tensors + metadata atomically: a crash leaves either no file or a complete one
-    (the bytes go to a temp file, through hashchain.write_all: REPOPS_SLOW_WRITE slows them for
-    the SIGKILL test; then fsync and rename)."""
+    """Write tensors + metadata atomically through hashchain.write_atomically (a random temp name
+    opened with O_EXCL | O_NOFOLLOW, fsync, rename): a crash leaves either no file or a complete
+    one, and no planted link is followed. REPOPS_SLOW_WRITE slows the bytes for the SIGKILL test."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if "__metadata__" in tensors:
@@ -109,19 +108,12 @@ def save_checkpoint(path, tensors, meta):
     hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hbytes += b" " * (-len(hbytes) % 8)  # safetensors allows space padding; keeps data aligned
 
-    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
-    try:
-        with open(tmp, "wb") as f:
-            write_all(f, len(hbytes).to_bytes(8, "little") + hbytes)
-            for name in sorted(tensors):   # fetched again: one tensor held at a time (offload.py)
-                write_all(f, memoryview(canonical_tensor(name, tensors[name])[3]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)  # make the rename itself durable
+    def pieces():
+        yield len(hbytes).to_bytes(8, "little") + hbytes
+        for name in sorted(tensors):   # fetched again: one tensor held at a time (offload.py)
+            yield memoryview(canonical_tensor(name, tensors[name])[3])
+
+    write_atomically(path, pieces())
     kill_point(f"rename:{path.name}")   # REPOPS_KILL_AT: the SIGKILL tests' moment
 
 
@@ -237,7 +229,8 @@ def checkpoint_dir(run_dir):
 
 def hold_lock(run_dir):
     """Create the run directory (and checkpoints/), take its exclusive lock for this process's
-    lifetime, then remove leftover checkpoint temp files, which no one else can be writing;
+    lifetime, then remove leftover temp files (of checkpoints, anchors, unit lists), which no one
+    else can be writing;
     returns the open lock file. A second trainer gets UsageError naming the holder."""
     try:
         os.makedirs(checkpoint_dir(run_dir), exist_ok=True)
@@ -256,7 +249,9 @@ def hold_lock(run_dir):
     f.write(f"train.py pid {os.getpid()} on {socket.gethostname()} since "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC\n")
     f.flush()
-    remove_temp_files(checkpoint_dir(run_dir))
+    for directory in (run_dir, checkpoint_dir(run_dir), Path(run_dir) / "units"):
+        if os.path.isdir(directory):        # a killed writer's temp files (hashchain.write_atomically)
+            remove_temp_files(directory)
     return f
 
 
@@ -294,26 +289,32 @@ def check_outside(run_dir, path, option):
 
 
 def prepare_output(run_dir, path, option, directory=False):
-    """Check an output path before any work, and create the folder it goes in (with directory:
-    the folder it is): UsageError, one line, if it lies in the run (check_outside), is a folder
-    where a file goes or a file where a folder goes, or its folder cannot be created or written.
-    So a replay's result is never lost to a path that could not take it. Without the run
-    directory nothing is created (the command reports the missing run)."""
+    """Check an output path before any work, so that no replay is thrown away at its end, and
+    create the folder it goes in (with directory: the folder it is). UsageError, one line, if it
+    lies in the run (check_outside), is a folder where a file goes or anything but a folder where
+    a folder goes, or its folder cannot be created or written in (a probe file created with
+    O_CREAT | O_EXCL | O_NOFOLLOW under a random name, then removed). An existing file is
+    replaced, never written through: every output goes through hashchain.write_atomically.
+    Without the run directory nothing is created (the command reports the missing run)."""
     check_outside(run_dir, path, option)
     if not os.path.isdir(run_dir):
         return
-    shown = path if str(path).isprintable() else ascii(str(path))
+    shown = str(path) if str(path).isprintable() else ascii(str(path))
     folder = str(path) if directory else (os.path.dirname(str(path)) or ".")
-    if os.path.exists(path) and os.path.isdir(path) != directory:
-        raise UsageError(f"{option} {shown} is {'a file' if directory else 'a folder'}; give "
-                         f"{'a folder' if directory else 'a file name'}")
+    if directory and os.path.lexists(path) and not os.path.isdir(path):
+        raise UsageError(f"{option} {shown} exists and is not a directory: name a directory to write into")
+    if not directory and os.path.isdir(path):
+        raise UsageError(f"{option} {shown} is a directory: name the file to write")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{option} {shown}: cannot create the folder {folder}: {e.strerror}") from None
-    target = path if os.path.exists(path) else folder
-    if not os.access(target, os.W_OK):
-        raise UsageError(f"{option} {shown}: {target} is not writable")
+    probe = os.path.join(folder, f".repops-probe-{os.urandom(6).hex()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{option} {shown}: cannot write in {folder}: {e.strerror}") from None
 
 
 def started_run(run_dir):

@@ -20,10 +20,12 @@ and re-derives the same chain, with the run's own config (configure: the genesis
 decisive keys, config.json's bookkeeping); it refuses a run directory that another trainer holds,
 a decisive key given with another value (naming both), and another corpus or code. Ctrl-C or
 SIGTERM stops it with one line: the last step in the chain and the command that resumes it
-(interrupted, exit 130 / 143). The steps run on the thread count threads.py measures fastest. Each step record also commits to the
-step's final gradient and its post-step state with the run's secret (step_commit, receipts.py),
+(interrupted, exit 130 / 143). The steps run on the thread count threads.py measures fastest.
+Each step record also seals a digest of the step's final gradient and post-step state with the
+run's secret (step_commit, receipts.py),
 so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain
-head is appended to anchors.jsonl, for the publisher to copy out of the run.
+head is appended to anchors.jsonl, for the publisher to copy out of the run, signed by the
+publisher's SSH key with --publisher_key (the genesis record then names its public key).
 A state larger than memory (--preset=open1b) trains and replays with recompute and offload
 (docs/scale.md): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
@@ -70,6 +72,7 @@ import quant
 import receipts
 import repops
 import rundir
+import signing
 import snapshot
 import threads
 import treefold
@@ -343,10 +346,10 @@ def update(state, cfg, sums):
         if cfg.quant == "int8" and cfg.lsq_repin:
             quant.repin(state.model)     # after the update, before the state hash (quant.py)
     state.step = step
-    # grad_root: the digest of the final gradient, which only a replay can compute; the
-    # trainer commits to it and to the post-step state keyed by it (step_record), an auditor's
-    # receipt reveals both (receipts.py). A Future: on a GPU with hash_async it is hashed from a
-    # host copy while the next step runs.
+    # grad_root: the digest of the final gradient, which only a replay can compute; it keys the
+    # post-step state's result_root, which the trainer seals into step_commit (step_record) and an
+    # auditor's receipt proves for its key (receipts.py). A Future: on a GPU with hash_async it is
+    # hashed from a host copy while the next step runs.
     return {"loss": loss_f, "loss_bits": hashchain.f32_bits(loss_f), "grad_norm": norm_f,
             "grad_norm_bits": hashchain.f32_bits(norm_f), "lr": repops.f32(lr),
             "lr_bits": hashchain.f32_bits(lr), "grad_root": state.grad_leaf.submit("grad", grad)}
@@ -354,51 +357,52 @@ def update(state, cfg, sums):
 
 def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=None, salt=None):
     """The chain record of `step` (everything but prev/record_hash), whose state hashed to
-    (root, leaves) and whose train_step returned `fields`. fields["grad_root"] (a Future of
-    the gradient's leaf hash) and result_root (the post-step state's keyed root under it) are
-    never published: with the step's salt (from the run's secret: the trainer; or revealed) the
-    record holds their commitment step_commit; without it (a replay) the record has no
-    step_commit, which only the salt's holder can compute. With unit commitments
-    (fields["units"], units.StepUnits) the same salt makes units_root (units.py), which a
-    replay without it cannot make either."""
+    (root, leaves) and whose train_step returned `fields`. result_root (the post-step state's
+    keyed root under fields["grad_root"], the gradient's leaf hash) is never published: with the
+    step's salt (from the run's secret: the trainer; or revealed) the record holds it sealed,
+    step_commit; without it (a replay) the record has no step_commit, which only the salt's
+    holder can make. With unit commitments (fields["units"], units.StepUnits) the same salt
+    makes units_root (units.py), which a replay without it cannot make either."""
     salt = receipts.salt(secret, step) if salt is None and secret is not None else salt
     n = micro_batches_at(cfg, step)
     windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len) for m in range(n)]
     record = {"kind": "step", "step": step, "state_hash": root, "tensor_hashes": leaves,
               "batch_digest": batch_digest(windows), **fields}
-    grad_root = record.pop("grad_root").result()
+    record.pop("grad_root").result()         # result_root is keyed by it; never published
     pieces = record.pop("units", None)
     if salt is not None:
-        record["step_commit"] = receipts.commit(salt, grad_root, result_root)
+        record["step_commit"] = receipts.step_commit(salt, result_root)
     if pieces is not None:                   # None without the salt: a commitment it cannot make
         record["units_root"] = pieces.finish(salt)[0]   # on R ranks: every rank, in step order
     return record
 
 
-def genesis_record(state, data, cfg, secret=None, init=None, parent=None):
+def genesis_record(state, data, cfg, secret=None, init=None, parent=None, publisher=None):
     """The genesis record; with the run's secret (the trainer) it holds secret_commit, which a
     replay cannot compute (the audit checks it is there and well-formed). init: an imported
     initial state's source (hfllama.load_into); parent: the run whose state it continues
     (lineage.load_into); either way the state's tensors are the record's tensor hashes (and
-    checkpoint 0)."""
+    checkpoint 0). publisher: the publisher's public key ("TYPE BASE64"), which signs the run's
+    anchors (SPEC §11.7); absent by default."""
     root, leaves = state.hash()
     record = {"kind": "genesis", "step": 0, "spec": hashchain.SPEC, "contract": repops.CONTRACT,
               "config": decisive_config(cfg),
               "code_digest": code_digest(), **data.commitments(),
               "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
               **({"init": init} if init else {}), **({"parent": parent} if parent is not None else {}),
+              **({"publisher": publisher} if publisher else {}),
               "state_hash": root, "tensor_hashes": leaves}
     if secret is not None:
         record["secret_commit"] = receipts.secret_commit(secret)
     return record
 
 
-def genesis(cfg, data, init=None, initial=None, secret=None, parent=None):
+def genesis(cfg, data, init=None, initial=None, secret=None, parent=None, publisher=None):
     """(state, record, problem) of a replay's step 0 (audit.py): the genesis state of cfg (an
     imported run's, with init its genesis record's source, or a child's, with parent the run it
     continues, is `initial`: its checkpoint 0's verified tensors), the genesis record recomputed
-    from it, and what makes `initial` no initial state (None if nothing: its step must be 0, and
-    an imported run's moments zero)."""
+    from it (naming the publisher key the published one names), and what makes `initial` no
+    initial state (None if nothing: its step must be 0, and an imported run's moments zero)."""
     state = TrainState(cfg, data.vocab_size, cfg.device)
     problem = None
     origin = "imported (genesis init)" if init is not None else "continued from a parent run (genesis parent)"
@@ -412,7 +416,7 @@ def genesis(cfg, data, init=None, initial=None, secret=None, parent=None):
                 problem = f"checkpoint 0 is not an initial state: {(moving or ['step'])[0]} is not zero"
         except hashchain.StateMismatch as e:
             problem = f"checkpoint 0: {e.message}"
-    return state, genesis_record(state, data, cfg, secret, init=init, parent=parent), problem
+    return state, genesis_record(state, data, cfg, secret, init=init, parent=parent, publisher=publisher), problem
 
 
 def replay(state, data, cfg, upto, salt_of, around=None, proved=None, chooser=None):
@@ -449,9 +453,9 @@ def evaluate(state, data, cfg):
 
 
 # ----------------------------------------------------------------------------- run directory
-def check_identity(cfg, data, genesis, secret, init):
+def check_identity(cfg, data, genesis, secret, init, publisher):
     """A resumed run must be the run its chain started: same decisive config, data, code,
-    secret (the genesis record's secret_commit) and imported source (init)."""
+    secret (the genesis record's secret_commit), imported source (init) and publisher key."""
     diff = differences(decisive_config(cfg), genesis.get("config", {}))
     if diff:
         key = diff[0]
@@ -470,6 +474,14 @@ def check_identity(cfg, data, genesis, secret, init):
         raise UsageError(f"{cfg.run_dir} was initialized from " + ("other weights (--init_from: the "
                          "source files' SHA-256s differ)" if genesis.get("init") else "its config")
                          + "; resume with the same --init_from")
+    named = genesis.get("publisher")
+    if named != publisher and named:
+        given = f" (--publisher_key is {signing.fingerprint(publisher)})" if publisher else ""
+        raise UsageError(f"{cfg.run_dir}'s genesis record names the publisher key {signing.fingerprint(named)}, "
+                         f"which signs its anchors: resume with --publisher_key set to that key{given}")
+    if named != publisher:
+        raise UsageError(f"{cfg.run_dir} was started without a publisher key (its genesis record names none): "
+                         "resume without --publisher_key, or start a new --run_dir")
 
 
 def restore(run, state, upto, log):
@@ -492,12 +504,13 @@ def restore(run, state, upto, log):
     return step
 
 
-def open_run(cfg, data, state, rank, world, log, init=None, parent=None):
+def open_run(cfg, data, state, rank, world, log, init=None, parent=None, signer=None):
     """The run's verified chain, the step to resume from and the run's secret (init, parent: a new
-    run's imported source or parent run, for its genesis record). Rank 0 (the
-    writer, which holds the run's lock) starts a new run (secret, config.json, genesis record,
-    checkpoint 0) or repairs a torn chain tail and restores; the other ranks then restore the
-    same checkpoint. A chain without its secret is refused: its commitments could not go on."""
+    run's imported source or parent run, for its genesis record). Rank 0 (the writer, which holds
+    the run's lock) starts a new run (secret, config.json, genesis record naming signer's public
+    key if there is one, checkpoint 0) or repairs a torn chain tail and restores; the other ranks
+    then restore the same checkpoint. A chain without its secret is refused: its commitments
+    could not go on; so is a resume with another publisher key."""
     writer = rank == 0
     chain_path = Path(cfg.run_dir) / "chain.jsonl"
     if writer and not chain_path.exists():
@@ -512,15 +525,17 @@ def open_run(cfg, data, state, rank, world, log, init=None, parent=None):
         if init:     # the source's config.json, for export.py's max_position_embeddings (hfllama.py)
             hfllama.keep_source_config(run.dir, cfg.init_from, init)
         secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
-        with open(run.dir / "config.json", "w") as f:
-            json.dump(dataclasses.asdict(cfg), f, indent=2)
-        run.chain.append(genesis_record(state, data, cfg, secret, init, parent))
+        hashchain.write_atomically(run.dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2).encode())
+        run.chain.append(genesis_record(state, data, cfg, secret, init, parent, signer and signer.public_key))
         start = 0
     else:
         run.check_versions(repops.CONTRACT)   # before all else: another contract's run is not ours
         secret = receipts.read_secret(run.dir, "the chain's commitments (step_commit) cannot be "
                                       "continued without it; restore it, or start a new --run_dir")
-        check_identity(cfg, data, run.genesis, secret, init)
+        if writer:                   # the publisher key is the writer's alone (it signs the anchors)
+            check_identity(cfg, data, run.genesis, secret, init, signer and signer.public_key)
+        else:
+            check_identity(cfg, data, run.genesis, secret, init, run.genesis.get("publisher"))
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
         if len(run.chain) - 1 >= cfg.max_steps:
@@ -649,8 +664,9 @@ class Publisher:
     checks that the ranks agree, appends the record, anchors, checkpoints (from the hashed copy)
     and logs the step's line (step_line)."""
 
-    def __init__(self, run, data, cfg, secret, log, world):
+    def __init__(self, run, data, cfg, secret, log, world, signer=None):
         self.run, self.data, self.cfg, self.secret, self.log, self.world = run, data, cfg, secret, log, world
+        self.signer = signer                  # the publisher's key (signing.Signer): signs the anchors
         self.progress = Progress(cfg.max_steps)
 
     def __call__(self, fields, job):
@@ -669,7 +685,8 @@ class Publisher:
             units.write_list(units.list_path(cfg.run_dir, step), step,
                              fields["units"].finish(receipts.salt(self.secret, step))[1])
         if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
-            receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"])
+            receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"],
+                                   receipts.run_id(self.run.genesis), self.signer)
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
             self.run.save_checkpoint(hashed.tensors, record)
         seconds, eta = self.progress.step(step)
@@ -741,13 +758,15 @@ def run(cfg, rank, world):
             parent = lineage.load_into(state, cfg.init_from)  # a new run from another run's state
         elif cfg.init_from:
             init = hfllama.load_into(state, cfg.init_from)
+    # the publisher's key signs (a probe) before the run directory exists: a bad key creates nothing
+    signer = signing.Signer(cfg.publisher_key, "--publisher_key") if writer and cfg.publisher_key else None
     lock = rundir.hold_lock(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    opened, start, secret = open_run(cfg, data, state, rank, world, log, init, parent)
+    opened, start, secret = open_run(cfg, data, state, rank, world, log, init, parent, signer)
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_at(cfg, start + 1)} tokens/step | "
         f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
-    publisher = Publisher(opened, data, cfg, secret, log, world)
+    publisher = Publisher(opened, data, cfg, secret, log, world, signer)
     # one CPU rank measures its thread count; torchrun's ranks and a GPU keep theirs (threads.py)
     chooser = threads.Chooser(cfg.threads, measure=world == 1 and cfg.device == "cpu", say=log)
     try:

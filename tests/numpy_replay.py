@@ -11,14 +11,17 @@ step_commit (and units_root, §20) needs the run's secret (run_dir/secret) or th
 salt (--salts FILE), secret_commit the secret; without them the replay takes that field from the
 published record and checks everything else, the record hashes included.
 
-    python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --unit 6:1
+    python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --unit 6:1 [--receipt r.json]
     python tests/numpy_replay.py --run_dir runs/child --data_dir data/x --steps 2 --parent runs/x
 
 replays micro-batch 1 of step 6 alone (§20: a unit commitments run, from the checkpoint of step
 5) and checks its digest and loss bits against the step's unit list, the list's Merkle path to
-the record's units_root, and with the secret or the salt its witness against c_m. A run started
-from a parent run (§21) starts from its checkpoint 0; --parent DIR also checks its lineage against
-the parent's chain.
+the record's units_root, and with the secret or the salt its witness against c_m (§20.3: the
+sealed W_m). With --receipt, a signed receipt of that micro-batch (§11.6, §20.7): its signature
+(`ssh-keygen -Y verify`, the one program it runs), its fields against the chain, and its witness
+proof against the one the replayed W_m gives for the receipt's signer key. A run started from a
+parent run (§21) starts from its checkpoint 0; --parent DIR also checks its lineage against the
+parent's chain.
 It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
 otherwise, 2 on bad input.
 
@@ -30,11 +33,14 @@ kernels/README.md's. Every float operation is one NumPy operation with the contr
 so it is slow: it is the reference an auditor reads, not a trainer.
 """
 import argparse
+import base64
 import hashlib
 import hmac
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from fractions import Fraction
 
 import numpy as np
@@ -42,7 +48,7 @@ import numpy as np
 import numpy_contract as C
 from numpy_model import backward, forward, full_state, init_params, repin, trained
 
-SPEC = 4                                            # the version of SPEC.md written here (§12.2)
+SPEC = 5                                            # the version of SPEC.md written here (§12.2)
 CONTRACT = 2                                        # the contract version written here (SPEC §12.2)
 DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
@@ -86,6 +92,12 @@ def canonical_json(obj):
 
 def f32_bits(x):
     return "0x%08x" % int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+def seal(salt, x):
+    """§11.6: x (32 bytes) XOR HMAC-SHA256(salt, "repops-seal-v1"); it also opens a seal."""
+    pad = hmac.new(salt, b"repops-seal-v1", hashlib.sha256).digest()
+    return bytes(a ^ b for a, b in zip(x, pad))
 
 
 def sealed(record, prev):
@@ -304,10 +316,20 @@ def unit_names(n):
     return [f"micro_batch:{k}" for k in range(n)] + folds
 
 
+def unit_salt(step_salt, micro):
+    """§20.3: salt_{s,m} = HMAC-SHA256(salt_s, "unit" || m as 8 bytes big-endian)."""
+    return hmac.new(step_salt, b"unit" + micro.to_bytes(8, "big"), hashlib.sha256).digest()
+
+
 def unit_commit(step_salt, micro, witness):
-    """§20.3: c_m = SHA-256(HMAC-SHA256(salt_s, "unit" || m, 8 bytes big-endian) || W_m); hex."""
-    salt = hmac.new(step_salt, b"unit" + micro.to_bytes(8, "big"), hashlib.sha256).digest()
-    return hashlib.sha256(salt + witness).hexdigest()
+    """§20.3: c_m = seal(salt_{s,m}, W_m); hex."""
+    return seal(unit_salt(step_salt, micro), witness).hex()
+
+
+def proof(run, uid, signer, x):
+    """§11.6: HMAC-SHA256(K, x), K = SHA-256("repops-signer-key-v1" 0x00 run uid 0x00 signer); hex."""
+    key = hashlib.sha256(b"repops-signer-key-v1\0" + bytes.fromhex(run) + uid.encode() + b"\0" + signer).digest()
+    return hmac.new(key, x, hashlib.sha256).hexdigest()
 
 
 def unit_leaf(step, entry):
@@ -539,7 +561,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None, p
         elif salt is not None:
             key = bytes.fromhex(grad_root)
             result_root = merkle_root([leaf(n, state[n], key) for n in sorted(state)])
-            fields[commitment] = hashlib.sha256(salt + key + bytes.fromhex(result_root)).hexdigest()
+            fields[commitment] = seal(salt, bytes.fromhex(result_root)).hex()
             if units is not None:                       # §20.4
                 fields["units_root"] = committed(s, units, salt)[1]
         else:
@@ -567,11 +589,11 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None, p
     return ok
 
 
-def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
+def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None, receipt_file=None):
     """§20: micro-batch `micro` of step `step` alone, from the checkpoint of step - 1: its digest
     and loss bits against the step's unit list (run_dir/units/step_<s>.json, §20.5), the list's
     path from the unit's leaf to the record's units_root, and with the step's salt its witness
-    against c_m. True if all match."""
+    against c_m; with receipt_file, that signed receipt (check_receipt). True if all match."""
     lines, cfg = open_run(run_dir)
     if not cfg.get("unit_commits"):
         raise ValueError("the run has no unit commitments (unit_commits, §20)")
@@ -594,10 +616,40 @@ def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
         checks["the witness against c_m"] = unit_commit(salt, micro, witness) == entries[micro]["commit"]
     else:
         say(f"note: step {step}: no secret and no salt: the witness is not checked against c_m")
+    if receipt_file:
+        checks.update(check_receipt(receipt_file, lines, step, micro, witness))
     for what, good in checks.items():
         say(f"{'MATCH' if good else 'MISMATCH at'} step {step}, micro-batch {micro}: {what}")
     say(f"witness W_{micro} = {witness.hex()}")
     return all(checks.values())
+
+
+def check_receipt(path, lines, step, micro, witness):
+    """§11.6, §20.7: {check: passed} of a signed receipt of micro-batch `micro` of `step`, given the
+    replayed W_m (`witness`): its fields, its signature by its signer key (ssh-keygen -Y verify
+    against an allowed_signers file of that key alone, namespace repops-receipt, over the
+    canonical JSON of the receipt without `signature`), and its witness proof."""
+    with open(path, encoding="utf-8") as f:
+        receipt = json.load(f)
+    genesis, record = json.loads(lines[0]), json.loads(lines[step])
+    kind, b64 = receipt["signer"].split(" ")
+    blob = base64.b64decode(b64, validate=True)
+    fields = {"format": "repops-receipt-v4", "run": genesis["record_hash"], "step": step,
+              "unit": f"micro_batch:{micro}", "record_hash": record["record_hash"],
+              "code_digest": genesis["code_digest"], "data_manifest": genesis["data_manifest"], "verdict": "MATCH"}
+    signed = canonical_json({k: v for k, v in receipt.items() if k != "signature"}).encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "allowed_signers"), "w") as f:
+            f.write(f"signer {kind} {b64}\n")
+        with open(os.path.join(tmp, "sig"), "w") as f:
+            f.write(receipt["signature"])
+        verified = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", "allowed_signers", "-I", "signer", "-n",
+                                   "repops-receipt", "-s", "sig"], input=signed, cwd=tmp, capture_output=True,
+                                  timeout=60).returncode == 0
+    return {"the receipt's fields": all(receipt.get(k) == v for k, v in fields.items()),
+            "the receipt's signature by its signer key": verified,
+            "the receipt's witness proof for its signer key":
+                receipt.get("witness") == proof(genesis["record_hash"], f"{step}/micro_batch:{micro}", blob, witness)}
 
 
 def main(argv):
@@ -609,13 +661,14 @@ def main(argv):
     ap.add_argument("--salts", help="revealed salts (repops-salts-v1) when the run's secret is absent")
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--unit", metavar="S:M", help="only micro-batch M of step S (§20), from the checkpoint of S - 1")
+    ap.add_argument("--receipt", metavar="FILE", help="with --unit: a signed receipt of that micro-batch to check")
     ap.add_argument("--parent", metavar="DIR", help="a child run's parent run (§21): check the lineage too")
     args = ap.parse_args(argv)
     say = lambda line: print(line, flush=True)   # noqa: E731
     try:
         if args.unit:
             step, _, micro = args.unit.partition(":")
-            ok = replay_unit(args.run_dir, args.data_dir, int(step), int(micro), say, args.salts)
+            ok = replay_unit(args.run_dir, args.data_dir, int(step), int(micro), say, args.salts, args.receipt)
         else:
             ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, say, args.start, args.salts,
                         args.parent)

@@ -173,7 +173,8 @@ def test_train_keys_take_one_spelling():
 @pytest.mark.parametrize("argv, named", [
     (["--step", "3", "--redundancy", "2"], "--redundancy goes with --plan or --coverage"),
     (["--range", "1:2", "--trace", "t.jsonl"], "--trace goes with --step"),
-    (["--plan", "--auditors", "3", "--auditor", "a"], "--auditor goes with --step"),
+    (["--plan", "--auditors", "3", "--key", "k"], "--key goes with --step"),
+    (["--step", "3", "--roster", "r"], "--roster goes with --check_receipts or --coverage or --plan"),
     (["--check_receipts", "r/", "--out", "s.json"], "--out goes with --reveal_salts"),
     (["--anchors", "a.jsonl", "--device", "cpu"], "--device goes with --step or --range or --all or --plan"),
 ])

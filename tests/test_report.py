@@ -28,8 +28,9 @@ from tools.synthetic_run import BAD_STEP, ONE_AUDITOR, STEPS, TWO_AUDITORS, fake
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     """(run, receipts dir, anchors file) of the 81,000-step synthetic run (tools/synthetic_run.py):
-    steps 1..200 have two auditors' accepted receipts, 201..300 one, step 250 a reported
-    MISMATCH, one echo; a train.log with a validation loss every 5,000 steps and a resume."""
+    steps 1..200 have two auditors' accepted receipts (signed, their keys in its roster), 201..300
+    one, step 250 a reported MISMATCH, one proof that is not the step's; a train.log with a
+    validation loss every 5,000 steps and a resume."""
     return synthetic_run.make(tmp_path_factory.mktemp("big"))
 
 
@@ -49,7 +50,8 @@ def big_report(big, tmp_path_factory):
     run, rdir, anchors = big
     out = tmp_path_factory.mktemp("big_report") / "report.html"
     t0 = time.process_time()        # CPU seconds: a shared machine's load does not inflate them
-    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--anchors", str(anchors), "--out", str(out)]) == 0
+    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--roster", str(rdir.parent / "roster"),
+                        "--anchors", str(anchors), "--out", str(out)]) == 0
     return out, time.process_time() - t0
 
 
@@ -83,12 +85,37 @@ def test_big_run_report(big, big_report):
     assert page.count("<td>3.3240</td>") == 16 and "<td>5000</td><td>4.9864</td><td>3.3240</td><td>+1.6624</td>" in page
     assert "9000 ms at step 30,000" in page and re.search(r"<td>81000</td><td>6\d\d</td><td>6\d\d\d</td><td>15h", page)
     assert ("Replayed, by accepted receipts: steps 1-249,251-300 (299 of 81000 steps covered by accepted receipts, "
-            "200 by at least 2 distinct auditors); steps 301-81000 have none; <span class='bad'>a MISMATCH is "
+            "200 by at least 2 distinct roster keys); steps 301-81000 have none; <span class='bad'>a MISMATCH is "
             "reported at steps 250</span>.") in page
     # the costs, and the anchors
     assert re.search(r"<td>alice</td><td>200</td><td>600</td><td>500.0</td><td>102</td><td>200.0</td>", page)
     assert "ANCHORED" in page and page.count('class="anchor"') == 2
     assert "9 checkpoint files (steps 0,10000,20000," in page and page.count('class="ckpt"') == 9
+
+
+def test_only_roster_keys_count(big, tmp_path):
+    """A roster without bob: his accepted receipt and an unsigned copy of alice's are listed apart,
+    and the strip counts alice's key alone."""
+    run, rdir, _ = big
+    mine = tmp_path / "r"
+    mine.mkdir()
+    for name in ("alice_5.json", "bob_5.json"):
+        shutil.copy(rdir / name, mine / name)
+    unsigned = json.loads((rdir / "alice_6.json").read_text())
+    del unsigned["signature"]
+    (mine / "alice_6.json").write_text(json.dumps(unsigned))
+    roster = tmp_path / "roster"
+    roster.write_text("".join(line + "\n" for line in (rdir.parent / "roster").read_text().splitlines()
+                              if not line.startswith("bob ")))
+    out = tmp_path / "r.html"
+    assert report.main(["--run_dir", str(run), "--receipts", str(mine), "--roster", str(roster), "--out", str(out)]) == 0
+    page = out.read_text()
+    levels = strip_levels(page)
+    assert levels[5] == "some" and levels[6] == "none", (levels[5], levels[6])
+    apart = page.split("<h3>Not counted: unsigned, or signed by keys not in the roster</h3>")[1].split("</table>")[0]
+    assert "bob_5.json" in apart and "a key not in the roster" in apart
+    assert "alice_6.json" in apart and "<td>unsigned</td>" in apart
+    assert "2 accepted, 0 rejected, 1 unsigned" in page and "1 counted" in page
 
 
 def test_contradicting_anchor_is_a_mismatch(big, tmp_path, capsys):
@@ -250,16 +277,17 @@ def test_axes_have_nice_ticks():
 
 
 def test_a_short_run_has_wide_cells_and_a_redundancy_of_one_reads_right(big, tmp_path):
-    """10 steps: cells 40 pixels wide, numbered; --redundancy 1: no "1..0 auditors" class."""
+    """10 steps: cells 40 pixels wide, numbered; --redundancy 1: no "1..0 roster keys" class."""
     levels = ["full"] * 3 + ["none"] * 7
     strip = svgchart.strip(levels, report.COLOURS, [5])
     assert re.findall(r'data-steps="(\d+-\d+)" x="\d+" y="\d+" width="(\d+)"', strip) == [("1-3", "119"), ("4-10", "279")]
     assert ">10</text>" in strip
     run, rdir, _ = big
     out = tmp_path / "r.html"
-    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--redundancy", "1", "--out", str(out)]) == 0
+    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--roster", str(rdir.parent / "roster"),
+                        "--redundancy", "1", "--out", str(out)]) == 0
     page = out.read_text()
-    assert "1..0" not in page and "&gt;= 1 auditor (" in page
+    assert "1..0" not in page and "&gt;= 1 roster key (" in page
 
 
 @pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),

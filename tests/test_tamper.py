@@ -28,7 +28,7 @@ import audit
 import rundir
 import hashchain
 import receipts
-from tiny import (STEPS, assert_one_line_error, audit as audit_cli, chain_records, copy_run, make_corpus,
+from tiny import (STEPS, ZERO_KEY, assert_one_line_error, audit as audit_cli, chain_records, copy_run, make_corpus,
                   mismatch_lines, reseal, script, train_args, write_chain)
 
 STEP = 11             # a step record to tamper with: replayed from the checkpoint at step 10
@@ -86,7 +86,7 @@ def receipt_check(a, step):
     """(status, reason) the publisher's receipt check (with the run's secret) gives a receipt of
     audit `a`'s replay of `step`."""
     secret = receipts.read_secret(a.run.dir, "")
-    return receipts.judge(a.receipt(step, "tester", {}), a.run.chain, lambda s: receipts.salt(secret, s))
+    return receipts.judge(a.receipt(step, ZERO_KEY, {}), a.run.chain, lambda s: receipts.salt(secret, s))
 
 
 @pytest.fixture(scope="module")
@@ -138,16 +138,17 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
 
 
 @pytest.mark.parametrize("edit,expect", [
-    (lambda g: g.pop("contract"), "this run was made under SPEC v4 and arithmetic contract v1; this code implements SPEC v4 and contract v2"),
-    (lambda g: g.update(contract=3), "this run was made under SPEC v4 and arithmetic contract v3; this code implements SPEC v4 and contract v2"),
+    (lambda g: g.pop("contract"), "this run was made under SPEC v5 and arithmetic contract v1; this code implements SPEC v5 and contract v2"),
+    (lambda g: g.update(contract=3), "this run was made under SPEC v5 and arithmetic contract v3; this code implements SPEC v5 and contract v2"),
     (lambda g: g.update(contract="2"), 'the genesis record\'s contract "2" is not an arithmetic contract version'),
     (lambda g: g.update(contract=True), "the genesis record's contract true is not an arithmetic contract version"),
-    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v4 and contract v2"),
+    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v5 and contract v2"),
     (lambda g: [g.pop("spec"), g.pop("contract")], "this run was made under SPEC v1 and arithmetic contract v1"),
-    (lambda g: g.update(spec=5), "this run was made under SPEC v5 and arithmetic contract v2"),
-    (lambda g: g.update(spec="3"), 'the genesis record\'s spec "3" is not a SPEC version'),
+    (lambda g: g.update(spec=4), "this run was made under SPEC v4 and arithmetic contract v2"),
+    (lambda g: g.update(spec=6), "this run was made under SPEC v6 and arithmetic contract v2"),
+    (lambda g: g.update(spec="5"), 'the genesis record\'s spec "5" is not a SPEC version'),
 ], ids=["contract_v1_without_the_field", "contract_v3", "contract_the_string_2", "contract_true", "spec_v2_without_the_field",
-        "v1_without_either", "spec_v5", "spec_the_string_3"])
+        "v1_without_either", "spec_v4", "spec_v6", "spec_the_string_5"])
 def test_a_run_of_another_version_is_refused(reference, records, corpus, tmp_path, edit, expect):
     """The genesis record's `contract` (SPEC §12.2): a run made under another arithmetic contract
     (no field: v1, whose flat sums differ) or another SPEC version (`spec`; no field: v2), or whose
