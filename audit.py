@@ -8,13 +8,16 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --step 17 --trace a.jsonl         # also a per-operator trace (optrace.py)
     python audit.py --step 1 --recompute on --offload on  # less memory, same bits (default: the trainer's)
     python audit.py --step 1 --init_from models/x     # an imported run: also check its source folder
+    python audit.py --step 1 --init_from runs/x       # a run started from runs/x: also check the lineage
 
     python audit.py --step 17 --receipt r.json --key ~/.ssh/id_ed25519   # signed proof of the replay
     python audit.py --check_receipts receipts/ --roster roster   # publisher (the secret): accept or reject
     python audit.py --reveal_salts 1:40 --out s.json  # publisher, once their receipts are in: anyone checks
     python audit.py --check_receipts receipts/ --salts s.json    # anyone, after a reveal
     python audit.py --plan --roster roster --redundancy 2 --seed 42   # which roster key audits what
+    python audit.py --plan --roster roster --out out/plan.json   # ... and the assignment as JSON
     python audit.py --coverage receipts/ --roster roster --redundancy 2   # what the roster's keys cover
+    python audit.py --coverage receipts/ --roster roster --out out/cov.json   # ... and per step, as JSON
     python audit.py --anchors anchors.jsonl           # the chain against published (signed) chain heads
 
     # a run with unit commitments (--unit_commits, units.py): one unit of a step at a time
@@ -76,7 +79,8 @@ import statistics
 import sys
 import time
 
-from config import CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve
+from config import (CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve,
+                    stop_on_sigterm, stopped_by)
 
 REPLAY = ("step", "range", "all")
 
@@ -111,13 +115,16 @@ def parser():
                           "the data_dir the run's config.json names)")
     replayed.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
                           help="where the steps replay; every device gives the same bits (default %(default)s)")
+    replayed.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads; the bits are the same "
+                          "for any number (default 0: measured, the faster of torch's default and 1; threads.py)")
     memory = ap.options_for(REPLAY, "the replay's memory and source (--step, --range, --all)")
     memory.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations in "
                         "backward: same bits, less memory (default: what the trainer used)")
     memory.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting gradient "
                         "in temp files under TMPDIR: same bits (default: what the trainer used)")
     memory.add_argument("--init_from", metavar="DIR", help="an imported run: check that DIR is its source "
-                        "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0)")
+                        "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0); a run "
+                        "started from a parent run: check that DIR is the parent's run directory and the lineage")
     one = ap.options_for(("step",), "one step's evidence (--step)")
     one.add_argument("--trace", metavar="FILE", help="write a per-operator trace of the step to FILE "
                      "(compare two with python optrace.py A B)")
@@ -156,12 +163,15 @@ def parser():
     plan.add_argument("--seed", type=int, help="the plan's private seed (default: drawn now, and printed)")
     plan.add_argument("--absent", type=float, default=0.25, metavar="F", help="the fraction of auditors "
                       "assumed absent or dishonest, for the chance of a miss (default %(default)s)")
-    reveal = ap.options_for(("reveal_salts", "materialize", "reveal_unit"),
-                            "the publisher's output (--reveal_salts, --materialize, --reveal_unit)")
-    reveal.add_argument("--out", metavar="PATH", help="--reveal_salts: write the salts to PATH (default: "
-                        "standard output); --materialize, --reveal_unit: the directory to write to (required)")
-    reveal.add_argument("--params_only", action="store_true", help="--materialize: the parameters only, all a "
-                        "micro-batch audit needs (default: the whole state)")
+    output = ap.options_for(("reveal_salts", "materialize", "reveal_unit", "plan", "coverage"),
+                            "output (--reveal_salts, --materialize, --reveal_unit, --plan, --coverage)")
+    output.add_argument("--out", metavar="PATH", help="--reveal_salts: write the salts to PATH (default: "
+                        "standard output); --plan, --coverage: also write the assignment or the coverage to PATH "
+                        "as JSON, for a coordinator's tools (default: none); --materialize, --reveal_unit: the "
+                        "directory to write to (required)")
+    state = ap.options_for(("materialize",), "the state (--materialize)")
+    state.add_argument("--params_only", action="store_true", help="the parameters only, all a micro-batch audit "
+                       "needs (default: the whole state)")
     return ap
 
 
@@ -170,11 +180,13 @@ if __name__ == "__main__":
 
 import hashchain  # noqa: E402  (below the command line's first answer, above)
 import hfllama  # noqa: E402
+import lineage  # noqa: E402
 import optrace  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
 import signing  # noqa: E402
+import threads  # noqa: E402
 import unitaudit  # noqa: E402
 from data import DataError, DataMismatch, TokenData  # noqa: E402
 import train  # noqa: E402
@@ -192,6 +204,29 @@ COMMITMENTS = {"genesis": "secret_commit", "step": "step_commit"}
 
 def _canon(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def shown(value):
+    """A JSON value as a message shows it: whole (a hash is never cut), or, when longer than
+    a line can hold, what it is (an object of N keys, a list of N items, N characters)."""
+    text = _canon(value)
+    if len(text) <= 100:
+        return text
+    kind = (f"an object of {len(value)} keys" if isinstance(value, dict) else
+            f"a list of {len(value)} items" if isinstance(value, list) else f"a string of {len(value)} characters")
+    return f"({kind})"
+
+
+def leaf_difference(a, b, path):
+    """(path, a's value, b's value) of the first place two JSON values differ: into objects by
+    sorted key and into lists of equal length by index, down to the first differing value."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        key = sorted(k for k in set(a) | set(b) if _canon(a.get(k)) != _canon(b.get(k)))[0]
+        return leaf_difference(a.get(key), b.get(key), f"{path}.{key}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        i = next(i for i, (x, y) in enumerate(zip(a, b)) if _canon(x) != _canon(y))
+        return leaf_difference(a[i], b[i], f"{path}[{i}]")
+    return path, a, b
 
 
 def compare(replayed, published):
@@ -215,10 +250,10 @@ def compare(replayed, published):
             return f"field {key} is missing from the published record"
         if key in commitments:
             if not receipts.is_hex64(theirs[key]):
-                return f"field {key} is not a commitment (64 hex digits): published {_canon(theirs[key])[:70]}"
+                return f"field {key} is not a commitment (64 hex digits): published {shown(theirs[key])}"
             continue
         if key not in mine:
-            return f"field {key} is not part of a {mine.get('kind', '')} record (published {_canon(theirs[key])[:60]})"
+            return f"field {key} is not part of a {mine.get('kind', '')} record (published {shown(theirs[key])})"
         a, b = mine[key], theirs[key]
         if _canon(a) == _canon(b):
             continue
@@ -228,11 +263,8 @@ def compare(replayed, published):
             what = (f"tensor {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
                     if bad else "the state hash")
             return f"field state_hash: {what} differs from the replay"
-        if isinstance(a, dict) and isinstance(b, dict):
-            sub = sorted(k for k in set(a) | set(b) if _canon(a.get(k)) != _canon(b.get(k)))[0]
-            return (f"field {key}.{sub} differs: replayed {_canon(a.get(sub))[:70]}, "
-                    f"published {_canon(b.get(sub))[:70]}")
-        return f"field {key} differs: replayed {_canon(a)[:70]}, published {_canon(b)[:70]}"
+        where, a, b = leaf_difference(a, b, key)
+        return f"field {where} differs: replayed {shown(a)}, published {shown(b)}"
     return None
 
 
@@ -258,16 +290,23 @@ class Audit:
     (genesis) and then for the replayed steps' records (train.replay); it compares them."""
 
     def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
-                 salts=None):
+                 salts=None, threads=0):
         self.run = rundir.Run(run_dir)          # a reader: it changes nothing in the run
         self.run.check_versions(repops.CONTRACT)
         # decisive keys on which config.json (for people) disagrees with the genesis record
         self.config_json_differences = self.run.config_json_differences()
         data_dir = data_dir or self.run.recorded_data_dir()
         cfg = self.run.replay_config(device, recompute=recompute, offload=offload)
-        if source and "init" not in self.run.genesis:
-            raise UsageError(f"--init_from {source}: {run_dir} was not imported (its genesis record has no init)")
+        if source and "init" not in self.run.genesis and "parent" not in self.run.genesis:
+            raise UsageError(f"--init_from {source}: {run_dir} was neither imported nor started from a parent run "
+                             "(its genesis record has no init and no parent)")
         self.data = TokenData(data_dir, cfg.seed)
+        # another corpus, other code: the auditor's input, not the run's (exit 2, not MISMATCH)
+        if problem := self.data.other_corpus(self.run.genesis, run_dir):
+            raise UsageError(f"{problem}; audit with the run's corpus (--data_dir DIR)")
+        if problem := train.other_code(self.run.genesis, run_dir):
+            raise UsageError(f"{problem}; audit with the code that started it (SPEC §14: the commit whose "
+                             "files hash to it)")
         # the corpus's tokens must index rows of the model (the genesis vocab_size is checked later)
         self.cfg = resolve(cfg, self.data.vocab_size)
         # salt_of(step): from the run's secret (the publisher) or revealed salts (--salts FILE);
@@ -281,6 +320,7 @@ class Audit:
         self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
+        self.threads = threads                   # the replay's CPU threads (0: measured, threads.py)
 
     def find(self, step, message):
         if (step, message) not in self.findings:
@@ -307,7 +347,7 @@ class Audit:
         download; a file beyond the chain is a finding). None: no start, no range. Returns
         {step: tensors} of the start and of an imported run's checkpoint 0."""
         files, lines = self.run.checkpoints(), self.run.chain.lines
-        imported = "init" in self.run.genesis
+        imported = "init" in self.run.genesis or "parent" in self.run.genesis   # checkpoint 0 is the start
         starts = [(s, p) for s, p in reversed(files) if before is not None and s <= before]
         vouched = [(s, p) for s, p in files if (s == 0 and imported)
                    or (last is not None and before < s <= last)]
@@ -342,12 +382,19 @@ class Audit:
         """The genesis state (an imported run's: `initial`, its verified checkpoint 0), checked:
         the genesis record recomputed from it, the config, this code and this corpus against the
         published one, the config's phases, config.json, and an imported run's source folder."""
-        init, publisher = self.run.genesis.get("init"), self.run.genesis.get("publisher")
-        state, record, problem = train.genesis(self.cfg, self.data, init, initial, self.secret, publisher)
+        init, parent = self.run.genesis.get("init"), self.run.genesis.get("parent")
+        publisher = self.run.genesis.get("publisher")
+        state, record, problem = train.genesis(self.cfg, self.data, init, initial, self.secret, parent, publisher)
         if publisher is not None and not signing.is_public_key(publisher):
             self.find(0, "genesis record: field publisher is not an SSH public key written TYPE BASE64")
         if problem:
             self.find(0, problem)
+        elif parent is not None and self.source:
+            if lineage_problem := lineage.check(self.source, self.run.genesis):
+                self.find(0, f"lineage: {lineage_problem}")
+        elif parent is not None:
+            self.notes.append("the run continues a parent run's state (genesis parent); the lineage was not "
+                              "checked (--init_from RUN_DIR names the parent's run directory and checks it)")
         elif init is not None and self.source:
             if diff := hfllama.source_difference(self.source, init, state.params, self.cfg):
                 self.find(0, diff)
@@ -372,7 +419,8 @@ class Audit:
         if last_ok < 0:
             return
         verified = self.checkpoints(first - 1, last_ok)
-        state = self.state = self.check_genesis(verified.pop(0, None) if "init" in self.run.genesis else None)
+        from_checkpoint = "init" in self.run.genesis or "parent" in self.run.genesis
+        state = self.state = self.check_genesis(verified.pop(0, None) if from_checkpoint else None)
         for step, tensors in verified.items():   # the start, if any checkpoint before `first` verified
             try:
                 state.load(tensors)
@@ -383,8 +431,9 @@ class Audit:
         if state.step < last_ok:    # the contract's guard (guard.py): a model outside it is refused, exit 2
             train.probe(state, self.data, self.cfg, state.step + 1)
         try:
+            chooser = threads.Chooser(self.threads, measure=self.cfg.device == "cpu")
             for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of, around,
-                                                             proved=last if receipt else None):
+                                                     proved=last if receipt else None, chooser=chooser):
                 pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
                 self.replayed[step] = (record["state_hash"], fields["grad_root"].result(), fields["result_root"],
                                        pieces and [w.hex() for w in pieces.witness_digests])
@@ -452,7 +501,7 @@ def replay_command(args):
                    else parse_range(args.range, "--range"))
     audit = Audit(args.run_dir, args.data_dir, args.device,
                   **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")},
-                  source=args.init_from, salts=args.salts)
+                  source=args.init_from, salts=args.salts, threads=args.threads)
     records = audit.run.chain.records
     last = audit.run.chain.lines - 1 if last is None else last       # --all
     audit.replay(first, last, args.trace and (lambda s: traced(args.trace, s, records[s]) if s == last
@@ -468,7 +517,7 @@ def replay_command(args):
                    f"{commitments} not checked: no secret or salt" if len(audit.unchecked) == len(audit.replayed)
                    else f"{commitments} checked, but for steps {unchecked}: no secret or salt")
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
-              f"(step {last}: {records[last]['state_hash'][:16]}), and the "
+              f"(step {last}: {records[last]['state_hash']}), and the "
               f"checkpoints checked match the chain; {checked}")
     receipts.close_audit(t0, audit.bytes_read, args.receipt,
                          lambda cost: audit.receipt(last, args.signer.public_key, cost),
@@ -573,9 +622,12 @@ def coverage_command(args):
     not_counted(results)
     public = unitaudit.public_states(run, args.revealed)
     if run.cfg.unit_commits:
-        return unit_coverage(receipts.covered(results, run.chain, first, last, public), first, last,
-                             args.redundancy, sorted(s for s in public if first <= s <= last))
+        covered = receipts.covered(results, run.chain, first, last, public)
+        write_json(args, run, first, last, "coverage", {str(s): {u: sorted(k) for u, k in units_.items()}
+                                                        for s, units_ in covered.items()})
+        return unit_coverage(covered, first, last, args.redundancy, sorted(s for s in public if first <= s <= last))
     counts = receipts.coverage(results, first, last)
+    write_json(args, run, first, last, "coverage", {str(s): n for s, n in counts.items()})
     total = last - first + 1
     for need in sorted({1, args.redundancy}):
         steps = [s for s, n in counts.items() if n >= need]
@@ -615,14 +667,31 @@ def reveal_command(args):
     if not args.out:
         sys.stdout.write(text)
         return 0
-    try:
-        hashchain.write_atomically(args.out, text.encode())
-    except OSError as e:
-        raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
+    write_output(args.out, text)
     print(f"salts of steps {first}..{last} written to {args.out}: anyone can now check those steps' "
           f"receipts with --check_receipts DIR --salts {args.out} (and make new proofs for them: count only "
           "the receipts collected before this reveal)")
     return 0
+
+
+def write_output(path, text):
+    """Write `text` to the output file `path` (its folder made by prepare_output) through
+    hashchain.write_atomically; UsageError if it cannot."""
+    try:
+        hashchain.write_atomically(path, text.encode())
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}") from None
+
+
+def write_json(args, run, first, last, what, value):
+    """--plan's or --coverage's --out FILE: {"run": run id, "steps": [first, last], "redundancy",
+    what: value} as JSON, for a coordinator's tools. The assignment maps each auditor (its roster
+    name, or 1..K) to its steps or units; the coverage maps each step to its count of distinct
+    roster keys, or, with unit commitments, each unit to the roster keys that cover it."""
+    if args.out:
+        write_output(args.out, json.dumps({"run": receipts.run_id(run.genesis), "steps": [first, last],
+                                           "redundancy": args.redundancy, what: value}, indent=1) + "\n")
+        print(f"{what} written to {args.out}")
 
 
 # ---- the plan
@@ -701,6 +770,7 @@ def plan_command(args):
     print(f"a tampered step goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    write_json(args, run, first, last, "assignment", dict(zip(labels, assignment)))
     return 0
 
 
@@ -725,6 +795,8 @@ def plan_units(args, run, first, last, seed, micro_s, numel, labels):
     print(f"a lie in a unit goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    write_json(args, run, first, last, "assignment", {a: [f"{s}:{u}" for s, u in items]
+                                                      for a, items in zip(labels, assignment)})
     return 0
 
 
@@ -749,7 +821,7 @@ def anchors_command(args):
 
 # ----------------------------------------------------------------------------- the command line
 # The options that name a file (or, for the publisher's --out, a directory) the audit writes:
-# each is checked before any work (rundir.check_output: outside the run, its folder made or refused).
+# each is checked before any work (rundir.prepare_output: outside the run, its folder made or refused).
 OUTPUT_OPTIONS = ("trace", "receipt", "out")
 DIRECTORY_OUT = ("materialize", "reveal_unit")       # the modes whose --out is a directory
 COMMANDS = {"step": unit_command, "range": replay_command, "all": replay_command,
@@ -765,6 +837,8 @@ def main(argv=None):
         mode = ap.mode(args)
         if (args.receipt is None) != (args.key is None):
             raise UsageError("--receipt FILE and --key KEYFILE go together (a receipt is signed)")
+        if args.threads < 0:
+            raise UsageError(f"--threads {args.threads}: must be >= 0 (0: measured)")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         if mode in DIRECTORY_OUT and not args.out:
@@ -773,8 +847,8 @@ def main(argv=None):
         args.signer = signing.Signer(args.key, "--key") if args.key else None
         for option in OUTPUT_OPTIONS:
             if getattr(args, option):
-                rundir.check_output(args.run_dir, getattr(args, option), "--" + option,
-                                    directory=option == "out" and mode in DIRECTORY_OUT)
+                rundir.prepare_output(args.run_dir, getattr(args, option), "--" + option,
+                                      directory=option == "out" and mode in DIRECTORY_OUT)
         return COMMANDS[mode](args)
     except DataMismatch as e:       # a bundle chunk is not what the run published
         print(f"MISMATCH: {e}")
@@ -782,6 +856,11 @@ def main(argv=None):
     except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:      # Ctrl-C, or SIGTERM (stop_on_sigterm): no verdict
+        what, code = stopped_by(e)
+        print(f"audit.py: stopped ({what}) before its verdict; no receipt was written; the same command "
+              "runs the audit again", file=sys.stderr)
+        return code
     except (MemoryError, RuntimeError) as e:   # never exit 1: that is MISMATCH
         if not (line := out_of_memory(e, "audit this run")):
             raise
@@ -790,4 +869,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()                   # SIGTERM unwinds as Ctrl-C does: main's one line, exit 143
     sys.exit(main())

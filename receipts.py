@@ -257,7 +257,7 @@ def read_receipt(path):
         raise Malformed("not a JSON object")
     if receipt.get("format") != RECEIPT_FORMAT:
         raise Malformed(f"format {shown(json.dumps(receipt.get('format')))[:40]}: this code reads "
-                        f"{RECEIPT_FORMAT} receipts only (SPEC v4: signed, bound to their signer and run)")
+                        f"{RECEIPT_FORMAT} receipts only (since SPEC v4: signed, bound to their signer and run)")
     unit = receipt.get("unit")
     if not isinstance(unit, str) or not (unit in ("step", "update") or units.UNIT.fullmatch(unit)):
         raise Malformed("field unit must be step, update, micro_batch:M or fold:LO:SIZE")
@@ -327,7 +327,7 @@ def judge(receipt, chain, salt_of, unit_list=None, fold_keyed=None):
     step, genesis = receipt["step"], chain.records[0]
     run, signer = run_id(genesis), signing.parse_public_key(receipt["signer"])[1]
     if receipt["run"] != run:
-        return "rejected", f"a receipt for another run ({receipt['run'][:12]})"
+        return "rejected", f"a receipt for another run ({receipt['run']})"
     if step >= len(chain):
         return "rejected", f"step {step} is not in the chain"
     record, n = chain.records[step], config.micro_batches_at(cfg, step)
@@ -667,11 +667,11 @@ def first_contradiction(chain, anchors):
     if publisher is not None and not signing.is_public_key(publisher):
         return 0, "the genesis record's publisher is not an SSH public key (TYPE BASE64)"
     for a in sorted(anchors, key=lambda a: a["step"]):
-        step, where = a["step"], f"anchored at {shown(a['utc'])[:40]} with record hash {a['record_hash'][:16]}"
+        step, where = a["step"], f"anchored at {shown(a['utc'])[:40]} with record hash {a['record_hash']}"
         if broken and step >= broken.line - 1:
             return broken.line - 1, f"{broken.message} (the anchor of step {step}: {where})"
         if "run" in a and a["run"] != run:
-            return step, f"{where}, for another run ({a['run'][:16]}; this chain's genesis is {str(run)[:16]})"
+            return step, f"{where}, for another run ({a['run']}; this chain's genesis is {run})"
         if publisher is not None:
             who = f"the publisher key the genesis names ({signing.fingerprint(publisher)})"
             if "signature" not in a:
@@ -681,6 +681,6 @@ def first_contradiction(chain, anchors):
         if step >= len(chain):
             return step, f"{where}, but the chain ends at step {len(chain) - 1} (history cut after anchoring)"
         if chain.records[step]["record_hash"] != a["record_hash"]:
-            return step, (f"{where}, the chain holds {chain.records[step]['record_hash'][:16]} "
+            return step, (f"{where}, the chain holds {chain.records[step]['record_hash']} "
                           "(history rewritten after anchoring)")
     return None

@@ -10,9 +10,8 @@ The report reads a run only after verifying its chain (as sample.py does): a bro
 "MISMATCH at step S: ..." and exit 1, and no report is written. A verified chain is consistent,
 not true: verifying its links replays no step, so the page says first what was checked (the
 links), which steps accepted receipts say were replayed, and what pins the chain from outside
-the run (anchors); every other figure in it is the publisher's word until audited. Then
-- the header facts (genesis and head record hashes, state hash, code digest, data manifest,
-  tokenizer) and the decisive config, all from the chain;
+the run (anchors), once, at the top; every other figure in it is the publisher's word until
+audited. Then, curves first:
 - loss, gradient norm and learning rate per step (the chain's values) with the checkpoints as
   ticks; the validation loss (train.log: not in the chain, it says so) against the unigram
   baseline (the loss of predicting every token by its frequency in the validation split; from
@@ -28,25 +27,31 @@ the run (anchors); every other figure in it is the publisher's word until audite
   unit (receipts.covered): a step is as covered as its least covered provable unit, and the
   page gives the fraction of the units covered and the steps whose units are covered only in
   part (an update whose post-step state is public is provable by no receipt: left out);
-- the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees.
-With --compare B: both runs' curves overlaid, the differences of their genesis records (config
-keys and other fields), and the first step whose state hash differs, with the first tensor
-whose hash differs there and the commands that name the first operator that differs
-(`audit.py --step S --trace` on each run, then `optrace.py`).
+- the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees;
+- folded last: the hashes (genesis and head record hashes, state hashes, code digest, data
+  manifest, tokenizer, publisher key) and the decisive config, all from the chain.
+With --compare B: first the step where the two chains part, with the first tensor whose hash
+differs there. Runs whose genesis records differ (a config key, the code, the corpus, the
+initial state's source) part by design, and the page says that this is expected; runs that
+agree on all of it and part anyway did not reproduce, and the page gives the commands that name
+the first operator that differs (`audit.py --step S --trace` on each run, then `optrace.py`).
+Then both runs' curves overlaid, and, folded, the differences of their genesis records.
 Receipts are checked as `audit.py --check_receipts` checks them: with the run's secret, or with
-revealed salts (--salts). Charts (svgchart.py) have 1-2-5 ticks and robust y limits (a spike is
-clipped at the edge and labelled with its value, never allowed to flatten the curve). The output
+revealed salts (--salts). Charts (svgchart.py) have 1-2-5 ticks and robust y limits (a true
+spike, a few points at most, is clipped at the edge and labelled with its value, never allowed
+to flatten the curve; a short run is drawn whole). The output
 is one file, inline SVG and CSS, no script, no network; it must lie outside the run directories
 (readers never write in them). Bad input: one line `report.py: error: ...`, exit 2.
 
 The drawing lives in svgchart.py.
 """
 import html
+import json
 import os
 import re
 import sys
 
-from config import CommandLine, UsageError, differences, duration, out_of_memory
+from config import CommandLine, UsageError, differences, duration, out_of_memory, python_command
 
 
 def parser():
@@ -243,15 +248,20 @@ class Side:
         self.baseline, self.baseline_source = unigram_baseline(run, self.log)
 
 
-def trust(name, n, levels, redundancy, anchors, anchors_file, contradiction):
-    """The paragraph that says what was checked and what backs the figures: the chain's links
+def trust(sides, levels, redundancy, anchors, anchors_file, contradiction):
+    """The one paragraph that says what was checked and what backs the figures: each chain's links
     (checked, no step replayed), the steps that accepted receipts say were replayed (levels:
     coverage_levels, None without receipts), the anchors (and the file they came from, None for
-    the run's own anchors.jsonl) and the first anchor contradiction."""
-    parts = [f"Checked before anything here was read: the links of the {n + 1} records of the chain{name} "
+    the run's own anchors.jsonl) and the first anchor contradiction; receipts and anchors are the
+    first run's (sides[0])."""
+    chains = " and ".join(f"the {s.n + 1} records of the chain{f' of {html.escape(s.label)}' if len(sides) > 1 else ''}"
+                          for s in sides)
+    n = sides[0].n
+    parts = [f"Checked before anything here was read: the links of {chains} "
              "(each record's hash, and the previous record's hash it names). <b>Checking the links replays no "
              "step</b>: the losses, norms and hashes below are <b>the publisher's word until audited</b> "
-             "(<code>audit.py --step S</code> replays a step)."]
+             "(<code>audit.py --step S</code> replays a step)."
+             + (f" Receipts and anchors are {html.escape(sides[0].label)}'s." if len(sides) > 1 else "")]
     if levels is None:
         parts.append(f"Replayed, by accepted receipts: no step (no --receipts DIR given; 0 of {n} steps "
                      "covered by accepted receipts).")
@@ -374,22 +384,40 @@ def throughput_section(sides):
     return out
 
 
-def compare_section(sides):
-    a, b = sides
-    ga, gb = a.run.genesis, b.run.genesis
-    out = ["<h2>The two runs</h2>",
-           table(("fact", a.label, b.label), [(k, va, vb) for (k, va), (_, vb) in zip(header_facts(a), header_facts(b))])]
+def genesis_differences(sides):
+    """(decisive config keys, other genesis fields) on which two runs' genesis records differ:
+    what makes their chains part by design."""
+    ga, gb = (s.run.genesis for s in sides)
     keys = differences(ga.get("config") or {}, gb.get("config") or {})
-    out.append("<h3>Decisive config: the keys that differ</h3>")
-    out.append(table(("key", a.label, b.label), [(k, (ga.get("config") or {}).get(k, "(default)"),
-                                                  (gb.get("config") or {}).get(k, "(default)")) for k in keys])
-               if keys else "<p>The same decisive config.</p>")
     other = sorted(k for k in set(ga) | set(gb) if k not in ("config", "record_hash", "prev", "state_hash",
                                                              "tensor_hashes", "secret_commit") and ga.get(k) != gb.get(k))
+    return keys, other
+
+
+def compare_facts(sides):
+    """The two runs' facts and the genesis differences, for the folded section below the curves."""
+    a, b = sides
+    ga, gb = a.run.genesis, b.run.genesis
+    keys, other = genesis_differences(sides)
+    out = [table(("fact", a.label, b.label), [(k, va, vb) for (k, va), (_, vb) in zip(header_facts(a), header_facts(b))]),
+           "<h3>Decisive config: the keys that differ</h3>",
+           table(("key", a.label, b.label), [(k, (ga.get("config") or {}).get(k, "(default)"),
+                                             (gb.get("config") or {}).get(k, "(default)")) for k in keys])
+           if keys else "<p>The same decisive config.</p>"]
     if other:
         out.append("<h3>Other genesis fields that differ</h3>")
-        out.append(table(("field", a.label, b.label), [(k, str(ga.get(k))[:120], str(gb.get(k))[:120]) for k in other]))
-    out.append("<h3>Where the chains part</h3>")
+        out.append(table(("field", a.label, b.label), [(k, json.dumps(ga.get(k)), json.dumps(gb.get(k))) for k in other]))
+    return out
+
+
+def parting_section(sides):
+    """Where two chains part, and whether that is expected: runs whose genesis records differ
+    (a config key, the code, the corpus, the initial state) part by design, and the page says so;
+    runs that agree on all of it and still part did not reproduce, and the page gives the
+    commands that name the first operator whose bits differ."""
+    a, b = sides
+    out = ["<h2>Where the chains part</h2>"]
+    keys, other = genesis_differences(sides)
     diff = first_difference(a.run.chain, b.run.chain)
     common = min(a.n, b.n)
     if diff is None:
@@ -400,20 +428,28 @@ def compare_section(sides):
         return out
     step, fields, tensor = diff
     where = f"tensor <code>{html.escape(tensor)}</code>" if tensor else "none of the records' tensor hashes"
-    out.append(f"<p class='bad'>First difference: step {step}.</p><p>The records of step {step} differ in "
-               f"{', '.join(html.escape(f) for f in fields)}; the first tensor whose hash differs is {where}.</p>")
-    if step == 0:
-        out.append("<p>The runs start from different states (their genesis records differ, above): no step "
-                   "was computed differently; the initial state (config, seed, imported weights) is not the "
-                   "same.</p>")
+    parted = (f"the records of step {step} differ in {', '.join(html.escape(f) for f in fields)}; the first tensor "
+              f"whose hash differs is {where}")
+    if keys or other:
+        named = ([f"config key{'s' * (len(keys) > 1)} {', '.join(keys)}"] if keys else []) + other
+        out.append(f"<p>The runs' genesis records differ in {html.escape(' and '.join(named))} (the table below), "
+                   f"so their chains are expected to part: they part at step {step} ({parted}).</p>")
         return out
-    cmds = (f"python audit.py --run_dir {a.run.dir} --step {step} --trace out/a_{step}.jsonl\n"
-            f"python audit.py --run_dir {b.run.dir} --step {step} --trace out/b_{step}.jsonl\n"
-            f"python optrace.py out/a_{step}.jsonl out/b_{step}.jsonl")
+    out.append(f"<p class='bad'>First difference: step {step}.</p><p>The genesis records agree on the config, the "
+               f"code, the corpus and where the initial state came from, yet {parted}.</p>")
+    if step == 0:
+        out.append("<p>The same config, code and corpus gave two initial states: the initialisation did not "
+                   f"reproduce on one of the machines. <code>{python_command()} audit.py --step 1</code> on each run "
+                   "recomputes its genesis state and names the first tensor that differs.</p>")
+        return out
+    python = python_command()
+    cmds = (f"{python} audit.py --run_dir {a.run.dir} --step {step} --trace out/a_{step}.jsonl\n"
+            f"{python} audit.py --run_dir {b.run.dir} --step {step} --trace out/b_{step}.jsonl\n"
+            f"{python} optrace.py out/a_{step}.jsonl out/b_{step}.jsonl")
     out.append(f"<p>Both runs hold the same state after step {step - 1}, so step {step} computed differently. "
                f"Each run replays step {step} with a trace of every operator; optrace.py then names the first "
-               "operator whose output bits differ (and the last that matched): a config difference shows as "
-               "the first operator it changes, a machine difference as the kernel that broke the contract.</p>"
+               "operator whose output bits differ (and the last that matched): the kernel that broke the "
+               "contract on one of the machines.</p>"
                f"<pre>{html.escape(cmds)}</pre>")
     return out
 
@@ -472,15 +508,9 @@ def render(sides, args, results, anchors, contradiction):
     title = f"Run report: {a.run.dir}" + (f" compared with {sides[1].run.dir}" if len(sides) > 1 else "")
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-           trust(f" of {html.escape(a.label)}" if len(sides) > 1 else "", a.n, levels, args.redundancy, anchors,
-                 args.anchors, contradiction)]
+           trust(sides, levels, args.redundancy, anchors, args.anchors, contradiction)]
     if len(sides) > 1:         # receipts and anchors are checked for run A; B's chain is only verified
-        out.append(trust(f" of {html.escape(sides[1].label)}", sides[1].n, None, args.redundancy, [], None, None))
-        out += compare_section(sides)
-    else:
-        out += ["<h2>Header</h2>", table(("fact", "value"), header_facts(a)),
-                "<h3>Decisive config (genesis record)</h3>",
-                table(("key", "value"), sorted((a.run.genesis.get("config") or {}).items()))]
+        out += parting_section(sides)
     out += curves_section(sides, args) + validation_section(sides) + throughput_section(sides)
 
     out.append("<h2>Checkpoints</h2>")
@@ -500,7 +530,14 @@ def render(sides, args, results, anchors, contradiction):
                    f"<code>{html.escape(args.anchors_used)}</code>.</p>")
         out += [verdict, table(("step", "record hash", "anchored at (UTC)"),
                                [(x["step"], x["record_hash"], x["utc"]) for x in sorted(anchors, key=lambda x: x["step"])])]
-    out.append("</body></html>\n")
+    # the hashes and the config, folded: what a reader looks up, below what they look at
+    facts = (compare_facts(sides) if len(sides) > 1 else
+             [table(("fact", "value"), header_facts(a)), "<h3>Decisive config (genesis record)</h3>",
+              table(("key", "value"), sorted((a.run.genesis.get("config") or {}).items()))])
+    out += ["<h2>Hashes and config</h2><details><summary>The genesis and head record hashes, the state hashes, the "
+            "code digest, the data manifest" + (" and the genesis differences of the two runs" if len(sides) > 1 else
+                                                " and the decisive config") + " (click to open)</summary>",
+            *facts, "</details>", "</body></html>\n"]
     return "".join(out)
 
 
@@ -509,7 +546,7 @@ def main(argv=None):
     try:
         args = parser().parse_args(argv)
         for d in [args.run_dir] + ([args.compare] if args.compare else []):
-            rundir.check_output(d, args.out, "--out")
+            rundir.prepare_output(d, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         for option in ("salts", "revealed", "roster"):

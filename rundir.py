@@ -19,7 +19,7 @@ train, audit or sample.
     run = Run("runs/default", writer=True) # the lock holder: repairs a torn chain tail, writes
     run.save_checkpoint(tensors, record)   # checkpoints/step_<record step>.safetensors, atomically
     check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is the run's
-    check_output("runs/default", "out/r.json", "--receipt")  # and its folder made (or refused) now
+    prepare_output("runs/default", "out/r/x.json", "--receipt")   # that, and out/r/ created now
 
     save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
     tensors, meta = load_checkpoint(path)              # strict; mmap=True maps each tensor when read
@@ -288,13 +288,17 @@ def check_outside(run_dir, path, option):
                          "path outside it")
 
 
-def check_output(run_dir, path, option, directory=False):
-    """Check an output before any work, so that no replay is thrown away at its end: `path` lies
-    outside the run (check_outside); a file output is not an existing directory, a directory
-    output not an existing non-directory; its folder (a file's parent, or the directory itself)
-    is created here or refused; and the folder is writable (a probe file created with
-    O_CREAT | O_EXCL | O_NOFOLLOW under a random name, then removed). UsageError (one line)."""
+def prepare_output(run_dir, path, option, directory=False):
+    """Check an output path before any work, so that no replay is thrown away at its end, and
+    create the folder it goes in (with directory: the folder it is). UsageError, one line, if it
+    lies in the run (check_outside), is a folder where a file goes or anything but a folder where
+    a folder goes, or its folder cannot be created or written in (a probe file created with
+    O_CREAT | O_EXCL | O_NOFOLLOW under a random name, then removed). An existing file is
+    replaced, never written through: every output goes through hashchain.write_atomically.
+    Without the run directory nothing is created (the command reports the missing run)."""
     check_outside(run_dir, path, option)
+    if not os.path.isdir(run_dir):
+        return
     shown = str(path) if str(path).isprintable() else ascii(str(path))
     folder = str(path) if directory else (os.path.dirname(str(path)) or ".")
     if directory and os.path.lexists(path) and not os.path.isdir(path):
@@ -311,6 +315,19 @@ def check_output(run_dir, path, option, directory=False):
         os.unlink(probe)
     except OSError as e:
         raise UsageError(f"{option} {shown}: cannot write in {folder}: {e.strerror}") from None
+
+
+def started_run(run_dir):
+    """The Run of run_dir (a reader) when its chain holds a genesis record, else None: no run yet,
+    or a first line a killed trainer left torn (the trainer repairs it)."""
+    if not os.path.isfile(os.path.join(run_dir, "chain.jsonl")):
+        return None
+    try:
+        run = Run(run_dir)
+        run.genesis
+    except (UsageError, HashChainError):
+        return None
+    return run
 
 
 class Run:
@@ -500,6 +517,30 @@ class Run:
         config.json is missing, unreadable or has no such value of type `kind`."""
         value = (self._config_json[0] or {}).get(key)
         return value if isinstance(value, kind) and value != "" else default
+
+    def resumed_config(self, argv, given):
+        """(config, note) of a resume of this run from the command line `argv` (whose keys are
+        `given`, config.given_keys): the genesis record's decisive keys, which decide; config.json's
+        bookkeeping keys (where the data lives, how often to checkpoint, ...), which are for people
+        and may be overridden; then argv's keys. A decisive key given with another value than the
+        run's is refused, naming both. note: why config.json's keys were not used, or None."""
+        recorded, error = self._config_json
+        note = (None if recorded is not None else f"{self.dir}/config.json "
+                + (f"is unreadable ({error})" if error else "is missing")
+                + "; its bookkeeping keys (data_dir, checkpoint_every, ...) take their defaults")
+        defaults = config.Config()
+        bookkeeping = {k: self.recorded(k, config.FIELDS[k], getattr(defaults, k))
+                       for k in config.BOOKKEEPING - {"run_dir"}}
+        run_cfg = dataclasses.replace(self.cfg, run_dir=str(self.dir), **bookkeeping)
+        cfg = dataclasses.replace(config.parse_config(argv, run_cfg), run_dir=run_cfg.run_dir)
+        for key in sorted(given - config.BOOKKEEPING):
+            mine, theirs = getattr(cfg, key), getattr(run_cfg, key)
+            if mine != theirs and not (key in ("n_kv_head", "vocab_size") and mine == 0):   # 0: the resolved default
+                more = (f"; to train on from its end, start a new run from it: --run_dir=NEW --init_from={self.dir}"
+                        if key == "max_steps" else "; leave it out, or start another --run_dir")
+                raise UsageError(f"--{key}={config.spelled(mine)} differs from the run's {config.spelled(theirs)} "
+                                 f"({self.dir}'s genesis record): a run resumes with its own config{more}")
+        return cfg, note
 
     def recorded_data_dir(self):
         """The corpus the run was trained on, as config.json names it."""

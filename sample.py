@@ -7,7 +7,8 @@
 The checkpoint is loaded only after the chain up to its step and the checkpoint itself verify
 against the published records. Sampling is Gumbel-max with Philox noise, all in RepOps
 (model.Llama.generate), so the tokens depend only on the checkpoint, the prompt, --seed,
---temperature and --tokens: not on the device, the thread count or the machine.
+--temperature and --tokens: not on the device, the thread count or the machine. --temperature 0
+is greedy decoding: the most likely token each time, no noise (ties: the lowest id).
 
 The context is the model's trained one: each token is predicted from the last seq_len tokens
 (prompt and samples so far) at positions 0..seq_len-1, a sliding context, so a prompt longer
@@ -42,8 +43,8 @@ def parser():
     ap.add_argument("--seed", type=int, default=0, help="the Philox key of the sampling noise, in [0, 2^64) "
                     "(default %(default)s)")
     ap.add_argument("--temperature", type=float, default=0.8, metavar="T",
-                    help="logits are divided by it before the Gumbel noise is added; a finite number > 0 "
-                    "(default %(default)s)")
+                    help="logits are divided by it before the Gumbel noise is added; a finite number >= 0, "
+                    "0: greedy (the most likely token, no noise) (default %(default)s)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
                     help="where the model runs; every device gives the same text (default %(default)s)")
     ap.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads; the text is the same for any "
@@ -55,19 +56,12 @@ def parser():
 def check_args(args):
     """The first option out of range, as `--option value: rule` (None if all are in range)."""
     checks = (("--tokens", args.tokens, 0 <= args.tokens <= MAX_TOKENS, f"must be in 0..{MAX_TOKENS}"),
-              ("--temperature", args.temperature, 0 < args.temperature < float("inf"), "must be a finite number > 0"),
+              ("--temperature", args.temperature, 0 <= args.temperature < float("inf"),
+               "must be a finite number >= 0 (0: greedy)"),
               ("--seed", args.seed, 0 <= args.seed < 1 << 64, "must be in [0, 2^64)"),
               ("--threads", args.threads, args.threads >= 0, "must be >= 0 (0: automatic)"),
               ("--step", args.step, args.step is None or args.step >= 0, "must be >= 0"))
     return next((f"{flag} {value}: {rule}" for flag, value, ok, rule in checks if not ok), None)
-
-
-def threads_for(requested, default, load):
-    """The thread count to sample with: `requested`, or with 0 torch's `default` unless the
-    1-minute load average `load` says other jobs hold the cores (>= default - 0.5): then 1. A
-    decode step is a few small kernels; a second thread that must wait for a busy core makes each
-    one wait too (docs/sampling.md measures it)."""
-    return requested or (1 if load >= default - 0.5 else default)
 
 
 if __name__ == "__main__":
@@ -78,6 +72,7 @@ import torch  # noqa: E402  (below the command line's first answer, above)
 import hashchain  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
+from threads import threads_for  # noqa: E402  (a decode step's count: the load's guess, docs/sampling.md)
 from data import DataError  # noqa: E402
 from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
 from train import TrainState  # noqa: E402

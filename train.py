@@ -3,9 +3,11 @@
     python data.py                                   # once: prepare data/shakespeare
     python train.py                                  # ~3 minutes on a 2-core CPU
     python train.py --max_steps=50 --run_dir=runs/x  # override any config key
+    python train.py --run_dir=runs/x                 # resume runs/x with its own config
     torchrun --nproc_per_node=4 train.py             # 4 ranks: the same chain, byte for byte
     python audit.py --step 120                       # replay a step and check it
     python train.py --init_from=models/x --data_dir=data/x   # fine-tune a Hugging Face Llama (hfllama.py)
+    python train.py --run_dir=runs/y --init_from=runs/x@50   # a new run from runs/x's state after step 50 (lineage.py)
 
 Every step: N micro-batches (a pure function of data, seed, step, index), each giving a fresh
 gradient; the gradients are summed with TreeFold's fixed tree (treefold.py), clipped, and
@@ -13,10 +15,14 @@ applied with AdamW, all in RepOps. The state hash (parameters, Adam moments, ste
 runs/<name>/chain.jsonl; checkpoints every `checkpoint_every` steps (rundir.py lays out the
 directory). With --hash_async (the CUDA default) step N is hashed while step N+1 computes and
 is published after it (snapshot.py); a record never exists before its state was hashed. Killed
-at any moment, `python train.py` resumes from the latest checkpoint that verifies and
-re-derives the same chain; it refuses a run directory that another trainer holds
-or that was started with another config, corpus or code. Each step record also seals a digest of
-the step's final gradient and post-step state with the run's secret (step_commit, receipts.py),
+at any moment, `python train.py --run_dir=DIR` resumes from the latest checkpoint that verifies
+and re-derives the same chain, with the run's own config (configure: the genesis record's
+decisive keys, config.json's bookkeeping); it refuses a run directory that another trainer holds,
+a decisive key given with another value (naming both), and another corpus or code. Ctrl-C or
+SIGTERM stops it with one line: the last step in the chain and the command that resumes it
+(interrupted, exit 130 / 143). The steps run on the thread count threads.py measures fastest.
+Each step record also seals a digest of the step's final gradient and post-step state with the
+run's secret (step_commit, receipts.py),
 so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain
 head is appended to anchors.jsonl, for the publisher to copy out of the run, signed by the
 publisher's SSH key with --publisher_key (the genesis record then names its public key).
@@ -47,8 +53,9 @@ import sys
 import time
 from pathlib import Path
 
-from config import (UsageError, answered_help, decisive_config, differences, duration, given_keys, lr_at,
-                    micro_batches_at, out_of_memory, parse_config, phase_counts, resolve, validate)
+from config import (OPTIONAL, UsageError, answered_help, decisive_config, differences, duration, given_keys, lr_at,
+                    micro_batches_at, out_of_memory, parse_config, phase_counts, python_command, resolve,
+                    stop_on_sigterm, stopped_by, validate)
 
 if __name__ == "__main__" and answered_help(sys.argv[1:]):
     sys.exit(0)                 # --help answers here, before torch is imported
@@ -60,6 +67,7 @@ import deadcheck  # noqa: E402
 import guard
 import hashchain
 import hfllama
+import lineage
 import offload
 import quant
 import receipts
@@ -67,6 +75,7 @@ import repops
 import rundir
 import signing
 import snapshot
+import threads
 import treefold
 import units
 from data import DataError, TokenData, batch_digest
@@ -125,6 +134,15 @@ def code_digest():
         with open(os.path.join(root, rel), "rb") as f:
             h.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
     return h.hexdigest()
+
+
+def other_code(genesis, run_dir):
+    """The sentence that says this is not the code a run was started by (its genesis
+    code_digest), or None: train.py's resume and the audit say it alike, as bad input."""
+    if genesis.get("code_digest") == code_digest():
+        return None
+    return (f"{run_dir} was started by different code: its genesis code_digest is {genesis.get('code_digest')}, "
+            f"this code's is {code_digest()}")
 
 
 # ----------------------------------------------------------------------------- state
@@ -368,64 +386,71 @@ def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=
     return record
 
 
-def genesis_record(state, data, cfg, secret=None, init=None, publisher=None):
+def genesis_record(state, data, cfg, secret=None, init=None, parent=None, publisher=None):
     """The genesis record; with the run's secret (the trainer) it holds secret_commit, which a
     replay cannot compute (the audit checks it is there and well-formed). init: an imported
-    initial state's source (hfllama.load_into), whose tensors are then the record's tensor
-    hashes (and checkpoint 0). publisher: the publisher's public key ("TYPE BASE64"), which
-    signs the run's anchors (SPEC §11.7); absent by default."""
+    initial state's source (hfllama.load_into); parent: the run whose state it continues
+    (lineage.load_into); either way the state's tensors are the record's tensor hashes (and
+    checkpoint 0). publisher: the publisher's public key ("TYPE BASE64"), which signs the run's
+    anchors (SPEC §11.7); absent by default."""
     root, leaves = state.hash()
     record = {"kind": "genesis", "step": 0, "spec": hashchain.SPEC, "contract": repops.CONTRACT,
               "config": decisive_config(cfg),
               "code_digest": code_digest(), **data.commitments(),
               "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
-              **({"init": init} if init else {}), **({"publisher": publisher} if publisher else {}),
+              **({"init": init} if init else {}), **({"parent": parent} if parent is not None else {}),
+              **({"publisher": publisher} if publisher else {}),
               "state_hash": root, "tensor_hashes": leaves}
     if secret is not None:
         record["secret_commit"] = receipts.secret_commit(secret)
     return record
 
 
-def genesis(cfg, data, init=None, initial=None, secret=None, publisher=None):
+def genesis(cfg, data, init=None, initial=None, secret=None, parent=None, publisher=None):
     """(state, record, problem) of a replay's step 0 (audit.py): the genesis state of cfg (an
-    imported run's, with init its genesis record's source, is `initial`: its checkpoint 0's
-    verified tensors), the genesis record recomputed from it (naming the publisher key the
-    published one names), and what makes `initial` no initial state (None if nothing: its
-    moments must be zero, its step 0)."""
+    imported run's, with init its genesis record's source, or a child's, with parent the run it
+    continues, is `initial`: its checkpoint 0's verified tensors), the genesis record recomputed
+    from it (naming the publisher key the published one names), and what makes `initial` no
+    initial state (None if nothing: its step must be 0, and an imported run's moments zero)."""
     state = TrainState(cfg, data.vocab_size, cfg.device)
     problem = None
-    if init is not None and initial is None:
-        problem = ("the run was imported (genesis init) and its initial state, checkpoint 0, "
-                   "is missing or does not match the genesis record")
-    elif init is not None:
+    origin = "imported (genesis init)" if init is not None else "continued from a parent run (genesis parent)"
+    if (init is not None or parent is not None) and initial is None:
+        problem = f"the run was {origin} and its initial state, checkpoint 0, is missing or does not match the genesis record"
+    elif init is not None or parent is not None:
         try:
             state.load(initial)
-            moving = [n for n, t in state.tensors().items() if n.startswith("adam_") and t.any()]
+            moving = [n for n, t in state.tensors().items() if init is not None and n.startswith("adam_") and t.any()]
             if moving or state.step != 0:
                 problem = f"checkpoint 0 is not an initial state: {(moving or ['step'])[0]} is not zero"
         except hashchain.StateMismatch as e:
             problem = f"checkpoint 0: {e.message}"
-    return state, genesis_record(state, data, cfg, secret, init=init, publisher=publisher), problem
+    return state, genesis_record(state, data, cfg, secret, init=init, parent=parent, publisher=publisher), problem
 
 
-def replay(state, data, cfg, upto, salt_of, around=None, proved=None):
+def replay(state, data, cfg, upto, salt_of, around=None, proved=None, chooser=None):
     """Take steps state.step+1 .. upto again as the trainer took them (train_step), yielding
     (step, record, fields) for each: record is step_record's, with step_commit (and units_root)
     where salt_of(step) knows the step's salt (the publisher's secret or a revealed salt), else
     without them. fields["result_root"]: the post-step state keyed by grad_root, which a
     commitment and a receipt need (a pass over the state: made where the salt is known, and for
     step `proved`, the one a receipt proves; else None). around(step): a context manager the
-    step runs in (a trace), or None."""
-    while state.step < upto:
-        step = state.step + 1
-        with around(step) if around else contextlib.nullcontext():
-            fields = train_step(state, data, cfg)
-        salt = salt_of(step)
-        root, leaves = state.hash()
-        result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
-                       if salt or step == proved else None)
-        record = step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt)
-        yield step, record, {**fields, "result_root": result_root}
+    step runs in (a trace), or None. chooser: the steps' thread count (threads.Chooser; default:
+    measured on the CPU)."""
+    chooser = chooser or threads.Chooser(measure=cfg.device == "cpu")
+    try:
+        while state.step < upto:
+            step = state.step + 1
+            with around(step) if around else contextlib.nullcontext():
+                fields = chooser.run(lambda: train_step(state, data, cfg))
+            salt = salt_of(step)
+            root, leaves = state.hash()
+            result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
+                           if salt or step == proved else None)
+            record = step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt)
+            yield step, record, {**fields, "result_root": result_root}
+    finally:
+        chooser.restore()
 
 
 @torch.no_grad()
@@ -465,14 +490,15 @@ def check_identity(cfg, data, genesis, secret, init, publisher):
     secret (the genesis record's secret_commit), imported source (init) and publisher key."""
     diff = differences(decisive_config(cfg), genesis.get("config", {}))
     if diff:
-        raise UsageError(f"{cfg.run_dir} was started with a different config ({', '.join(diff)}); "
-                         "resume with the same settings or choose another --run_dir")
-    if genesis.get("data_manifest") != data.digest:
-        raise UsageError(f"{cfg.run_dir} was trained on corpus {str(genesis.get('data_manifest'))[:12]}, "
-                         f"but {cfg.data_dir} holds {data.digest[:12]}; resume with the same data")
-    if genesis.get("code_digest") != code_digest():
-        raise UsageError(f"{cfg.run_dir} was started by different code (code digest); resume it with "
-                         "that code, or start a new --run_dir")
+        key = diff[0]
+        raise UsageError(f"{cfg.run_dir} was started with a different config: {key} is "
+                         f"{genesis.get('config', {}).get(key, OPTIONAL.get(key))!r} in its genesis record, "
+                         f"{decisive_config(cfg).get(key, OPTIONAL.get(key))!r} here; resume with the same "
+                         "settings or choose another --run_dir")
+    if problem := data.other_corpus(genesis, cfg.run_dir):
+        raise UsageError(f"{problem}; resume with the same data")
+    if problem := other_code(genesis, cfg.run_dir):
+        raise UsageError(f"{problem}; resume it with that code, or start a new --run_dir")
     if genesis.get("secret_commit") != receipts.secret_commit(secret):
         raise UsageError(f"{cfg.run_dir}/{receipts.SECRET} is not the secret the run's genesis record "
                          "commits to (secret_commit): restore the run's secret, or start a new --run_dir")
@@ -501,18 +527,22 @@ def restore(run, state, upto, log):
     step, tensors = run.latest_checkpoint(upto, on_bad, mmap=state.offloaded)
     if tensors is not None:
         state.load(tensors)
+    elif "init" in run.genesis or "parent" in run.genesis:
+        raise UsageError(f"{run.dir} has no checkpoint that verifies, and its initial state (imported or a parent "
+                         "run's) is only in checkpoint 0: restore checkpoints/step_00000000.safetensors")
     elif state.hash()[0] != run.genesis["state_hash"]:
         raise UsageError("the initial state recomputed from the config does not match the chain's "
                          "genesis record (different code or kernels?)")
     return step
 
 
-def open_run(cfg, data, state, rank, world, log, init=None, signer=None):
-    """The run's verified chain, the step to resume from and the run's secret. Rank 0 (the
-    writer, which holds the run's lock) starts a new run (secret, config.json, genesis record
-    naming signer's public key if there is one, checkpoint 0) or repairs a torn chain tail and
-    restores; the other ranks then restore the same checkpoint. A chain without its secret is
-    refused: its commitments could not go on; so is a resume with another publisher key."""
+def open_run(cfg, data, state, rank, world, log, init=None, parent=None, signer=None):
+    """The run's verified chain, the step to resume from and the run's secret (init, parent: a new
+    run's imported source or parent run, for its genesis record). Rank 0 (the writer, which holds
+    the run's lock) starts a new run (secret, config.json, genesis record naming signer's public
+    key if there is one, checkpoint 0) or repairs a torn chain tail and restores; the other ranks
+    then restore the same checkpoint. A chain without its secret is refused: its commitments
+    could not go on; so is a resume with another publisher key."""
     writer = rank == 0
     chain_path = Path(cfg.run_dir) / "chain.jsonl"
     if writer and not chain_path.exists():
@@ -528,7 +558,7 @@ def open_run(cfg, data, state, rank, world, log, init=None, signer=None):
             hfllama.keep_source_config(run.dir, cfg.init_from, init)
         secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
         hashchain.write_atomically(run.dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2).encode())
-        run.chain.append(genesis_record(state, data, cfg, secret, init, signer and signer.public_key))
+        run.chain.append(genesis_record(state, data, cfg, secret, init, parent, signer and signer.public_key))
         start = 0
     else:
         run.check_versions(repops.CONTRACT)   # before all else: another contract's run is not ours
@@ -540,6 +570,10 @@ def open_run(cfg, data, state, rank, world, log, init=None, signer=None):
             check_identity(cfg, data, run.genesis, secret, init, run.genesis.get("publisher"))
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
+        if len(run.chain) - 1 >= cfg.max_steps:
+            log(f"{cfg.run_dir} is finished: its chain holds all {cfg.max_steps} steps. To train on from its "
+                f"last state, start a new run from it: {python_command()} train.py --run_dir=NEW "
+                f"--init_from={cfg.run_dir} --max_steps=N (docs/continuing.md)")
     if writer and start == 0 and 0 not in dict(run.checkpoints()):
         run.save_checkpoint(state.tensors(), run.chain.records[0])
     if world > 1 and writer:
@@ -586,7 +620,7 @@ def check_same_state(root, world):
     dist.all_gather(gathered, mine)
     roots = [bytes(g.tolist()).hex() for g in gathered]
     if len(set(roots)) != 1:
-        raise ReproducibilityError("ranks disagree on the state hash: " + ", ".join(r[:12] for r in roots))
+        raise ReproducibilityError("ranks disagree on the state hash: " + ", ".join(roots))
 
 
 def publish(chain, record, writer):
@@ -693,11 +727,14 @@ class Publisher:
 
 def log_end(chain, cfg, progress, log):
     """The run's last lines: the final state hash in full (the one README's anchor is compared
-    with) and the command that audits the last step."""
+    with) and the command that audits the cheapest late step: the one after the last checkpoint
+    before the final step, one step replayed."""
     last = min(cfg.max_steps, len(chain) - 1)
     ran = progress.summary(last)
     log(f"final state (step {last}{', ' + ran if ran else ''}): {chain.records[last]['state_hash']}")
-    log(f"audit the last step: python audit.py --run_dir {cfg.run_dir} --step {last}")
+    cheap = (last - 1) // cfg.checkpoint_every * cfg.checkpoint_every + 1
+    log(f"audit a step: {python_command()} audit.py --run_dir {cfg.run_dir} --step {cheap} "
+        f"(one step replayed from checkpoint {cheap - 1})")
 
 
 def tokens_at(cfg, step):
@@ -705,15 +742,16 @@ def tokens_at(cfg, step):
     return micro_batches_at(cfg, step) * cfg.micro_batch_size * cfg.seq_len
 
 
-def train_steps(state, data, cfg, rank, world, start, publish, log):
-    """Steps start+1 .. max_steps, each published by `publish` (a Publisher). With an overlapped
-    hash (hash_overlaps), step N is published after step N+1 has computed, its hash running
+def train_steps(state, data, cfg, rank, world, start, publish, log, chooser):
+    """Steps start+1 .. max_steps, each published by `publish` (a Publisher), each run on the
+    thread count `chooser` (threads.Chooser) measures fastest. With an overlapped hash
+    (hash_overlaps), step N is published after step N+1 has computed, its hash running
     meanwhile; an evaluation, the last step or a refused step publishes what is pending first."""
     hasher = snapshot.StateHasher(overlap=hash_overlaps(cfg))
     pending = None
     for step in range(start + 1, cfg.max_steps + 1):
         try:
-            fields = train_step(state, data, cfg, rank, world)
+            fields = chooser.run(lambda: train_step(state, data, cfg, rank, world))
         except StepRefused:
             if pending:
                 publish(*pending)
@@ -740,28 +778,35 @@ def log_sample(state, data, cfg, log):
 
 def run(cfg, rank, world):
     """Train (or resume) cfg.run_dir up to cfg.max_steps; returns the final state."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     writer = rank == 0
     # Data, kernels and model first: a bad corpus or a failed build creates no run directory.
     data = TokenData(cfg.data_dir, cfg.seed)
     data.check_leaves()                 # leaves against chunk roots; each chunk as it is read
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
-    init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
+    started = rundir.started_run(cfg.run_dir)
+    init = parent = None
+    if started is None or "parent" not in started.genesis:    # a child resumes from its own checkpoints
+        if cfg.init_from and lineage.names_run(cfg.init_from):
+            parent = lineage.load_into(state, cfg.init_from)  # a new run from another run's state
+        elif cfg.init_from:
+            init = hfllama.load_into(state, cfg.init_from)
     probe(state, data, cfg, next_step(cfg))     # a model outside the contract is refused before any file
     # the publisher's key signs (a probe) before the run directory exists: a bad key creates nothing
     signer = signing.Signer(cfg.publisher_key, "--publisher_key") if writer and cfg.publisher_key else None
     lock = rundir.hold_lock(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    opened, start, secret = open_run(cfg, data, state, rank, world, log, init, signer)
+    opened, start, secret = open_run(cfg, data, state, rank, world, log, init, parent, signer)
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_at(cfg, start + 1)} tokens/step | "
         f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
     publisher = Publisher(opened, data, cfg, secret, log, world, signer)
+    # one CPU rank measures its thread count; torchrun's ranks and a GPU keep theirs (threads.py)
+    chooser = threads.Chooser(cfg.threads, measure=world == 1 and cfg.device == "cpu", say=log)
     try:
-        train_steps(state, data, cfg, rank, world, start, publisher, log)
+        train_steps(state, data, cfg, rank, world, start, publisher, log, chooser)
     finally:
+        chooser.restore()
         log.end_line()                  # an error's line goes below the last step's
     if world > 1:
         # A rank leaves only once every rank is done with its exchanges: a rank that ends closes
@@ -776,15 +821,58 @@ def run(cfg, rank, world):
     return state
 
 
+def configure(argv, say):
+    """The config of a command line. A --run_dir whose chain has begun resumes with its own
+    config (rundir.Run.resumed_config: the genesis record's decisive keys, config.json's
+    bookkeeping, then the line's keys; say(note) if config.json is unusable); a new run's
+    --init_from names a parent run (lineage.py) or a Hugging Face folder (hfllama.py), whose
+    config it takes; else the line's keys on the defaults."""
+    cfg, given = parse_config(argv), given_keys(argv)
+    run = rundir.started_run(cfg.run_dir)
+    if run is not None:
+        run.check_versions(repops.CONTRACT)        # another version's run is not ours to resume
+        if "init_from" in given and lineage.names_run(cfg.init_from):
+            if not lineage.started_from(run.genesis, cfg.init_from):
+                raise UsageError(f"{cfg.run_dir} holds a run that did not start from --init_from={cfg.init_from}; "
+                                 "a new run from it needs its own --run_dir")
+        cfg, note = run.resumed_config(argv, given)
+        if note:
+            say(note)
+        return cfg
+    if cfg.init_from and lineage.names_run(cfg.init_from):
+        return lineage.configure(cfg, argv, given)
+    if cfg.init_from:           # the imported model's config decides its keys (hfllama.py)
+        return hfllama.configure(cfg, given)
+    return cfg
+
+
+def interrupted(cfg, world, interrupt):
+    """The one line of a run stopped by Ctrl-C or SIGTERM: the last step its chain holds, that the
+    chain and checkpoints are intact (a step is published whole or not at all), and the command
+    that resumes it."""
+    what, _ = stopped_by(interrupt)
+    run = rundir.started_run(cfg.run_dir) if cfg else None
+    if run is None:
+        return f"train.py: stopped ({what}) before the run's genesis record; the same command starts it again"
+    last = len(run.chain) - 1
+    ckpt = max((s for s, _ in run.checkpoints() if s <= last), default=0)
+    launch = f"{python_command()} train.py" if world == 1 else f"torchrun --nproc_per_node={world} train.py"
+    return (f"train.py: stopped ({what}) after step {last}; the chain and checkpoints are intact (the latest "
+            f"checkpoint is step {ckpt}); `{launch} --run_dir={cfg.run_dir}` resumes it")
+
+
 def main(argv):
     if answered_help(argv):      # every config key, its default and comment (config.py)
         return 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+
+    def note(line):
+        if rank == 0:
+            print(f"train.py: note: {line}")
+    cfg = None
     try:
-        cfg = parse_config(argv)
-        if cfg.init_from:       # the imported model's config decides its keys (hfllama.py)
-            cfg = hfllama.configure(cfg, given_keys(argv))
+        cfg = configure(argv, note)
         validate(cfg, world)
         for n in phase_counts(cfg):                          # every phase's N, before any work
             treefold.check_topology(n, world)
@@ -813,6 +901,10 @@ def main(argv):
             raise                      # a bug, not a broken peer: keep the traceback
         print(f"train.py: error (rank {rank}): a peer failed or the connection broke: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:      # Ctrl-C, or SIGTERM (stop_on_sigterm): where the run stands
+        if rank == 0:
+            print(interrupted(cfg, world, e), file=sys.stderr)
+        return stopped_by(e)[1]
     return 0
 
 
@@ -837,6 +929,7 @@ def end_rank(code):
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()                   # SIGTERM unwinds as Ctrl-C does: main's one line, exit 143
     exit_code = main(sys.argv[1:])
     if dist.is_initialized():           # main joined a process group: a rank of a multi-rank run
         end_rank(exit_code)

@@ -163,6 +163,8 @@ class UnitAudit:
 
     def data(self):
         corpus = TokenData(self.data_dir or self.run.recorded_data_dir(), self.cfg.seed)
+        if problem := corpus.other_corpus(self.run.genesis, self.run.dir):   # the auditor's input: exit 2
+            raise UsageError(f"{problem}; audit with the run's corpus (--data_dir DIR)")
         try:
             corpus.check_run(self.run.genesis)
         except DataMismatch as e:
@@ -287,7 +289,7 @@ class UnitAudit:
             return
         got = units.digest(units.uid(self.step, name), t).hex()
         if got != entry["digest"]:
-            self.find(f"field digest differs: {what} has {got[:16]}, published {entry['digest'][:16]}")
+            self.find(f"field digest differs: {what} has {got}, published {entry['digest']}")
 
 
 def _loss(bits):
@@ -335,7 +337,7 @@ def command(args, unit, code_digest):
         print(f"MISMATCH at {where_text}: {finding}")
     if not audit.findings:
         print(f"MATCH: {label(unit)} of step {args.step} of {args.run_dir} replays to its commitment "
-              f"(units_root {audit.record['units_root'][:16]})")
+              f"(units_root {audit.record['units_root']})")
     receipts.close_audit(t0, audit.bytes_read, args.receipt,
                          lambda cost: None if audit.entries is None else audit.receipt(
                              args.signer.public_key, optrace.machine(), cost, code_digest),
@@ -550,8 +552,6 @@ def materialize_command(args):
 def reveal_command(args):
     """audit.py --reveal_unit S:UNIT --out DIR: what the audit of that unit needs (audit.py checked
     --out, or made it, before this)."""
-    if args.params_only:
-        raise UsageError("--params_only goes with --materialize")
     step, _, unit = args.reveal_unit.partition(":")
     if not step.isdigit() or not unit:
         raise UsageError(f"--reveal_unit expects STEP:UNIT (12:micro_batch:3, 12:fold:0:4, 12:update), "

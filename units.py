@@ -302,8 +302,8 @@ def check_list(entries, step, n, units_root):
         raise UnitsError(f"the unit list of step {step} does not list the step's {2 * n - 1} units in order")
     got = root([entry_leaf(step, e) for e in entries])
     if got != units_root:
-        raise UnitsError(f"the unit list of step {step} hashes to {got[:16]}, not to the record's "
-                         f"units_root {str(units_root)[:16]}")
+        raise UnitsError(f"the unit list of step {step} hashes to {got}, not to the record's "
+                         f"units_root {json.dumps(units_root)}")
     return {e["unit"]: e for e in entries}
 
 

@@ -12,13 +12,16 @@ salt (--salts FILE), secret_commit the secret; without them the replay takes tha
 published record and checks everything else, the record hashes included.
 
     python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --unit 6:1 [--receipt r.json]
+    python tests/numpy_replay.py --run_dir runs/child --data_dir data/x --steps 2 --parent runs/x
 
 replays micro-batch 1 of step 6 alone (§20: a unit commitments run, from the checkpoint of step
 5) and checks its digest and loss bits against the step's unit list, the list's Merkle path to
 the record's units_root, and with the secret or the salt its witness against c_m (§20.3: the
 sealed W_m). With --receipt, a signed receipt of that micro-batch (§11.6, §20.7): its signature
 (`ssh-keygen -Y verify`, the one program it runs), its fields against the chain, and its witness
-proof against the one the replayed W_m gives for the receipt's signer key.
+proof against the one the replayed W_m gives for the receipt's signer key. A run started from a
+parent run (§21) starts from its checkpoint 0; --parent DIR also checks its lineage against the
+parent's chain.
 It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
 otherwise, 2 on bad input.
 
@@ -45,7 +48,7 @@ import numpy as np
 import numpy_contract as C
 from numpy_model import backward, forward, full_state, init_params, repin, trained
 
-SPEC = 5                                            # the version of SPEC.md written here (§12.2)
+SPEC = 6                                            # the version of SPEC.md written here (§12.2)
 CONTRACT = 2                                        # the contract version written here (SPEC §12.2)
 DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
@@ -467,11 +470,25 @@ def open_run(run_dir):
     return lines, cfg
 
 
+def split_state(state):
+    """(params, adam_m, adam_v) of a state's tensors {name: array}, by their prefixes (§3)."""
+    kinds = {"params": {}, "adam_m": {}, "adam_v": {}}
+    for name, t in state.items():
+        if name != "step":
+            kind, _, p = name.partition(".")
+            kinds[kind][p] = t
+    return kinds["params"], kinds["adam_m"], kinds["adam_v"]
+
+
 def start_state(run_dir, lines, cfg, start, say):
     """(params, m, v, prev record hash) of the genesis state (start 0) or of the checkpoint of
     step `start`, checked against its record."""
     if start == 0:
-        init = json.loads(lines[0]).get("init")         # §17: an imported state is checkpoint 0's
+        genesis = json.loads(lines[0])
+        if "parent" in genesis:          # §21: the parent's params and moments, from checkpoint 0
+            params, m, v = split_state(read_checkpoint(checkpoint_path(run_dir, 0)))
+            return params, m, v, "0" * 64
+        init = genesis.get("init")       # §17: an imported state is checkpoint 0's
         params = ({n[len("params."):]: t for n, t in read_checkpoint(checkpoint_path(run_dir, 0)).items()
                    if n.startswith("params.")} if init else init_params(cfg))
         m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
@@ -483,31 +500,58 @@ def start_state(run_dir, lines, cfg, start, say):
         raise ValueError(f"the checkpoint of step {start} does not hash to its record")
     say(f"MATCH step {start}: checkpoint {os.path.basename(checkpoint_path(run_dir, start))} "
         "hashes to its record; the replay starts from it")
-    kinds = {"params": {}, "adam_m": {}, "adam_v": {}}
-    for name, t in state.items():
-        if name != "step":
-            kind, _, p = name.partition(".")
-            kinds[kind][p] = t
-    return kinds["params"], kinds["adam_m"], kinds["adam_v"], record["record_hash"]
+    return (*split_state(state), record["record_hash"])
 
 
-def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
+def check_lineage(genesis, parent_dir):
+    """§21's lineage: the parent's chain (its genesis hash is parent.run, its links verify up to
+    parent.step, whose record holds parent.record_hash and parent.state_hash) and every genesis
+    tensor hash but step equal to that record's. Returns what is wrong, or None."""
+    parent = genesis["parent"]
+    lines = open(os.path.join(parent_dir, "chain.jsonl"), "rb").read().splitlines()
+    records = [json.loads(line) for line in lines[:parent["step"] + 1]]
+    if len(records) <= parent["step"]:
+        return f"the parent's chain has no step {parent['step']}"
+    prev = "0" * 64
+    for k, (line, record) in enumerate(zip(lines, records)):       # §12.4, up to the step
+        if record["step"] != k or record["prev"] != prev or canonical_json(sealed(
+                {f: x for f, x in record.items() if f not in ("prev", "record_hash")}, prev)).encode() != line:
+            return f"the parent's chain does not verify at step {k}"
+        prev = record["record_hash"]
+    record = records[parent["step"]]
+    if records[0]["record_hash"] != parent["run"]:
+        return "the parent's genesis record hash is not parent.run"
+    if (record["record_hash"], record["state_hash"]) != (parent["record_hash"], parent["state_hash"]):
+        return f"the parent's record of step {parent['step']} is not the one parent names"
+    mine = {n: h for n, h in genesis["tensor_hashes"].items() if n != "step"}
+    theirs = {n: h for n, h in record["tensor_hashes"].items() if n != "step"}
+    return None if mine == theirs else "the genesis tensors are not the parent's"
+
+
+def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None, parent_dir=None):
     """Replay steps start+1..steps of run_dir from the genesis (start 0: recomputed from the
     config and checked too) or from the checkpoint of step `start`; say(line) for each verdict.
     True if all match. step_commit, units_root and secret_commit from the secret, else a salts
-    file, else the record."""
+    file, else the record. parent_dir: a child run's parent (§21), whose lineage is checked."""
     lines, cfg = open_run(run_dir)
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
-    init = json.loads(lines[0]).get("init")
+    genesis = json.loads(lines[0])
+    init, parent = genesis.get("init"), genesis.get("parent")
     params, m, v, prev = start_state(run_dir, lines, cfg, start, say)
     ok = True
+    if parent_dir:
+        problem = check_lineage(genesis, parent_dir)
+        say(f"MISMATCH at step 0: lineage: {problem}" if problem else
+            f"MATCH step 0: lineage: the state after step {parent['step']} of the parent run {parent['run']}")
+        ok = problem is None
     for s in range(start + (start > 0), steps + 1):
         units = None
         if s == 0:
-            fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}))
+            fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}),
+                          **({"parent": parent} if parent else {}))
         else:
             fields, grad_root, units = train_step(cfg, corpus, params, m, v, s)
         state = full_state(cfg, params, m, v, s)
@@ -619,6 +663,7 @@ def main(argv):
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--unit", metavar="S:M", help="only micro-batch M of step S (§20), from the checkpoint of S - 1")
     ap.add_argument("--receipt", metavar="FILE", help="with --unit: a signed receipt of that micro-batch to check")
+    ap.add_argument("--parent", metavar="DIR", help="a child run's parent run (§21): check the lineage too")
     args = ap.parse_args(argv)
     say = lambda line: print(line, flush=True)   # noqa: E731
     try:
@@ -626,7 +671,8 @@ def main(argv):
             step, _, micro = args.unit.partition(":")
             ok = replay_unit(args.run_dir, args.data_dir, int(step), int(micro), say, args.salts, args.receipt)
         else:
-            ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, say, args.start, args.salts)
+            ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, say, args.start, args.salts,
+                        args.parent)
     except (OSError, ValueError, KeyError) as e:
         print(f"numpy_replay.py: error: {e}", file=sys.stderr)
         return 2

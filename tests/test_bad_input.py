@@ -219,7 +219,8 @@ def _receipt(run, **changes):
     "reveal_beyond_chain", "salts_not_json", "plan_without_auditors", "plan_zero_auditors",
     "plan_redundancy_above_auditors", "plan_steps_backwards", "plan_steps_beyond_chain",
     "plan_absent_not_a_fraction", "plan_with_an_audit_option", "receipt_without_key", "receipt_with_range",
-    "receipt_inside_the_run", "coverage_without_roster", "roster_not_a_roster", "anchors_not_anchors",
+    "receipt_inside_the_run", "receipt_folder_under_a_file", "receipt_is_a_folder", "coverage_without_roster",
+    "roster_not_a_roster", "anchors_not_anchors",
     "anchors_empty", "step_zero",
 ])
 def test_protocol_bad_input_one_line_exit_2(reference, keys, tmp_path, capsys, case):
@@ -262,6 +263,12 @@ def test_protocol_bad_input_one_line_exit_2(reference, keys, tmp_path, capsys, c
         args = ["--range", "1:2", "--receipt", tmp_path / "x.json", "--key", keys["alice"]]
     elif case == "receipt_inside_the_run":
         args = ["--step", "3", "--receipt", run / "x.json", "--key", keys["alice"]]
+    elif case == "receipt_folder_under_a_file":     # refused before the replay, not after it
+        (tmp_path / "file").write_text("")
+        args = ["--step", "3", "--receipt", tmp_path / "file" / "r" / "x.json", "--key", keys["alice"]]
+    elif case == "receipt_is_a_folder":
+        (tmp_path / "x.json").mkdir()
+        args = ["--step", "3", "--receipt", tmp_path / "x.json", "--key", keys["alice"]]
     elif case in ("coverage_without_roster", "roster_not_a_roster"):
         (receipts_dir / "x.json").write_text(_receipt(run))
         (tmp_path / "roster").write_text("alice ssh-ed25519 not-base64\n")
@@ -280,7 +287,9 @@ def test_protocol_bad_input_one_line_exit_2(reference, keys, tmp_path, capsys, c
         assert out.startswith(f"malformed {receipts_dir / 'x.json'}: ") and "1 malformed" in out, out
     if case == "receipt_old_format":
         assert "this code reads repops-receipt-v4 receipts only" in out, out
-    assert snapshot(run) == before and not (tmp_path / "x.json").exists()
+    if case.startswith("receipt_"):
+        assert "MATCH" not in out and "audit cost" not in out, out        # nothing was replayed
+    assert snapshot(run) == before and (case == "receipt_is_a_folder" or not (tmp_path / "x.json").exists())
 
 
 def test_second_trainer_on_the_same_run_is_refused(corpus, tmp_path):
@@ -340,8 +349,8 @@ def test_resume_with_other_code_is_refused(reference, corpus, tmp_path, monkeypa
     monkeypatch.setattr(train, "code_digest", lambda: "0" * 64)
     assert train.main(train_args(run, corpus)) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"train.py: error: {run} was started by different code (code digest); resume it with that code, "
-        "or start a new --run_dir"]
+        f"train.py: error: {run} was started by different code: its genesis code_digest is {real_digest}, "
+        f"this code's is {'0' * 64}; resume it with that code, or start a new --run_dir"]
     after = snapshot(run)
     assert {k: v for k, v in after.items() if k != "lock"} == {k: v for k, v in before.items() if k != "lock"}
     proc = script("train.py", *train_args(run, corpus))          # the run is complete: nothing to do

@@ -33,7 +33,7 @@ from tiny import run_process
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "SPEC.md", ROOT / "kernels" / "README.md", ROOT / "dev" / "cuda" / "README.md",
         ROOT / "dev" / "LOG.md", *sorted((ROOT / "docs").glob("*.md"))]
-TOUR = [ROOT / "runs" / "tour", ROOT / "data" / "tour", ROOT / "out" / "tour"]
+TOUR = [ROOT / "runs" / "tour", ROOT / "runs" / "tour-more", ROOT / "data" / "tour", ROOT / "out" / "tour"]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 CODE = re.compile(r"(?<!`)`([^`\s]+)`(?!`)")

@@ -461,16 +461,29 @@ def test_a_publisher_key_that_cannot_sign_creates_no_run(corpus, tmp_path, capsy
 
 
 def test_a_signed_run_resumes_only_with_its_key_and_its_card_names_it(signed_run, corpus, keys, tmp_path):
+    """A resume without the genesis's publisher key (none given, and config.json, whose bookkeeping
+    a resume reads, names none) or with another key is refused, one line; `train.py --run_dir=RUN`
+    alone resumes with the key config.json names and signs the anchors again with it."""
     run = copy_run(signed_run, tmp_path / "run")
     write_chain(run, chain_records(run)[:11])
     for step, path in rundir.Run(run).checkpoints():
         if step > 8:
             path.unlink()
+    recorded = (run / "config.json").read_text()
+    (run / "config.json").write_text(json.dumps({**json.loads(recorded), "publisher_key": ""}))
     for key in (None, keys["mallory"]):
         proc = script("train.py", *train_args(run, corpus, "--max_steps=12", "--anchor_every=4",
                                               *([f"--publisher_key={key}"] if key else [])))
         assert_one_line_error(proc, "train.py")
         assert "names the publisher key" in proc.stderr and "--publisher_key" in proc.stderr, proc.stderr
+    (run / "config.json").write_text(recorded)
+    anchors = (run / "anchors.jsonl").read_text().splitlines()
+    (run / "anchors.jsonl").write_text("\n".join(anchors[:2]) + "\n")          # steps 4 and 8
+    proc = script("train.py", f"--run_dir={run}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [json.loads(line)["step"] for line in (run / "anchors.jsonl").read_text().splitlines()] == [4, 8, 12]
+    proc = audit_cli(run, "--anchors", run / "anchors.jsonl")
+    assert proc.returncode == 0 and "each signed by the publisher key the genesis names" in proc.stdout, proc.stdout
     out = tmp_path / "hf"
     proc = script("export.py", "--run_dir", signed_run, "--step", 12, "--to", "hf", "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -7,6 +7,7 @@ against the unigram baseline, throughput, two runs compared: where their chains 
 commands that localize it), the axes' ticks, the strip of a 10-step run, and one render in
 headless Chromium where one is installed."""
 import json
+import random
 import re
 import shutil
 import time
@@ -212,18 +213,57 @@ def test_the_baseline_comes_from_the_corpus_when_the_log_lacks_it(evaluated, tmp
 
 def test_two_runs_compared(reference, evaluated, tmp_path):
     """The reference and a run with another lr: the same genesis state, so they part at step 1,
-    in the tensors AdamW moved; the page gives the commands that name the first operator."""
+    in the tensors AdamW moved, as their configs say they must: the page says that this is
+    expected (no alarm, no trace commands), before the curves; one trust banner for both runs."""
     out = tmp_path / "compare.html"
     assert report.main(["--run_dir", str(reference), "--compare", str(evaluated), "--out", str(out)]) == 0
     page = out.read_text()
-    assert "First difference: step 1." in page and "params." in page
-    assert re.search(r"<td>lr</td><td>0\.003</td><td>0\.002</td>", page)                 # the config diff
-    assert f"audit.py --run_dir {evaluated} --step 1 --trace" in page and "optrace.py out/a_1.jsonl out/b_1.jsonl" in page
+    assert "differ in config key lr" in page and "so their chains are expected to part: they part at step 1" in page
+    assert "params." in page and "First difference" not in page and "optrace.py" not in page
+    assert page.index("expected to part") < page.index("<h3>Loss</h3>")
+    assert page.count("Checked before anything here was read") == 1 and "the chain of B: " in page
+    assert re.search(r"<td>lr</td><td>0\.003</td><td>0\.002</td>", page)                 # the config diff, folded
+    assert page.index("<details>") < page.index("<td>lr</td>")
     loss_chart = page.split("<h3>Loss</h3>")[1].split("</svg>")[0]
     assert loss_chart.count("<polyline") == 2                                            # overlaid
     # a run against itself: the same state at every step
     assert report.main(["--run_dir", str(reference), "--compare", str(reference), "--out", str(out)]) == 0
     assert "the same state at every common step" in out.read_text()
+
+
+def test_runs_that_agree_on_everything_yet_part_get_the_trace_commands(reference, tmp_path):
+    """The same genesis record, a state that differs from step 5 on (a forger's resealed chain,
+    standing in for a machine that broke the contract): the page flags the first difference and
+    gives the commands that name the first operator whose bits differ."""
+    other = tmp_path / "other"
+    shutil.copytree(reference, other)
+    records = chain_records(other)
+    for r in records[5:]:
+        r["state_hash"] = fake_hash(f"state {r['step']}")
+    write_records(other, reseal(records))
+    out = tmp_path / "compare.html"
+    assert report.main(["--run_dir", str(reference), "--compare", str(other), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "First difference: step 5." in page and "expected" not in page
+    assert f"audit.py --run_dir {other} --step 5 --trace" in page and "optrace.py out/a_5.jsonl out/b_5.jsonl" in page
+
+
+def test_robust_limits_clip_true_spikes_only():
+    """A short curve is drawn whole, however it scatters (a 10-step run's step times on a busy
+    machine: 18 to 3,000 ms); a long one clips its few true spikes, never a scatter of many."""
+    times = [3000, 18, 25, 1600, 1620, 1580, 1640, 40, 1610, 1590]
+    lo, hi = svgchart.robust_limits([svgchart.Series("ms", "#000", list(range(1, 11)), times)], log=False)
+    assert lo <= 18 and hi >= 3000
+    assert 'class="spike"' not in svgchart.chart("ms", [svgchart.Series("ms", "#000", list(range(1, 11)), times)], (1, 10))
+    rng = random.Random(3)
+    flat = [1.0 + 0.01 * rng.random() for _ in range(1000)]
+    flat[500] = 50.0                                                     # one spike: clipped
+    lo, hi = svgchart.robust_limits([svgchart.Series("x", "#000", list(range(1000)), flat)], log=False)
+    assert hi < 2
+    scatter = [1.0 + (30 * rng.random() if s % 3 == 0 else 0.01 * rng.random()) for s in range(1000)]
+    lo, hi = svgchart.robust_limits([svgchart.Series("x", "#000", list(range(1000)), scatter)], log=False)
+    clipped = sum(v > hi for v in scatter)
+    assert clipped <= 10, clipped                                        # at most 1% of the points
 
 
 def test_axes_have_nice_ticks():
@@ -252,10 +292,25 @@ def test_a_short_run_has_wide_cells_and_a_redundancy_of_one_reads_right(big, tmp
 
 @pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
                     reason="no headless Chromium installed (apt-get install chromium) to render the page")
-def test_renders_in_headless_chromium(big_report, tmp_path):
+def test_renders_in_headless_chromium(big_report, reference, evaluated, tmp_path):
+    """The big run's page renders; on a real run's page and on a compare page the first chart
+    starts within the first screen (1150 x 900), below one trust banner, the hashes and the config
+    folded below the curves (Chromium lays the pages out; a probe script, added to a copy of each
+    page, reads the first chart's position into the title)."""
     out, _ = big_report
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     png = tmp_path / "report.png"
     run_process([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
                  "--window-size=1150,2400", out.as_uri()], capture_output=True, timeout=300)
     assert png.exists() and png.stat().st_size > 10_000
+    probe = ("<script>document.title = 'top=' + Math.round(document.querySelector('svg.chart')"
+             ".getBoundingClientRect().top)</script></body>")
+    for name, args in (("single", []), ("compare", ["--compare", str(evaluated)])):
+        page = tmp_path / f"{name}.html"
+        assert report.main(["--run_dir", str(reference), *args, "--out", str(page)]) == 0
+        probed = tmp_path / f"{name}_probed.html"
+        probed.write_text(page.read_text().replace("</body>", probe))
+        dom = run_process([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1150,900",
+                           "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=300).stdout
+        top = int(re.search(r"<title>top=(\d+)</title>", dom).group(1))
+        assert top < 900, (name, top)

@@ -47,7 +47,7 @@ import repops
 import rundir
 import train
 import units
-from tiny import ROOT, TIMEOUT, make_corpus, run_process, script, train_args
+from tiny import ROOT, TIMEOUT, chain_records, make_corpus, reseal, run_process, script, train_args, write_chain
 
 import numpy_contract as C
 import numpy_model
@@ -428,6 +428,30 @@ def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path
         "MATCH step 0", "MISMATCH at step 0: checkpoint step_00000000.safetensors differs", "MATCH step 1",
         "note: step 2: no secret and no salt: step_commit is taken from the published record", "MATCH step 2",
         "MATCH step 2: checkpoint step_00000002.safetensors"]
+
+
+def test_numpy_replay_of_a_child_run_and_its_lineage(fp32_run, corpus, tmp_path):
+    """A run started from step 2 of another (§21), with another lr and seed: the replay takes its
+    genesis state from checkpoint 0 (the parent's moments included), reproduces its genesis record
+    (parent) and steps byte for byte, and checks the lineage against the parent's chain; a parent
+    whose record of that step was rewritten is a lineage MISMATCH."""
+    child = tmp_path / "child"
+    proc = script("train.py", f"--run_dir={child}", f"--init_from={fp32_run}@2", "--max_steps=3", "--lr=0.002",
+                  "--seed=7", "--warmup_steps=0")
+    assert proc.returncode == 0, proc.stderr
+    genesis = json.loads((child / "chain.jsonl").read_text().splitlines()[0])
+    assert genesis["parent"]["step"] == 2 and genesis["config"]["seed"] == 7
+    proc = replay(child, corpus, 2, "--parent", str(fp32_run))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("MATCH step 0: lineage: the state after step 2 of the parent run"), proc.stdout
+    assert sum(line.startswith("MATCH") and ": record " in line for line in lines) == 3, proc.stdout
+    other = shutil.copytree(fp32_run, tmp_path / "other")
+    records = chain_records(other)
+    records[2]["loss"] += 1.0
+    write_chain(other, reseal(records))
+    proc = replay(child, corpus, 0, "--parent", str(other))
+    assert proc.returncode == 1 and proc.stdout.startswith("MISMATCH at step 0: lineage:"), proc.stdout
 
 
 def test_numpy_replay_of_one_micro_batch_unit(units_run, corpus, keys, tmp_path):

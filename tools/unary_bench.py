@@ -10,14 +10,28 @@ for the gradient factors, which it multiplies by an upstream gradient of ones): 
 are uniform in [-6, 6], where every branch of tanh and erf is taken. Not a test: run it on a quiet
 machine.
 """
-import argparse
 import platform
 import time
 
-import torch
-import torch.nn.functional as F
+from config import CommandLine
 
-import repops
+
+def parser():
+    ap = CommandLine("python -m tools.unary_bench", "The canonical elementwise functions (contract §5) against "
+                     "stock PyTorch's, on this machine, in one run: ns per element and their ratio.")
+    ap.add_argument("--n", type=int, default=1 << 22, help="elements (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads on both sides (default: torch's)")
+    ap.add_argument("--repeats", type=int, default=20, help="timed calls per op (default %(default)s)")
+    return ap
+
+
+if __name__ == "__main__":
+    parser().answer_early()     # --help and bad input answer here, before torch is imported
+
+import torch  # noqa: E402  (below the command line's first answer, above)
+import torch.nn.functional as F  # noqa: E402
+
+import repops  # noqa: E402
 
 
 def cases(x, ones):
@@ -46,11 +60,7 @@ def best(fn, repeats):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m tools.unary_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1 << 22, help="elements (default %(default)s)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads on both sides (default: torch's)")
-    ap.add_argument("--repeats", type=int, default=20, help="timed calls per op (default %(default)s)")
-    args = ap.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     x = torch.empty(args.n).uniform_(-6, 6, generator=torch.Generator().manual_seed(0))
