@@ -1,6 +1,6 @@
 """The guide's model changes and a foreign model keep every promise, through the real commands.
 
-    python -m pytest tests/test_changed_models.py -q -p no:cacheprovider     # about 3 minutes on 2 cores
+    python -m pytest tests/test_changed_models.py -q -p no:cacheprovider     # about 2 minutes on 2 cores
 
 docs/changing-the-model.md's three changes (examples/edits/*.diff: a GELU MLP in place of SwiGLU,
 LayerNorm with a bias in place of RMSNorm, a sigmoid gate on the attention output), each applied to
