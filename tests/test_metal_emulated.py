@@ -24,7 +24,10 @@ arithmetic, real SIMD-group timing). On that emulation:
    write shows (a probe kernel checks the poisoning);
 6. with every (float) cast rounding toward zero (a conversion mode Metal's compiler options
    allow) the kernels still give the CPU's bits: no int to float conversion of theirs rounds;
-7. the fast-math probe .ci/mac runs on a Mac tells g++'s -ffast-math from its default.
+7. the fast-math probe .ci/mac runs on a Mac tells g++'s -ffast-math from its default;
+8. a model written in stock PyTorch (examples/nanogpt_model.py, its operators mapped by the guard)
+   is built and trained one step with every RepOps kernel served by repops_mps on the shim, and
+   gets the CPU's state hash.
 
 The same kernels on a real Apple GPU: tests/test_mps.py (skipped without MPS), .ci/mac.
 """
@@ -43,11 +46,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
+import config
+import data
+import repops
 import repops_mps
+import stockops
 import test_kernels as TK
 import test_selftest as ST
+import train
 from tiny import run_process
+from tools import model_changes
 
 ROOT = Path(__file__).resolve().parent.parent
 METAL_DIR = ROOT / "kernels" / "metal"
@@ -356,6 +366,47 @@ def test_csum_partial_block_is_not_padded_on_the_shim(mps_on_shim):
     repops_mps on the shim: the threadgroup sum adds only real terms."""
     for what, t, want in TK.unpadded_csum_rows():
         assert int(TK.N(mps_on_shim.csum(TK.T(t))).view(np.uint32)) == want, what
+
+
+def test_a_stock_model_step_on_the_shim_gives_the_cpu_state(mps_on_shim, corpus, monkeypatch):
+    """examples/nanogpt_model.py (GPT-2 in nanoGPT's style, stock PyTorch only: the guard maps its
+    operators onto RepOps kernels), built and trained one step (dropout on, tied embeddings, one
+    sequence of 16 tokens: the shim runs a kernel's threads as host threads) with every RepOps
+    kernel, its construction's included, served by repops_mps on the shim: the state hash of the
+    same step on the CPU kernels. Each kernel runs opaque to the guard's mode, as a custom op does
+    (the shim's own torch calls are the data movement around a kernel launch)."""
+    cfg = config.parse_config([f"--data_dir={corpus}", "--n_layer=2", "--d_model=32", "--n_head=2", "--d_hidden=64",
+                               "--seq_len=16", "--micro_batch_size=1", "--micro_batches=1", "--dropout=0.1",
+                               "--tie_embeddings=1", "--max_steps=2"])
+    tokens = data.TokenData(cfg.data_dir, cfg.seed)
+    cfg = config.resolve(cfg, tokens.vocab_size)
+
+    def one_step():
+        with model_changes.model_in_place(model_changes.FOREIGN):
+            state = train.TrainState(cfg, tokens.vocab_size)
+        assert train.probe(state, tokens, cfg, 1), "a stock model: every step under the mode"
+        train.train_step(state, tokens, cfg)
+        return state.hash()[0]
+
+    cpu = one_step()
+    served = {**repops_mps.TENSOR_OPS, **{name.removesuffix("_mps"): fn for name, fn in vars(mps_on_shim).items()
+                                          if name.endswith("_mps")}}
+    used = set()
+
+    class MetalKernels:
+        def __getattr__(self, name):
+            if name not in served:
+                raise AttributeError(f"repops_mps has no kernel {name}")
+            used.add(name)
+
+            def kernel(*args, **kwargs):
+                with _disable_current_modes():
+                    return served[name](*args, **kwargs)
+            return kernel
+    monkeypatch.setattr(repops, "ops", MetalKernels())
+    monkeypatch.setattr(stockops, "ops", repops.ops)
+    assert one_step() == cpu
+    assert {"matmul", "gelu", "gelu_grad", "csum", "rsqrt", "philox", "normal", "uniform", "adamw_"} <= used
 
 
 # The window attention ops (contract §8) are not in the self-test: checked here against the CPU
