@@ -564,8 +564,13 @@ def append_anchor(run_dir, step, record_hash):
 
 def read_anchors(path):
     """[{step, record_hash, utc}] from an anchors file; UsageError if it is not one."""
+    return parse_anchors(_read_json_file(path, "anchors file", UsageError, MAX_ANCHORS), path)
+
+
+def parse_anchors(text, path):
+    """read_anchors of the text of the anchors file `path` (a published run's, fetched)."""
     anchors = []
-    for n, line in enumerate(_read_json_file(path, "anchors file", UsageError, MAX_ANCHORS).splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue                   # a blank line (a copy's trailing newline) holds nothing
         a = _anchor(line)

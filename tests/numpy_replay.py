@@ -16,6 +16,11 @@ published record and checks everything else, the record hashes included.
 replays micro-batch 1 of step 6 alone (§20: a unit commitments run, from the checkpoint of step
 5) and checks its digest and loss bits against the step's unit list, the list's Merkle path to
 the record's units_root, and with the secret or the salt its witness against c_m.
+
+    python tests/numpy_replay.py --published public/x
+
+checks a run's public copy (§21): chain.offsets against chain.jsonl, and publication.json (its
+run, steps and head against the chain, every file's size and SHA-256).
 It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
 otherwise, 2 on bad input.
 
@@ -39,7 +44,7 @@ import numpy as np
 import numpy_contract as C
 from numpy_model import backward, forward, full_state, init_params, repin, trained
 
-SPEC = 3                                            # the version of SPEC.md written here (§12.2)
+SPEC = 4                                            # the version of SPEC.md written here (§12.2)
 CONTRACT = 2                                        # the contract version written here (SPEC §12.2)
 DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
@@ -456,7 +461,7 @@ def start_state(run_dir, lines, cfg, start, say):
         return params, m, v, "0" * 64
     state = read_checkpoint(checkpoint_path(run_dir, start))
     record = json.loads(lines[start])
-    if state_hash(state) != (record["state_hash"], record["tensor_hashes"]):
+    if state_hash(state)[0] != record["state_hash"]:                 # §13
         raise ValueError(f"the checkpoint of step {start} does not hash to its record")
     say(f"MATCH step {start}: checkpoint {os.path.basename(checkpoint_path(run_dir, start))} "
         "hashes to its record; the replay starts from it")
@@ -476,6 +481,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     lines, cfg = open_run(run_dir)
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
+    run = json.loads(lines[0])["record_hash"]                 # §12.3: every step record names it
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
     init = json.loads(lines[0]).get("init")
@@ -504,7 +510,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
             fields[commitment] = json.loads(lines[s]).get(commitment)
             if units is not None:
                 fields["units_root"] = json.loads(lines[s]).get("units_root")
-        record = sealed(dict(fields, state_hash=root, tensor_hashes=leaves), prev)
+        record = sealed(dict(fields, state_hash=root, **({"run": run} if s else {})), prev)
         prev = record["record_hash"]
         if canonical_json(record).encode() == lines[s]:
             say(f"MATCH step {s}: record {record['record_hash']}")
@@ -556,10 +562,45 @@ def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
     return all(checks.values())
 
 
+def chain_offsets(chain):
+    """§21: the start of every line of chain.jsonl's bytes, then its size, 8 bytes LE each."""
+    starts, at = [0], 0
+    for line in chain.splitlines(keepends=True):
+        at += len(line)
+        starts.append(at)
+    return b"".join(o.to_bytes(8, "little") for o in starts)
+
+
+def check_publication(pub_dir, say):
+    """§21: a public copy's chain.offsets and publication.json. True if both match."""
+    chain = open(os.path.join(pub_dir, "chain.jsonl"), "rb").read()
+    lines = chain.splitlines()
+    index = json.loads(open(os.path.join(pub_dir, "publication.json"), "rb").read())
+    checks = {"chain.offsets": open(os.path.join(pub_dir, "chain.offsets"), "rb").read() == chain_offsets(chain),
+              "publication.json is canonical JSON": open(os.path.join(pub_dir, "publication.json"), "rb").read()
+              == (canonical_json(index) + "\n").encode(),
+              "its run, steps and head": (index["format"], index["run"], index["steps"], index["head"]) ==
+              ("repops-publication-v1", json.loads(lines[0])["record_hash"], len(lines) - 1,
+               json.loads(lines[-1])["record_hash"])}
+    listed = set()
+    for folder, _, names in os.walk(pub_dir):
+        for name in names:
+            rel = os.path.relpath(os.path.join(folder, name), pub_dir).replace(os.sep, "/")
+            if rel != "publication.json":
+                listed.add(rel)
+                raw = open(os.path.join(folder, name), "rb").read()
+                checks[rel] = index["files"].get(rel) == {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    checks["the files listed are the copy's"] = set(index["files"]) == listed
+    for what, good in checks.items():
+        say(f"{'MATCH' if good else 'MISMATCH'}: {what}")
+    return all(checks.values())
+
+
 def main(argv):
     ap = argparse.ArgumentParser(prog="numpy_replay.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--run_dir", required=True)
-    ap.add_argument("--data_dir", required=True)
+    ap.add_argument("--published", help="only check this public copy of a run (§21)")
+    ap.add_argument("--run_dir")
+    ap.add_argument("--data_dir")
     ap.add_argument("--steps", type=int, default=3, help="the last step to replay")
     ap.add_argument("--start", type=int, default=0, help="a checkpointed step to start from (0: the genesis)")
     ap.add_argument("--salts", help="revealed salts (repops-salts-v1) when the run's secret is absent")
@@ -568,6 +609,10 @@ def main(argv):
     args = ap.parse_args(argv)
     say = lambda line: print(line, flush=True)   # noqa: E731
     try:
+        if args.published:
+            return 0 if check_publication(args.published, say) else 1
+        if not (args.run_dir and args.data_dir):
+            raise ValueError("--run_dir and --data_dir are needed (or --published DIR)")
         if args.unit:
             step, _, micro = args.unit.partition(":")
             ok = replay_unit(args.run_dir, args.data_dir, int(step), int(micro), say, args.salts)

@@ -184,12 +184,13 @@ def test_the_baseline_comes_from_the_corpus_when_the_log_lacks_it(evaluated, tmp
 
 
 def test_two_runs_compared(reference, evaluated, tmp_path):
-    """The reference and a run with another lr: the same genesis state, so they part at step 1,
-    in the tensors AdamW moved; the page gives the commands that name the first operator."""
+    """The reference and a run with another lr: the same genesis state, so they part at step 1
+    (no checkpoint of step 1 names the tensor: records hold state roots only); the page gives
+    the commands that name the first operator."""
     out = tmp_path / "compare.html"
     assert report.main(["--run_dir", str(reference), "--compare", str(evaluated), "--out", str(out)]) == 0
     page = out.read_text()
-    assert "First difference: step 1." in page and "params." in page
+    assert "First difference: step 1." in page and "not named here: the records hold state roots only" in page
     assert re.search(r"<td>lr</td><td>0\.003</td><td>0\.002</td>", page)                 # the config diff
     assert f"audit.py --run_dir {evaluated} --step 1 --trace" in page and "optrace.py out/a_1.jsonl out/b_1.jsonl" in page
     loss_chart = page.split("<h3>Loss</h3>")[1].split("</svg>")[0]
