@@ -83,8 +83,8 @@ def delivered():
 
 def summary():
     """One line per site: requests, bytes fetched and from the cache (None: nothing remote)."""
-    lines = [f"fetched from {url}: {s['fetched'] / 1e6:.3f} MB in {s['requests']} requests, "
-             f"{s['from_cache'] / 1e6:.3f} MB from the cache {byterange.cache_root()}"
+    lines = [f"fetched from {url}: {s['fetched']:,} bytes in {s['requests']} requests, "
+             f"{s['from_cache']:,} bytes from the cache {byterange.cache_root()}"
              for url, s in byterange.stats().items()]
     return "\n".join(lines) or None
 

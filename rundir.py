@@ -17,7 +17,7 @@ train, audit or sample.
 
     lock = hold_lock("runs/default")       # the trainer, for its whole life; UsageError if held
     run = Run("runs/default", writer=True) # the lock holder: repairs a torn chain tail, writes
-    run.save_checkpoint(tensors, record)   # checkpoints/step_<record step>.safetensors, atomically
+    run.save_checkpoint(tensors, record, leaves)   # checkpoints/step_<record step>.safetensors, atomically
     check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is the run's
 
     save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})

@@ -6,7 +6,7 @@ real servers on loopback, each on an ephemeral port:
   step audited over HTTP give the verdicts and receipts of the local audit of the same run; a
   micro-batch audit fetches the records of its walk, the checkpoint's header and parameters and
   the corpus's chunks, nothing else, and a second unit of the step nothing it had fetched;
-  report.py and --anchors work from the address too;
+  report.py, --anchors and --check_receipts work from the address too;
 - a tampered byte on the server (a tensor, a record, a token chunk, a unit list) is MISMATCH
   naming the file, exit 1;
 - Python's http.server, which ignores ranges, and a stdlib server that injects faults (a
@@ -242,13 +242,25 @@ def test_a_micro_batch_fetches_what_it_needs_and_a_second_unit_nothing_twice(uni
     assert byterange.stats()[url]["from_cache"] > 0
 
 
-def test_report_and_anchors_from_the_address(unit_run, public, nginx, tmp_path):
+def test_report_anchors_and_receipts_from_the_address(unit_run, public, nginx, tmp_path):
+    """report.py, --anchors (a copy of the run's anchors, as one obtained outside) and
+    --check_receipts with revealed salts, each on the run's address."""
     import report
+    url, cache = f"{nginx}/run", tmp_path / "cache"
     out = tmp_path / "report.html"
-    assert report.main(["--run_dir", f"{nginx}/run", "--out", str(out), "--cache", str(tmp_path / "cache")]) == 0
+    assert report.main(["--run_dir", url, "--out", str(out), "--cache", str(cache)]) == 0
     assert "Run report: " in out.read_text()
-    proc = remote(f"{nginx}/run", "--anchors", unit_run / "anchors.jsonl", cache=tmp_path / "cache")
+    proc = remote(url, "--anchors", unit_run / "anchors.jsonl", cache=cache)
     assert proc.returncode == 0 and proc.stdout.startswith("ANCHORED: the chain agrees with all 2 anchors"), proc.stdout
+    signed = tmp_path / "receipts"
+    signed.mkdir()
+    proc = remote(url, "--step", STEP, "--micro_batch", 2, "--receipt", signed / "r.json", "--auditor", "bob", cache=cache)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    salts = tmp_path / "salts.json"
+    assert audit(unit_run, "--reveal_salts", f"{STEP}:{STEP}", "--out", salts, in_process=True).returncode == 0
+    proc = remote(url, "--check_receipts", signed, "--salts", salts, cache=cache)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"accepted  {signed / 'r.json'}: step {STEP}, "
+                                                           "micro_batch:2 by bob"), proc.stdout + proc.stderr
 
 
 # ----------------------------------------------------------------------------- tampered bytes
