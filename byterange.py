@@ -198,6 +198,10 @@ class LocalFile:
             check(raw)
         return raw
 
+    def views(self, items):
+        """[view(offset, length, check) for each (offset, length, check)] (a Site's API)."""
+        return [self.view(*item) for item in items]
+
     def view(self, offset, length, check=None):
         """uint8 [length] mapped copy-on-write from the file (nothing is read before it is used)."""
         if offset + length > self.size:
@@ -295,17 +299,55 @@ class Site:
         """(path, start) of a local file holding the verified bytes offset..offset+length-1 of
         `name`: a cached piece, else fetched into the cache (check given) or a temp file. check
         gets the bytes as a uint8 array (mapped) and raises unless they verify."""
-        if not fresh and check is not None:
-            found = self._cached(name, offset, length)
-            if found is not None:
-                arr = _map(found[0], found[1], length)
-                try:
-                    check(arr)
-                    self.stats["from_cache"] += length
-                    return found
-                except Exception:            # stale: the publication changed since; fetch anew
-                    del arr
-                    found[0].unlink(missing_ok=True)
+        if check is None:
+            return self._fetch_range(name, offset, length), 0    # the caller's to read once and delete
+        return self.fetch_many(name, [(offset, length, check)], fresh)[0]
+
+    def fetch_many(self, name, items, fresh=False):
+        """fetch() of several ranges [(offset, length, check)] of `name` at once: the ranges the
+        cache does not hold are fetched in one request per run of adjacent ones (a checkpoint's
+        tensors lie back to back), and each run is kept as one piece once every range of it has
+        checked. Returns [(path, start)] in the order of `items`."""
+        found = [None if fresh else self._checked_piece(name, *item) for item in items]
+        todo = sorted((item[0], i) for i, item in enumerate(items) if found[i] is None)
+        runs = []
+        for offset, i in todo:
+            if runs and runs[-1][-1][0] + items[runs[-1][-1][1]][1] == offset:
+                runs[-1].append((offset, i))
+            else:
+                runs.append([(offset, i)])
+        for run in runs:
+            begin = run[0][0]
+            length = run[-1][0] + items[run[-1][1]][1] - begin
+            tmp = self._fetch_range(name, begin, length)
+            try:
+                for offset, i in run:
+                    items[i][2](_map(tmp, offset - begin, items[i][1]))
+                path = self._keep(name, begin, length, tmp)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            for offset, i in run:
+                found[i] = (path, offset - begin)
+        return found
+
+    def _checked_piece(self, name, offset, length, check):
+        """The cached (path, start) of the range if its bytes still check, else None (a piece
+        that no longer checks, the publication having changed, is dropped)."""
+        found = self._cached(name, offset, length)
+        if found is None:
+            return None
+        try:
+            check(_map(found[0], found[1], length))
+        except Exception:
+            found[0].unlink(missing_ok=True)
+            return None
+        self.stats["from_cache"] += length
+        return found
+
+    def _fetch_range(self, name, offset, length):
+        """A temp file in the cache's folder of `name` holding the fetched bytes of the range,
+        in requests of at most PIECE bytes."""
         folder = self._piece(name, offset, length).parent
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".tmp-{secrets.token_hex(6)}"
@@ -313,13 +355,10 @@ class Site:
             with open(tmp, "wb") as out:
                 for begin in range(offset, offset + length, PIECE):
                     self._request(name, "GET", (begin, min(PIECE, offset + length - begin)), out=out)
-            if check is None:
-                return tmp, 0                # the caller's to read once and delete
-            check(_map(tmp, 0, length))
-            return self._keep(name, offset, length, tmp), 0
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        return tmp
 
     # --------------------------------------------------------------------- one request
     def _request(self, name, method, byte_range, out=None, limit=None):
@@ -467,6 +506,15 @@ class RemoteFile:
         if check is None:
             return np.frombuffer(self.read(offset, length), np.uint8)
         return _map(*self.site.fetch(self.name, offset, length, check), length)
+
+    def views(self, items):
+        """[view(offset, length, check) for each item], adjacent ranges fetched together
+        (Site.fetch_many): a checkpoint's tensors in one request per run of them."""
+        for offset, length, _ in items:
+            self._bounds(offset, length)
+        wanted = [(i, item) for i, item in enumerate(items) if item[1]]
+        found = dict(zip((i for i, _ in wanted), self.site.fetch_many(self.name, [item for _, item in wanted])))
+        return [_map(*found[i], items[i][1]) if i in found else np.zeros(0, np.uint8) for i in range(len(items))]
 
 
 class _Transient(Exception):

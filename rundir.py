@@ -273,18 +273,25 @@ def proved_tensors(f, record, where, keep=None):
     for name in sorted(set(at) - set(proven))[:1]:
         raise hashchain.StateMismatch(f"checkpoint {where}: tensor {name!r} is not in the state of step "
                                       f"{record['step']}", name)
-    tensors = {}
-    for name in sorted(n for n in proven if keep is None or keep(n)):
-        if name not in at or name not in proven:
+    names = sorted(n for n in proven if keep is None or keep(n))
+    for name in names:
+        if name not in at:
             raise hashchain.StateMismatch(f"checkpoint {where}: tensor {name!r} is missing", name)
-        offset, length, e = at[name]
 
-        def check(raw, name=name, e=e):
+    def check(name):
+        e = at[name][2]
+
+        def leaf_matches(raw):
             if hashchain.leaf_of_bytes(name, ST_NAMES[e["dtype"]], e["shape"], raw) != proven[name]:
                 raise hashchain.StateMismatch(f"checkpoint {where}: tensor {name!r} differs from its leaf, "
                                               f"which the header proves against step {record['step']}'s "
                                               "state hash", name)
-        arr = f.view(offset, length, check).view(ST_DTYPES[e["dtype"]]).reshape(e["shape"])
+        return leaf_matches
+    views = f.views([(at[n][0], at[n][1], check(n)) for n in names])
+    tensors = {}
+    for name, raw in zip(names, views):
+        e = at[name][2]
+        arr = raw.view(ST_DTYPES[e["dtype"]]).reshape(e["shape"])
         tensors[name] = torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
     return tensors
 
