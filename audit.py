@@ -8,14 +8,17 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --step 17 --trace a.jsonl         # also a per-operator trace (optrace.py)
     python audit.py --step 1 --recompute on --offload on  # less memory, same bits (default: the trainer's)
     python audit.py --step 1 --init_from models/x     # an imported run: also check its source folder
+    python audit.py --step 1 --init_from runs/x       # a run started from runs/x: also check the lineage
 
-    python audit.py --step 17 --receipt r.json --auditor alice   # proof of the replay
-    python audit.py --check_receipts receipts/        # publisher (the secret): accept or reject
-    python audit.py --reveal_salts 1:40 --out s.json  # publisher: let anyone check those steps
+    python audit.py --step 17 --receipt r.json --key ~/.ssh/id_ed25519   # signed proof of the replay
+    python audit.py --check_receipts receipts/ --roster roster   # publisher (the secret): accept or reject
+    python audit.py --reveal_salts 1:40 --out s.json  # publisher, once their receipts are in: anyone checks
     python audit.py --check_receipts receipts/ --salts s.json    # anyone, after a reveal
-    python audit.py --plan --auditors 8 --redundancy 2 --seed 42 # who replays which steps
-    python audit.py --coverage receipts/ --redundancy 2          # what accepted receipts cover
-    python audit.py --anchors anchors.jsonl           # the chain against published chain heads
+    python audit.py --plan --roster roster --redundancy 2 --seed 42   # which roster key audits what
+    python audit.py --plan --roster roster --out out/plan.json   # ... and the assignment as JSON
+    python audit.py --coverage receipts/ --roster roster --redundancy 2   # what the roster's keys cover
+    python audit.py --coverage receipts/ --roster roster --out out/cov.json   # ... and per step, as JSON
+    python audit.py --anchors anchors.jsonl           # the chain against published (signed) chain heads
 
     # a published run (publish.py) at its address: only the bytes an audit needs are fetched
     python audit.py --run_dir https://host/runs/x --step 120 [--cache DIR] [--timeout 30]
@@ -45,9 +48,9 @@ The audit vouches only for what it checked, and checks everything it vouches for
 4. every replayed step's record against the published one, field for field: the state hash
    (naming the first differing tensor where a checkpoint of the step gives the published
    leaves: a record holds the state's root only), batch digest, loss, gradient norm, learning
-   rate, and any field the published record has that a replay does not produce, or lacks. step_commit,
-   the commitment to the step's gradient and post-step state (and units_root, its pieces'), is
-   made and compared too where the step's salt is known: from the run's secret (the
+   rate, and any field the published record has that a replay does not produce, or lacks.
+   step_commit, the seal of the step's result (its post-step state keyed by its gradient; and
+   units_root, its pieces'), is made and compared too where the step's salt is known: from the run's secret (the
    publisher's run directory) or revealed salts (--salts FILE); elsewhere it must be there and
    well-formed, and the MATCH line says it was not checked. The genesis record's secret_commit
    is compared where the run's secret is at hand, and must be there and well-formed anyway.
@@ -66,15 +69,19 @@ Exit code: 0 match, 1 mismatch, 2 bad input (missing run or data, step out of ra
 checkpoint or config). The audit only reads the run directory: it creates, renames and deletes
 nothing there, and the files it writes (traces, receipts, salts) must lie outside it.
 
-The protocol's commands (receipts.py holds its logic): --check_receipts exits 0 when every
-well-formed receipt it could check is accepted, 1 if any is rejected (a receipt whose step has
-no revealed salt is listed as unchecked and counts for neither); --coverage exits 0 when every
-step has --redundancy accepted receipts from distinct auditors, 1 otherwise. A malformed
-receipt (not JSON, a wrong type, a field missing or unknown) is listed with the others, then
-either command exits 2 with one error line: it is bad input, not evidence about the run.
---anchors exits 1 at the first anchor the chain contradicts. --plan assigns every step to
---redundancy of --auditors, balanced by replay cost, and prints the chance that a tampered step
-goes undetected.
+The protocol's commands (receipts.py holds its logic; signing.py the SSH signatures): a receipt
+is signed with --key (checked, with every output path, before the replay starts).
+--check_receipts exits 0 when every well-formed receipt it could check is accepted, 1 if any is
+rejected or unsigned (a receipt whose step has no revealed salt is listed as unchecked and counts
+for neither); with --roster it names each signer. --coverage counts, per step or unit, the
+distinct keys of --roster (an allowed_signers file) with accepted receipts, lists unsigned
+receipts and keys not in the roster apart (never counted), and exits 0 when every provable unit
+has --redundancy of them, 1 otherwise. A malformed receipt (not JSON, a wrong type, a field
+missing or unknown, another format) is listed with the others, then either command exits 2 with
+one error line: it is bad input, not evidence about the run. --anchors exits 1 at the first
+anchor the chain contradicts (when the genesis names a publisher key: an anchor it did not
+sign). --plan assigns every step (or unit) to --redundancy of the roster's keys (or of
+--auditors K), balanced by cost, and prints the chance that a tampered step goes undetected.
 """
 import contextlib
 import dataclasses
@@ -86,7 +93,8 @@ import sys
 import time
 
 import byterange
-from config import CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve
+from config import (CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve,
+                    stop_on_sigterm, stopped_by)
 
 REPLAY = ("step", "range", "all")
 
@@ -126,18 +134,23 @@ def parser():
                           "the data_dir the run's config.json names)")
     replayed.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
                           help="where the steps replay; every device gives the same bits (default %(default)s)")
+    replayed.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads; the bits are the same "
+                          "for any number (default 0: measured, the faster of torch's default and 1; threads.py)")
     memory = ap.options_for(REPLAY, "the replay's memory and source (--step, --range, --all)")
     memory.add_argument("--recompute", choices=("on", "off"), help="recompute each block's activations in "
                         "backward: same bits, less memory (default: what the trainer used)")
     memory.add_argument("--offload", choices=("on", "off"), help="keep the Adam moments and a waiting gradient "
                         "in temp files under TMPDIR: same bits (default: what the trainer used)")
     memory.add_argument("--init_from", metavar="DIR", help="an imported run: check that DIR is its source "
-                        "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0)")
+                        "folder (the genesis record's file SHA-256s, and its weights mapped = checkpoint 0); a run "
+                        "started from a parent run: check that DIR is the parent's run directory and the lineage")
     one = ap.options_for(("step",), "one step's evidence (--step)")
     one.add_argument("--trace", metavar="FILE", help="write a per-operator trace of the step to FILE "
                      "(compare two with python optrace.py A B)")
-    one.add_argument("--receipt", metavar="FILE", help="write the step's receipt to FILE (with --auditor)")
-    one.add_argument("--auditor", metavar="NAME", help="who replayed the step (with --receipt)")
+    one.add_argument("--receipt", metavar="FILE", help="write the step's signed receipt to FILE (with --key); its "
+                     "folder is made, or refused, before the replay")
+    one.add_argument("--key", metavar="KEYFILE", help="your SSH key that signs the receipt: a private key, or the "
+                     "public key of one ssh-agent holds (with --receipt; checked before the replay)")
     unit = ap.options_for(("step",), "one unit of the step, with unit commitments (--step)")
     unit.add_argument("--micro_batch", type=int, metavar="M", help="audit micro-batch M of the step alone, "
                       "from the state before it (--revealed, --state or the run's checkpoint)")
@@ -153,25 +166,31 @@ def parser():
                               "revealed pieces (--step with a unit, --check_receipts, --coverage)")
     revealed.add_argument("--revealed", metavar="DIR", help="what the publisher revealed (--reveal_unit): a "
                           "unit audit's inputs; when checking receipts, the fold nodes' children")
+    roster = ap.options_for(("check_receipts", "coverage", "plan"), "the auditors (--check_receipts, --coverage, --plan)")
+    roster.add_argument("--roster", metavar="ROSTER", help="the auditors' keys: an allowed_signers file, one line "
+                        "NAME TYPE BASE64 per auditor (required by --coverage); only its keys are counted")
     checked = ap.options_for(REPLAY + ("check_receipts", "coverage"),
                              "salts (--step, --range, --all, --check_receipts, --coverage)")
     checked.add_argument("--salts", metavar="FILE", help="revealed salts (--reveal_salts): with them a "
                          "replay checks step_commit, and receipts are checked without the run's secret")
     shared = ap.options_for(("plan", "coverage"), "sharing the steps (--plan, --coverage)")
     shared.add_argument("--redundancy", type=int, default=2, metavar="C",
-                        help="distinct auditors per step (default %(default)s)")
+                        help="distinct auditors' keys per step or unit (default %(default)s)")
     shared.add_argument("--steps", metavar="A:B", help="the steps (default: the whole chain)")
     plan = ap.options_for(("plan",), "the plan (--plan)")
-    plan.add_argument("--auditors", type=int, metavar="K", help="how many auditors (required)")
+    plan.add_argument("--auditors", type=int, metavar="K", help="how many auditors, unnamed (or --roster: its keys)")
     plan.add_argument("--seed", type=int, help="the plan's private seed (default: drawn now, and printed)")
     plan.add_argument("--absent", type=float, default=0.25, metavar="F", help="the fraction of auditors "
                       "assumed absent or dishonest, for the chance of a miss (default %(default)s)")
-    reveal = ap.options_for(("reveal_salts", "materialize", "reveal_unit"),
-                            "the publisher's output (--reveal_salts, --materialize, --reveal_unit)")
-    reveal.add_argument("--out", metavar="PATH", help="--reveal_salts: write the salts to PATH (default: "
-                        "standard output); --materialize, --reveal_unit: the directory to write to (required)")
-    reveal.add_argument("--params_only", action="store_true", help="--materialize: the parameters only, all a "
-                        "micro-batch audit needs (default: the whole state)")
+    output = ap.options_for(("reveal_salts", "materialize", "reveal_unit", "plan", "coverage"),
+                            "output (--reveal_salts, --materialize, --reveal_unit, --plan, --coverage)")
+    output.add_argument("--out", metavar="PATH", help="--reveal_salts: write the salts to PATH (default: "
+                        "standard output); --plan, --coverage: also write the assignment or the coverage to PATH "
+                        "as JSON, for a coordinator's tools (default: none); --materialize, --reveal_unit: the "
+                        "directory to write to (required)")
+    state = ap.options_for(("materialize",), "the state (--materialize)")
+    state.add_argument("--params_only", action="store_true", help="the parameters only, all a micro-batch audit "
+                       "needs (default: the whole state)")
     return ap
 
 
@@ -180,11 +199,14 @@ if __name__ == "__main__":
 
 import hashchain  # noqa: E402  (below the command line's first answer, above)
 import hfllama  # noqa: E402
+import lineage  # noqa: E402
 import optrace  # noqa: E402
 import published  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
+import signing  # noqa: E402
+import threads  # noqa: E402
 import unitaudit  # noqa: E402
 from data import DataError, DataMismatch, TokenData  # noqa: E402
 import train  # noqa: E402
@@ -202,6 +224,29 @@ COMMITMENTS = {"genesis": "secret_commit", "step": "step_commit"}
 
 def _canon(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def shown(value):
+    """A JSON value as a message shows it: whole (a hash is never cut), or, when longer than
+    a line can hold, what it is (an object of N keys, a list of N items, N characters)."""
+    text = _canon(value)
+    if len(text) <= 100:
+        return text
+    kind = (f"an object of {len(value)} keys" if isinstance(value, dict) else
+            f"a list of {len(value)} items" if isinstance(value, list) else f"a string of {len(value)} characters")
+    return f"({kind})"
+
+
+def leaf_difference(a, b, path):
+    """(path, a's value, b's value) of the first place two JSON values differ: into objects by
+    sorted key and into lists of equal length by index, down to the first differing value."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        key = sorted(k for k in set(a) | set(b) if _canon(a.get(k)) != _canon(b.get(k)))[0]
+        return leaf_difference(a.get(key), b.get(key), f"{path}.{key}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        i = next(i for i, (x, y) in enumerate(zip(a, b)) if _canon(x) != _canon(y))
+        return leaf_difference(a[i], b[i], f"{path}[{i}]")
+    return path, a, b
 
 
 def compare(replayed, published, leaves=None):
@@ -227,20 +272,17 @@ def compare(replayed, published, leaves=None):
             return f"field {key} is missing from the published record"
         if key in commitments:
             if not receipts.is_hex64(theirs[key]):
-                return f"field {key} is not a commitment (64 hex digits): published {_canon(theirs[key])[:70]}"
+                return f"field {key} is not a commitment (64 hex digits): published {shown(theirs[key])}"
             continue
         if key not in mine:
-            return f"field {key} is not part of a {mine.get('kind', '')} record (published {_canon(theirs[key])[:60]})"
+            return f"field {key} is not part of a {mine.get('kind', '')} record (published {shown(theirs[key])})"
         a, b = mine[key], theirs[key]
         if _canon(a) == _canon(b):
             continue
         if key == "state_hash" and leaves:
             return rundir.state_difference(*leaves(), mine["step"], "the replay")
-        if isinstance(a, dict) and isinstance(b, dict):
-            sub = sorted(k for k in set(a) | set(b) if _canon(a.get(k)) != _canon(b.get(k)))[0]
-            return (f"field {key}.{sub} differs: replayed {_canon(a.get(sub))[:70]}, "
-                    f"published {_canon(b.get(sub))[:70]}")
-        return f"field {key} differs: replayed {_canon(a)[:70]}, published {_canon(b)[:70]}"
+        where, a, b = leaf_difference(a, b, key)
+        return f"field {where} differs: replayed {shown(a)}, published {shown(b)}"
     return None
 
 
@@ -266,16 +308,23 @@ class Audit:
     (genesis) and then for the replayed steps' records (train.replay); it compares them."""
 
     def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
-                 salts=None):
+                 salts=None, threads=0):
         self.run = published.open_run(run_dir)  # a reader: it changes nothing in the run
         self.run.check_versions(repops.CONTRACT)
         # decisive keys on which config.json (for people) disagrees with the genesis record
         self.config_json_differences = self.run.config_json_differences()
         data_dir = data_dir or self.run.recorded_data_dir()
         cfg = self.run.replay_config(device, recompute=recompute, offload=offload)
-        if source and "init" not in self.run.genesis:
-            raise UsageError(f"--init_from {source}: {run_dir} was not imported (its genesis record has no init)")
+        if source and "init" not in self.run.genesis and "parent" not in self.run.genesis:
+            raise UsageError(f"--init_from {source}: {run_dir} was neither imported nor started from a parent run "
+                             "(its genesis record has no init and no parent)")
         self.data = TokenData(data_dir, cfg.seed)
+        # another corpus, other code: the auditor's input, not the run's (exit 2, not MISMATCH)
+        if problem := self.data.other_corpus(self.run.genesis, run_dir):
+            raise UsageError(f"{problem}; audit with the run's corpus (--data_dir DIR)")
+        if problem := train.other_code(self.run.genesis, run_dir):
+            raise UsageError(f"{problem}; audit with the code that started it (SPEC §14: the commit whose "
+                             "files hash to it)")
         # the corpus's tokens must index rows of the model (the genesis vocab_size is checked later)
         self.cfg = resolve(cfg, self.data.vocab_size)
         # salt_of(step): from the run's secret (the publisher) or revealed salts (--salts FILE);
@@ -289,6 +338,7 @@ class Audit:
         self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
         self.source = source                     # an imported run's source folder, to check
+        self.threads = threads                   # the replay's CPU threads (0: measured, threads.py)
 
     def find(self, step, message):
         if (step, message) not in self.findings:
@@ -317,7 +367,7 @@ class Audit:
         download; a file beyond the chain is a finding). None: no start, no range. Returns
         {step: tensors} of the start and of an imported run's checkpoint 0."""
         files, lines = self.run.checkpoints(), self.run.chain.lines
-        imported = "init" in self.run.genesis
+        imported = "init" in self.run.genesis or "parent" in self.run.genesis   # checkpoint 0 is the start
         starts = [(s, p) for s, p in reversed(files) if before is not None and s <= before]
         vouched = [(s, p) for s, p in files if (s == 0 and imported)
                    or (last is not None and before < s <= last)]
@@ -355,10 +405,19 @@ class Audit:
         """The genesis state (an imported run's: `initial`, its verified checkpoint 0), checked:
         the genesis record recomputed from it, the config, this code and this corpus against the
         published one, the config's phases, config.json, and an imported run's source folder."""
-        init = self.run.genesis.get("init")
-        state, record, problem = train.genesis(self.cfg, self.data, init, initial, self.secret)
+        init, parent = self.run.genesis.get("init"), self.run.genesis.get("parent")
+        publisher = self.run.genesis.get("publisher")
+        state, record, problem = train.genesis(self.cfg, self.data, init, initial, self.secret, parent, publisher)
+        if publisher is not None and not signing.is_public_key(publisher):
+            self.find(0, "genesis record: field publisher is not an SSH public key written TYPE BASE64")
         if problem:
             self.find(0, problem)
+        elif parent is not None and self.source:
+            if lineage_problem := lineage.check(self.source, self.run):
+                self.find(0, f"lineage: {lineage_problem}")
+        elif parent is not None:
+            self.notes.append("the run continues a parent run's state (genesis parent); the lineage was not "
+                              "checked (--init_from RUN_DIR names the parent's run directory and checks it)")
         elif init is not None and self.source:
             if diff := hfllama.source_difference(self.source, init, state.params, self.cfg):
                 self.find(0, diff)
@@ -383,7 +442,8 @@ class Audit:
         if last_ok < 0:
             return
         verified = self.checkpoints(first - 1, last_ok)
-        state = self.state = self.check_genesis(verified.pop(0, None) if "init" in self.run.genesis else None)
+        from_checkpoint = "init" in self.run.genesis or "parent" in self.run.genesis
+        state = self.state = self.check_genesis(verified.pop(0, None) if from_checkpoint else None)
         for step, tensors in verified.items():   # the start, if any checkpoint before `first` verified
             try:
                 state.load(tensors)
@@ -392,9 +452,12 @@ class Audit:
         del verified
         records = self.run.chain.records
         try:
+            if state.step < last_ok:    # the contract's guard (guard.py): a model outside it is refused, exit 2
+                train.probe(state, self.data, self.cfg, state.step + 1)     # (it reads the step's first tokens)
+            chooser = threads.Chooser(self.threads, measure=self.cfg.device == "cpu")
             for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of,
-                                                     self.run.genesis["record_hash"], around,
-                                                     proved=last if receipt else None):
+                                                     receipts.run_id(self.run.genesis), around,
+                                                     proved=last if receipt else None, chooser=chooser):
                 pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
                 self.replayed[step] = (record["state_hash"], fields["grad_root"].result(), fields["result_root"],
                                        pieces and [w.hex() for w in pieces.witness_digests])
@@ -411,27 +474,23 @@ class Audit:
         except DataMismatch as e:       # a chunk the step reads is not the manifest's
             self.find(state.step + 1, f"the step reads data that is not the corpus's: {e}")
 
-    def receipt(self, step, auditor, cost):
-        """The receipt of replayed step `step` (receipts.py), or None if the replay stopped
-        before it. Its grad_root and result_root are what prove the replay of the whole step:
-        no published field gives them."""
+    def receipt(self, step, signer, cost):
+        """The receipt of replayed step `step` by the public key `signer` (unsigned:
+        receipts.sign_receipt signs it), or None if the replay stopped before it. Its proofs,
+        bound to the key and the run, are of what only the replay of the whole step computes:
+        the step's result_root and, with unit commitments, every micro-batch's witness digest."""
         if step not in self.replayed or self.state.step != step:
             return None
-        state_hash, grad_root, result_root, witnesses = self.replayed[step]
+        _, _, result_root, witnesses = self.replayed[step]
         assert result_root is not None, "replay(..., receipt=True) proves the step a receipt is made of"
         findings = [f"MISMATCH at step {s}: {m}" for s, m in sorted(self.findings, key=lambda f: f[0])]
-        if witnesses is not None:               # a run with unit commitments: repops-receipt-v3
-            proof = {"state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
-                     "witnesses": witnesses}
-            return receipts.unit_receipt(self.run.genesis, self.run.chain.records[step], "step", proof, auditor,
+        run, blob = receipts.run_id(self.run.genesis), signing.parse_public_key(signer)[1]
+        proof = {"result": receipts.result_proof(run, step, witnesses is not None, blob, result_root)}
+        if witnesses is not None:               # a run with unit commitments: every micro-batch's proof
+            proof["witnesses"] = [receipts.witness_proof(run, step, m, blob, bytes.fromhex(w))
+                                  for m, w in enumerate(witnesses)]
+        return receipts.make_receipt(self.run.genesis, self.run.chain.records[step], "step", proof, signer,
                                      optrace.machine(), cost, code_digest(), self.data.digest, findings)
-        return {"format": receipts.RECEIPT_FORMAT, "run": receipts.run_id(self.run.genesis),
-                "step": step, "record_hash": self.run.chain.records[step]["record_hash"],
-                "state_hash": state_hash, "grad_root": grad_root, "result_root": result_root,
-                "auditor": auditor,
-                "machine": optrace.machine(), "cost": cost, "code_digest": code_digest(),
-                "data_manifest": self.data.digest, "verdict": "MISMATCH" if self.findings else "MATCH",
-                "findings": findings}
 
 
 # ----------------------------------------------------------------------------- the commands
@@ -467,12 +526,12 @@ def replay_command(args):
                    else parse_range(args.range, "--range"))
     audit = Audit(args.run_dir, args.data_dir, args.device,
                   **{k: None if getattr(args, k) is None else getattr(args, k) == "on" for k in ("recompute", "offload")},
-                  source=args.init_from, salts=args.salts)
+                  source=args.init_from, salts=args.salts, threads=args.threads)
     records = audit.run.chain.records
     last = audit.run.chain.lines - 1 if last is None else last       # --all
     audit.replay(first, last, args.trace and (lambda s: traced(args.trace, s, records[s]) if s == last
                                               else contextlib.nullcontext()), receipt=args.receipt is not None)
-    for note in audit.notes:
+    for note in audit.notes + list(audit.run.walk_notes):
         print(f"note: {note}")
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
@@ -483,11 +542,12 @@ def replay_command(args):
                    f"{commitments} not checked: no secret or salt" if len(audit.unchecked) == len(audit.replayed)
                    else f"{commitments} checked, but for steps {unchecked}: no secret or salt")
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
-              f"(step {last}: {records[last]['state_hash'][:16]}), and the "
+              f"(step {last}: {records[last]['state_hash']}), and the "
               f"checkpoints checked match the chain; {checked}")
     receipts.close_audit(t0, audit.bytes_read + published.delivered(), args.receipt,
-                         lambda cost: audit.receipt(last, args.auditor, cost),
-                         f"the replay stopped before step {last}", f"step {last}", steps_replayed=len(audit.replayed))
+                         lambda cost: audit.receipt(last, args.signer.public_key, cost),
+                         f"the replay stopped before step {last}", f"step {last}", args.signer,
+                         steps_replayed=len(audit.replayed))
     return 1 if audit.findings else 0
 
 
@@ -517,18 +577,28 @@ def chain_steps(run, steps, flag="--steps"):
 def receipt_results(args):
     """The opened run and [receipts.Result] for every receipt under the directory given,
     checked with the run's secret or with revealed salts (--salts); a unit's receipt with the
-    step's unit list and, for a fold node, the children revealed in --revealed DIR."""
+    step's unit list and, for a fold node, the children revealed in --revealed DIR; each signer
+    named by --roster, where given."""
     run = published.open_run(args.run_dir)
     run.chain.verify()
+    roster = signing.read_roster(args.roster) if args.roster else None
     salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
     unit_list, fold_keyed = unitaudit.judging(run, args.revealed)
-    return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of, unit_list, fold_keyed)
+    return run, receipts.check_receipts(args.check_receipts or args.coverage, run.chain, salt_of, unit_list,
+                                        fold_keyed, roster)
 
 
-def summarize(results, directory):
-    """Print the count of each status; refuse (exit 2) if any receipt is malformed."""
-    counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
-    print(f"receipts under {directory}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n or s != "unchecked"))
+STATUSES = ("accepted", "rejected", "unsigned", "malformed", "unchecked")
+
+
+def summarize(results, directory, roster=True):
+    """Print the count of each status (and, with a roster, the accepted receipts whose key is not
+    in it: never counted); refuse (exit 2) if any receipt is malformed."""
+    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    unknown = sum(r.status == "accepted" and r.name is None for r in results)
+    print(f"receipts under {directory}: " + ", ".join(f"{n} {s}" for s, n in counts.items()
+                                                         if n or s in ("accepted", "rejected", "malformed"))
+          + (f" ({unknown} accepted by keys not in the roster)" if roster and unknown else ""))
     if counts["malformed"]:
         raise UsageError(f"{counts['malformed']} malformed receipt(s) under {directory} (listed above)")
     return counts
@@ -537,42 +607,80 @@ def summarize(results, directory):
 def check_receipts_command(args):
     _, results = receipt_results(args)
     for r in results:
-        unit = f", {r.receipt['unit']}" if r.receipt and r.receipt.get("unit", "step") != "step" else ""
-        about = [f"step {r.receipt['step']}{unit} by {receipts.shown(r.receipt['auditor'])}"] if r.receipt else []
+        unit = f", {r.receipt['unit']}" if r.receipt and r.receipt["unit"] != "step" else ""
+        about = [f"step {r.receipt['step']}{unit} by {r.who() if args.roster or r.status == 'unsigned' else key_of(r)}"] \
+            if r.receipt else []
         print(f"{r.status:9s} {receipts.shown(r.path)}: "
               + ": ".join(about + [receipts.shown(r.reason)] * bool(r.reason)))
-    return 1 if summarize(results, args.check_receipts)["rejected"] else 0
+    counts = summarize(results, args.check_receipts, roster=bool(args.roster))
+    return 1 if counts["rejected"] or counts["unsigned"] else 0
+
+
+def key_of(result):
+    """A signer as printed without a roster: its key's fingerprint."""
+    return f"key {signing.fingerprint(result.receipt['signer'])}"
+
+
+def not_counted(results):
+    """Print the accepted receipts that coverage does not count: unsigned ones, and those whose
+    key is not in the roster (by key)."""
+    unsigned = [r for r in results if r.status == "unsigned"]
+    strangers = {}
+    for r in results:
+        if r.status == "accepted" and r.name is None:
+            strangers.setdefault(r.receipt["signer"], []).append(r)
+    if unsigned:
+        print(f"not counted, unsigned (no valid signature): {len(unsigned)} receipt(s): "
+              + ", ".join(receipts.shown(r.path) for r in unsigned[:10]) + (", ..." if len(unsigned) > 10 else ""))
+    for key, found in strangers.items():
+        print(f"not counted, key {signing.fingerprint(key)} is not in the roster: {len(found)} accepted receipt(s), "
+              f"steps {receipts.ranges(sorted({r.receipt['step'] for r in found}))}")
 
 
 def coverage_command(args):
+    if not args.roster:
+        raise UsageError("--coverage counts the keys of a roster: give --roster FILE (an allowed_signers file, "
+                         "one line NAME TYPE BASE64 per auditor)")
     run, results = receipt_results(args)
     first, last = chain_steps(run, args.steps)
-    if run.cfg.unit_commits:
-        summarize(results, args.coverage)
-        return unit_coverage(receipts.covered(results, run.chain, first, last), first, last, args.redundancy)
-    counts = receipts.coverage(results, first, last)
     summarize(results, args.coverage)
+    not_counted(results)
+    public = unitaudit.public_states(run, args.revealed)
+    if run.cfg.unit_commits:
+        covered = receipts.covered(results, run.chain, first, last, public)
+        write_json(args, run, first, last, "coverage", {str(s): {u: sorted(k) for u, k in units_.items()}
+                                                        for s, units_ in covered.items()})
+        return unit_coverage(covered, first, last, args.redundancy, sorted(s for s in public if first <= s <= last))
+    counts = receipts.coverage(results, first, last)
+    write_json(args, run, first, last, "coverage", {str(s): n for s, n in counts.items()})
     total = last - first + 1
     for need in sorted({1, args.redundancy}):
         steps = [s for s, n in counts.items() if n >= need]
-        print(f"steps {first}..{last} with >= {need} accepted receipt{'s' * (need > 1)} from distinct auditors: "
+        print(f"steps {first}..{last} with >= {need} accepted receipt{'s' * (need > 1)} from distinct roster keys: "
               f"{len(steps)}/{total} ({100 * len(steps) / total:.1f}%): {receipts.ranges(steps)}")
     print(f"steps with none: {receipts.ranges(s for s, n in counts.items() if n == 0)}")
+    if shown := [s for s in sorted(public) if first <= s <= last]:
+        print(f"steps whose post-step state is public ({receipts.ranges(shown)}): their receipts prove the "
+              "gradient's replay, not the update (anyone can check it from the published states)")
     return 0 if all(n >= args.redundancy for n in counts.values()) else 1
 
 
-def unit_coverage(covered, first, last, redundancy):
-    """Print what the accepted receipts cover, unit by unit (a step is covered when every one of
-    its units is); exit code 0 when every unit has `redundancy` distinct auditors."""
+def unit_coverage(covered, first, last, redundancy, public):
+    """Print what the counted receipts cover, unit by unit (a step is covered when every one of
+    its provable units is: the update of a step whose post-step state is public is listed apart);
+    exit code 0 when every provable unit has `redundancy` distinct roster keys."""
     n_units = sum(len(u) for u in covered.values())
     for need in sorted({1, redundancy}):
         done = sum(len(a) >= need for u in covered.values() for a in u.values())
         steps = [s for s, u in covered.items() if all(len(a) >= need for a in u.values())]
         print(f"units of steps {first}..{last} with >= {need} accepted receipt{'s' * (need > 1)} from distinct "
-              f"auditors: {done}/{n_units} ({100 * done / n_units:.1f}%); steps all of whose units have them: "
-              f"{len(steps)}/{last - first + 1}: {receipts.ranges(steps)}")
+              f"roster keys: {done}/{n_units} ({100 * done / max(n_units, 1):.1f}%); steps all of whose units have "
+              f"them: {len(steps)}/{last - first + 1}: {receipts.ranges(steps)}")
     short = [(s, u) for s, units_ in covered.items() for u, a in units_.items() if len(a) < redundancy]
     print(f"units with fewer than {redundancy}: {receipts.describe(short)}")
+    if public:
+        print(f"updates not provable by a receipt (post-step state public: steps {receipts.ranges(public)}): "
+              "not counted; anyone checks them in seconds (--step S --update)")
     return 0 if not short else 1
 
 
@@ -584,14 +692,31 @@ def reveal_command(args):
     if not args.out:
         sys.stdout.write(text)
         return 0
-    try:
-        with open(args.out, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
+    write_output(args.out, text)
     print(f"salts of steps {first}..{last} written to {args.out}: anyone can now check those steps' "
-          f"receipts with --check_receipts DIR --salts {args.out}")
+          f"receipts with --check_receipts DIR --salts {args.out} (and make new proofs for them: count only "
+          "the receipts collected before this reveal)")
     return 0
+
+
+def write_output(path, text):
+    """Write `text` to the output file `path` (its folder made by prepare_output) through
+    hashchain.write_atomically; UsageError if it cannot."""
+    try:
+        hashchain.write_atomically(path, text.encode())
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}") from None
+
+
+def write_json(args, run, first, last, what, value):
+    """--plan's or --coverage's --out FILE: {"run": run id, "steps": [first, last], "redundancy",
+    what: value} as JSON, for a coordinator's tools. The assignment maps each auditor (its roster
+    name, or 1..K) to its steps or units; the coverage maps each step to its count of distinct
+    roster keys, or, with unit commitments, each unit to the roster keys that cover it."""
+    if args.out:
+        write_output(args.out, json.dumps({"run": receipts.run_id(run.genesis), "steps": [first, last],
+                                           "redundancy": args.redundancy, what: value}, indent=1) + "\n")
+        print(f"{what} written to {args.out}")
 
 
 # ---- the plan
@@ -611,6 +736,20 @@ def probe_step(cfg, state, data, repeats=5):
     return statistics.median(times[1:])
 
 
+def auditor_labels(args):
+    """The plan's auditors: the roster's names (--roster; their keys printed now), else 1..K
+    (--auditors K). UsageError unless exactly one of the two is given."""
+    if (args.roster is None) == (args.auditors is None):
+        raise UsageError("--plan needs the auditors: --roster FILE (their keys) or --auditors K, one of the two")
+    if args.auditors is not None:
+        receipts.plan({}, args.auditors, args.redundancy, 0)          # range-checked before any work
+        return [str(a) for a in range(1, args.auditors + 1)]
+    roster = signing.read_roster(args.roster)
+    receipts.plan({}, len(roster), args.redundancy, 0)
+    print("auditors (the roster's keys): " + ", ".join(f"{name} {signing.fingerprint(key)}" for key, name in roster.items()))
+    return list(roster.values())
+
+
 def plan_command(args):
     """Every step of --steps to --redundancy C distinct auditors of --auditors K, balanced by
     replay cost; the estimated hours per auditor (receipts.replay_hours, from probe_step); and
@@ -618,8 +757,7 @@ def plan_command(args):
     dishonest with probability f independently of the others and of the step (the seed, kept
     private, is what makes the assignment unpredictable). f^C is an upper bound: an audit of a
     later step also replays the steps between it and its checkpoint."""
-    if args.auditors is None:
-        raise UsageError("--plan needs --auditors K")
+    labels = auditor_labels(args)
     if not 0 <= args.absent <= 1:
         raise UsageError(f"--absent {args.absent}: a fraction of the auditors, in [0, 1]")
     run = rundir.Run(args.run_dir)
@@ -630,7 +768,7 @@ def plan_command(args):
     steps_replayed = receipts.replay_costs(first, last, ckpts)
     # a step's cost is its micro-batches (phases change their number from step to step)
     costs = receipts.replay_costs(first, last, ckpts, lambda s: micro_batches_at(cfg, s))
-    assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
+    assignment = receipts.plan(costs, len(labels), args.redundancy, seed)
     # The probe: one micro-batch of the run's model, or of the default model where that is less
     # work (a large run's model need not be timed here; a small one's overheads are measured).
     run_state = TrainState(cfg, vocab, args.device)
@@ -642,25 +780,26 @@ def plan_command(args):
     probe_work = probe_state.n_params() * tokens(probe_cfg)
     if cfg.unit_commits:
         return plan_units(args, run, first, last, seed, receipts.replay_hours(1, probe_s, probe_work, run_work) * 3600,
-                          run_state.flat_numel())
-    print(f"plan: steps {first}..{last} of {args.run_dir} for {args.auditors} auditors, each step replayed "
+                          run_state.flat_numel(), labels)
+    print(f"plan: steps {first}..{last} of {args.run_dir} for {len(labels)} auditors, each step replayed "
           f"by {args.redundancy} of them, seed {seed}" + (" (drawn now: keep it private)" if args.seed is None else ""))
     print(f"replay cost: a probe step ({probe_state.n_params():,} params x {tokens(probe_cfg)} tokens) took "
           f"{probe_s:.3f} s here; a step of this run ({run_state.n_params():,} params x "
           f"{tokens(cfg) * micro_batches_at(cfg, last)} tokens) about "
           f"{receipts.replay_hours(micro_batches_at(cfg, last), probe_s, probe_work, run_work) * 3600:.3f} s")
     print("auditor  steps  replayed  est. hours  assigned steps")
-    for a, steps in enumerate(assignment, start=1):
+    for a, steps in zip(labels, assignment):
         replayed = sum(steps_replayed[s] for s in steps)
         hours = receipts.replay_hours(sum(costs[s] for s in steps), probe_s, probe_work, run_work)
-        print(f"{a:7d}  {len(steps):5d}  {replayed:8d}  {hours:10.2g}  {receipts.ranges(steps)}")
+        print(f"{a:>7s}  {len(steps):5d}  {replayed:8d}  {hours:10.2g}  {receipts.ranges(steps)}")
     print(f"a tampered step goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    write_json(args, run, first, last, "assignment", dict(zip(labels, assignment)))
     return 0
 
 
-def plan_units(args, run, first, last, seed, micro_s, numel):
+def plan_units(args, run, first, last, seed, micro_s, numel, labels):
     """--plan on a run with unit commitments: every unit of --steps (each micro-batch, fold node and
     update) to --redundancy distinct auditors, balanced by the estimated seconds of each: a
     micro-batch the probe's (micro_s, scaled to this run's model); a fold node and the update
@@ -668,19 +807,21 @@ def plan_units(args, run, first, last, seed, micro_s, numel):
     rate = unitaudit.hash_rate()
     seconds = {"micro_batch": micro_s, "fold": 3 * 4 * numel / rate, "update": 7 * 4 * numel / rate}
     costs = receipts.unit_costs(run.chain, first, last, seconds.get)
-    assignment = receipts.plan(costs, args.auditors, args.redundancy, seed)
+    assignment = receipts.plan(costs, len(labels), args.redundancy, seed)
     print(f"plan: the {len(costs)} units of steps {first}..{last} of {args.run_dir} (every micro-batch, fold node "
-          f"and update) for {args.auditors} auditors, each unit audited by {args.redundancy} of them, seed {seed}"
+          f"and update) for {len(labels)} auditors, each unit audited by {args.redundancy} of them, seed {seed}"
           + (" (drawn now: keep it private)" if args.seed is None else ""))
     print(f"unit cost here, estimated: a micro-batch {micro_s:.3g} s, a fold node {seconds['fold']:.3g} s, the "
           f"update {seconds['update']:.3g} s (hashing {rate / 1e9:.2f} GB/s)")
     print("auditor  units  est. hours  assigned units")
-    for a, items in enumerate(assignment, start=1):
+    for a, items in zip(labels, assignment):
         hours = sum(costs[i] for i in items) / 3600
-        print(f"{a:7d}  {len(items):5d}  {hours:10.2g}  {receipts.describe(items)}")
+        print(f"{a:>7s}  {len(items):5d}  {hours:10.2g}  {receipts.describe(items)}")
     print(f"a lie in a unit goes undetected only if all {args.redundancy} of its auditors are absent or "
           f"dishonest: with each so with probability f = {args.absent} independently, "
           f"f^{args.redundancy} = {args.absent ** args.redundancy:.3g}")
+    write_json(args, run, first, last, "assignment", {a: [f"{s}:{u}" for s, u in items]
+                                                      for a, items in zip(labels, assignment)})
     return 0
 
 
@@ -696,13 +837,18 @@ def anchors_command(args):
         print(f"MISMATCH at step {found[0]}: {found[1]}")
         return 1
     latest = max(anchors, key=lambda a: a["step"])
+    publisher = receipts.publisher_of(run.chain)
+    signed = (f"each signed by the publisher key the genesis names, {signing.fingerprint(publisher)}" if publisher
+              else "unsigned: the genesis names no publisher key, so whoever copied them decided what they say")
     print(f"ANCHORED: the chain agrees with all {len(anchors)} anchors of {args.anchors} (latest: step "
-          f"{latest['step']}, anchored at {latest['utc']})")
+          f"{latest['step']}, anchored at {latest['utc']}; {signed})")
     return 0
 
 # ----------------------------------------------------------------------------- the command line
-# The options that name a file the audit writes: each must lie outside the run (rundir.check_outside).
+# The options that name a file (or, for the publisher's --out, a directory) the audit writes:
+# each is checked before any work (rundir.prepare_output: outside the run, its folder made or refused).
 OUTPUT_OPTIONS = ("trace", "receipt", "out")
+DIRECTORY_OUT = ("materialize", "reveal_unit")       # the modes whose --out is a directory
 COMMANDS = {"step": unit_command, "range": replay_command, "all": replay_command,
             "check_receipts": check_receipts_command, "coverage": coverage_command,
             "reveal_salts": reveal_command, "plan": plan_command, "anchors": anchors_command,
@@ -713,20 +859,27 @@ def main(argv=None):
     ap = parser()
     try:
         args = ap.parse_args(argv)
-        if (args.receipt is None) != (args.auditor is None):
-            raise UsageError("--receipt FILE and --auditor NAME go together")
-        if args.auditor is not None and receipts.auditor_problem(args.auditor):
-            raise UsageError(f"--auditor {receipts.shown(args.auditor)}: "
-                             f"{receipts.auditor_problem(args.auditor)}")
-        for option in OUTPUT_OPTIONS:
-            if getattr(args, option):
-                rundir.check_outside(args.run_dir, getattr(args, option), "--" + option)
+        mode = ap.mode(args)
+        if (args.receipt is None) != (args.key is None):
+            raise UsageError("--receipt FILE and --key KEYFILE go together (a receipt is signed)")
+        if args.threads < 0:
+            raise UsageError(f"--threads {args.threads}: must be >= 0 (0: measured)")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         if not args.timeout > 0:
             raise UsageError(f"--timeout {args.timeout}: seconds, more than 0")
+        if mode in DIRECTORY_OUT and not args.out:
+            raise UsageError(f"--{mode} needs --out DIR (a directory outside the run)")
         byterange.configure(args.cache, args.timeout)
-        code = COMMANDS[ap.mode(args)](args)
+        # before any replay: the key signs, and every output's folder exists (or is refused)
+        args.signer = signing.Signer(args.key, "--key") if args.key else None
+        for option in OUTPUT_OPTIONS:
+            if getattr(args, option):
+                rundir.prepare_output(args.run_dir, getattr(args, option), "--" + option,
+                                      directory=option == "out" and mode in DIRECTORY_OUT)
+        if args.cache or any(byterange.is_url(getattr(args, k, None)) for k in ("run_dir", "data_dir")):
+            rundir.prepare_output(args.run_dir, byterange.cache_root(), "--cache", directory=True)
+        code = COMMANDS[mode](args)
         if fetched := published.summary():
             print(fetched)
         return code
@@ -736,6 +889,11 @@ def main(argv=None):
     except (UsageError, DataError, hashchain.HashChainError, repops.RepOpsBuildError) as e:
         print(f"audit.py: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:      # Ctrl-C, or SIGTERM (stop_on_sigterm): no verdict
+        what, code = stopped_by(e)
+        print(f"audit.py: stopped ({what}) before its verdict; no receipt was written; the same command "
+              "runs the audit again", file=sys.stderr)
+        return code
     except (MemoryError, RuntimeError) as e:   # never exit 1: that is MISMATCH
         if not (line := out_of_memory(e, "audit this run")):
             raise
@@ -744,4 +902,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()                   # SIGTERM unwinds as Ctrl-C does: main's one line, exit 143
     sys.exit(main())

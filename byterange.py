@@ -27,12 +27,13 @@ ranges or answers another range, is not. Every failure is a FetchError (a
 hashchain.HashChainError: the commands print it as one line and exit 2) naming the URL.
 
 Fetched bytes go to a cache (default ~/.cache/repops, or $XDG_CACHE_HOME/repops), under the
-server's host and path, one file per fetched range, written atomically and only after `check`
-accepted them: the next audit of the same step (another unit of it) reads them from there and
+server's host and path, one file per fetched range, written through hashchain.write_atomically
+and kept (renamed into place) only after `check` accepted them: the next audit of the same step (another unit of it) reads them from there and
 fetches nothing twice. Cached bytes are checked again whenever they are used; a cached piece
 that no longer verifies (the publication changed) is dropped and fetched anew, and only fresh
 bytes that do not verify are the caller's error (a MISMATCH). Reads with check=None are never
-cached (a file that grows, such as an index or anchors). Nothing is ever written to the server:
+cached (a file that grows, such as an index or anchors): they are fetched into memory. A cache
+that cannot be written is a FetchError naming it (the commands check --cache before any work). Nothing is ever written to the server:
 a Site sends GET and HEAD requests only. `stats()` counts requests and bytes per site.
 
 Hugging Face: `hf://[datasets/|spaces/]ORG/NAME[@REVISION][/PATH]` is the resolve URL
@@ -44,9 +45,9 @@ NumPy and the standard library.
 import dataclasses
 import hashlib
 import http.client
+import io
 import os
 import re
-import secrets
 import socket
 import time
 import urllib.error
@@ -289,19 +290,17 @@ class Site:
                 return folder / entry, offset - int(begin)
         return None
 
-    def _keep(self, name, offset, length, tmp):
-        """Move a fetched and checked temp file into the cache as the piece offset..+length."""
-        path = self._piece(name, offset, length)
-        os.replace(tmp, path)
-        return path
-
     def fetch(self, name, offset, length, check, fresh=False):
-        """(path, start) of a local file holding the verified bytes offset..offset+length-1 of
-        `name`: a cached piece, else fetched into the cache (check given) or a temp file. check
-        gets the bytes as a uint8 array (mapped) and raises unless they verify."""
-        if check is None:
-            return self._fetch_range(name, offset, length), 0    # the caller's to read once and delete
+        """(path, start) of a cached piece holding the verified bytes offset..offset+length-1 of
+        `name`, fetched into the cache unless it holds them. check gets the bytes as a uint8 array
+        (mapped) and raises unless they verify."""
         return self.fetch_many(name, [(offset, length, check)], fresh)[0]
+
+    def read_range(self, name, offset, length):
+        """The bytes offset..offset+length-1 of `name`, fetched into memory and never cached."""
+        out = io.BytesIO()
+        self._download(name, offset, length, out)
+        return out.getvalue()
 
     def fetch_many(self, name, items, fresh=False):
         """fetch() of several ranges [(offset, length, check)] of `name` at once: the ranges the
@@ -319,14 +318,18 @@ class Site:
         for run in runs:
             begin = run[0][0]
             length = run[-1][0] + items[run[-1][1]][1] - begin
-            tmp = self._fetch_range(name, begin, length)
-            try:
+
+            def verify(tmp, run=run, begin=begin):
                 for offset, i in run:
                     items[i][2](_map(tmp, offset - begin, items[i][1]))
-                path = self._keep(name, begin, length, tmp)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            path = self._piece(name, begin, length)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                hashchain.write_atomically(path, lambda out: self._download(name, begin, length, out),
+                                           check=verify)
+            except OSError as e:
+                raise FetchError(f"cannot write the cache {path.parent}: {e.strerror or e} "
+                                 "(--cache DIR names another)") from None
             for offset, i in run:
                 found[i] = (path, offset - begin)
         return found
@@ -345,20 +348,10 @@ class Site:
         self.stats["from_cache"] += length
         return found
 
-    def _fetch_range(self, name, offset, length):
-        """A temp file in the cache's folder of `name` holding the fetched bytes of the range,
-        in requests of at most PIECE bytes."""
-        folder = self._piece(name, offset, length).parent
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".tmp-{secrets.token_hex(6)}"
-        try:
-            with open(tmp, "wb") as out:
-                for begin in range(offset, offset + length, PIECE):
-                    self._request(name, "GET", (begin, min(PIECE, offset + length - begin)), out=out)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return tmp
+    def _download(self, name, offset, length, out):
+        """Write the bytes of the range to the file `out`, in requests of at most PIECE bytes."""
+        for begin in range(offset, offset + length, PIECE):
+            self._request(name, "GET", (begin, min(PIECE, offset + length - begin)), out=out)
 
     # --------------------------------------------------------------------- one request
     def _request(self, name, method, byte_range, out=None, limit=None):
@@ -490,13 +483,12 @@ class RemoteFile:
         self._bounds(offset, length)
         if not length:
             return b""
+        if check is None:
+            return self.site.read_range(self.name, offset, length)
         path, start = self.site.fetch(self.name, offset, length, check, fresh)
         with open(path, "rb") as f:
             f.seek(start)
-            raw = f.read(length)
-        if check is None:
-            os.unlink(path)
-        return raw
+            return f.read(length)
 
     def view(self, offset, length, check=None):
         """uint8 [length]: the verified bytes mapped from their cached piece."""

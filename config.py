@@ -20,7 +20,8 @@ command-line convention of every other command. It loads without torch (so does 
     args = ap.parse_args(argv)      # UsageError for an option given with another mode
 
 Every field can be overridden as --key=value or --key value, spelled as in Config. Unknown
-keys, wrong types and out-of-range values are refused with one line (UsageError); nothing is
+keys (named first, with the closest key: "did you mean --max_steps?"), wrong types and
+out-of-range values are refused with one line (UsageError); nothing is
 created before the whole config is valid. --preset=NAME (PRESETS) sets a group of keys first,
 wherever it stands on the line; every other key overrides it. Bookkeeping fields (where files
 live, how often to checkpoint, threads, device) do not decide any step's bits, so they stay out
@@ -45,8 +46,11 @@ written as exactly specified arithmetic:
 """
 import argparse
 import dataclasses
+import difflib
 import inspect
 import math
+import os
+import signal
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -110,12 +114,16 @@ class Config:
     eval_every: int = 100               # validation loss every N steps (0: never)
     eval_batches: int = 4               # micro-batches of validation data per evaluation
     sample_tokens: int = 200            # printed at the end (0: none)
-    threads: int = 0                    # torch threads per process (0: torch's default)
+    threads: int = 0                    # CPU threads per process (0: measured, the faster of torch's default and 1)
     device: str = "cpu"                 # "cuda" / "mps": same bits on the GPU kernels (rank r uses GPU r)
     dist_timeout: int = 60              # seconds before a rank gives up on a dead peer
     anchor_every: int = 100             # append the chain head to anchors.jsonl every N steps (0: never)
     hash_async: str = "auto"            # hash step N while step N+1 computes: on, off, auto (= on for cuda)
     dead_tensor_steps: int = 100        # stop when a parameter's gradient is all zero this many steps running (0: off)
+    # The publisher's SSH key (a private key file, or the public key of one ssh-agent holds): the
+    # genesis record names its public key and every anchor is signed by it (SPEC §11.7, signing.py).
+    # Bookkeeping: the genesis record's `publisher` is what counts, and a resume must give that key.
+    publisher_key: str = ""
     # Recompute each block's activations in backward instead of holding them (memory ~ one block's
     # attention scores, not n_layer of them). Bookkeeping: recomputation runs the same kernels on
     # the same inputs (dropout masks are Philox functions of their indices), so the bits are the
@@ -130,7 +138,7 @@ class Config:
 # Keys that do not decide the state of any step: they may differ when resuming or auditing.
 BOOKKEEPING = {"run_dir", "data_dir", "checkpoint_every", "eval_every", "eval_batches",
                "sample_tokens", "threads", "device", "dist_timeout", "anchor_every", "hash_async",
-               "recompute", "offload", "init_from",
+               "recompute", "offload", "init_from", "publisher_key",
                # an alarm: it decides whether the run goes on, never a step's bits (deadcheck.py)
                "dead_tensor_steps"}
 FIELDS = {f.name: f.type for f in dataclasses.fields(Config)}
@@ -218,8 +226,27 @@ def given_keys(argv):
     return {k for p in presets for k in PRESETS[p]} | {k for k, _ in pairs}
 
 
+def suggestion(name, known):
+    """" (did you mean --x?)" for the known option closest to a misspelt `name`, or "" (difflib)."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean --{close[0]}?)" if close else ""
+
+
+def _unknown_keys(argv):
+    """UsageError for the first --key that is not a config key, before any value is read: a
+    misspelt key is the mistake to name first, whatever else the line gets wrong."""
+    known = ["preset", *FIELDS]
+    i = 0
+    while i < len(argv):
+        key, eq, _ = argv[i][2:].partition("=") if argv[i].startswith("--") else ("", "=", "")
+        if key and key not in known:
+            raise UsageError(f"unknown config key --{key}{suggestion(key, known)} (train.py --help lists them)")
+        i += 1 if eq else 2
+
+
 def _arguments(argv):
     """([preset names], [(key, value)]) of a command line, in order; UsageError if bad."""
+    _unknown_keys(argv)
     presets, pairs, phases = [], [], []     # phases: the arguments that set micro_batch_phases
     i = 0
     while i < len(argv):
@@ -245,8 +272,6 @@ def _arguments(argv):
             if start != "0" or not rest:
                 raise UsageError(f"--micro_batches={value}: phases are N0@0,N1@S1,... (the first from step 1)")
             pairs += [("micro_batches", _parse_value(key, int, n)), ("micro_batch_phases", rest)]
-        elif key not in FIELDS:
-            raise UsageError(f"unknown config key --{key} (known: preset, {', '.join(FIELDS)})")
         else:
             pairs.append((key, _parse_value(key, FIELDS[key], value)))
         i += 1
@@ -423,6 +448,11 @@ def decisive_config(cfg):
             if k not in BOOKKEEPING and not (k in OPTIONAL and v == OPTIONAL[k])}
 
 
+def spelled(value):
+    """A config value as a command line spells it (true/false for a boolean)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def differences(mine, theirs):
     """Sorted keys whose values differ between two decisive-config dicts (an OPTIONAL key
     missing from one stands for its default)."""
@@ -443,7 +473,8 @@ class CommandLine(argparse.ArgumentParser):
       flags (add_modes), and every other option that belongs to some modes in an argument group
       whose title names them (options_for); parse_args refuses such an option given with
       another mode (UsageError), so the groups in --help are the rule itself;
-    * bad input is one line `PROG: error: ...` and exit 2;
+    * bad input is one line `PROG: error: ...` and exit 2; an unknown option is named first,
+      whatever else the line gets wrong, with the known option closest to it (refuse_unknown);
     * every option's help says what it does and its default (set here, in argparse).
 
     A command defines its parser before it imports torch and calls answer_early() there, so
@@ -477,6 +508,7 @@ class CommandLine(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         argv = sys.argv[1:] if args is None else list(args)
+        self.refuse_unknown(argv)
         parsed = super().parse_args(argv, namespace)
         mode = self.mode(parsed)
         given = {a.partition("=")[0] for a in argv if a.startswith("--")}
@@ -486,6 +518,18 @@ class CommandLine(argparse.ArgumentParser):
                     allowed = " or ".join("--" + m if m else "no mode flag" for m in group.modes)
                     raise UsageError(f"{action.option_strings[0]} goes with {allowed}")
         return parsed
+
+    def refuse_unknown(self, argv):
+        """An unknown --option is the first error named, with the known one it is closest to
+        (argparse would first name a missing mode, or a bad value of a known option)."""
+        i = 0
+        while i < len(argv):
+            name, eq, _ = argv[i].partition("=")
+            action = self._option_string_actions.get(name) if name.startswith("--") else None
+            if name.startswith("--") and action is None and name != "--":
+                known = [o[2:] for o in self._option_string_actions if o.startswith("--")]
+                self.error(f"unrecognized option {name}{suggestion(name[2:], known)}")
+            i += 2 if action is not None and action.nargs is None and not eq else 1
 
     def answer_early(self):
         """Parse sys.argv at the top of a command's file, before it imports torch: `--help` and
@@ -498,6 +542,34 @@ class CommandLine(argparse.ArgumentParser):
     def error(self, message):
         """Bad input is one line and exit 2 (argparse would print the usage first)."""
         self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+def python_command():
+    """The interpreter as a printed command should name it: its path relative to this folder when
+    it lies below it (.venv/bin/python, as README's commands run it), else "python"."""
+    rel = os.path.relpath(sys.executable)
+    return rel if not rel.startswith("..") and not os.path.isabs(rel) else "python"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the program is (stop_on_sigterm), so that it unwinds as from Ctrl-C."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+def stop_on_sigterm():
+    """Make SIGTERM (kill, a scheduler's stop) unwind the program as Ctrl-C does (Terminated).
+    A command calls it in its script block only, not in main(): main() may run inside another
+    program (a test), whose signals are its own."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def stopped_by(interrupt):
+    """(what stopped the program, its exit code) of a KeyboardInterrupt: Ctrl-C 130, SIGTERM 143
+    (128 + the signal's number, as a shell reports a program the signal killed)."""
+    return ("SIGTERM", 143) if isinstance(interrupt, Terminated) else ("Ctrl-C", 130)
 
 
 def duration(seconds):

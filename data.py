@@ -349,8 +349,8 @@ class TokenData:
             src = TokenData(self.source.join(e["name"]), self.seed)
             if "mix" in src.manifest or src.digest != e["manifest"]:
                 raise DataError(f"mix source {e['name']!r}: {src.path} is not the corpus the mix "
-                                f"names (manifest {src.digest[:12]}, the mix says "
-                                f"{e['manifest'][:12]})")
+                                f"names (manifest {src.digest}, the mix says "
+                                f"{e['manifest']})")
             if (src.manifest["tokenizer"], src.manifest["dtype"]) != \
                     (self.manifest["tokenizer"], self.manifest["dtype"]):
                 raise DataError(f"mix source {e['name']!r} has another tokenizer or dtype")
@@ -373,6 +373,14 @@ class TokenData:
                 if key in ("data_splits", "data_chunks"):
                     out[key].update({f"{name}/{s}": v for s, v in per_split.items()})
         return out
+
+    def other_corpus(self, genesis, run_dir):
+        """The sentence that says this is not the corpus a run was trained on (its genesis
+        data_manifest), or None: train.py's resume and the audits say it alike, as bad input."""
+        if genesis.get("data_manifest") == self.digest:
+            return None
+        return (f"{run_dir} was trained on corpus {genesis.get('data_manifest')}, but {self.path} holds "
+                f"{self.digest}")
 
     def check_run(self, genesis):
         """Raise DataMismatch unless this is the data the genesis record names. Fields an older

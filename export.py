@@ -1,15 +1,17 @@
 """Export a verified checkpoint as a Hugging Face LlamaForCausalLM folder.
 
-    python export.py --run_dir runs/default --step 300 --to hf --out out/default-300
-    python export.py --run_dir runs/ft --to hf --out out/ft     # the latest checkpoint in the chain
+    python export.py --run_dir runs/default --step 300 --out out/default-300
+    python export.py --run_dir runs/ft --out out/ft     # the latest checkpoint in the chain
 
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained("out/default-300")   # a LlamaForCausalLM
 
 OUT gets config.json, model.safetensors (the parameters only, never the Adam moments, with HF
-names: hfllama.py's mapping, fused matrices split, RoPE rows permuted), the tokenizer files when
-the corpus's tokenizer is a Hugging Face one (tokenizer.py; for "bytes" and tiktoken encodings there
-is none), and README.md, a model card naming the run, step, state hash, genesis record hash and
+names: hfllama.py's mapping, fused matrices split, RoPE rows permuted), the tokenizer files (the
+corpus's copy of a Hugging Face tokenizer; the byte tokenizer in Hugging Face form,
+tokenizer.bytes_in_hf_form; none for a tiktoken encoding, which has no Hugging Face form here:
+GPT-2's own on the Hub, AutoTokenizer.from_pretrained("gpt2"), gives the same ids as "gpt2"),
+and README.md, a model card naming the run, step, state hash, genesis record hash and
 code digest, what was checked, how to audit it, and the context it was trained on. config.json's
 max_position_embeddings is the imported source's for an imported run, else max(seq_len, 2048)
 (hfllama.max_positions says why); bos_token_id and eos_token_id are the tokenizer's
@@ -44,7 +46,8 @@ def parser():
     ap = CommandLine("export.py", "Export a verified checkpoint of a run as a Hugging Face LlamaForCausalLM folder.")
     ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
     ap.add_argument("--step", type=int, metavar="N", help="the checkpoint's step (default: the latest in the chain)")
-    ap.add_argument("--to", required=True, choices=("hf",), help="the format: hf, a Hugging Face Llama (required)")
+    ap.add_argument("--to", default="hf", choices=("hf",), help="the format: hf, a Hugging Face Llama, the only one "
+                    "(default %(default)s)")
     ap.add_argument("--out", metavar="DIR", required=True,
                     help="the folder to write: new or empty, outside the run (required)")
     ap.add_argument("--data_dir", metavar="DIR",
@@ -61,14 +64,23 @@ import hfllama
 from audit import Audit
 import repops
 import rundir
+import signing
 from data import DataError
-from tokenizer import TokenizerError, get_tokenizer
+from tokenizer import TokenizerError, bytes_in_hf_form, get_tokenizer
 from train import code_digest
+
+
+def publisher_said(publisher):
+    """The model card's line on the key that signed the run: the public key the genesis record names
+    (the audit's genesis check has refused one that is not a key), with its fingerprint."""
+    if publisher is None:
+        return "none: the genesis record names no publisher key, so the run's anchors are unsigned"
+    return f"`{publisher}` ({signing.fingerprint(publisher)}), named by the genesis record"
 
 
 CARD = """# {name}: step {step} of an auditable RepOps run
 
-Exported by `python export.py --run_dir {run} --step {step} --to hf --out OUT` from a checkpoint that verified
+Exported by `python export.py --run_dir {run} --step {step} --out OUT` from a checkpoint that verified
 against the run's hash chain.
 
 | | |
@@ -77,6 +89,7 @@ against the run's hash chain.
 | step | {step} |
 | state hash (step {step}) | `{state_hash}` |
 | genesis record hash | `{genesis_hash}` |
+| publisher key (signs the run's anchors) | {publisher} |
 | code digest | `{code_digest}` |
 | model | LlamaForCausalLM, {n_layer} layers, width {d_model}, {n_head} heads ({n_kv_head} key/value), vocab {vocab_size}, tied embeddings: {tie} |
 | tokenizer | {tokenizer} |
@@ -104,7 +117,7 @@ that steps 1..{step} produce this state is what `audit.py --all` checks (below).
 With the run directory and the RepOps code at the code digest above:
 
     python audit.py --run_dir {run} --all          # every step replays to its record: MATCH
-    python export.py --run_dir {run} --step {step} --to hf --out OUT2   # the same export, byte for byte
+    python export.py --run_dir {run} --step {step} --out OUT2   # the same export, byte for byte
 
 The parameters in model.safetensors are the checkpoint's, moved and never recomputed
 (hfllama.py), so importing this folder (`train.py --init_from=THIS_FOLDER`) gives back the
@@ -153,15 +166,17 @@ def export(run_dir, step, out, data_dir=None):
     del tensors
     params = {n: p.detach() for n, p in state.params.items()}
     tok = run.genesis.get("tokenizer") or {}
-    enc = folder = None
+    enc, files = None, {}
     if tok.get("name") == "hf":   # the corpus's copy, checked against the manifest's SHA-256s
         enc = get_tokenizer("hf", audit.data.path, tok.get("files"))
-        folder = enc.folder
+        files = enc.contents
     elif isinstance(tok.get("name"), str):
         try:
             enc = get_tokenizer(tok["name"])
         except TokenizerError:    # a tiktoken encoding not downloaded on this machine
             enc = None
+    if tok.get("name") == "bytes":
+        files = bytes_in_hf_form()
     special = endoftext_id(enc) if enc is not None else None
     special = special if special is not None and special < cfg.vocab_size else None
     special_said = (f"{special} ({ENDOFTEXT})" if special is not None else f"none (the tokenizer has no {ENDOFTEXT})"
@@ -176,20 +191,25 @@ def export(run_dir, step, out, data_dir=None):
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hfllama.hf_config(cfg, positions, special, special), f, indent=2)
             f.write("\n")
-        for name in sorted(tok.get("files") or {}) if folder else ():
-            shutil.copyfile(os.path.join(folder, name), os.path.join(tmp, name))
+        for name, raw in sorted(files.items()):
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(raw)
         with open(os.path.join(tmp, "README.md"), "w") as f:
             f.write(CARD.format(
                 name=os.path.basename(os.path.normpath(run_dir)), run=run_dir, step=step,
                 state_hash=run.chain.records[step]["state_hash"],
                 genesis_hash=run.genesis["record_hash"], code_digest=code_digest(),
+                publisher=publisher_said(run.genesis.get("publisher")),
                 n_layer=cfg.n_layer, d_model=cfg.d_model, n_head=cfg.n_head,
                 n_kv_head=cfg.n_kv_head, vocab_size=cfg.vocab_size, tie=cfg.tie_embeddings,
                 data_manifest=run.genesis.get("data_manifest"),
                 imported=" and, the run being imported, its checkpoint 0 (the source folder itself was not "
                          "checked: `audit.py --step 1 --init_from DIR` checks it)" if "init" in run.genesis else "",
-                tokenizer="files included (Hugging Face tokenizers)" if folder else
-                f"{tok.get('name')!r}, which has no Hugging Face form: none included",
+                tokenizer=("the corpus's byte tokenizer (token = byte), in Hugging Face form: "
+                           "`AutoTokenizer.from_pretrained(OUT)` loads it" if tok.get("name") == "bytes" else
+                           "files included (Hugging Face tokenizers)" if files else
+                           f"{tok.get('name')!r}, a tiktoken encoding, which has no Hugging Face form here: none "
+                           "included"),
                 special=special_said, seq_len=cfg.seq_len, last=cfg.seq_len - 1,
                 positions=positions, positions_why=positions_why))
         if os.path.isdir(out):

@@ -21,12 +21,14 @@ strict JSON (no duplicate keys, no NaN or Infinity, bounded nesting and size). E
 raised here derives from HashChainError and has a one-line message, so a CLI can catch
 HashChainError and print str(e).
 
-The canonical bytes of every published hash (leaf, Merkle, record, chain links) and the one
-bounded reader of the files an audit accepts are in this one file, so a verifier reads every rule
+The canonical bytes of every published hash (leaf, Merkle, record, chain links), the one
+bounded reader of the files an audit accepts and the one writer of the files the trainer, the
+publisher and the auditors write (write_atomically) are in this one file, so a verifier reads every rule
 that decides a hash in one place (SPEC.md §11-§12 follows its order). It loads without torch.
 """
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -42,7 +44,7 @@ GENESIS_PREV = "0" * 64
 # The version of SPEC.md this code writes and reads: a run's genesis record names it (`spec`,
 # SPEC §12.2), so a verifier reads the text that governs that run (SPEC's "Versions" lists what
 # each version changed). Every change to a rule that decides a published byte bumps it.
-SPEC = 4
+SPEC = 7
 
 
 class HashChainError(Exception):
@@ -104,6 +106,40 @@ def write_all(f, data):
             time.sleep(float(delay))
         f.write(data[begin:end])
         f.flush()
+
+
+def write_atomically(path, data, mode=0o644, check=None):
+    """Write `data` (bytes, an iterable of bytes-like pieces, each written as it comes, or a
+    function that writes into the open file, seeking back and truncating as it needs) to `path`
+    so that a crash leaves the old file or the new one, and no planted file is ever written
+    through: the one writer of every file the trainer, the publisher and the auditors write
+    (checkpoints, the secret, anchors, unit lists, receipts, salts, traces, reports, a public
+    copy, an audit's cache of fetched bytes). The bytes go to a temp file in path's folder whose
+    name holds 12 random hex digits (".<name>.tmp-<hex>"), created with O_CREAT | O_EXCL |
+    O_NOFOLLOW: a link or file planted under any name is never opened, followed or truncated.
+    Then write_all, fsync, check(temp path) if given (fetched bytes are verified before they are
+    kept: it raises unless they are), the rename over `path` (which replaces a link there, never
+    its target) and the folder's fsync. The temp file is removed on any error (OSError, or
+    check's, reaches the caller)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.urandom(6).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                for piece in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data):
+                    write_all(f, piece)
+            f.flush()
+            os.fsync(f.fileno())
+        if check is not None:
+            check(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)     # the rename itself durable
 
 
 KILL_AT_ENV = "REPOPS_KILL_AT"
@@ -342,6 +378,15 @@ def keyed_state_root(key_hex, tensors):
     return merkle_root(list(map_tensors(lambda n, t: tensor_leaf(n, t, key), tensors).values()))
 
 
+def seal_value(salt, value):
+    """`value` (32 bytes) XOR HMAC-SHA256(salt, "repops-seal-v1"): a value published hidden, that
+    the salt's holder (the publisher; anyone once the salt is revealed) reads back with this same
+    function (SPEC §11.6): a step's step_commit seals its result_root, a unit list's commit a
+    micro-batch's witness digest. Given the salt it names one value; without it, nothing of it."""
+    pad = hmac.new(salt, b"repops-seal-v1", hashlib.sha256).digest()
+    return bytes(a ^ b for a, b in zip(value, pad, strict=True))
+
+
 def verify_state(tensors, expected_root, expected_leaves=None):
     """Raise StateMismatch unless `tensors` hash to `expected_root`.
 
@@ -367,8 +412,9 @@ def verify_state(tensors, expected_root, expected_leaves=None):
 # ---------------------------------------------------------------------------------------------
 # The hash chain
 
-def _canonical_json(obj):
-    """The one serialization of records. NaN and Infinity are not JSON: refused, never written."""
+def canonical_json(obj):
+    """The one serialization of records, anchors and signed receipts (SPEC §12.1). NaN and
+    Infinity are not JSON: refused, never written."""
     try:
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                           allow_nan=False)
@@ -380,7 +426,7 @@ def _canonical_json(obj):
 def record_hash(record):
     """SHA-256 hex of the canonical JSON of a record without its own "record_hash" field."""
     body = {k: v for k, v in record.items() if k != "record_hash"}
-    return hashlib.sha256(_canonical_json(body).encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
 
 
 def seal(record, prev_hash):
@@ -498,8 +544,8 @@ class Chain:
                              f"{self.path} line {len(self.records) + 1}: appending step "
                              f"{record.get('step')!r}, expected step {len(self.records)}")
         # Round-trip through JSON so the in-memory record equals what load() will read back.
-        sealed = seal(json.loads(_canonical_json(record)), self.head)
-        line = (_canonical_json(sealed) + "\n").encode("utf-8")
+        sealed = seal(json.loads(canonical_json(record)), self.head)
+        line = (canonical_json(sealed) + "\n").encode("utf-8")
         with open(self.path, "ab") as f:
             write_all(f, line)
             f.flush()

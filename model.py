@@ -360,15 +360,19 @@ class Llama(nn.Module):
         """Extend the token list `ids` by n_tokens samples; returns the whole list. Gumbel-max:
         token = argmax(logits / temperature + g), g = -log(-log(u)), u from Philox (purpose
         SAMPLE, counter = generated position), all in RepOps, so every machine picks the same
-        tokens; argmax is exact. The logits are next_logits' (a KV cache while the context
-        grows, a full forward once it slides): the same tokens as a full forward per token."""
+        tokens; argmax is exact. temperature 0 is greedy: token = argmax(logits), no noise
+        (the limit of Gumbel-max as the temperature falls to 0). The logits are next_logits' (a
+        KV cache while the context grows, a full forward once it slides): the same tokens as a
+        full forward per token."""
         ids = list(ids) or [0]
         self.eval()
         cache = None
         for i in range(n_tokens):
             logits, cache = self.next_logits(ids, cache)                      # [vocab]
-            u = repops.uniform(seed, i, 0, repops.PURPOSE_SAMPLE, self.cfg.vocab_size).to(logits.device)
-            gumbel = repops.ops.scale(repops.ops.log(repops.ops.scale(repops.ops.log(u), -1.0)), -1.0)
-            score = repops.ops.add(repops.ops.scale(logits, repops.f32(1.0 / temperature)), gumbel)
-            ids.append(int(torch.argmax(score.cpu())))   # on the host: one tie rule on every device
+            score = logits
+            if temperature > 0:
+                u = repops.uniform(seed, i, 0, repops.PURPOSE_SAMPLE, self.cfg.vocab_size).to(logits.device)
+                gumbel = repops.ops.scale(repops.ops.log(repops.ops.scale(repops.ops.log(u), -1.0)), -1.0)
+                score = repops.ops.add(repops.ops.scale(logits, repops.f32(1.0 / temperature)), gumbel)
+            ids.append(int(torch.argmax(score.cpu())))   # on the host: one tie rule (the first) on every device
         return ids

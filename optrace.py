@@ -126,9 +126,8 @@ def machine():
 def write(path, entries, meta):
     """JSON lines: a header ({format, machine, **meta: step, state_hash, code_digest}), entries."""
     header = {"format": FORMAT, **meta, "machine": machine(), "ops": len(entries)}
-    with open(path, "w") as f:
-        for line in [header, *entries]:
-            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    hashchain.write_atomically(path, ((json.dumps(line, separators=(",", ":")) + "\n").encode()
+                                      for line in [header, *entries]))
 
 
 def read(path):
@@ -199,7 +198,7 @@ def main(argv=None):
     if k is not None:
         o = a["outputs"][k]
         print(f"first difference at op #{found['index']} {found['op']} output {k} "
-              f"(shape {o['shape']}, {o['dtype']}): A {o['sha256'][:16]}, B {b['outputs'][k]['sha256'][:16]}")
+              f"(shape {o['shape']}, {o['dtype']}): A {o['sha256']}, B {b['outputs'][k]['sha256']}")
     else:
         print(f"first difference at op #{found['index']}: the operators differ\n"
               f"  A ran {_entry(a)}\n  B ran {_entry(b)}")

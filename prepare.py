@@ -484,8 +484,16 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
 
 def _throughput(done, total, n_tokens, seconds):
     seconds = max(seconds, 1e-9)
-    return (f"prepare: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB of text in {seconds:.1f} s, "
-            f"{done / seconds / 1e6:.0f} MB/s, {n_tokens / seconds / 1e6:.1f}M tokens/s")
+    return (f"prepare: {_size(done)} of {_size(total)} of text in {seconds:.1f} s, "
+            f"{_size(done / seconds)}/s, {n_tokens / seconds:,.0f} tokens/s")
+
+
+def _size(n_bytes):
+    """A byte count in the unit that shows it with two or three digits: 30 KB, 5.2 MB, 1.3 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes:.0f} bytes"
 
 
 # ----------------------------------------------------------------------------- mixes

@@ -10,7 +10,7 @@ serves as it is, and from whose address anyone audits it.
     hf upload --repo-type dataset org/x public/x .        # Hugging Face: hf://datasets/org/x
     python audit.py --run_dir https://host/runs/x --step 120 --micro_batch 3
 
-The copy (SPEC.md §21, published.py) holds the run directory's files but its secret, its lock
+The copy (SPEC.md §22, published.py) holds the run directory's files but its secret, its lock
 and rejected/: the chain's complete lines (a run still training is published up to its last
 whole record), chain.offsets, anchors.jsonl, config.json, train.log, the checkpoints of steps
 in the chain, the unit lists, an imported run's source_config.json and, unless --no_corpus, the
@@ -18,12 +18,14 @@ corpus under corpus/ (a prepared corpus or a mix; its manifest digest must be th
 record's). publication.json, the index, is written last: every file with its size and SHA-256,
 the genesis record's hash (`run`), the last step and its record's hash (`head`). Checkpoints and
 token files are hard-linked where --out is on the same file system (they never change), else
-copied; every other file is written anew, through a temporary file and a rename. Publishing
+copied; every other file is written anew, through hashchain.write_atomically (a temporary file
+of a random name, then a rename). Publishing
 again into the same --out brings the copy up to date; an --out that holds another run's copy is
 refused. Before anything is written: the chain is verified, and each checkpoint's header is
 proven against its record (its tensors are the auditors' to check).
 
-Readers never write into a run: --out must lie outside it. Bad input is one line
+Readers never write into a run: --out must lie outside it, and is checked (and created) before
+any work (rundir.prepare_output). Bad input is one line
 `publish.py: error: ...`, exit 2.
 """
 import hashlib
@@ -115,41 +117,43 @@ def plan(run, corpus):
 
 def write(out, name, source):
     """Put one file of the copy in place: new bytes, or a file hard-linked (LINKED, where it can
-    be) or copied, always through a temporary name and a rename; returns (size, SHA-256 hex)."""
+    be) or copied; written through hashchain.write_atomically (a link: made under a random
+    temporary name, then renamed); returns (size, SHA-256 hex)."""
     dest = os.path.join(out, name)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp{os.getpid()}")
-    try:
-        if isinstance(source, bytes):
-            with open(tmp, "wb") as f:
-                f.write(source)
+    if isinstance(source, bytes):
+        hashchain.write_atomically(dest, source)
+        return len(source), hashlib.sha256(source).hexdigest()
+    digest, size = hashlib.sha256(), 0
+    linked = name.startswith(LINKED) and os.path.exists(dest) and os.path.samefile(dest, source)
+    if name.startswith(LINKED) and not linked:
+        tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{os.urandom(6).hex()}")
+        try:
+            os.link(source, tmp)                # never through a planted file: link() does not follow
             os.replace(tmp, dest)
-            return len(source), hashlib.sha256(source).hexdigest()
-        linked = name.startswith(LINKED) and os.path.exists(dest) and os.path.samefile(dest, source)
-        if name.startswith(LINKED) and not linked:
-            try:
-                os.link(source, tmp)
-                os.replace(tmp, dest)
-                linked = True
-            except OSError:                     # another file system: copied below
-                pass
-        digest, size = hashlib.sha256(), 0
-        with open(source, "rb") as src, open(os.devnull if linked else tmp, "wb") as copy:
+            linked = True
+        except OSError:                         # another file system: copied below
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+
+    def copy(into=None):
+        nonlocal size
+        with hashchain.open_regular(source, "a file of the run", UsageError) as src:
             while block := src.read(1 << 24):
                 digest.update(block)
                 size += len(block)
-                copy.write(block)
-        if not linked:
-            os.replace(tmp, dest)
-        return size, digest.hexdigest()
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+                if into is not None:
+                    hashchain.write_all(into, block)
+    if linked:
+        copy()
+    else:
+        hashchain.write_atomically(dest, copy)
+    return size, digest.hexdigest()
 
 
 def publish(run_dir, out, corpus_dir=None, no_corpus=False):
     """Write or update the public copy of run_dir in `out`; returns (index, its SHA-256 hex)."""
-    rundir.check_outside(run_dir, out, "--out")
+    rundir.prepare_output(run_dir, out, "--out", directory=True)
     run = rundir.Run(run_dir)
     genesis = run.genesis
     if genesis.get("spec") != hashchain.SPEC:

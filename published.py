@@ -7,7 +7,7 @@
     run.published_leaves(119)       # the leaves its header proves against the record
     print(published.summary())      # what the sites were asked for, and what the cache gave
 
-`publish.py` writes the public copy (SPEC.md §21): the run directory without its secret, lock
+`publish.py` writes the public copy (SPEC.md §22): the run directory without its secret, lock
 and rejected checkpoints, plus `chain.offsets` (where each line of chain.jsonl starts) and
 `publication.json` (the index: the run's genesis record hash, its last step and that record's
 hash, every file with its size and SHA-256, and where the corpus is), so that a static file
@@ -19,7 +19,7 @@ server or a Hugging Face repository serves it as it is:
 
 A RemoteRun is rundir.Run's reader over such a copy at an http(s):// or hf:// address, fetching
 only what an audit asks for, each byte checked before it is used:
-- records: a SparseChain reaches record S from the nearest anchor at or after S (else from the
+- records: a SparseChain reaches record S from the nearest usable anchor at or after S (else from the
   chain's last record) by `prev` links, backwards: O(anchor_every) records, never the chain from
   the genesis. Every record on the way must hash to the link above it and name the run's genesis
   (`run`, SPEC §12.3); the genesis record must hash to the index's `run`. A break is a ChainError
@@ -30,12 +30,17 @@ only what an audit asks for, each byte checked before it is used:
 - unit lists, the corpus: a unit list whole against units_root; the corpus through data.py's
   TokenData on the copy's corpus/ folder (chunks by range against their leaves).
 
-Which anchors a walk starts from is published_anchors(): the copy's own anchors.jsonl. Served
-with the chain by the same host, an unsigned anchor is worth what the chain is worth: it makes
-the walk short, and it pins nothing. A record is pinned by an anchor obtained outside the
-publication (`audit.py --anchors FILE` compares the chain with such a copy): walking from such
-an anchor, or from one whose signature a verifier accepts, is what makes the records reached
-the ones published at that time. The publication index is bound to the chain (its `run` is the
+Which anchors a walk starts from: those of the copy's own anchors.jsonl (published_anchors)
+that anchor_problem accepts (SPEC §11.7). When the genesis record names the publisher's key, an
+anchor is used only if its signature verifies under that key (receipts.anchor_signature_problem,
+checked when a walk first needs the anchor): whoever serves the copy cannot forge one, so a
+record reached from it is the one the publisher signed. An unsigned or forged anchor of such a
+run is not used, and the audit says so in a note (`audit.py --anchors` reports it as a
+MISMATCH). Without a publisher key, an anchor served with the chain by the same host is worth
+what the chain is worth: it makes the walk short, and it pins nothing. A record is then pinned
+by an anchor obtained outside the publication (`audit.py --anchors FILE` compares the chain with
+such a copy). An anchor names no run: the record it pins does (`run`), and every record on the
+walk is checked to name the run. The publication index is bound to the chain (its `run` is the
 genesis record's hash, its `head` the last record's); each file in it is bound by its content
 (checkpoints by their state roots, the corpus by the genesis record's data commitments, unit
 lists by units_root, chain lines by their links), except config.json, train.log and
@@ -50,6 +55,7 @@ import byterange
 import hashchain
 import receipts
 import rundir
+import signing
 from config import UsageError
 from hashchain import ChainError, GENESIS_PREV
 
@@ -71,7 +77,7 @@ def open_run(address):
 
 def offsets(chain_bytes):
     """chain.offsets of a chain file's bytes (complete lines): the byte offset of each line's
-    start, then the file's size, each as 8 bytes little-endian (SPEC §21)."""
+    start, then the file's size, each as 8 bytes little-endian (SPEC §22)."""
     ends = np.flatnonzero(np.frombuffer(chain_bytes, np.uint8) == 0x0A) + 1
     return np.concatenate([[0], ends]).astype("<u8").tobytes()
 
@@ -122,15 +128,29 @@ def read_index(site):
 
 
 def published_anchors(site):
-    """The anchors a walk to a record starts from (module docstring): the copy's anchors.jsonl,
-    [] without one."""
+    """The anchors of the copy's anchors.jsonl, [] without one. A walk takes one only once
+    anchor_problem finds nothing wrong with it (module docstring)."""
     if not site.exists(receipts.ANCHORS):
         return []
+    where = site.show(receipts.ANCHORS)
     raw = site.read_file(receipts.ANCHORS, "anchors file", receipts.MAX_ANCHORS, UsageError)
     try:
-        return receipts.parse_anchors(raw.decode("utf-8"), site.show(receipts.ANCHORS))
+        return receipts.parse_anchors(raw.decode("utf-8"), where)
     except UnicodeDecodeError:
-        raise UsageError(f"{site.show(receipts.ANCHORS)} is not UTF-8 text") from None
+        raise UsageError(f"{where} is not UTF-8 text") from None
+
+
+def anchor_problem(genesis):
+    """problem(anchor): why a walk of the run of `genesis` (its verified genesis record) may not
+    start from the anchor, or None. Where the genesis names the publisher's key, an anchor must
+    be signed by it (receipts.anchor_signature_problem, SPEC §11.7)."""
+    publisher = genesis.get("publisher")
+
+    def problem(anchor):
+        if publisher is not None and not signing.is_public_key(publisher):
+            return "the genesis record's publisher is not an SSH public key"
+        return receipts.anchor_signature_problem(anchor, publisher)
+    return problem
 
 
 # ----------------------------------------------------------------------------- the chain
@@ -139,15 +159,35 @@ class SparseChain:
     records, lines, len, head, verify, path). A record is returned only once it is reached
     from a trusted hash by links (module docstring); `known` holds those, by step."""
 
-    def __init__(self, site, index, anchors):
+    def __init__(self, site, index):
         self.site, self.path = site, site.show(CHAIN)
         self.lines = index["steps"] + 1
         self.run, self.head_hash = index["run"], index["head"]
         self.size = index["files"][CHAIN]["size"]
-        self.anchored = {a["step"]: a["record_hash"] for a in anchors if a["step"] < self.lines}
+        self.anchored, self.checked, self.refused = {}, set(), []
         self.known = {}
         self.broken = self.note = None
         self.records = _Records(self)
+
+    def anchor(self, anchors, problem, where):
+        """Walks may start from these anchors (of the file `where`), each once problem(anchor)
+        finds nothing wrong with it (anchor_problem: checked when a walk first needs it, so an
+        audit verifies one signature, not every anchor's); those it refuses are left out, and
+        self.refused says why."""
+        self.anchored = {a["step"]: a for a in anchors if a["step"] < self.lines}
+        self.problem, self.where = problem, where
+
+    def _usable(self, step):
+        """Is the anchor of `step` one a walk may start from? Checked once."""
+        a = self.anchored[step]
+        if step not in self.checked:
+            if problem := self.problem(a):
+                del self.anchored[step]
+                self.refused.append(f"the anchor of step {step} in {self.where} was not used to reach "
+                                    f"records: {problem}")
+                return False
+            self.checked.add(step)
+        return True
 
     def __len__(self):
         return self.lines
@@ -180,12 +220,15 @@ class SparseChain:
             self._walk(0, 0, self.run, "index")
             return
         self.reach(0)
-        tops = [(s, "known") for s in self.known if s > step] + [(s, "anchor") for s in self.anchored if s >= step]
-        top, kind = min(tops, default=(self.lines - 1, "head"))
+        while True:
+            tops = [(s, "known") for s in self.known if s > step] + [(s, "anchor") for s in self.anchored if s >= step]
+            top, kind = min(tops, default=(self.lines - 1, "head"))
+            if kind != "anchor" or self._usable(top):
+                break
         if kind == "known":
             self._walk(step, top - 1, self.known[top]["prev"], "link")
         else:
-            self._walk(step, top, self.anchored[top] if kind == "anchor" else self.head_hash, kind)
+            self._walk(step, top, self.anchored[top]["record_hash"] if kind == "anchor" else self.head_hash, kind)
 
     def _walk(self, first, last, trusted, kind):
         """Records first..last fetched and checked downwards from `trusted`, the hash that record
@@ -238,18 +281,18 @@ class SparseChain:
             if hashchain.record_hash(rec) != rec["record_hash"]:
                 raise ChainError(i + 1, f"{where}: record hash does not match its contents (edited?)")
             if rec["record_hash"] != trusted:
-                why = {"anchor": f"is not the anchored {trusted[:16]} (history rewritten after anchoring)",
-                       "head": f"is not the last record's hash that {INDEX} names ({trusted[:16]})",
-                       "index": f"is not the run that {INDEX} names ({trusted[:16]})"}.get(
+                why = {"anchor": f"is not the anchored {trusted} (history rewritten after anchoring)",
+                       "head": f"is not the last record's hash that {INDEX} names ({trusted})",
+                       "index": f"is not the run that {INDEX} names ({trusted})"}.get(
                     kind if i == last else "link", f"is not the prev of step {i + 1} (record edited, "
                                                    "missing or inserted?)")
-                raise ChainError(i + 1, f"{where}: its hash {rec['record_hash'][:16]} {why}")
+                raise ChainError(i + 1, f"{where}: its hash {rec['record_hash']} {why}")
             if i and rec.get("run") != self.run:
-                raise ChainError(i + 1, f"{where}: its run is not the genesis record's hash {self.run[:16]} "
+                raise ChainError(i + 1, f"{where}: its run is not the genesis record's hash {self.run} "
                                         "(a record of another run)")
             if i == 0 and (rec["prev"] != GENESIS_PREV or rec["record_hash"] != self.run):
                 raise ChainError(1, f"{where}: not the genesis record of the run {INDEX} names "
-                                    f"({self.run[:16]})")
+                                    f"({self.run})")
             trusted = rec["prev"]
         return records
 
@@ -286,7 +329,10 @@ class RemoteRun(rundir.Run):
         self.dir, self.writer = str(self.site), False
         self.index = read_index(self.site)
         self.site.known = {name: e["size"] for name, e in self.index["files"].items()}
-        self.chain = SparseChain(self.site, self.index, published_anchors(self.site))
+        self.chain = SparseChain(self.site, self.index)
+        self.chain.anchor(published_anchors(self.site), anchor_problem(self.chain.records[0]),
+                          self.site.show(receipts.ANCHORS))
+        self.walk_notes = self.chain.refused       # anchors not used (a forged one): the audit's notes
 
     def checkpoints(self):
         found = [(int(m.group(1)), name) for name in self.index["files"] if (m := CHECKPOINT.fullmatch(name))]

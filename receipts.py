@@ -1,60 +1,61 @@
-"""Audits that cannot be faked and that add up: receipts, a coverage plan, anchored chain heads.
+"""Audits that cannot be faked, that count keys, and that add up: receipts, a coverage plan,
+signed anchors (SPEC.md §11.6-§11.8).
 
 The chain's per-step hashes are public, so an "auditor" could report MATCH without replaying
-anything. Three pieces close that and the two other holes (no plan, no anchor):
+anything; a name is any string; and chain heads copied out of a run say what the copier wants.
+Three pieces close those holes:
 
-    # 1. Commit, then reveal. The trainer (the run's lock holder) makes the run's secret once;
-    #    the genesis record holds secret_commit(secret); every step record carries
-    #    step_commit = SHA-256(salt_s || grad_root_s || result_root_s), where
-    #    salt_s = HMAC-SHA256(secret, step as 8 bytes big-endian), grad_root_s is
-    #    hashchain.tensor_leaf("grad", the step's final gradient: folded, scaled, clipped) and
-    #    result_root_s = hashchain.keyed_state_root(grad_root_s, the post-step state): the
-    #    step's whole result (update and re-pin included), salted with what only a replay knows.
+    # 1. Seal, then reveal. The trainer (the run's lock holder) makes the run's secret once; the
+    #    genesis record holds secret_commit(secret). salt_s = HMAC-SHA256(secret, s as 8 bytes
+    #    big-endian); every step record holds step_commit, the step's result_root sealed with
+    #    salt_s (hashchain.seal_value), where result_root = hashchain.keyed_state_root(grad_root,
+    #    the post-step state) and grad_root = hashchain.tensor_leaf("grad", the step's final
+    #    gradient): a digest of the step's whole result that only its replay computes.
     secret = make_secret("runs/x")                      # trainer only: 32 random bytes, mode 0600
     secret = read_secret("runs/x", "why it is needed")  # UsageError if missing or malformed
     secret_commit(secret)                               # the genesis record's secret_commit
-    commit(salt(secret, 17), grad_root, result_root)    # the record's step_commit
-    write_receipt("alice/step_17.json", receipt)        # audit.py --step 17 --receipt FILE
-    results = check_receipts("receipts/", chain, salts) # [Result]: accepted/rejected/malformed/unchecked
-    unit_receipt(genesis, record, "micro_batch:3", proof, auditor, ...)   # v3: one unit (below)
-    check_receipts("receipts/", chain, salts, unit_list, fold_keyed)     # v3 receipts need these
-    reveal(secret, run_id(genesis), 1, 40)              # salts of steps 1..40, for anyone to check with
+    step_commit(salt(secret, 17), result_root)          # the record's step_commit
 
-    # 2. A plan for K auditors, each step replayed by C of them; what accepted receipts cover.
+    # A receipt (repops-receipt-v4) names one unit of one step, its signer's SSH public key and a
+    # proof of the unit's secret value bound to that key and to the run (units.bound), and is
+    # signed with that key (signing.py). Proofs by unit: a whole step of a run without unit
+    # commitments: result (of result_root); micro_batch:M: witness (of W_M); fold:LO:SIZE: keyed
+    # (the node's digest under units.signer_key); update: result; a whole step of a run with unit
+    # commitments: witnesses (every W_M's) and result, which cover its micro-batches and its
+    # update, not its fold nodes (the update's input S may have been revealed: nothing in it shows
+    # that the sums were formed).
+    receipt = make_receipt(genesis, record, "step", {"result": result_proof(...)}, signer.public_key, ...)
+    write_receipt("r/step_17.json", sign_receipt(receipt, signer))   # audit.py --receipt FILE --key KEY
+    results = check_receipts("r/", chain, salt_of, unit_list, fold_keyed, roster)   # [Result]
+    reveal(secret, run_id(genesis), 1, 40)              # salts of steps 1..40: after their receipts
+
+    # 2. A plan for K auditors (a roster's keys), each unit audited by C of them; what counted
+    #    receipts (accepted, signed by a roster key) cover.
     costs = replay_costs(1, 40, checkpoint_steps)      # {step: steps an audit of it replays}
     assignment = plan(costs, auditors=8, redundancy=2, seed=42)
-    counts = coverage(accepted_results, 1, 40)          # {step: distinct auditors}
-    covered(results, chain, 1, 40)                      # {step: {unit: {auditors}}}, by unit
-    plan(unit_costs(chain, 1, 40, seconds), 8, 2, 42)   # a plan of units: [[(step, unit), ...], ...]
+    counts = coverage(results, 1, 40)                   # {step: distinct roster keys}
+    covered(results, chain, 1, 40, public={10, 20})     # {step: {unit: {keys}}}, by unit
     ranges([1, 2, 3, 7])                                # "1-3,7"
 
-    # 3. Anchors: chain heads published outside the run (the trainer writes run_dir/anchors.jsonl
-    #    every anchor_every steps; the publisher copies it out: a git tag, a transparency log).
-    append_anchor("runs/x", step, record_hash)
+    # 3. Anchors: chain heads published outside the run, signed by the publisher's key when the
+    #    genesis names one (the trainer writes run_dir/anchors.jsonl every anchor_every steps).
+    #    An anchor names its run through the record it pins (a step record names its run).
+    append_anchor("runs/x", step, record_hash, signer)
     first_contradiction(chain, read_anchors("anchors.jsonl"))   # None, or (step, message)
+    anchor_signature_problem(anchor, publisher)         # None when a walk may start from it
 
-Only a replay produces grad_root and result_root: they appear nowhere in the chain, and
-step_commit hides them behind a salt that only the secret's holder can compute. A receipt
-(format repops-receipt-v2) opens the commitment only if the auditor computed the step's gradient
-and its post-step state bit for bit (the state's public hash does not give its keyed root), and
-it names the record hash of the step it audited, so a chain rewritten later rejects it.
-A run made with unit commitments (units.py) is audited unit by unit: one micro-batch, one fold
-node, the update, or the whole step, each with a receipt of format repops-receipt-v3 (SPEC
-§20.7) that names its unit and holds what only that audit computes:
-- micro_batch:M: `witness`, W_m, which opens the step's commitment c_m with the salt
-  salt_{s,m} = HMAC-SHA256(salt_s, "unit" || M); nothing revealed by a publisher gives it;
-- fold:LO:SIZE: `keyed`, the node's chunked digest under a key bound to the run, the node and
-  the auditor's name (units.fold_key): made from the node's value, which whoever revealed its
-  children re-derives (fold_keyed);
-- update: `state_hash`, `grad_root`, `result_root`, which open step_commit as a v2 receipt's do;
-- step: those three and `witnesses`, every W_m of the step: a whole-step receipt stays a proof
-  of the whole replay even after a dispute has revealed S (from which the update alone gives
-  grad_root and result_root).
-Each kind of run refuses the other's format. A step is covered when every one of its units is.
-Auditor names are 1..64 printable characters; whatever a receipt holds is printed escaped
-(shown). The publisher checks receipts with the secret; revealing the salts of a range lets anyone check those receipts
-later. Bad input raises config.UsageError (one line); a malformed receipt is reported as such
-by check_receipts, not raised.
+Who can check what. A receipt's proof is the HMAC of a value only the unit's work computes (a
+step's result_root, a micro-batch's witness digest W_M) under a key made of the run, the unit and
+the signer's public key: showing it gives the value to no one, so Bob cannot turn Alice's receipt
+into his own (he needs the value: the work), and a receipt made for one run proves nothing for
+another. The checker recomputes the proof from the value: the publisher opens the record's
+seals with its secret; anyone can once the step's salts are revealed (--reveal_salts); a fold
+node's proof is made from its children as the publisher revealed them. A reveal makes the
+step's values public, after which anyone can make its proofs for any key: receipts come first,
+reveals after (docs/auditing.md, "The protocol's order"). The signature says which key made the
+receipt; only a roster (an allowed_signers file the coordinator writes) says whose key it is.
+Bad input raises config.UsageError (one line); a malformed receipt is reported as such by
+check_receipts, not raised.
 """
 import bisect
 import dataclasses
@@ -71,19 +72,18 @@ from pathlib import Path
 
 import config
 import hashchain
+import signing
 import units
 from config import UsageError
 
 SECRET = "secret"                  # in the run directory; never published
 SECRET_BYTES = 32
 ANCHORS = "anchors.jsonl"          # in the run directory; meant to be copied out of it
-RECEIPT_FORMAT = "repops-receipt-v2"   # v2: result_root and record_hash (v1 proved the gradient only)
-UNIT_RECEIPT_FORMAT = "repops-receipt-v3"   # v3: one unit of a run with unit commitments (units.py)
+RECEIPT_FORMAT = "repops-receipt-v4"   # v4: signed, one unit, proofs bound to the signer and the run
 SALTS_FORMAT = "repops-salts-v1"
 SECRET_COMMIT = b"repops-secret-commit-v1"
 MAX_FILE = 1 << 20                 # a receipt or salts file is a few KB
-MAX_ANCHORS = 64 << 20             # an anchors file: ~120 bytes per anchored step
-MAX_AUDITOR = 64                   # characters of an auditor's name
+MAX_ANCHORS = 64 << 20             # an anchors file: ~120 bytes per anchored step (~700 signed)
 MAX_AUDITORS = 1 << 20             # --plan --auditors: a plan lists every auditor
 HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -111,33 +111,14 @@ def shown(text):
     return text if text.isprintable() else ascii(text)
 
 
-def auditor_problem(name):
-    """Why `name` is not an auditor's name (None if it is one): 1..MAX_AUDITOR printable
-    characters, no leading or trailing space."""
-    if not isinstance(name, str) or not name.strip():
-        return "an auditor's name must not be empty"
-    if len(name) > MAX_AUDITOR or not name.isprintable() or name != name.strip():
-        return (f"an auditor's name is 1..{MAX_AUDITOR} printable characters without leading or "
-                "trailing spaces")
-    return None
-
-
-# ----------------------------------------------------------------------------- 1. secret, commitments
+# ----------------------------------------------------------------------------- 1. secret, seals
 def make_secret(run_dir):
     """The trainer's secret for a run whose chain is still empty: kept if run_dir/secret already
     holds one (a publisher may provide it, e.g. to give two runs the same chain bytes), otherwise
-    32 random bytes written atomically with mode 0600. Returns it."""
+    32 random bytes written with mode 0600 through hashchain.write_atomically. Returns it."""
     path = Path(run_dir) / SECRET
     if not path.exists():
-        tmp = path.with_name(".secret.tmp")
-        tmp.unlink(missing_ok=True)          # O_EXCL below: the mode applies to a new file only
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(SECRET_BYTES))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)                # a kill leaves no secret or a whole one
-        hashchain.fsync_dir(path.parent)     # durable before the genesis record that needs it
+        hashchain.write_atomically(path, secrets.token_bytes(SECRET_BYTES), mode=0o600)
     return read_secret(run_dir, "")
 
 
@@ -158,9 +139,15 @@ def salt(secret, step):
     return hmac.new(secret, step.to_bytes(8, "big"), hashlib.sha256).digest()
 
 
-def commit(salt_bytes, grad_root, result_root):
-    """step_commit = SHA-256(salt || grad_root || result_root), each as raw 32 bytes; hex."""
-    return hashlib.sha256(salt_bytes + bytes.fromhex(grad_root) + bytes.fromhex(result_root)).hexdigest()
+def step_commit(salt_bytes, result_root):
+    """The record's step_commit: result_root (hex) sealed with the step's salt, hex. The salt's
+    holder reads result_root back from it (opened_result); no one else learns anything of it."""
+    return hashchain.seal_value(salt_bytes, bytes.fromhex(result_root)).hex()
+
+
+def opened_result(salt_bytes, commitment):
+    """The result_root (raw 32 bytes) a record's step_commit seals, given the step's salt."""
+    return hashchain.seal_value(salt_bytes, bytes.fromhex(commitment))
 
 
 def secret_commit(secret):
@@ -175,19 +162,16 @@ def run_id(genesis):
 
 
 # ----------------------------------------------------------------------------- receipts
-# Every field a receipt has, and its type (HEX: 64 hex digits): a whole step's of a run without
-# unit commitments (v2), and a unit's of a run with them (v3: the common fields and its proof).
+# Every field a receipt has and its type (HEX: 64 hex digits); `signer` and `signature` may be
+# missing (an unsigned receipt: listed, never counted), and so may a whole step's `witnesses`
+# (a run without unit commitments has none).
 HEX = "hex64"
-RECEIPT_FIELDS = {"format": str, "run": HEX, "step": int, "record_hash": HEX, "state_hash": HEX,
-                  "grad_root": HEX, "result_root": HEX, "auditor": str, "machine": dict,
-                  "cost": dict, "code_digest": HEX, "data_manifest": HEX, "verdict": str,
-                  "findings": list}
-UNIT_FIELDS = {"format": str, "run": HEX, "step": int, "unit": str, "record_hash": HEX, "auditor": str,
-               "machine": dict, "cost": dict, "code_digest": HEX, "data_manifest": HEX, "verdict": str,
-               "findings": list}
-PROOFS = {"micro_batch": {"witness": HEX}, "fold": {"keyed": HEX},
-          "update": {"state_hash": HEX, "grad_root": HEX, "result_root": HEX},
-          "step": {"state_hash": HEX, "grad_root": HEX, "result_root": HEX, "witnesses": list}}
+FIELDS = {"format": str, "run": HEX, "step": int, "unit": str, "record_hash": HEX, "signer": str,
+          "machine": dict, "cost": dict, "code_digest": HEX, "data_manifest": HEX, "verdict": str,
+          "findings": list, "signature": str}
+PROOFS = {"micro_batch": {"witness": HEX}, "fold": {"keyed": HEX}, "update": {"result": HEX},
+          "step": {"result": HEX, "witnesses": list}}
+OPTIONAL = {"signer", "signature", "witnesses"}
 
 
 class Malformed(Exception):
@@ -199,82 +183,129 @@ def unit_kind(unit):
     return unit if unit in ("step", "update") else unit.partition(":")[0]
 
 
-def unit_receipt(genesis, record, unit, proof, auditor, machine, cost, code_digest, data_manifest, findings):
-    """A v3 receipt of `unit` of the step of `record` (the fields of PROOFS[unit_kind(unit)] from proof)."""
-    return {"format": UNIT_RECEIPT_FORMAT, "run": run_id(genesis), "step": record["step"], "unit": unit,
-            "record_hash": record["record_hash"], **proof, "auditor": auditor, "machine": machine,
+def result_proof(run, step, unit_commits, signer, result_root):
+    """The proof of a step's result_root (hex) by the key blob `signer`: bound to the piece
+    "<s>/update" in a run with unit commitments (the update's), "<s>/step" in one without."""
+    piece = units.uid(step, "update" if unit_commits else "step")
+    return units.bound(run, piece, signer, bytes.fromhex(result_root))
+
+
+def witness_proof(run, step, m, signer, witness):
+    """The proof of micro-batch m's witness digest W_m (raw 32 bytes) by the key blob `signer`."""
+    return units.bound(run, units.uid(step, f"micro_batch:{m}"), signer, witness)
+
+
+def make_receipt(genesis, record, unit, proof, signer, machine, cost, code_digest, data_manifest, findings):
+    """A receipt of `unit` of the step of `record` by the public key `signer` ("TYPE BASE64"),
+    unsigned (sign_receipt): the fields of PROOFS[unit_kind(unit)] from proof."""
+    return {"format": RECEIPT_FORMAT, "run": run_id(genesis), "step": record["step"], "unit": unit,
+            "record_hash": record["record_hash"], **proof, "signer": signer, "machine": machine,
             "cost": cost, "code_digest": code_digest, "data_manifest": data_manifest,
             "verdict": "MISMATCH" if findings else "MATCH", "findings": list(findings)}
 
 
-def close_audit(t0, bytes_read, receipt_path, make_receipt, stopped, written, windows=True, **cost):
+def signed_bytes(receipt):
+    """What a receipt's signature signs: the canonical JSON (SPEC §12.1) of the receipt without
+    its `signature`, UTF-8."""
+    return hashchain.canonical_json({k: v for k, v in receipt.items() if k != "signature"}).encode("utf-8")
+
+
+def sign_receipt(receipt, signer):
+    """`receipt` with its `signature` by signer (signing.Signer), namespace repops-receipt."""
+    return {**receipt, "signature": signer.sign(signed_bytes(receipt), signing.RECEIPT)}
+
+
+def close_audit(t0, bytes_read, receipt_path, make, stopped, written, signer=None, windows=True, **cost):
     """The end of an audit command (a whole-step replay, a unit): its cost (seconds since t0,
     peak memory, bytes read, and the `cost` keys given) printed as the "audit cost:" line, and
-    with receipt_path the receipt make_receipt(cost) gives (None: `stopped` says why none)
-    written there, `written` naming it. Returns the cost."""
+    with receipt_path the receipt make(cost) gives (None: `stopped` says why none) signed by
+    signer (signing.Signer) and written there, `written` naming it. Returns the cost."""
     cost = {"seconds": round(time.perf_counter() - t0, 3), **cost,
             "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "bytes_read": bytes_read}
     print(f"audit cost: {cost['seconds']:.1f} s, peak memory {cost['peak_mib']} MiB, read {bytes_read / 1e6:.1f} MB"
           + (" (+ token windows)" if windows else ""))
     if receipt_path:
-        receipt = make_receipt(cost)
+        receipt = make(cost)
         if receipt is None:
             print(f"receipt: none written, {stopped}")
         else:
-            write_receipt(receipt_path, receipt)
-            print(f"receipt: {written} ({receipt['verdict']}) by {receipt['auditor']} written to {receipt_path}")
+            write_receipt(receipt_path, sign_receipt(receipt, signer))
+            print(f"receipt: {written} ({receipt['verdict']}) signed by {signing.fingerprint(signer.public_key)} "
+                  f"written to {receipt_path}")
     return cost
+
+
+def receipt_bytes(receipt):
+    """A receipt file's bytes: JSON with sorted keys, indent 1 (", " never: "," then a newline),
+    ": " after each key, non-ASCII escaped as \\uXXXX, and a final newline (SPEC §11.6)."""
+    return (json.dumps(receipt, indent=1, sort_keys=True, ensure_ascii=True, allow_nan=False) + "\n").encode()
 
 
 def write_receipt(path, receipt):
     try:
-        with open(path, "w") as f:
-            f.write(json.dumps(receipt, indent=1, sort_keys=True) + "\n")
+        hashchain.write_atomically(path, receipt_bytes(receipt))
     except OSError as e:
         raise UsageError(f"cannot write the receipt {path}: {e.strerror}") from None
 
 
 def read_receipt(path):
-    """The receipt in `path`, v2 or v3, every field type-checked; Malformed otherwise."""
+    """The receipt in `path`, every field type-checked; Malformed otherwise (another format too:
+    this code reads RECEIPT_FORMAT only)."""
     try:
         receipt = hashchain.strict_json(_read_json_file(path, "receipt", Malformed))
     except ValueError as e:
         raise Malformed(f"not valid JSON ({e})") from None
     if not isinstance(receipt, dict):
         raise Malformed("not a JSON object")
-    fields, of_unit = RECEIPT_FIELDS, ""
-    if receipt.get("format") == UNIT_RECEIPT_FORMAT:
-        unit = receipt.get("unit")
-        if not isinstance(unit, str) or not (unit in ("step", "update") or units.UNIT.fullmatch(unit)):
-            raise Malformed("field unit must be step, update, micro_batch:M or fold:LO:SIZE")
-        fields, of_unit = dict(UNIT_FIELDS, **PROOFS[unit_kind(unit)]), f" (unit {unit})"
-    if set(receipt) != set(fields):
-        odd = sorted(set(receipt) ^ set(fields))
-        raise Malformed(f"field {odd[0]} is {'unknown' if odd[0] in receipt else 'missing'}{of_unit}")
+    if receipt.get("format") != RECEIPT_FORMAT:
+        raise Malformed(f"format {shown(json.dumps(receipt.get('format')))[:40]}: this code reads "
+                        f"{RECEIPT_FORMAT} receipts only (since SPEC v4: signed, bound to their signer and run)")
+    unit = receipt.get("unit")
+    if not isinstance(unit, str) or not (unit in ("step", "update") or units.UNIT.fullmatch(unit)):
+        raise Malformed("field unit must be step, update, micro_batch:M or fold:LO:SIZE")
+    fields = dict(FIELDS, **PROOFS[unit_kind(unit)])
+    odd = sorted((set(receipt) - set(fields)) | (set(fields) - OPTIONAL - set(receipt)))
+    if odd:
+        raise Malformed(f"field {odd[0]} is {'unknown' if odd[0] in receipt else 'missing'} (unit {unit})")
     for key, kind in fields.items():
+        if key not in receipt:
+            continue
         value = receipt[key]
         ok = is_hex64(value) if kind == HEX else _is_int(value) if kind is int else isinstance(value, kind)
         if not ok:
             raise Malformed(f"field {key} must be {'64 hex digits' if kind == HEX else kind.__name__}")
-    if receipt["format"] not in (RECEIPT_FORMAT, UNIT_RECEIPT_FORMAT):
-        raise Malformed(f"format is not {RECEIPT_FORMAT}")
     if receipt["step"] < 1 or receipt["verdict"] not in ("MATCH", "MISMATCH"):
         raise Malformed("step must be >= 1, verdict MATCH or MISMATCH")
-    if auditor_problem(receipt["auditor"]):
-        raise Malformed(f"field auditor: {auditor_problem(receipt['auditor'])}")
     if not all(isinstance(f, str) for f in receipt["findings"]):
         raise Malformed("findings must be a list of strings")
     if not all(is_hex64(w) for w in receipt.get("witnesses", [])):
         raise Malformed("field witnesses must be a list of 64 hex digits")
+    if "signer" in receipt:
+        if not signing.is_public_key(receipt["signer"]):
+            raise Malformed("field signer is not an SSH public key written TYPE BASE64")
     return receipt
 
 
 @dataclasses.dataclass
 class Result:
     path: str
-    status: str                 # accepted, rejected, malformed, unchecked (no salt revealed)
+    status: str                 # accepted, rejected, unsigned, malformed, unchecked (no salt revealed)
     reason: str = ""
     receipt: dict = None
+    name: str = None            # the roster's name of the signer's key (None: no roster, or not in it)
+
+    @property
+    def counted(self):
+        """Coverage counts it: accepted, and signed by a key of the roster."""
+        return self.status == "accepted" and self.name is not None
+
+    def who(self):
+        """The signer as printed: the roster's name, or the key's fingerprint marked unknown."""
+        if self.name is not None:
+            return self.name
+        if self.receipt and "signer" in self.receipt and self.status != "unsigned":
+            return f"key {signing.fingerprint(self.receipt['signer'])} (not in the roster)"
+        return "no valid signature"
 
 
 def genesis_config(chain):
@@ -282,19 +313,23 @@ def genesis_config(chain):
 
 
 def judge(receipt, chain, salt_of, unit_list=None, fold_keyed=None):
-    """(status, reason) of a well-formed receipt against the verified chain. salt_of(step): the
-    step's salt, or None where it is not known (unchecked). A run with unit commitments takes
-    v3 receipts only, a run without them v2 only; for those, unit_list(step) is the step's unit
-    list checked against its units_root ({unit: entry}) or None, and fold_keyed(step, unit,
-    auditor) the keyed digest of that fold node as whoever holds its children makes it, or None."""
-    cfg, unit = genesis_config(chain), receipt.get("unit", "step")
-    if cfg.unit_commits != (receipt["format"] == UNIT_RECEIPT_FORMAT):
-        return "rejected", (f"a {RECEIPT_FORMAT} proves no micro-batch witness, and this run commits to "
-                            f"its units: its receipts are {UNIT_RECEIPT_FORMAT}" if cfg.unit_commits else
-                            f"this run has no unit commitments: its receipts are {RECEIPT_FORMAT}")
+    """(status, reason) of a well-formed receipt against the verified chain, its signature aside
+    (check_receipts checks it). salt_of(step): the step's salt, or None where it is not known
+    (unchecked). With unit commitments, unit_list(step) is the step's unit list checked against
+    its units_root ({unit: entry}) or None, and fold_keyed(step, unit, signer blob) the keyed
+    digest of that fold node as whoever holds its children makes it, or None."""
+    cfg, unit = genesis_config(chain), receipt["unit"]
+    if "signer" not in receipt:
+        return "unsigned", "it names no signer key: its proofs are bound to none"
+    if not cfg.unit_commits and (unit != "step" or "witnesses" in receipt):
+        return "rejected", "this run has no unit commitments: its one unit is the whole step (unit step, no witnesses)"
+    if cfg.unit_commits and unit == "step" and "witnesses" not in receipt:
+        return "rejected", ("this run commits to its units: a whole step's receipt holds every micro-batch's "
+                            "proof (witnesses)")
     step, genesis = receipt["step"], chain.records[0]
-    if receipt["run"] != run_id(genesis):
-        return "rejected", f"a receipt for another run ({receipt['run'][:12]})"
+    run, signer = run_id(genesis), signing.parse_public_key(receipt["signer"])[1]
+    if receipt["run"] != run:
+        return "rejected", f"a receipt for another run ({receipt['run']})"
     if step >= len(chain):
         return "rejected", f"step {step} is not in the chain"
     record, n = chain.records[step], config.micro_batches_at(cfg, step)
@@ -314,34 +349,38 @@ def judge(receipt, chain, salt_of, unit_list=None, fold_keyed=None):
     def unchecked(why):                      # what is decided without a salt, a unit list or a reveal
         return ("rejected", "; ".join(reasons)) if reasons else ("unchecked", why)
     if kind == "fold":
-        keyed = fold_keyed and fold_keyed(step, unit, receipt["auditor"])
+        keyed = fold_keyed and fold_keyed(step, unit, signer)
         if keyed is None:
             return unchecked(f"the children of {unit} of step {step} are not at hand (--revealed DIR)")
         if keyed != receipt["keyed"]:
-            reasons.append("its keyed digest is not the node's (the sum was not formed from its children?)")
+            reasons.append("its keyed digest is not the node's under its signer key (copied, made for another "
+                           "key or run, or the sum was not formed from the children)")
         return ("rejected", "; ".join(reasons)) if reasons else ("accepted", "")
     step_salt = salt_of(step)
     if step_salt is None:
         return unchecked(f"no salt revealed for step {step}")
-    if kind in ("update", "step"):
-        if commit(step_salt, receipt["grad_root"], receipt["result_root"]) != record.get("step_commit"):
-            reasons.append("its grad_root and result_root do not open the step's commitment (echoed, "
-                           "or another gradient or post-step state: a replay that skipped the update?)")
-        if receipt["state_hash"] != record.get("state_hash"):
-            reasons.append("its state hash differs from the chain's")
-    if cfg.unit_commits and kind in ("micro_batch", "step"):
+    if "result" in receipt:
+        if not is_hex64(record.get("step_commit")):
+            reasons.append("the step's record holds no step_commit")
+        elif result_proof(run, step, cfg.unit_commits, signer, opened_result(step_salt, record["step_commit"]).hex()) \
+                != receipt["result"]:
+            reasons.append("its result proof is not the step's result under its signer key (copied from another "
+                           "receipt, made for another key or run, or the update was skipped)")
+    if kind in ("micro_batch", "step") and cfg.unit_commits:
         entries = unit_list and unit_list(step)
         if entries is None:
             return unchecked(f"no unit list of step {step} checks against its units_root")
         micro = [int(unit.partition(":")[2])] if kind == "micro_batch" else range(n)
-        witnesses = [receipt["witness"]] if kind == "micro_batch" else receipt["witnesses"]
-        if len(witnesses) != len(micro) or not all(
-                units.witness_commit(units.unit_salt(step_salt, m), bytes.fromhex(w)).hex()
-                == entries[f"micro_batch:{m}"]["commit"] for m, w in zip(micro, witnesses)):
-            reasons.append("its witness does not open the micro-batch's commitment c_m (copied, or the "
-                           "micro-batch's replay was skipped)" if kind == "micro_batch" else
-                           "its witnesses do not open the micro-batches' commitments (the micro-batches "
-                           "were not all replayed)")
+        proofs = [receipt["witness"]] if kind == "micro_batch" else receipt["witnesses"]
+        opened = [hashchain.seal_value(units.unit_salt(step_salt, m), bytes.fromhex(entries[f"micro_batch:{m}"]["commit"]))
+                  for m in micro]
+        if len(proofs) != len(micro) or any(witness_proof(run, step, m, signer, w) != p
+                                            for m, w, p in zip(micro, opened, proofs)):
+            reasons.append("its witness proof does not open the micro-batch's commitment c_m under its signer key "
+                           "(copied from another receipt, made for another key or run, or the replay was skipped)"
+                           if kind == "micro_batch" else
+                           "its witness proofs do not open the micro-batches' commitments under its signer key "
+                           "(the micro-batches were not all replayed by this key)")
     return ("rejected", "; ".join(reasons)) if reasons else ("accepted", "")
 
 
@@ -356,8 +395,11 @@ def receipt_files(directory):
     return found
 
 
-def check_receipts(directory, chain, salt_of, unit_list=None, fold_keyed=None):
-    """[Result] for every receipt file under `directory` against the verified chain (judge)."""
+def check_receipts(directory, chain, salt_of, unit_list=None, fold_keyed=None, roster=None):
+    """[Result] for every receipt file under `directory` against the verified chain: its
+    signature (signing.verify under its own signer key: "unsigned" when it does not verify or is
+    missing), then judge; with `roster` ({public key: name}, signing.read_roster) each signer's
+    name, None for a key that is not in it."""
     results = []
     for path in receipt_files(directory):
         try:
@@ -365,7 +407,14 @@ def check_receipts(directory, chain, salt_of, unit_list=None, fold_keyed=None):
         except Malformed as e:
             results.append(Result(path, "malformed", str(e)))
             continue
-        results.append(Result(path, *judge(receipt, chain, salt_of, unit_list, fold_keyed), receipt))
+        why = ("it has no signature" if "signature" not in receipt else
+               signing.verify(signed_bytes(receipt), receipt["signature"], receipt["signer"], signing.RECEIPT)
+               if "signer" in receipt else "it names no signer key")
+        if why:
+            results.append(Result(path, "unsigned", why, receipt))
+            continue
+        status, reason = judge(receipt, chain, salt_of, unit_list, fold_keyed)
+        results.append(Result(path, status, reason, receipt, (roster or {}).get(receipt["signer"])))
     return results
 
 
@@ -461,31 +510,42 @@ def replay_hours(replayed_steps, probe_seconds, probe_work, run_work):
 
 
 def coverage(results, first, last):
-    """{step: distinct auditors with an accepted receipt for it}, for steps first..last."""
-    auditors = {s: set() for s in range(first, last + 1)}
+    """{step: distinct roster keys with a counted receipt (Result.counted) for it}, steps first..last."""
+    keys = {s: set() for s in range(first, last + 1)}
     for r in results:
-        if r.status == "accepted" and r.receipt["step"] in auditors:
-            auditors[r.receipt["step"]].add(r.receipt["auditor"])
-    return {s: len(a) for s, a in auditors.items()}
+        if r.counted and r.receipt["step"] in keys:
+            keys[r.receipt["step"]].add(r.receipt["signer"])
+    return {s: len(k) for s, k in keys.items()}
 
 
-def step_units(chain, step):
-    """The units an audit of `step` covers: every unit of units.all_units with unit commitments,
-    else the step itself."""
+def step_units(chain, step, public=()):
+    """The units of `step` that receipts can prove: with unit commitments every unit of
+    units.all_units, but the update of a step in `public` (its post-step state is public: any
+    witness of the update follows from S and that state, docs/auditing.md), else the step itself."""
     cfg = genesis_config(chain)
-    return units.all_units(config.micro_batches_at(cfg, step)) if cfg.unit_commits else ["step"]
+    if not cfg.unit_commits:
+        return ["step"]
+    return [u for u in units.all_units(config.micro_batches_at(cfg, step)) if u != "update" or step not in public]
 
 
-def covered(results, chain, first, last):
-    """{step: {unit: {auditors with an accepted receipt covering it}}} for steps first..last; a
-    whole-step receipt covers every unit of its step."""
-    out = {s: {u: set() for u in step_units(chain, s)} for s in range(first, last + 1)}
+def covers(receipt):
+    """The units a well-formed receipt proves: a whole step's with witnesses (a run with unit
+    commitments) its micro-batches and its update, not its fold nodes; any other its one unit."""
+    if receipt["unit"] == "step" and "witnesses" in receipt:
+        return [f"micro_batch:{m}" for m in range(len(receipt["witnesses"]))] + ["update"]
+    return [receipt["unit"]]
+
+
+def covered(results, chain, first, last, public=()):
+    """{step: {unit: {roster keys with a counted receipt covering it}}} for steps first..last,
+    the units of step_units(chain, step, public)."""
+    out = {s: {u: set() for u in step_units(chain, s, public)} for s in range(first, last + 1)}
     for r in results:
-        if r.status != "accepted" or r.receipt["step"] not in out:
+        if not r.counted or r.receipt["step"] not in out:
             continue
-        unit = r.receipt.get("unit", "step")
-        for u in (out[r.receipt["step"]] if unit == "step" else [unit]):
-            out[r.receipt["step"]][u].add(r.receipt["auditor"])
+        for u in covers(r.receipt):
+            if u in out[r.receipt["step"]]:
+                out[r.receipt["step"]][u].add(r.receipt["signer"])
     return out
 
 
@@ -525,45 +585,55 @@ def ranges(steps):
 
 
 # ----------------------------------------------------------------------------- 3. anchors
+ANCHOR_FIELDS = {"record_hash", "step", "utc"}       # and, signed: signature
+
+
 def _anchor(line):
-    """The anchor a line holds, or None (not JSON, not an anchor)."""
+    """The anchor a line holds, or None (not JSON, not an anchor): {record_hash, step, utc}, or
+    signed: {record_hash, signature, step, utc}. It names no run: the record it pins does
+    (a step record's `run`; the genesis record's hash is the run's id)."""
     try:
         a = hashchain.strict_json(line)
     except ValueError:
         return None
-    ok = (isinstance(a, dict) and set(a) == {"step", "record_hash", "utc"} and _is_int(a["step"])
-          and a["step"] >= 0 and is_hex64(a["record_hash"]) and isinstance(a["utc"], str))
+    signed = ANCHOR_FIELDS | {"signature"}
+    ok = (isinstance(a, dict) and set(a) in (ANCHOR_FIELDS, signed) and _is_int(a["step"])
+          and a["step"] >= 0 and is_hex64(a["record_hash"]) and isinstance(a["utc"], str)
+          and (set(a) == ANCHOR_FIELDS or isinstance(a["signature"], str)))
     return a if ok else None
 
 
-def append_anchor(run_dir, step, record_hash):
+def anchor_signed_bytes(anchor):
+    """What an anchor's signature signs: the canonical JSON of the anchor without `signature`."""
+    return hashchain.canonical_json({k: v for k, v in anchor.items() if k != "signature"}).encode("utf-8")
+
+
+def append_anchor(run_dir, step, record_hash, signer=None):
     """Add {step, record_hash, utc} to run_dir/anchors.jsonl unless that step is anchored
-    already (a resume re-derives anchored steps). The file is rewritten atomically: a kill
-    leaves the old file or the new one, never a torn line. Only the lock holder calls this.
-    Lines that are not anchors (a blank or torn tail, garbage) are dropped, as the chain drops a
-    torn tail: nothing in this bookkeeping file can stop the run (its copies, published outside
-    the run, are what count). A path that is not a regular file is bad input (UsageError)."""
+    already (a resume re-derives anchored steps); with signer (signing.Signer, the publisher's
+    key the genesis names) the anchor also holds its signature, namespace repops-anchor (the
+    record it pins names the run, so the signature binds the run too). The file is rewritten through
+    hashchain.write_atomically: a kill leaves the old file or the new one, never a torn line. Only
+    the lock holder calls this. Lines that are not anchors (a blank or torn tail, garbage) are
+    dropped, as the chain drops a torn tail: nothing in this bookkeeping file can stop the run (its
+    copies, published outside the run, are what count). A path that is not a regular file is bad
+    input (UsageError)."""
     path = Path(run_dir) / ANCHORS
     raw = hashchain.read_bytes(path, "anchors file", MAX_ANCHORS, UsageError) if path.exists() else b""
     text = raw.decode("utf-8", "replace")     # a line that is not UTF-8 is not an anchor: dropped
     anchors = [a for a in map(_anchor, text.splitlines()) if a is not None]
     if any(a["step"] == step for a in anchors):
         return
-    lines = [json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n" for a in anchors]
     utc = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     anchor = {"step": step, "record_hash": record_hash, "utc": utc}
-    lines.append(json.dumps(anchor, sort_keys=True, separators=(",", ":")) + "\n")
-    tmp = path.with_name(f".{ANCHORS}.tmp")
-    with open(tmp, "w") as f:
-        hashchain.write_all(f, "".join(lines))   # REPOPS_SLOW_WRITE: slowed for the SIGKILL test
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    hashchain.fsync_dir(path.parent)
+    if signer is not None:
+        anchor["signature"] = signer.sign(anchor_signed_bytes(anchor), signing.ANCHOR)
+    lines = [hashchain.canonical_json(a) + "\n" for a in anchors + [anchor]]
+    hashchain.write_atomically(path, "".join(lines).encode("utf-8"))  # REPOPS_SLOW_WRITE: the SIGKILL test
 
 
 def read_anchors(path):
-    """[{step, record_hash, utc}] from an anchors file; UsageError if it is not one."""
+    """[anchor] from an anchors file; UsageError if it is not one."""
     return parse_anchors(_read_json_file(path, "anchors file", UsageError, MAX_ANCHORS), path)
 
 
@@ -575,29 +645,58 @@ def parse_anchors(text, path):
             continue                   # a blank line (a copy's trailing newline) holds nothing
         a = _anchor(line)
         if a is None:
-            raise UsageError(f"{shown(path)} line {n} is not an anchor (JSON: step, record_hash, utc)")
+            raise UsageError(f"{shown(path)} line {n} is not an anchor (JSON: step, record_hash, utc; signed: "
+                             "also run, signature)")
         anchors.append(a)
     if not anchors:
         raise UsageError(f"{path} holds no anchors")
     return anchors
 
 
+def publisher_of(chain):
+    """The publisher's public key the genesis record names ("TYPE BASE64"), or None."""
+    return chain.records[0].get("publisher")
+
+
+def anchor_signature_problem(anchor, publisher):
+    """Why a run whose genesis names the publisher's key `publisher` ("TYPE BASE64", or None)
+    cannot take `anchor` on its signature, or None: unsigned, or not signed by that key (forged,
+    or signed by another). Without a publisher key there is nothing to verify (None): such an
+    anchor pins the chain only as a copy obtained outside the publication."""
+    if publisher is None:
+        return None
+    who = f"the publisher key the genesis names ({signing.fingerprint(publisher)})"
+    if "signature" not in anchor:
+        return f"unsigned, but anchors of this run are signed by {who}"
+    if signing.verify(anchor_signed_bytes(anchor), anchor["signature"], publisher, signing.ANCHOR):
+        return f"not signed by {who}: forged, or signed by another key"
+    return None
+
+
 def first_contradiction(chain, anchors):
     """(step, message) of the first anchor (in step order) that the chain contradicts, or None.
     The chain's links are verified up to the last anchored step: a broken link or a record whose
-    hash does not match its contents contradicts every anchor from its step on."""
+    hash does not match its contents contradicts every anchor from its step on. An anchor that
+    pins another record hash than the chain's contradicts it (a rewritten history, or another
+    run's anchor: the record it pins names that run); so, when the genesis names the publisher's
+    key, does an anchor that is unsigned or whose signature that key did not make."""
     try:
         chain.verify(upto=max(a["step"] for a in anchors))
         broken = None
     except hashchain.ChainError as e:
         broken = e
+    publisher = publisher_of(chain) if len(chain) else None
+    if publisher is not None and not signing.is_public_key(publisher):
+        return 0, "the genesis record's publisher is not an SSH public key (TYPE BASE64)"
     for a in sorted(anchors, key=lambda a: a["step"]):
-        step, where = a["step"], f"anchored at {a['utc']} with record hash {a['record_hash'][:16]}"
+        step, where = a["step"], f"anchored at {shown(a['utc'])[:40]} with record hash {a['record_hash']}"
         if broken and step >= broken.line - 1:
             return broken.line - 1, f"{broken.message} (the anchor of step {step}: {where})"
+        if problem := anchor_signature_problem(a, publisher):
+            return step, f"{where}: {problem}"
         if step >= len(chain):
             return step, f"{where}, but the chain ends at step {len(chain) - 1} (history cut after anchoring)"
         if chain.records[step]["record_hash"] != a["record_hash"]:
-            return step, (f"{where}, the chain holds {chain.records[step]['record_hash'][:16]} "
-                          "(history rewritten after anchoring)")
+            return step, (f"{where}, the chain holds {chain.records[step]['record_hash']} "
+                          "(history rewritten after anchoring, or an anchor of another run)")
     return None

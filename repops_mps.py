@@ -38,7 +38,8 @@ LANES = 32             # threads per group of the row kernels (the contract's 32
 MAX_GROUPS = 1 << 16   # grids stop growing here; the kernels' loops take the rest
 FLAT_CHUNK = 32768     # the chunked sum's chunk length L (contract §4.5; kFlatChunk in optim.metal)
 DEVICE_TYPE = "mps"   # where the kernels run (tests/test_metal_emulated.py runs them on the CPU shim)
-RPFN = {"exp": 0, "log": 1, "recip": 2, "rsqrt": 3, "sqrt": 4, "sin": 5, "cos": 6}   # RpFn, ids.h
+RPFN = {"exp": 0, "log": 1, "recip": 2, "rsqrt": 3, "sqrt": 4, "sin": 5, "cos": 6, "tanh": 7, "erf": 8,   # RpFn, ids.h
+        "sigmoid": 9, "gelu": 10, "gelu_tanh": 11, "gelu_grad": 12, "gelu_tanh_grad": 13}
 
 
 def metal_source(family):

@@ -1,8 +1,8 @@
 """A run's story as one self-contained HTML file; or two runs side by side.
 
     python report.py --out report.html                # the run runs/default
-    python report.py --run_dir runs/x --receipts receipts/ --anchors anchors.jsonl --out report.html
-    python report.py --run_dir out/public --receipts receipts/ --salts s.json --redundancy 2 --out report.html
+    python report.py --run_dir runs/x --receipts receipts/ --roster roster --anchors anchors.jsonl --out report.html
+    python report.py --run_dir out/public --receipts receipts/ --roster roster --salts s.json --redundancy 2 --out report.html
     python report.py --run_dir runs/a --compare runs/b --out compare.html   # where two runs part
     python report.py --log_y --out report.html                             # loss and norm on log axes
     python report.py --run_dir https://host/runs/x --out report.html       # a published run (publish.py)
@@ -11,9 +11,8 @@ The report reads a run only after verifying its chain (as sample.py does): a bro
 "MISMATCH at step S: ..." and exit 1, and no report is written. A verified chain is consistent,
 not true: verifying its links replays no step, so the page says first what was checked (the
 links), which steps accepted receipts say were replayed, and what pins the chain from outside
-the run (anchors); every other figure in it is the publisher's word until audited. Then
-- the header facts (genesis and head record hashes, state hash, code digest, data manifest,
-  tokenizer) and the decisive config, all from the chain;
+the run (anchors), once, at the top; every other figure in it is the publisher's word until
+audited. Then, curves first:
 - loss, gradient norm and learning rate per step (the chain's values) with the checkpoints as
   ticks; the validation loss (train.log: not in the chain, it says so) against the unigram
   baseline (the loss of predicting every token by its frequency in the validation split; from
@@ -21,20 +20,27 @@ the run (anchors); every other figure in it is the publisher's word until audite
   points, a dashed line and a table;
 - throughput from train.log: ms per step and tokens/s per step, their medians and the total;
 - the checkpoint files (listed, not verified: `audit.py` verifies them);
-- with --receipts: a strip of every step coloured by the distinct auditors whose receipts were
-  accepted for it (none, 1 .. C-1, >= C = --redundancy) and red where a receipt or an anchor
-  reports a MISMATCH at that step; the rejected receipts; the audit costs the receipts report, per auditor. A run
-  with unit commitments is covered unit by unit (receipts.covered): a step is as covered as
-  its least covered unit, and the page gives the fraction of the units covered and the steps
-  whose units are covered only in part;
-- the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees.
-With --compare B: both runs' curves overlaid, the differences of their genesis records (config
-keys and other fields), and the first step whose state hash differs, with the first tensor
-whose hash differs there and the commands that name the first operator that differs
-(`audit.py --step S --trace` on each run, then `optrace.py`).
+- with --receipts: a strip of every step coloured by the distinct keys of --roster (an
+  allowed_signers file) whose receipts were accepted for it (none, 1 .. C-1, >= C = --redundancy)
+  and red where a receipt or an anchor reports a MISMATCH at that step; the rejected receipts,
+  and apart, never counted, the unsigned ones and those signed by keys not in the roster; the
+  audit costs the receipts report, per signer. A run with unit commitments is covered unit by
+  unit (receipts.covered): a step is as covered as its least covered provable unit, and the
+  page gives the fraction of the units covered and the steps whose units are covered only in
+  part (an update whose post-step state is public is provable by no receipt: left out);
+- the anchors (--anchors FILE, default the run's own anchors.jsonl) and whether the chain agrees;
+- folded last: the hashes (genesis and head record hashes, state hashes, code digest, data
+  manifest, tokenizer, publisher key) and the decisive config, all from the chain.
+With --compare B: first the step where the two chains part, with the first tensor whose hash
+differs there. Runs whose genesis records differ (a config key, the code, the corpus, the
+initial state's source) part by design, and the page says that this is expected; runs that
+agree on all of it and part anyway did not reproduce, and the page gives the commands that name
+the first operator that differs (`audit.py --step S --trace` on each run, then `optrace.py`).
+Then both runs' curves overlaid, and, folded, the differences of their genesis records.
 Receipts are checked as `audit.py --check_receipts` checks them: with the run's secret, or with
-revealed salts (--salts). Charts (svgchart.py) have 1-2-5 ticks and robust y limits (a spike is
-clipped at the edge and labelled with its value, never allowed to flatten the curve). The output
+revealed salts (--salts). Charts (svgchart.py) have 1-2-5 ticks and robust y limits (a true
+spike, a few points at most, is clipped at the edge and labelled with its value, never allowed
+to flatten the curve; a short run is drawn whole). The output
 is one file, inline SVG and CSS, no script, no network; it must lie outside the run directories
 (readers never write in them). Bad input: one line `report.py: error: ...`, exit 2.
 A run may be the http(s):// or hf:// address of its published copy (published.py): the report
@@ -43,11 +49,13 @@ then fetches the whole chain (it draws every step) and train.log, checked as a l
 The drawing lives in svgchart.py.
 """
 import html
+import json
+import os
 import re
 import sys
 
 import byterange
-from config import CommandLine, UsageError, differences, duration, out_of_memory
+from config import CommandLine, UsageError, differences, duration, out_of_memory, python_command
 
 
 def parser():
@@ -58,12 +66,14 @@ def parser():
     ap.add_argument("--compare", metavar="DIR", help="a second run to set beside it: curves overlaid, the genesis "
                     "differences, the first step whose state differs (default: none)")
     ap.add_argument("--receipts", metavar="DIR", help="receipts (*.json) to draw the audit coverage from")
+    ap.add_argument("--roster", metavar="ROSTER", help="with --receipts: the auditors' keys (an allowed_signers file, "
+                    "NAME TYPE BASE64 per line); only their accepted receipts are counted (default: none counted)")
     ap.add_argument("--salts", metavar="FILE", help="with --receipts: check them with revealed salts, not the run's secret")
     ap.add_argument("--revealed", metavar="DIR", help="with --receipts: the children the publisher revealed for "
                     "fold-node audits, with which their receipts are checked")
     ap.add_argument("--anchors", metavar="FILE", help="anchors obtained outside the run (default: the run's anchors.jsonl)")
     ap.add_argument("--redundancy", type=int, default=2, metavar="C",
-                    help="distinct auditors per step for full coverage (default %(default)s)")
+                    help="distinct roster keys per step for full coverage (default %(default)s)")
     ap.add_argument("--log_y", action="store_true", help="loss and gradient norm on log axes (default: linear)")
     ap.add_argument("--cache", metavar="DIR", help="with a run's URL: where fetched and checked bytes are kept "
                     "(default $XDG_CACHE_HOME/repops, else ~/.cache/repops)")
@@ -80,6 +90,7 @@ import published  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
+import signing  # noqa: E402
 import svgchart  # noqa: E402
 import unitaudit  # noqa: E402
 from svgchart import Series  # noqa: E402
@@ -134,9 +145,9 @@ def unigram_baseline(run, log):
 def coverage_levels(results, n_steps, redundancy, extra_mismatches=(), covered=None):
     """[level] for steps 1..n_steps (index 0 is step 1): "mismatch" where a well-formed receipt
     reports a MISMATCH at that step (or an anchor does: extra_mismatches), else "full" with
-    >= redundancy distinct accepted auditors, "some" with fewer, "none" with none. With
-    `covered` (receipts.covered: a run with unit commitments) a step counts the auditors of
-    its least covered unit, and is "some" as soon as one of its units has an auditor."""
+    >= redundancy distinct roster keys with counted receipts, "some" with fewer, "none" with none.
+    With `covered` (receipts.covered: a run with unit commitments) a step counts the keys of its
+    least covered provable unit, and is "some" as soon as one of its units has one."""
     if covered is not None:
         least = {s: min(len(a) for a in u.values()) for s, u in covered.items()}
         touched = {s for s, u in covered.items() if any(u.values())}
@@ -168,13 +179,14 @@ def unit_coverage(covered, redundancy):
 
 
 def audit_costs(results):
-    """{auditor: {receipts, steps_replayed, seconds, peak_mib, bytes_read}} summed over the
-    well-formed receipts (peak_mib: the largest); numbers a receipt lacks count as 0."""
+    """{signer: {receipts, steps_replayed, seconds, peak_mib, bytes_read}} summed over the
+    well-formed receipts (peak_mib: the largest; a signer is its roster name, else its key's
+    fingerprint); numbers a receipt lacks count as 0."""
     out = {}
     for r in results:
         if not r.receipt:
             continue
-        cost, row = r.receipt["cost"], out.setdefault(r.receipt["auditor"], dict.fromkeys(
+        cost, row = r.receipt["cost"], out.setdefault(r.who(), dict.fromkeys(
             ("receipts", "steps_replayed", "seconds", "peak_mib", "bytes_read"), 0))
         number = {k: v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
                   for k, v in ((k, cost.get(k)) for k in row)}
@@ -250,15 +262,20 @@ class Side:
         self.baseline, self.baseline_source = unigram_baseline(run, self.log)
 
 
-def trust(name, n, levels, redundancy, anchors, anchors_file, contradiction):
-    """The paragraph that says what was checked and what backs the figures: the chain's links
+def trust(sides, levels, redundancy, anchors, anchors_file, contradiction):
+    """The one paragraph that says what was checked and what backs the figures: each chain's links
     (checked, no step replayed), the steps that accepted receipts say were replayed (levels:
     coverage_levels, None without receipts), the anchors (and the file they came from, None for
-    the run's own anchors.jsonl) and the first anchor contradiction."""
-    parts = [f"Checked before anything here was read: the links of the {n + 1} records of the chain{name} "
+    the run's own anchors.jsonl) and the first anchor contradiction; receipts and anchors are the
+    first run's (sides[0])."""
+    chains = " and ".join(f"the {s.n + 1} records of the chain{f' of {html.escape(s.label)}' if len(sides) > 1 else ''}"
+                          for s in sides)
+    n = sides[0].n
+    parts = [f"Checked before anything here was read: the links of {chains} "
              "(each record's hash, and the previous record's hash it names). <b>Checking the links replays no "
              "step</b>: the losses, norms and hashes below are <b>the publisher's word until audited</b> "
-             "(<code>audit.py --step S</code> replays a step)."]
+             "(<code>audit.py --step S</code> replays a step)."
+             + (f" Receipts and anchors are {html.escape(sides[0].label)}'s." if len(sides) > 1 else "")]
     if levels is None:
         parts.append(f"Replayed, by accepted receipts: no step (no --receipts DIR given; 0 of {n} steps "
                      "covered by accepted receipts).")
@@ -268,7 +285,7 @@ def trust(name, n, levels, redundancy, anchors, anchors_file, contradiction):
                  for lv, lvs in (("replayed", ("some", "full")), ("none", ("none",)), ("mismatch", ("mismatch",)))}
         replayed = f"steps {steps['replayed']}" if covered else "no step"
         parts.append(f"Replayed, by accepted receipts: {replayed} ({covered} of {n} steps covered "
-                     f"by accepted receipts, {full} by at least {redundancy} distinct auditor{'s' if redundancy > 1 else ''})"
+                     f"by accepted receipts, {full} by at least {redundancy} distinct roster key{'s' if redundancy > 1 else ''})"
                      + (f"; steps {steps['none']} have none" if "none" in levels else "")
                      + (f"; <span class='bad'>a MISMATCH is reported at steps {steps['mismatch']}</span>"
                         if "mismatch" in levels else "") + ".")
@@ -293,7 +310,9 @@ def header_facts(side):
             ("genesis state hash", g.get("state_hash")),
             ("final state hash", records[-1].get("state_hash") if records else "-"),
             ("code digest", g.get("code_digest")), ("data manifest", g.get("data_manifest")),
-            ("tokenizer", f"{(g.get('tokenizer') or {}).get('name')} (vocab {g.get('vocab_size')})")]
+            ("tokenizer", f"{(g.get('tokenizer') or {}).get('name')} (vocab {g.get('vocab_size')})"),
+            ("publisher key (signs the anchors)", signing.fingerprint(g["publisher"]) if signing.is_public_key(
+                g.get("publisher")) else "none: the anchors are unsigned")]
 
 
 def curves_section(sides, args):
@@ -379,22 +398,40 @@ def throughput_section(sides):
     return out
 
 
-def compare_section(sides):
-    a, b = sides
-    ga, gb = a.run.genesis, b.run.genesis
-    out = ["<h2>The two runs</h2>",
-           table(("fact", a.label, b.label), [(k, va, vb) for (k, va), (_, vb) in zip(header_facts(a), header_facts(b))])]
+def genesis_differences(sides):
+    """(decisive config keys, other genesis fields) on which two runs' genesis records differ:
+    what makes their chains part by design."""
+    ga, gb = (s.run.genesis for s in sides)
     keys = differences(ga.get("config") or {}, gb.get("config") or {})
-    out.append("<h3>Decisive config: the keys that differ</h3>")
-    out.append(table(("key", a.label, b.label), [(k, (ga.get("config") or {}).get(k, "(default)"),
-                                                  (gb.get("config") or {}).get(k, "(default)")) for k in keys])
-               if keys else "<p>The same decisive config.</p>")
     other = sorted(k for k in set(ga) | set(gb) if k not in ("config", "record_hash", "prev", "state_hash",
                                                              "secret_commit") and ga.get(k) != gb.get(k))
+    return keys, other
+
+
+def compare_facts(sides):
+    """The two runs' facts and the genesis differences, for the folded section below the curves."""
+    a, b = sides
+    ga, gb = a.run.genesis, b.run.genesis
+    keys, other = genesis_differences(sides)
+    out = [table(("fact", a.label, b.label), [(k, va, vb) for (k, va), (_, vb) in zip(header_facts(a), header_facts(b))]),
+           "<h3>Decisive config: the keys that differ</h3>",
+           table(("key", a.label, b.label), [(k, (ga.get("config") or {}).get(k, "(default)"),
+                                             (gb.get("config") or {}).get(k, "(default)")) for k in keys])
+           if keys else "<p>The same decisive config.</p>"]
     if other:
         out.append("<h3>Other genesis fields that differ</h3>")
-        out.append(table(("field", a.label, b.label), [(k, str(ga.get(k))[:120], str(gb.get(k))[:120]) for k in other]))
-    out.append("<h3>Where the chains part</h3>")
+        out.append(table(("field", a.label, b.label), [(k, json.dumps(ga.get(k)), json.dumps(gb.get(k))) for k in other]))
+    return out
+
+
+def parting_section(sides):
+    """Where two chains part, and whether that is expected: runs whose genesis records differ
+    (a config key, the code, the corpus, the initial state) part by design, and the page says so;
+    runs that agree on all of it and still part did not reproduce, and the page gives the
+    commands that name the first operator whose bits differ."""
+    a, b = sides
+    out = ["<h2>Where the chains part</h2>"]
+    keys, other = genesis_differences(sides)
     diff = first_difference(a.run, b.run)
     common = min(a.n, b.n)
     if diff is None:
@@ -407,20 +444,28 @@ def compare_section(sides):
     where = (f"tensor <code>{html.escape(tensor)}</code>" if tensor else
              f"not named here: the records hold state roots only, and the runs do not both have a checkpoint of step "
              f"{step}, whose header lists every tensor's hash")
-    out.append(f"<p class='bad'>First difference: step {step}.</p><p>The records of step {step} differ in "
-               f"{', '.join(html.escape(f) for f in fields)}; the first tensor whose hash differs is {where}.</p>")
-    if step == 0:
-        out.append("<p>The runs start from different states (their genesis records differ, above): no step "
-                   "was computed differently; the initial state (config, seed, imported weights) is not the "
-                   "same.</p>")
+    parted = (f"the records of step {step} differ in {', '.join(html.escape(f) for f in fields)}; the first tensor "
+              f"whose hash differs is {where}")
+    if keys or other:
+        named = ([f"config key{'s' * (len(keys) > 1)} {', '.join(keys)}"] if keys else []) + other
+        out.append(f"<p>The runs' genesis records differ in {html.escape(' and '.join(named))} (the table below), "
+                   f"so their chains are expected to part: they part at step {step} ({parted}).</p>")
         return out
-    cmds = (f"python audit.py --run_dir {a.run.dir} --step {step} --trace out/a_{step}.jsonl\n"
-            f"python audit.py --run_dir {b.run.dir} --step {step} --trace out/b_{step}.jsonl\n"
-            f"python optrace.py out/a_{step}.jsonl out/b_{step}.jsonl")
+    out.append(f"<p class='bad'>First difference: step {step}.</p><p>The genesis records agree on the config, the "
+               f"code, the corpus and where the initial state came from, yet {parted}.</p>")
+    if step == 0:
+        out.append("<p>The same config, code and corpus gave two initial states: the initialisation did not "
+                   f"reproduce on one of the machines. <code>{python_command()} audit.py --step 1</code> on each run "
+                   "recomputes its genesis state and names the first tensor that differs.</p>")
+        return out
+    python = python_command()
+    cmds = (f"{python} audit.py --run_dir {a.run.dir} --step {step} --trace out/a_{step}.jsonl\n"
+            f"{python} audit.py --run_dir {b.run.dir} --step {step} --trace out/b_{step}.jsonl\n"
+            f"{python} optrace.py out/a_{step}.jsonl out/b_{step}.jsonl")
     out.append(f"<p>Both runs hold the same state after step {step - 1}, so step {step} computed differently. "
                f"Each run replays step {step} with a trace of every operator; optrace.py then names the first "
-               "operator whose output bits differ (and the last that matched): a config difference shows as "
-               "the first operator it changes, a machine difference as the kernel that broke the contract.</p>"
+               "operator whose output bits differ (and the last that matched): the kernel that broke the "
+               "contract on one of the machines.</p>"
                f"<pre>{html.escape(cmds)}</pre>")
     return out
 
@@ -429,25 +474,35 @@ def audit_section(args, results, levels, anchors, covered):
     out = ["<h2>Audit coverage</h2>"]
     if results is None:
         return out + ["<p class='note'>No receipts given (--receipts DIR).</p>"]
-    counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "malformed", "unchecked")}
+    counts = {s: sum(r.status == s for r in results) for s in ("accepted", "rejected", "unsigned", "malformed",
+                                                                   "unchecked")}
+    counted = sum(r.counted for r in results)
     tally = {k: levels.count(k) for k in COLOURS}
     c = args.redundancy
     key = [f"<span style='color:{COLOURS['none']}'>&#9632;</span> no accepted receipt ({tally['none']})"]
     if c > 1:
-        some = "1 auditor" if c == 2 else f"1..{c - 1} auditors"
+        some = "1 roster key" if c == 2 else f"1..{c - 1} roster keys"
         key.append(f"<span style='color:{COLOURS['some']}'>&#9632;</span> {some} ({tally['some']})")
-    key += [f"<span style='color:{COLOURS['full']}'>&#9632;</span> &gt;= {c} auditor{'s' if c > 1 else ''} "
+    key += [f"<span style='color:{COLOURS['full']}'>&#9632;</span> &gt;= {c} roster key{'s' if c > 1 else ''} "
             f"({tally['full']})",
             f"<span style='color:{COLOURS['mismatch']}'>&#9632;</span> MISMATCH ({tally['mismatch']})",
             "&#9474; black tick: anchored step"]
+    roster = (f"{counted} counted (accepted and signed by a key of the roster <code>{html.escape(args.roster)}</code>)"
+              if args.roster else "none counted: no --roster names the auditors' keys")
     out += [f"<p>Receipts under <code>{html.escape(args.receipts)}</code>: "
-            + ", ".join(f"{v} {k}" for k, v in counts.items()) + ". Every step is drawn, one cell each.</p>"
+            + ", ".join(f"{v} {k}" for k, v in counts.items()) + f"; {roster}. Every step is drawn, one cell each.</p>"
             f"<p>{' '.join(key)}</p>", svgchart.strip(levels, COLOURS, [a["step"] for a in anchors])]
     if covered is not None:
         out += unit_coverage(covered, args.redundancy)
     bad = [r for r in results if r.status in ("rejected", "malformed")]
     if bad:
         out.append(table(("receipt", "status", "reason"), [(r.path, r.status, r.reason) for r in bad[:50]]))
+    apart = [(r.path, "unsigned", r.reason) if r.status == "unsigned" else
+             (r.path, "accepted, not counted", f"signed by {signing.fingerprint(r.receipt['signer'])}, a key not in the roster")
+             for r in results if r.status == "unsigned" or (r.status == "accepted" and not r.counted)]
+    if apart:
+        out.append("<h3>Not counted: unsigned, or signed by keys not in the roster</h3>")
+        out.append(table(("receipt", "status", "why"), apart[:50]))
     costs = audit_costs(results)
     out.append("<h3>Audit costs (as the receipts report them)</h3>")
     rows = [(a, c_["receipts"], c_["steps_replayed"], f"{c_['seconds']:.1f}", c_["peak_mib"],
@@ -462,22 +517,16 @@ def audit_section(args, results, levels, anchors, covered):
 def render(sides, args, results, anchors, contradiction):
     a = sides[0]
     # a run with unit commitments is covered unit by unit (receipts.covered)
-    covered = (receipts.covered(results, a.run.chain, 1, a.n)
+    covered = (receipts.covered(results, a.run.chain, 1, a.n, unitaudit.public_states(a.run, args.revealed))
                if results is not None and a.run.cfg.unit_commits and a.n else None)
     levels = None if results is None else coverage_levels(results, a.n, args.redundancy,
                                                            [contradiction[0]] if contradiction else [], covered)
     title = f"Run report: {a.run.dir}" + (f" compared with {sides[1].run.dir}" if len(sides) > 1 else "")
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-           trust(f" of {html.escape(a.label)}" if len(sides) > 1 else "", a.n, levels, args.redundancy, anchors,
-                 args.anchors, contradiction)]
+           trust(sides, levels, args.redundancy, anchors, args.anchors, contradiction)]
     if len(sides) > 1:         # receipts and anchors are checked for run A; B's chain is only verified
-        out.append(trust(f" of {html.escape(sides[1].label)}", sides[1].n, None, args.redundancy, [], None, None))
-        out += compare_section(sides)
-    else:
-        out += ["<h2>Header</h2>", table(("fact", "value"), header_facts(a)),
-                "<h3>Decisive config (genesis record)</h3>",
-                table(("key", "value"), sorted((a.run.genesis.get("config") or {}).items()))]
+        out += parting_section(sides)
     out += curves_section(sides, args) + validation_section(sides) + throughput_section(sides)
 
     out.append("<h2>Checkpoints</h2>")
@@ -497,7 +546,14 @@ def render(sides, args, results, anchors, contradiction):
                    f"<code>{html.escape(args.anchors_used)}</code>.</p>")
         out += [verdict, table(("step", "record hash", "anchored at (UTC)"),
                                [(x["step"], x["record_hash"], x["utc"]) for x in sorted(anchors, key=lambda x: x["step"])])]
-    out.append("</body></html>\n")
+    # the hashes and the config, folded: what a reader looks up, below what they look at
+    facts = (compare_facts(sides) if len(sides) > 1 else
+             [table(("fact", "value"), header_facts(a)), "<h3>Decisive config (genesis record)</h3>",
+              table(("key", "value"), sorted((a.run.genesis.get("config") or {}).items()))])
+    out += ["<h2>Hashes and config</h2><details><summary>The genesis and head record hashes, the state hashes, the "
+            "code digest, the data manifest" + (" and the genesis differences of the two runs" if len(sides) > 1 else
+                                                " and the decisive config") + " (click to open)</summary>",
+            *facts, "</details>", "</body></html>\n"]
     return "".join(out)
 
 
@@ -506,13 +562,13 @@ def main(argv=None):
     try:
         args = parser().parse_args(argv)
         for d in [args.run_dir] + ([args.compare] if args.compare else []):
-            rundir.check_outside(d, args.out, "--out")
+            rundir.prepare_output(d, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
         if not args.timeout > 0:
             raise UsageError(f"--timeout {args.timeout}: seconds, more than 0")
         byterange.configure(args.cache, args.timeout)
-        for option in ("salts", "revealed"):
+        for option in ("salts", "revealed", "roster"):
             if getattr(args, option) and not args.receipts:
                 raise UsageError(f"--{option} goes with --receipts")
         sides = []
@@ -535,10 +591,11 @@ def main(argv=None):
         results = None
         if args.receipts:
             salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
-            results = receipts.check_receipts(args.receipts, run.chain, salt_of, *unitaudit.judging(run, args.revealed))
+            roster = signing.read_roster(args.roster) if args.roster else None
+            results = receipts.check_receipts(args.receipts, run.chain, salt_of, *unitaudit.judging(run, args.revealed),
+                                              roster)
         page = render(sides, args, results, anchors, contradiction)
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(page)
+        hashchain.write_atomically(args.out, page.encode("utf-8"))
     except (UsageError, hashchain.HashChainError) as e:
         print(f"report.py: error: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ train, audit or sample.
     run = Run("runs/default", writer=True) # the lock holder: repairs a torn chain tail, writes
     run.save_checkpoint(tensors, record, leaves)   # checkpoints/step_<record step>.safetensors, atomically
     check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is the run's
+    prepare_output("runs/default", "out/r/x.json", "--receipt")   # that, and out/r/ created now
 
     save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
     tensors, meta = load_checkpoint(path)              # strict; mmap=True maps each tensor when read
@@ -56,7 +57,6 @@ import json
 import math
 import os
 import re
-import secrets
 import socket
 from pathlib import Path
 
@@ -68,8 +68,8 @@ import config
 import hashchain
 import offload
 from config import UsageError
-from hashchain import (ST_DTYPES, ST_NAMES, HashChainError, canonical_tensor, fsync_dir, is_int, kill_point,
-                       open_regular, strict_json, write_all)
+from hashchain import (ST_DTYPES, ST_NAMES, HashChainError, canonical_tensor, is_int, kill_point,
+                       open_regular, strict_json, write_atomically)
 
 
 # ----------------------------------------------------------------------------- checkpoint files
@@ -79,10 +79,10 @@ class CheckpointError(HashChainError):
 
 _MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors reference reader uses
 _CKPT_RE = re.compile(r"^step_(\d{8,})\.safetensors$")
-# A checkpoint being written is ".step_N.safetensors.tmp-<random>" until its rename. Only the
-# trainer holding the run's lock removes leftovers (remove_temp_files): under the lock no other
-# writer exists, so every hidden ".*.tmp*" file is one, whoever named it (a pid, an older
-# version); readers ignore them.
+# A file being written is ".<name>.tmp-<random>" until its rename (hashchain.write_atomically).
+# Only the trainer holding the run's lock removes leftovers (remove_temp_files) in the run
+# directory, checkpoints/ and units/: under the lock no other writer exists, so every hidden
+# ".*.tmp*" file there is one, whoever named it (a pid, an older version); readers ignore them.
 _TMP_RE = re.compile(r"^\..+\.tmp")
 # Header dimensions beyond this cannot describe a real file and would overflow numpy's shapes.
 _MAX_DIM = 1 << 48
@@ -93,7 +93,7 @@ def checkpoint_path(ckpt_dir, step):
 
 
 def remove_temp_files(directory):
-    """Delete leftover checkpoint temp files. Only the writer that holds the run's lock may call
+    """Delete leftover temp files in `directory`. Only the writer that holds the run's lock may call
     this: no one else can be writing one."""
     for entry in os.scandir(directory):
         if _TMP_RE.match(entry.name) and entry.is_file(follow_symlinks=False):
@@ -101,9 +101,9 @@ def remove_temp_files(directory):
 
 
 def save_checkpoint(path, tensors, meta):
-    """Write tensors + metadata atomically: a crash leaves either no file or a complete one
-    (the bytes go to a temp file, through hashchain.write_all: REPOPS_SLOW_WRITE slows them for
-    the SIGKILL test; then fsync and rename)."""
+    """Write tensors + metadata atomically through hashchain.write_atomically (a random temp name
+    opened with O_EXCL | O_NOFOLLOW, fsync, rename): a crash leaves either no file or a complete
+    one, and no planted link is followed. REPOPS_SLOW_WRITE slows the bytes for the SIGKILL test."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if "__metadata__" in tensors:
@@ -118,19 +118,12 @@ def save_checkpoint(path, tensors, meta):
     hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hbytes += b" " * (-len(hbytes) % 8)  # safetensors allows space padding; keeps data aligned
 
-    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
-    try:
-        with open(tmp, "wb") as f:
-            write_all(f, len(hbytes).to_bytes(8, "little") + hbytes)
-            for name in sorted(tensors):   # fetched again: one tensor held at a time (offload.py)
-                write_all(f, memoryview(canonical_tensor(name, tensors[name])[3]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)  # make the rename itself durable
+    def pieces():
+        yield len(hbytes).to_bytes(8, "little") + hbytes
+        for name in sorted(tensors):   # fetched again: one tensor held at a time (offload.py)
+            yield memoryview(canonical_tensor(name, tensors[name])[3])
+
+    write_atomically(path, pieces())
     kill_point(f"rename:{path.name}")   # REPOPS_KILL_AT: the SIGKILL tests' moment
 
 
@@ -339,7 +332,8 @@ def checkpoint_dir(run_dir):
 
 def hold_lock(run_dir):
     """Create the run directory (and checkpoints/), take its exclusive lock for this process's
-    lifetime, then remove leftover checkpoint temp files, which no one else can be writing;
+    lifetime, then remove leftover temp files (of checkpoints, anchors, unit lists), which no one
+    else can be writing;
     returns the open lock file. A second trainer gets UsageError naming the holder."""
     try:
         os.makedirs(checkpoint_dir(run_dir), exist_ok=True)
@@ -358,7 +352,9 @@ def hold_lock(run_dir):
     f.write(f"train.py pid {os.getpid()} on {socket.gethostname()} since "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC\n")
     f.flush()
-    remove_temp_files(checkpoint_dir(run_dir))
+    for directory in (run_dir, checkpoint_dir(run_dir), Path(run_dir) / "units"):
+        if os.path.isdir(directory):        # a killed writer's temp files (hashchain.write_atomically)
+            remove_temp_files(directory)
     return f
 
 
@@ -395,11 +391,56 @@ def check_outside(run_dir, path, option):
                          "path outside it")
 
 
+def prepare_output(run_dir, path, option, directory=False):
+    """Check an output path before any work, so that no replay is thrown away at its end, and
+    create the folder it goes in (with directory: the folder it is). UsageError, one line, if it
+    lies in the run (check_outside), is a folder where a file goes or anything but a folder where
+    a folder goes, or its folder cannot be created or written in (a probe file created with
+    O_CREAT | O_EXCL | O_NOFOLLOW under a random name, then removed). An existing file is
+    replaced, never written through: every output goes through hashchain.write_atomically.
+    Without the run directory nothing is created (the command reports the missing run); a
+    published run's address (byterange.is_url) is never one of the outputs' folders."""
+    check_outside(run_dir, path, option)
+    if not byterange.is_url(str(run_dir)) and not os.path.isdir(run_dir):
+        return
+    shown = str(path) if str(path).isprintable() else ascii(str(path))
+    folder = str(path) if directory else (os.path.dirname(str(path)) or ".")
+    if directory and os.path.lexists(path) and not os.path.isdir(path):
+        raise UsageError(f"{option} {shown} exists and is not a directory: name a directory to write into")
+    if not directory and os.path.isdir(path):
+        raise UsageError(f"{option} {shown} is a directory: name the file to write")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{option} {shown}: cannot create the folder {folder}: {e.strerror}") from None
+    probe = os.path.join(folder, f".repops-probe-{os.urandom(6).hex()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{option} {shown}: cannot write in {folder}: {e.strerror}") from None
+
+
+def started_run(run_dir):
+    """The Run of run_dir (a reader) when its chain holds a genesis record, else None: no run yet,
+    or a first line a killed trainer left torn (the trainer repairs it)."""
+    if not os.path.isfile(os.path.join(run_dir, "chain.jsonl")):
+        return None
+    try:
+        run = Run(run_dir)
+        run.genesis
+    except (UsageError, HashChainError):
+        return None
+    return run
+
+
 class Run:
     """A run directory opened for reading, or by its writer. `chain` is loaded, not yet verified
     (readers decide how far to verify it); `cfg` and `genesis` come from the genesis record.
     writer=True is the trainer that holds the lock (hold_lock): it repairs a torn chain tail on
     opening, and writes and rejects checkpoints; a reader never changes anything."""
+
+    walk_notes = ()      # a published run's anchors its walks did not use (published.RemoteRun)
 
     def __init__(self, run_dir, writer=False):
         self.dir = Path(run_dir)
@@ -625,6 +666,30 @@ class Run:
         config.json is missing, unreadable or has no such value of type `kind`."""
         value = (self._config_json[0] or {}).get(key)
         return value if isinstance(value, kind) and value != "" else default
+
+    def resumed_config(self, argv, given):
+        """(config, note) of a resume of this run from the command line `argv` (whose keys are
+        `given`, config.given_keys): the genesis record's decisive keys, which decide; config.json's
+        bookkeeping keys (where the data lives, how often to checkpoint, ...), which are for people
+        and may be overridden; then argv's keys. A decisive key given with another value than the
+        run's is refused, naming both. note: why config.json's keys were not used, or None."""
+        recorded, error = self._config_json
+        note = (None if recorded is not None else f"{self.dir}/config.json "
+                + (f"is unreadable ({error})" if error else "is missing")
+                + "; its bookkeeping keys (data_dir, checkpoint_every, ...) take their defaults")
+        defaults = config.Config()
+        bookkeeping = {k: self.recorded(k, config.FIELDS[k], getattr(defaults, k))
+                       for k in config.BOOKKEEPING - {"run_dir"}}
+        run_cfg = dataclasses.replace(self.cfg, run_dir=str(self.dir), **bookkeeping)
+        cfg = dataclasses.replace(config.parse_config(argv, run_cfg), run_dir=run_cfg.run_dir)
+        for key in sorted(given - config.BOOKKEEPING):
+            mine, theirs = getattr(cfg, key), getattr(run_cfg, key)
+            if mine != theirs and not (key in ("n_kv_head", "vocab_size") and mine == 0):   # 0: the resolved default
+                more = (f"; to train on from its end, start a new run from it: --run_dir=NEW --init_from={self.dir}"
+                        if key == "max_steps" else "; leave it out, or start another --run_dir")
+                raise UsageError(f"--{key}={config.spelled(mine)} differs from the run's {config.spelled(theirs)} "
+                                 f"({self.dir}'s genesis record): a run resumes with its own config{more}")
+        return cfg, note
 
     def recorded_data_dir(self):
         """The corpus the run was trained on, as config.json names it."""

@@ -14,8 +14,11 @@ Robust y limits. A curve's running median over RUN_MEDIAN steps follows its tren
 early fall of a loss included) and ignores a spike of a few steps. The y axis covers that
 running median and every value within SPIKE_SPAN times its span of it; a value beyond (a
 spike) is drawn clipped at the axis edge with a triangle, and the largest few are labelled with
-their value and step, so one bad step cannot flatten the curve. A log axis does the same on
-log values (values <= 0 cannot be drawn there: they are counted and said).
+their value and step, so one bad step cannot flatten the curve. Only true spikes are clipped:
+at most SPIKE_SHARE of a curve's points (the furthest), so a curve that scatters widely (step
+times on a busy machine) is drawn whole, and so is a curve of at most SHORT_CURVE points (a
+short run: every point is shown). A log axis does the same on log values (values <= 0 cannot be
+drawn there: they are counted and said).
 
 A curve of more than 2 * CURVE_POINTS points is drawn in CURVE_POINTS buckets of consecutive
 steps: each bucket's range (min to max) as a light band, so a one-step spike stays, and its
@@ -33,6 +36,8 @@ import numpy as np
 CURVE_POINTS = 1000      # buckets per curve (each gives its min and max)
 RUN_MEDIAN = 21          # steps in the running median that sets the y limits
 SPIKE_SPAN = 0.5         # values further than this times the running median's span are clipped
+SPIKE_SHARE = 0.01       # ... but at most this share of a curve's points, the furthest
+SHORT_CURVE = 50         # a curve of at most this many points is drawn whole
 SPIKE_LABELS = 4         # clipped values labelled with value and step (the most extreme)
 CHART_W, CHART_H = 900, 200
 PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 12, 30
@@ -99,20 +104,30 @@ def running_median(values, width=RUN_MEDIAN):
 
 def robust_limits(series, log):
     """(lo, hi) of the y axis for `series` (on log10 values when log): the running medians of
-    the line series and every value within SPIKE_SPAN of their span; dots and hlines count
-    whole."""
+    the long line series and every value within SPIKE_SPAN of their span, and of the rest every
+    value but the furthest SPIKE_SHARE; dots, hlines and short curves (SHORT_CURVE) count whole."""
     def tr(v):
         v = np.asarray(v, dtype=np.float64)
         v = v[np.isfinite(v) & ((v > 0) if log else True)]
         return np.log10(v) if log else v
-    smooth = [tr(running_median(s.values)) if not s.dots else tr(s.values) for s in series]
+
+    def whole(s):
+        return s.dots or len(s.values) <= SHORT_CURVE
+    smooth = [tr(s.values) if whole(s) else tr(running_median(s.values)) for s in series]
     smooth = np.concatenate([m for m in smooth if len(m)] or [np.zeros(0)])
     if not len(smooth):
         return None
     lo, hi = float(smooth.min()), float(smooth.max())
     margin = SPIKE_SPAN * max(hi - lo, 0.05 * max(abs(lo), abs(hi)), 1e-12)
-    raw = np.concatenate([tr(s.values) for s in series])
-    inside = raw[(raw >= lo - margin) & (raw <= hi + margin)]
+    kept = []
+    for s in series:
+        raw = tr(s.values)
+        beyond = np.maximum(np.maximum(lo - margin - raw, raw - hi - margin), 0)
+        spikes = 0 if whole(s) else int(SPIKE_SHARE * len(raw))
+        if np.count_nonzero(beyond) > spikes:   # more than a few: all but the furthest `spikes` are drawn
+            beyond[np.argsort(beyond)[:len(raw) - spikes]] = 0
+        kept.append(raw[beyond == 0])
+    inside = np.concatenate(kept)
     lo, hi = min(lo, float(inside.min())), max(hi, float(inside.max()))
     # a flat curve: a tenth of a decade (log) or of its value (at least 0.1) either side
     pad = 0.04 * (hi - lo) if hi - lo > 1e-12 else (0.1 if log else 0.1 * max(abs(lo), 1.0))

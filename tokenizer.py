@@ -6,7 +6,8 @@
     enc = tokenizer.get_tokenizer("hf", "data/mine", manifest["tokenizer"]["files"])  # a corpus's copy
     tokenizer.streaming_safe(enc)                # may preparation cut the text (prepare.py)?
 
-"bytes" is built offline: its tokens are the text's UTF-8 bytes (vocab 256). A named tiktoken
+"bytes" is built offline: its tokens are the text's UTF-8 bytes (vocab 256); export.py writes it
+in Hugging Face form (bytes_in_hf_form). A named tiktoken
 encoding needs tiktoken's files (downloaded once, then cached). Every failure is a
 TokenizerError with a one-line message (the commands report it as bad input, exit 2).
 
@@ -91,6 +92,25 @@ class HFTokenizer:
     def record(self):
         """The manifest's tokenizer record."""
         return {"name": "hf", "vocab_size": self.n_vocab, "files": self.files}
+
+
+def bytes_in_hf_form():
+    """{file: bytes} of the byte tokenizer ("bytes") as a Hugging Face folder holds it, for an
+    export: tokenizer.json a byte-level BPE with no merges (token b = byte b, spelled as GPT-2's
+    byte-to-character map spells it, which its ByteLevel pre-tokenizer and decoder use), and
+    tokenizer_config.json naming the fast tokenizer class, so that transformers' AutoTokenizer
+    loads it and encodes and decodes exactly as "bytes" does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    char = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    tok = Tokenizer(models.BPE(vocab={char[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    return {"tokenizer.json": tok.to_str().encode("utf-8"),
+            "tokenizer_config.json": (json.dumps(config, indent=2) + "\n").encode("utf-8")}
 
 
 def streaming_safe(enc):

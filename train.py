@@ -3,9 +3,11 @@
     python data.py                                   # once: prepare data/shakespeare
     python train.py                                  # ~3 minutes on a 2-core CPU
     python train.py --max_steps=50 --run_dir=runs/x  # override any config key
+    python train.py --run_dir=runs/x                 # resume runs/x with its own config
     torchrun --nproc_per_node=4 train.py             # 4 ranks: the same chain, byte for byte
     python audit.py --step 120                       # replay a step and check it
     python train.py --init_from=models/x --data_dir=data/x   # fine-tune a Hugging Face Llama (hfllama.py)
+    python train.py --run_dir=runs/y --init_from=runs/x@50   # a new run from runs/x's state after step 50 (lineage.py)
 
 Every step: N micro-batches (a pure function of data, seed, step, index), each giving a fresh
 gradient; the gradients are summed with TreeFold's fixed tree (treefold.py), clipped, and
@@ -13,12 +15,17 @@ applied with AdamW, all in RepOps. The state hash (parameters, Adam moments, ste
 runs/<name>/chain.jsonl; checkpoints every `checkpoint_every` steps (rundir.py lays out the
 directory). With --hash_async (the CUDA default) step N is hashed while step N+1 computes and
 is published after it (snapshot.py); a record never exists before its state was hashed. Killed
-at any moment, `python train.py` resumes from the latest checkpoint that verifies and
-re-derives the same chain; it refuses a run directory that another trainer holds
-or that was started with another config, corpus or code. Each step record also commits to the
-step's final gradient and its post-step state with the run's secret (step_commit, receipts.py),
+at any moment, `python train.py --run_dir=DIR` resumes from the latest checkpoint that verifies
+and re-derives the same chain, with the run's own config (configure: the genesis record's
+decisive keys, config.json's bookkeeping); it refuses a run directory that another trainer holds,
+a decisive key given with another value (naming both), and another corpus or code. Ctrl-C or
+SIGTERM stops it with one line: the last step in the chain and the command that resumes it
+(interrupted, exit 130 / 143). The steps run on the thread count threads.py measures fastest.
+Each step record also seals a digest of the step's final gradient and post-step state with the
+run's secret (step_commit, receipts.py),
 so that auditors can prove they replayed the whole step; every `anchor_every` steps the chain
-head is appended to anchors.jsonl, for the publisher to copy out of the run.
+head is appended to anchors.jsonl, for the publisher to copy out of the run, signed by the
+publisher's SSH key with --publisher_key (the genesis record then names its public key).
 A state larger than memory (--preset=open1b) trains and replays with recompute and offload
 (docs/scale.md): per-block recomputation, Adam moments and a waiting gradient on disk.
 `train_step` below is the one step function: audit.py imports it.
@@ -46,8 +53,9 @@ import sys
 import time
 from pathlib import Path
 
-from config import (UsageError, answered_help, decisive_config, differences, duration, given_keys, lr_at,
-                    micro_batches_at, out_of_memory, parse_config, phase_counts, resolve, validate)
+from config import (OPTIONAL, UsageError, answered_help, decisive_config, differences, duration, given_keys, lr_at,
+                    micro_batches_at, out_of_memory, parse_config, phase_counts, python_command, resolve,
+                    stop_on_sigterm, stopped_by, validate)
 
 if __name__ == "__main__" and answered_help(sys.argv[1:]):
     sys.exit(0)                 # --help answers here, before torch is imported
@@ -56,14 +64,18 @@ import torch  # noqa: E402  (below --help's answer, above)
 import torch.distributed as dist  # noqa: E402
 
 import deadcheck  # noqa: E402
+import guard
 import hashchain
 import hfllama
+import lineage
 import offload
 import quant
 import receipts
 import repops
 import rundir
+import signing
 import snapshot
+import threads
 import treefold
 import units
 from data import DataError, TokenData, batch_digest
@@ -114,13 +126,23 @@ def code_digest():
     """SHA-256 over the sources that decide the math, and the kernel build flags."""
     root = os.path.dirname(os.path.abspath(__file__))
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py", "guard.py",
+             "stockops.py"]
     files += [os.path.relpath(p, root) for p in repops.KERNEL_FILES]
     h = hashlib.sha256(" ".join(repops.CPU_FLAGS).encode())
     for rel in sorted(files):
         with open(os.path.join(root, rel), "rb") as f:
             h.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
     return h.hexdigest()
+
+
+def other_code(genesis, run_dir):
+    """The sentence that says this is not the code a run was started by (its genesis
+    code_digest), or None: train.py's resume and the audit say it alike, as bad input."""
+    if genesis.get("code_digest") == code_digest():
+        return None
+    return (f"{run_dir} was started by different code: its genesis code_digest is {genesis.get('code_digest')}, "
+            f"this code's is {code_digest()}")
 
 
 # ----------------------------------------------------------------------------- state
@@ -134,8 +156,12 @@ class TrainState:
     def __init__(self, cfg, vocab_size, device="cpu", moments=True):
         self.device = torch.device(device)
         check_memory(cfg, vocab_size)
-        # Canonical init runs on the CPU kernels; the bits then move to the device unchanged.
-        self.model = Llama(model_config(cfg, vocab_size), seed=cfg.seed).to(self.device)
+        # Canonical init runs on the CPU kernels, under the contract's guard (a stock model's
+        # nn.init draws become Philox, guard.py); the bits then move to the device unchanged.
+        self.guard = guard.Guard(cfg.seed, exact=cfg.matmul == "exact")
+        with self.guard.construction():
+            model = Llama(model_config(cfg, vocab_size), seed=cfg.seed)
+        self.model = model.to(self.device)
         self.params = self.model.named_tensors()           # canonical (sorted) order
         trained = [n for n, p in self.params.items() if p.requires_grad]   # the flat gradient's order
         self.trained = trained
@@ -246,8 +272,9 @@ def micro_batch_gradient(state, data, cfg, step, micro, witness=None):
         offset += p.numel()
     state.model.witness = witness
     try:
-        loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
-        loss.backward(inputs=params)
+        with state.guard.micro_batch(step, micro):      # keys a stock model's dropout (guard.py)
+            loss = state.model(x, y, zloss=cfg.zloss, rng=(step, micro))
+            loss.backward(inputs=params)
     finally:
         state.model.witness = None
         for h in hooks:
@@ -277,16 +304,18 @@ def train_step(state, data, cfg, rank=0, world=1):
     pieces = (units.StepUnits(step, n, state.flat_numel(), world, rank, sync=cfg.offload or not hash_overlaps(cfg))
               if cfg.unit_commits else None)
     fold = treefold.Fold(n, world, rank, spill=cfg.offload, observe=pieces and pieces.node)
-    for micro in fold.leaves:
-        grad = micro_batch_gradient(state, data, cfg, step, micro, pieces and pieces.witness(micro))
-        if pieces:
-            pieces.leaf(micro, grad)
-        fold.push(grad)
-        del grad
-    sums = [treefold.allreduce(fold, **({"align": units.CHUNK, "observe": pieces.row} if pieces else {}))
-            if world > 1 else fold.result()]
-    del fold                                # its frontier holds the one-rank total
-    fields = update(state, cfg, sums)
+    # under the contract's guard where it runs: a stock model's every step, a pure model's first (guard.py)
+    with state.guard.step(step):
+        for micro in fold.leaves:
+            grad = micro_batch_gradient(state, data, cfg, step, micro, pieces and pieces.witness(micro))
+            if pieces:
+                pieces.leaf(micro, grad)
+            fold.push(grad)
+            del grad
+        sums = [treefold.allreduce(fold, **({"align": units.CHUNK, "observe": pieces.row} if pieces else {}))
+                if world > 1 else fold.result()]
+        del fold                            # its frontier holds the one-rank total
+        fields = update(state, cfg, sums)
     if pieces:
         fields["units"] = pieces
     return fields
@@ -327,10 +356,10 @@ def update(state, cfg, sums):
         if cfg.quant == "int8" and cfg.lsq_repin:
             quant.repin(state.model)     # after the update, before the state hash (quant.py)
     state.step = step
-    # grad_root: the digest of the final gradient, which only a replay can compute; the
-    # trainer commits to it and to the post-step state keyed by it (step_record), an auditor's
-    # receipt reveals both (receipts.py). A Future: on a GPU with hash_async it is hashed from a
-    # host copy while the next step runs.
+    # grad_root: the digest of the final gradient, which only a replay can compute; it keys the
+    # post-step state's result_root, which the trainer seals into step_commit (step_record) and an
+    # auditor's receipt proves for its key (receipts.py). A Future: on a GPU with hash_async it is
+    # hashed from a host copy while the next step runs.
     return {"loss": loss_f, "loss_bits": hashchain.f32_bits(loss_f), "grad_norm": norm_f,
             "grad_norm_bits": hashchain.f32_bits(norm_f), "lr": repops.f32(lr),
             "lr_bits": hashchain.f32_bits(lr), "grad_root": state.grad_leaf.submit("grad", grad)}
@@ -342,65 +371,69 @@ def step_record(step, root, data, cfg, fields, run, secret=None, result_root=Non
     A record holds the state's Merkle root, not its leaves (SPEC §12.3: a record's size does not
     grow with the tensor count; a checkpoint's header holds the leaves). `run` binds the record
     to its genesis, so that an auditor who reaches the record from an anchor by its prev links,
-    without the records before it, knows the genesis it belongs to. fields["grad_root"] (a Future of
-    the gradient's leaf hash) and result_root (the post-step state's keyed root under it) are
-    never published: with the step's salt (from the run's secret: the trainer; or revealed) the
-    record holds their commitment step_commit; without it (a replay) the record has no
-    step_commit, which only the salt's holder can compute. With unit commitments
-    (fields["units"], units.StepUnits) the same salt makes units_root (units.py), which a
-    replay without it cannot make either."""
+    without the records before it, knows the genesis it belongs to (and an anchor, which pins a
+    record hash, names its run through it). result_root (the post-step state's keyed root under
+    fields["grad_root"], the gradient's leaf hash) is never published: with the step's salt (from
+    the run's secret: the trainer; or revealed) the record holds it sealed, step_commit; without
+    it (a replay) the record has no step_commit, which only the salt's holder can make. With unit
+    commitments (fields["units"], units.StepUnits) the same salt makes units_root (units.py),
+    which a replay without it cannot make either."""
     salt = receipts.salt(secret, step) if salt is None and secret is not None else salt
     n = micro_batches_at(cfg, step)
     windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len) for m in range(n)]
     record = {"kind": "step", "step": step, "run": run, "state_hash": root,
               "batch_digest": batch_digest(windows), **fields}
-    grad_root = record.pop("grad_root").result()
+    record.pop("grad_root").result()         # result_root is keyed by it; never published
     pieces = record.pop("units", None)
     if salt is not None:
-        record["step_commit"] = receipts.commit(salt, grad_root, result_root)
+        record["step_commit"] = receipts.step_commit(salt, result_root)
     if pieces is not None:                   # None without the salt: a commitment it cannot make
         record["units_root"] = pieces.finish(salt)[0]   # on R ranks: every rank, in step order
     return record
 
 
-def genesis_record(state, data, cfg, secret=None, init=None):
+def genesis_record(state, data, cfg, secret=None, init=None, parent=None, publisher=None):
     """The genesis record; with the run's secret (the trainer) it holds secret_commit, which a
     replay cannot compute (the audit checks it is there and well-formed). init: an imported
-    initial state's source (hfllama.load_into), whose tensors are then the record's state (and
-    checkpoint 0)."""
+    initial state's source (hfllama.load_into); parent: the run whose state it continues
+    (lineage.load_into); either way the state's tensors are the record's state (and checkpoint
+    0). publisher: the publisher's public key ("TYPE BASE64"), which signs the run's anchors
+    (SPEC §11.7); absent by default."""
     root, _ = state.hash()
     record = {"kind": "genesis", "step": 0, "spec": hashchain.SPEC, "contract": repops.CONTRACT,
               "config": decisive_config(cfg),
               "code_digest": code_digest(), **data.commitments(),
               "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
-              **({"init": init} if init else {}), "state_hash": root}
+              **({"init": init} if init else {}), **({"parent": parent} if parent is not None else {}),
+              **({"publisher": publisher} if publisher else {}), "state_hash": root}
     if secret is not None:
         record["secret_commit"] = receipts.secret_commit(secret)
     return record
 
 
-def genesis(cfg, data, init=None, initial=None, secret=None):
+def genesis(cfg, data, init=None, initial=None, secret=None, parent=None, publisher=None):
     """(state, record, problem) of a replay's step 0 (audit.py): the genesis state of cfg (an
-    imported run's, with init its genesis record's source, is `initial`: its checkpoint 0's
-    verified tensors), the genesis record recomputed from it, and what makes `initial` no
-    initial state (None if nothing: its moments must be zero, its step 0)."""
+    imported run's, with init its genesis record's source, or a child's, with parent the run it
+    continues, is `initial`: its checkpoint 0's verified tensors), the genesis record recomputed
+    from it (naming the publisher key the published one names), and what makes `initial` no
+    initial state (None if nothing: its step must be 0, and an imported run's moments zero)."""
     state = TrainState(cfg, data.vocab_size, cfg.device)
     problem = None
-    if init is not None and initial is None:
-        problem = ("the run was imported (genesis init) and its initial state, checkpoint 0, "
-                   "is missing or does not match the genesis record")
-    elif init is not None:
+    origin = "imported (genesis init)" if init is not None else "continued from a parent run (genesis parent)"
+    if (init is not None or parent is not None) and initial is None:
+        problem = f"the run was {origin} and its initial state, checkpoint 0, is missing or does not match the genesis record"
+    elif init is not None or parent is not None:
         try:
             state.load(initial)
-            moving = [n for n, t in state.tensors().items() if n.startswith("adam_") and t.any()]
+            moving = [n for n, t in state.tensors().items() if init is not None and n.startswith("adam_") and t.any()]
             if moving or state.step != 0:
                 problem = f"checkpoint 0 is not an initial state: {(moving or ['step'])[0]} is not zero"
         except hashchain.StateMismatch as e:
             problem = f"checkpoint 0: {e.message}"
-    return state, genesis_record(state, data, cfg, secret, init=init), problem
+    return state, genesis_record(state, data, cfg, secret, init=init, parent=parent, publisher=publisher), problem
 
 
-def replay(state, data, cfg, upto, salt_of, run, around=None, proved=None):
+def replay(state, data, cfg, upto, salt_of, run, around=None, proved=None, chooser=None):
     """Take steps state.step+1 .. upto of the run whose genesis record hash is `run` again as the
     trainer took them (train_step), yielding (step, record, fields) for each: record is
     step_record's, with step_commit (and units_root) where salt_of(step) knows the step's salt
@@ -408,41 +441,70 @@ def replay(state, data, cfg, upto, salt_of, run, around=None, proved=None):
     post-step state keyed by grad_root, which a commitment and a receipt need (a pass over the
     state: made where the salt is known, and for step `proved`, the one a receipt proves; else
     None); fields["leaves"]: the state's tensor leaves, which name the first differing tensor.
-    around(step): a context manager the step runs in (a trace), or None."""
-    while state.step < upto:
-        step = state.step + 1
-        with around(step) if around else contextlib.nullcontext():
-            fields = train_step(state, data, cfg)
-        salt = salt_of(step)
-        root, leaves = state.hash()
-        result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
-                       if salt or step == proved else None)
-        record = step_record(step, root, data, cfg, fields, run, result_root=result_root, salt=salt)
-        yield step, record, {**fields, "result_root": result_root, "leaves": leaves}
+    around(step): a context manager the step runs in (a trace), or None. chooser: the steps'
+    thread count (threads.Chooser; default: measured on the CPU)."""
+    chooser = chooser or threads.Chooser(measure=cfg.device == "cpu")
+    try:
+        while state.step < upto:
+            step = state.step + 1
+            with around(step) if around else contextlib.nullcontext():
+                fields = chooser.run(lambda: train_step(state, data, cfg))
+            salt = salt_of(step)
+            root, leaves = state.hash()
+            result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
+                           if salt or step == proved else None)
+            record = step_record(step, root, data, cfg, fields, run, result_root=result_root, salt=salt)
+            yield step, record, {**fields, "result_root": result_root, "leaves": leaves}
+    finally:
+        chooser.restore()
 
 
 @torch.no_grad()
 def evaluate(state, data, cfg):
     state.model.eval()
     batches = (data.micro_batch("val", 0, m, cfg.micro_batch_size, cfg.seq_len) for m in range(cfg.eval_batches))
-    losses = [float(state.model(x, y)) for x, y in batches]   # host ids, as in training
+    with state.guard.inference():                            # a stock model's operators mapped
+        losses = [float(state.model(x, y)) for x, y in batches]   # host ids, as in training
     return sum(losses) / len(losses)
 
 
+def probe(state, data, cfg, step):
+    """The contract's probe (guard.Guard.probe) of the model about to take `step`: one forward and
+    backward on the first sequence of that step's micro-batch 0, dropout keyed as in the step, no
+    gradient written. guard.ContractError (the refusal line) if the model runs an operator outside
+    the contract; returns the stock operators it maps (none: a pure RepOps model)."""
+    x, y = data.micro_batch("train", step, 0, cfg.micro_batch_size, cfg.seq_len)
+    state.model.train()
+    return state.guard.probe(lambda: state.model(x[:1], y[:1], zloss=cfg.zloss, rng=(step, 0)),
+                             [state.params[n] for n in state.trained], step)
+
+
+def next_step(cfg):
+    """The step a run directory goes on with, as far as its chain file tells without reading it (1
+    for a new run): the step after its last record, at most max_steps. The probe's tokens."""
+    try:
+        with open(Path(cfg.run_dir) / "chain.jsonl", "rb") as f:
+            records = sum(1 for _ in f)
+    except OSError:
+        records = 1
+    return max(1, min(cfg.max_steps, records))
+
+
 # ----------------------------------------------------------------------------- run directory
-def check_identity(cfg, data, genesis, secret, init):
+def check_identity(cfg, data, genesis, secret, init, publisher):
     """A resumed run must be the run its chain started: same decisive config, data, code,
-    secret (the genesis record's secret_commit) and imported source (init)."""
+    secret (the genesis record's secret_commit), imported source (init) and publisher key."""
     diff = differences(decisive_config(cfg), genesis.get("config", {}))
     if diff:
-        raise UsageError(f"{cfg.run_dir} was started with a different config ({', '.join(diff)}); "
-                         "resume with the same settings or choose another --run_dir")
-    if genesis.get("data_manifest") != data.digest:
-        raise UsageError(f"{cfg.run_dir} was trained on corpus {str(genesis.get('data_manifest'))[:12]}, "
-                         f"but {cfg.data_dir} holds {data.digest[:12]}; resume with the same data")
-    if genesis.get("code_digest") != code_digest():
-        raise UsageError(f"{cfg.run_dir} was started by different code (code digest); resume it with "
-                         "that code, or start a new --run_dir")
+        key = diff[0]
+        raise UsageError(f"{cfg.run_dir} was started with a different config: {key} is "
+                         f"{genesis.get('config', {}).get(key, OPTIONAL.get(key))!r} in its genesis record, "
+                         f"{decisive_config(cfg).get(key, OPTIONAL.get(key))!r} here; resume with the same "
+                         "settings or choose another --run_dir")
+    if problem := data.other_corpus(genesis, cfg.run_dir):
+        raise UsageError(f"{problem}; resume with the same data")
+    if problem := other_code(genesis, cfg.run_dir):
+        raise UsageError(f"{problem}; resume it with that code, or start a new --run_dir")
     if genesis.get("secret_commit") != receipts.secret_commit(secret):
         raise UsageError(f"{cfg.run_dir}/{receipts.SECRET} is not the secret the run's genesis record "
                          "commits to (secret_commit): restore the run's secret, or start a new --run_dir")
@@ -450,6 +512,14 @@ def check_identity(cfg, data, genesis, secret, init):
         raise UsageError(f"{cfg.run_dir} was initialized from " + ("other weights (--init_from: the "
                          "source files' SHA-256s differ)" if genesis.get("init") else "its config")
                          + "; resume with the same --init_from")
+    named = genesis.get("publisher")
+    if named != publisher and named:
+        given = f" (--publisher_key is {signing.fingerprint(publisher)})" if publisher else ""
+        raise UsageError(f"{cfg.run_dir}'s genesis record names the publisher key {signing.fingerprint(named)}, "
+                         f"which signs its anchors: resume with --publisher_key set to that key{given}")
+    if named != publisher:
+        raise UsageError(f"{cfg.run_dir} was started without a publisher key (its genesis record names none): "
+                         "resume without --publisher_key, or start a new --run_dir")
 
 
 def restore(run, state, upto, log):
@@ -463,17 +533,22 @@ def restore(run, state, upto, log):
     step, tensors = run.latest_checkpoint(upto, on_bad, mmap=state.offloaded)
     if tensors is not None:
         state.load(tensors)
+    elif "init" in run.genesis or "parent" in run.genesis:
+        raise UsageError(f"{run.dir} has no checkpoint that verifies, and its initial state (imported or a parent "
+                         "run's) is only in checkpoint 0: restore checkpoints/step_00000000.safetensors")
     elif state.hash()[0] != run.genesis["state_hash"]:
         raise UsageError("the initial state recomputed from the config does not match the chain's "
                          "genesis record (different code or kernels?)")
     return step
 
 
-def open_run(cfg, data, state, rank, world, log, init=None):
-    """The run's verified chain, the step to resume from and the run's secret. Rank 0 (the
-    writer, which holds the run's lock) starts a new run (secret, config.json, genesis record,
-    checkpoint 0) or repairs a torn chain tail and restores; the other ranks then restore the
-    same checkpoint. A chain without its secret is refused: its commitments could not go on."""
+def open_run(cfg, data, state, rank, world, log, init=None, parent=None, signer=None):
+    """The run's verified chain, the step to resume from and the run's secret (init, parent: a new
+    run's imported source or parent run, for its genesis record). Rank 0 (the writer, which holds
+    the run's lock) starts a new run (secret, config.json, genesis record naming signer's public
+    key if there is one, checkpoint 0) or repairs a torn chain tail and restores; the other ranks
+    then restore the same checkpoint. A chain without its secret is refused: its commitments
+    could not go on; so is a resume with another publisher key."""
     writer = rank == 0
     chain_path = Path(cfg.run_dir) / "chain.jsonl"
     if writer and not chain_path.exists():
@@ -488,17 +563,23 @@ def open_run(cfg, data, state, rank, world, log, init=None):
         if init:     # the source's config.json, for export.py's max_position_embeddings (hfllama.py)
             hfllama.keep_source_config(run.dir, cfg.init_from, init)
         secret = receipts.make_secret(run.dir)  # before the genesis: no chain exists without it
-        with open(run.dir / "config.json", "w") as f:
-            json.dump(dataclasses.asdict(cfg), f, indent=2)
-        run.chain.append(genesis_record(state, data, cfg, secret, init))
+        hashchain.write_atomically(run.dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2).encode())
+        run.chain.append(genesis_record(state, data, cfg, secret, init, parent, signer and signer.public_key))
         start = 0
     else:
         run.check_versions(repops.CONTRACT)   # before all else: another contract's run is not ours
         secret = receipts.read_secret(run.dir, "the chain's commitments (step_commit) cannot be "
                                       "continued without it; restore it, or start a new --run_dir")
-        check_identity(cfg, data, run.genesis, secret, init)
+        if writer:                   # the publisher key is the writer's alone (it signs the anchors)
+            check_identity(cfg, data, run.genesis, secret, init, signer and signer.public_key)
+        else:
+            check_identity(cfg, data, run.genesis, secret, init, run.genesis.get("publisher"))
         start = restore(run, state, min(cfg.max_steps, len(run.chain) - 1), log)
         log(f"resume: from step {start} ({len(run.chain) - 1} steps in the chain)")
+        if len(run.chain) - 1 >= cfg.max_steps:
+            log(f"{cfg.run_dir} is finished: its chain holds all {cfg.max_steps} steps. To train on from its "
+                f"last state, start a new run from it: {python_command()} train.py --run_dir=NEW "
+                f"--init_from={cfg.run_dir} --max_steps=N (docs/continuing.md)")
     if writer and start == 0 and 0 not in dict(run.checkpoints()):
         run.save_checkpoint(state.tensors(), run.chain.records[0], state.hash()[1])
     if world > 1 and writer:
@@ -545,7 +626,7 @@ def check_same_state(root, world):
     dist.all_gather(gathered, mine)
     roots = [bytes(g.tolist()).hex() for g in gathered]
     if len(set(roots)) != 1:
-        raise ReproducibilityError("ranks disagree on the state hash: " + ", ".join(r[:12] for r in roots))
+        raise ReproducibilityError("ranks disagree on the state hash: " + ", ".join(roots))
 
 
 def publish(chain, record, writer):
@@ -621,8 +702,9 @@ class Publisher:
     checks that the ranks agree, appends the record, anchors, checkpoints (from the hashed copy)
     and logs the step's line (step_line)."""
 
-    def __init__(self, run, data, cfg, secret, log, world):
+    def __init__(self, run, data, cfg, secret, log, world, signer=None):
         self.run, self.data, self.cfg, self.secret, self.log, self.world = run, data, cfg, secret, log, world
+        self.signer = signer                  # the publisher's key (signing.Signer): signs the anchors
         self.progress = Progress(cfg.max_steps)
 
     def __call__(self, fields, job):
@@ -632,7 +714,7 @@ class Publisher:
         if hashed.nonfinite:
             raise StepRefused(f"step {step}: the update left non-finite values in {hashed.nonfinite[0]}; "
                               "the step is refused and nothing of it is written")
-        record = step_record(step, hashed.root, self.data, cfg, fields, self.run.genesis["record_hash"],
+        record = step_record(step, hashed.root, self.data, cfg, fields, receipts.run_id(self.run.genesis),
                              self.secret, hashed.result_root)
         if self.world > 1:
             check_same_state(record["state_hash"], self.world)
@@ -641,7 +723,7 @@ class Publisher:
             units.write_list(units.list_path(cfg.run_dir, step), step,
                              fields["units"].finish(receipts.salt(self.secret, step))[1])
         if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
-            receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"])
+            receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"], self.signer)
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
             self.run.save_checkpoint(hashed.tensors, record, hashed.leaves)
         seconds, eta = self.progress.step(step)
@@ -650,11 +732,14 @@ class Publisher:
 
 def log_end(chain, cfg, progress, log):
     """The run's last lines: the final state hash in full (the one README's anchor is compared
-    with) and the command that audits the last step."""
+    with) and the command that audits the cheapest late step: the one after the last checkpoint
+    before the final step, one step replayed."""
     last = min(cfg.max_steps, len(chain) - 1)
     ran = progress.summary(last)
     log(f"final state (step {last}{', ' + ran if ran else ''}): {chain.records[last]['state_hash']}")
-    log(f"audit the last step: python audit.py --run_dir {cfg.run_dir} --step {last}")
+    cheap = (last - 1) // cfg.checkpoint_every * cfg.checkpoint_every + 1
+    log(f"audit a step: {python_command()} audit.py --run_dir {cfg.run_dir} --step {cheap} "
+        f"(one step replayed from checkpoint {cheap - 1})")
 
 
 def tokens_at(cfg, step):
@@ -662,15 +747,16 @@ def tokens_at(cfg, step):
     return micro_batches_at(cfg, step) * cfg.micro_batch_size * cfg.seq_len
 
 
-def train_steps(state, data, cfg, rank, world, start, publish, log):
-    """Steps start+1 .. max_steps, each published by `publish` (a Publisher). With an overlapped
-    hash (hash_overlaps), step N is published after step N+1 has computed, its hash running
+def train_steps(state, data, cfg, rank, world, start, publish, log, chooser):
+    """Steps start+1 .. max_steps, each published by `publish` (a Publisher), each run on the
+    thread count `chooser` (threads.Chooser) measures fastest. With an overlapped hash
+    (hash_overlaps), step N is published after step N+1 has computed, its hash running
     meanwhile; an evaluation, the last step or a refused step publishes what is pending first."""
     hasher = snapshot.StateHasher(overlap=hash_overlaps(cfg))
     pending = None
     for step in range(start + 1, cfg.max_steps + 1):
         try:
-            fields = train_step(state, data, cfg, rank, world)
+            fields = chooser.run(lambda: train_step(state, data, cfg, rank, world))
         except StepRefused:
             if pending:
                 publish(*pending)
@@ -690,31 +776,42 @@ def log_sample(state, data, cfg, log):
     """A sample of cfg.sample_tokens tokens from the final model, decoded with the corpus's tokenizer."""
     tok = data.manifest["tokenizer"]
     enc = get_tokenizer(tok["name"], data.path, tok.get("files"))
-    ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
+    with state.guard.inference():
+        ids = state.model.cpu().generate(enc.encode("\n"), cfg.sample_tokens, seed=cfg.seed)
     log("sample:\n" + enc.decode(ids))
 
 
 def run(cfg, rank, world):
     """Train (or resume) cfg.run_dir up to cfg.max_steps; returns the final state."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     writer = rank == 0
     # Data, kernels and model first: a bad corpus or a failed build creates no run directory.
     data = TokenData(cfg.data_dir, cfg.seed)
     data.check_leaves()                 # leaves against chunk roots; each chunk as it is read
     cfg = resolve(cfg, data.vocab_size)
     state = TrainState(cfg, data.vocab_size, device_of(cfg, world))
-    init = hfllama.load_into(state, cfg.init_from) if cfg.init_from else None
+    started = rundir.started_run(cfg.run_dir)
+    init = parent = None
+    if started is None or "parent" not in started.genesis:    # a child resumes from its own checkpoints
+        if cfg.init_from and lineage.names_run(cfg.init_from):
+            parent = lineage.load_into(state, cfg.init_from)  # a new run from another run's state
+        elif cfg.init_from:
+            init = hfllama.load_into(state, cfg.init_from)
+    probe(state, data, cfg, next_step(cfg))     # a model outside the contract is refused before any file
+    # the publisher's key signs (a probe) before the run directory exists: a bad key creates nothing
+    signer = signing.Signer(cfg.publisher_key, "--publisher_key") if writer and cfg.publisher_key else None
     lock = rundir.hold_lock(cfg.run_dir) if writer else None
     log = Logger(cfg.run_dir, writer)
-    opened, start, secret = open_run(cfg, data, state, rank, world, log, init)
+    opened, start, secret = open_run(cfg, data, state, rank, world, log, init, parent, signer)
     log(f"model {state.n_params() / 1e6:.2f}M params | {tokens_at(cfg, start + 1)} tokens/step | "
         f"{world} rank(s) x {micro_batches_at(cfg, start + 1) // world} micro-batches | "
         f"unigram baseline {data.unigram_entropy('val'):.3f} nats")
-    publisher = Publisher(opened, data, cfg, secret, log, world)
+    publisher = Publisher(opened, data, cfg, secret, log, world, signer)
+    # one CPU rank measures its thread count; torchrun's ranks and a GPU keep theirs (threads.py)
+    chooser = threads.Chooser(cfg.threads, measure=world == 1 and cfg.device == "cpu", say=log)
     try:
-        train_steps(state, data, cfg, rank, world, start, publisher, log)
+        train_steps(state, data, cfg, rank, world, start, publisher, log, chooser)
     finally:
+        chooser.restore()
         log.end_line()                  # an error's line goes below the last step's
     if world > 1:
         # A rank leaves only once every rank is done with its exchanges: a rank that ends closes
@@ -729,15 +826,58 @@ def run(cfg, rank, world):
     return state
 
 
+def configure(argv, say):
+    """The config of a command line. A --run_dir whose chain has begun resumes with its own
+    config (rundir.Run.resumed_config: the genesis record's decisive keys, config.json's
+    bookkeeping, then the line's keys; say(note) if config.json is unusable); a new run's
+    --init_from names a parent run (lineage.py) or a Hugging Face folder (hfllama.py), whose
+    config it takes; else the line's keys on the defaults."""
+    cfg, given = parse_config(argv), given_keys(argv)
+    run = rundir.started_run(cfg.run_dir)
+    if run is not None:
+        run.check_versions(repops.CONTRACT)        # another version's run is not ours to resume
+        if "init_from" in given and lineage.names_run(cfg.init_from):
+            if not lineage.started_from(run.genesis, cfg.init_from):
+                raise UsageError(f"{cfg.run_dir} holds a run that did not start from --init_from={cfg.init_from}; "
+                                 "a new run from it needs its own --run_dir")
+        cfg, note = run.resumed_config(argv, given)
+        if note:
+            say(note)
+        return cfg
+    if cfg.init_from and lineage.names_run(cfg.init_from):
+        return lineage.configure(cfg, argv, given)
+    if cfg.init_from:           # the imported model's config decides its keys (hfllama.py)
+        return hfllama.configure(cfg, given)
+    return cfg
+
+
+def interrupted(cfg, world, interrupt):
+    """The one line of a run stopped by Ctrl-C or SIGTERM: the last step its chain holds, that the
+    chain and checkpoints are intact (a step is published whole or not at all), and the command
+    that resumes it."""
+    what, _ = stopped_by(interrupt)
+    run = rundir.started_run(cfg.run_dir) if cfg else None
+    if run is None:
+        return f"train.py: stopped ({what}) before the run's genesis record; the same command starts it again"
+    last = len(run.chain) - 1
+    ckpt = max((s for s, _ in run.checkpoints() if s <= last), default=0)
+    launch = f"{python_command()} train.py" if world == 1 else f"torchrun --nproc_per_node={world} train.py"
+    return (f"train.py: stopped ({what}) after step {last}; the chain and checkpoints are intact (the latest "
+            f"checkpoint is step {ckpt}); `{launch} --run_dir={cfg.run_dir}` resumes it")
+
+
 def main(argv):
     if answered_help(argv):      # every config key, its default and comment (config.py)
         return 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+
+    def note(line):
+        if rank == 0:
+            print(f"train.py: note: {line}")
+    cfg = None
     try:
-        cfg = parse_config(argv)
-        if cfg.init_from:       # the imported model's config decides its keys (hfllama.py)
-            cfg = hfllama.configure(cfg, given_keys(argv))
+        cfg = configure(argv, note)
         validate(cfg, world)
         for n in phase_counts(cfg):                          # every phase's N, before any work
             treefold.check_topology(n, world)
@@ -766,6 +906,10 @@ def main(argv):
             raise                      # a bug, not a broken peer: keep the traceback
         print(f"train.py: error (rank {rank}): a peer failed or the connection broke: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:      # Ctrl-C, or SIGTERM (stop_on_sigterm): where the run stands
+        if rank == 0:
+            print(interrupted(cfg, world, e), file=sys.stderr)
+        return stopped_by(e)[1]
     return 0
 
 
@@ -790,6 +934,7 @@ def end_rank(code):
 
 
 if __name__ == "__main__":
+    stop_on_sigterm()                   # SIGTERM unwinds as Ctrl-C does: main's one line, exit 143
     exit_code = main(sys.argv[1:])
     if dist.is_initialized():           # main joined a process group: a rank of a multi-rank run
         end_rank(exit_code)

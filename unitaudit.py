@@ -7,7 +7,7 @@ publisher's side, which serves any state or any unit's inputs by replay.
     audit.fold(0, 4, "pub/")                 # fold:0:4 = the contract's sum of its revealed children
     audit.update("pub/")                     # clip, AdamW, re-pin and the record from the revealed S
     audit.findings                           # [] (MATCH) or ["field loss differs: ...", ...]
-    audit.proof                              # what the unit's receipt reveals (receipts.unit_receipt)
+    audit.receipt(signer.public_key, machine, cost, code_digest)   # unsigned (receipts.sign_receipt)
 
 Every tensor handed in is checked before it is used: a state against the previous record's
 state hash, through its file header's leaves (rundir.proved_tensors), tensor by tensor (a
@@ -46,6 +46,7 @@ it). They go to a directory outside the run (rundir.check_outside): readers neve
 import dataclasses
 import json
 import os
+import re
 import time
 
 import torch
@@ -57,12 +58,14 @@ import published
 import receipts
 import repops
 import rundir
+import signing
 import train
 import treefold
 import units
 from config import UsageError, micro_batches_at, resolve
 from data import DataMismatch, TokenData, batch_digest
 
+STATE_FILE = re.compile(r"state_([0-9]{8,})\.safetensors")     # units.state_file's whole states
 RECORD_FIELDS = ("loss", "loss_bits", "grad_norm", "grad_norm_bits", "lr", "lr_bits")
 
 
@@ -73,7 +76,8 @@ class UnitAudit:
         self.run.check_versions(repops.CONTRACT)
         self.step, self.data_dir, self.device = step, data_dir, device
         self.findings = []
-        self.proof = {}                  # what the unit's receipt reveals (receipts.unit_receipt)
+        self.witness = None              # a micro-batch's witness digest W_M, once replayed (raw 32 bytes)
+        self.result_root = None          # the update's result_root, once updated (hex)
         self.node = None                 # a fold node's value, once summed (its receipt's keyed digest)
         self.unit = None
         self.bytes_read = 0
@@ -170,6 +174,8 @@ class UnitAudit:
 
     def data(self):
         corpus = TokenData(self.data_dir or self.run.recorded_data_dir(), self.cfg.seed)
+        if problem := corpus.other_corpus(self.run.genesis, self.run.dir):   # the auditor's input: exit 2
+            raise UsageError(f"{problem}; audit with the run's corpus (--data_dir DIR)")
         try:
             corpus.check_run(self.run.genesis)
         except DataMismatch as e:
@@ -195,6 +201,7 @@ class UnitAudit:
         del tensors
         witness = []
         try:
+            train.probe(model, corpus, self.cfg, self.step)     # the contract's guard, before the replay
             grad = train.micro_batch_gradient(model, corpus, self.cfg, self.step, m, witness.append)
         except DataMismatch as e:
             self.find(f"the micro-batch reads data that is not the corpus's: {e}")
@@ -204,7 +211,7 @@ class UnitAudit:
                    for k in range(self.n)]
         if batch_digest(windows) != self.record.get("batch_digest"):
             self.find("field batch_digest differs from the step's windows")
-        self.proof = {"witness": units.digest(units.witness_uid(self.step, m), witness[0].cpu()).hex()}
+        self.witness = units.digest(units.witness_uid(self.step, m), witness[0].cpu())
 
     def fold(self, lo, size, directory):
         """Check the fold node (lo, size): its two revealed children against their commitments,
@@ -234,7 +241,8 @@ class UnitAudit:
         model.load(tensors)
         del tensors
         try:
-            fields = train.update(model, self.cfg, [total.to(model.device)])
+            with model.guard.step(self.step):       # checked by the contract's guard (guard.py)
+                fields = train.update(model, self.cfg, [total.to(model.device)])
         except train.StepRefused as e:
             self.find(str(e))
             return
@@ -244,26 +252,31 @@ class UnitAudit:
         for key in RECORD_FIELDS:
             if _canon(fields[key]) != _canon(self.record.get(key)):
                 self.find(f"field {key} differs: updated {_canon(fields[key])}, published {_canon(self.record.get(key))}")
-        grad_root = fields["grad_root"].result()
-        self.proof = {"state_hash": root, "grad_root": grad_root,
-                      "result_root": hashchain.keyed_state_root(grad_root, model.tensors())}
+        self.result_root = hashchain.keyed_state_root(fields["grad_root"].result(), model.tensors())
 
-    def receipt(self, auditor, machine, cost, code_digest):
-        """The unit's receipt (receipts.unit_receipt), or None when the audit stopped before it had
-        the unit's proof. A fold node's proof is its keyed digest under the auditor's key."""
-        proof = dict(self.proof)
+    def receipt(self, signer, machine, cost, code_digest):
+        """The unit's receipt by the public key `signer` ("TYPE BASE64"; unsigned:
+        receipts.sign_receipt signs it), or None when the audit stopped before it had the unit's
+        value. Its proof is bound to the key and the run: a micro-batch's of its witness digest, the
+        update's of its result_root, a fold node's its keyed digest under the key (keyed)."""
+        run, blob = receipts.run_id(self.run.genesis), signing.parse_public_key(signer)[1]
         if self.unit.startswith("fold:") and self.node is not None:
-            proof = {"keyed": self.keyed(auditor)}
-        if not proof:
+            proof = {"keyed": self.keyed(blob)}
+        elif self.unit.startswith("micro_batch:") and self.witness is not None:
+            proof = {"witness": receipts.witness_proof(run, self.step, int(self.unit.partition(":")[2]), blob,
+                                                       self.witness)}
+        elif self.unit == "update" and self.result_root is not None:
+            proof = {"result": receipts.result_proof(run, self.step, True, blob, self.result_root)}
+        else:
             return None
         findings = [f"MISMATCH at step {self.step}, {label(self.unit)}: {f}" for f in self.findings]
-        return receipts.unit_receipt(self.run.genesis, self.record, self.unit, proof, auditor, machine, cost,
-                                 code_digest, self.run.genesis.get("data_manifest"), findings)
+        return receipts.make_receipt(self.run.genesis, self.record, self.unit, proof, signer, machine, cost,
+                                     code_digest, self.run.genesis.get("data_manifest"), findings)
 
-    def keyed(self, auditor):
-        """The fold node's chunked digest keyed by units.fold_key(run, node, auditor)."""
+    def keyed(self, signer):
+        """The fold node's chunked digest keyed by units.signer_key(run, node, signer key blob)."""
         piece = units.uid(self.step, self.unit)
-        key = units.fold_key(self.run.genesis["record_hash"], piece, auditor)
+        key = units.signer_key(self.run.genesis["record_hash"], piece, signer)
         return units.digest(piece, self.node, key).hex()
 
     # ------------------------------------------------------------------------- helpers
@@ -285,7 +298,7 @@ class UnitAudit:
             return
         got = units.digest(units.uid(self.step, name), t).hex()
         if got != entry["digest"]:
-            self.find(f"field digest differs: {what} has {got[:16]}, published {entry['digest'][:16]}")
+            self.find(f"field digest differs: {what} has {got}, published {entry['digest']}")
 
 
 def _loss(bits):
@@ -329,24 +342,27 @@ def command(args, unit, code_digest):
                              "(audit.py --reveal_unit S:update)")
         audit.update(args.revealed, args.state)
     where_text = f"step {args.step}, {label(unit)}"
+    for note in audit.run.walk_notes:
+        print(f"note: {note}")
     for finding in audit.findings:
         print(f"MISMATCH at {where_text}: {finding}")
     if not audit.findings:
         print(f"MATCH: {label(unit)} of step {args.step} of {args.run_dir} replays to its commitment "
-              f"(units_root {audit.record['units_root'][:16]})")
+              f"(units_root {audit.record['units_root']})")
     receipts.close_audit(t0, audit.bytes_read + published.delivered(), args.receipt,
-                         lambda cost: None if audit.entries is None else audit.receipt(args.auditor, optrace.machine(),
-                                                                                       cost, code_digest),
+                         lambda cost: None if audit.entries is None else audit.receipt(
+                             args.signer.public_key, optrace.machine(), cost, code_digest),
                          f"the audit of {label(unit)} stopped before its proof", f"step {args.step}, {unit}",
-                         windows=kind == "micro_batch")
+                         args.signer, windows=kind == "micro_batch")
     return 1 if audit.findings else 0
 
 
 def judging(run, revealed):
     """(unit_list, fold_keyed) for receipts.check_receipts on the opened run: unit_list(step) is the
     step's unit list (the run's units/ folder, else the one in `revealed`) checked against its
-    units_root, or None; fold_keyed(step, unit, auditor) the node's keyed digest made from its
-    children revealed in `revealed` (checked against their commitments), or None."""
+    units_root, or None; fold_keyed(step, unit, signer) the node's keyed digest under the signer's
+    key blob made from its children revealed in `revealed` (checked against their commitments),
+    or None."""
     lists, nodes = {}, {}
 
     def unit_list(step):
@@ -369,7 +385,7 @@ def judging(run, revealed):
                         continue
         return lists[step]
 
-    def fold_keyed(step, unit, auditor):
+    def fold_keyed(step, unit, signer):
         if revealed is None:
             return None
         if (step, unit) not in nodes:
@@ -382,9 +398,19 @@ def judging(run, revealed):
             except UsageError:                  # its children (or the unit list) are not at hand
                 nodes[(step, unit)] = None
         audit = nodes[(step, unit)]
-        return None if audit is None else audit.keyed(auditor)
+        return None if audit is None else audit.keyed(signer)
 
     return unit_list, fold_keyed
+
+
+def public_states(run, revealed=None):
+    """The steps whose post-step state is public, so that their update is provable by no receipt
+    (docs/auditing.md): the run's checkpoints, and the whole states revealed in `revealed`
+    (units.state_file: the input of the next step's update audit, or --materialize)."""
+    steps = {s for s, _ in run.checkpoints()}
+    if revealed and os.path.isdir(revealed):
+        steps |= {int(m.group(1)) for name in os.listdir(revealed) for m in [STATE_FILE.fullmatch(name)] if m}
+    return steps
 
 
 def hash_rate(size=64 << 20):
@@ -430,6 +456,8 @@ class Publisher:
         if tensors is not None:
             state.load(tensors)
         records = self.run.chain.records
+        if state.step < step:
+            train.probe(state, self.corpus, cfg, state.step + 1)    # the contract's guard, before the replay
         while state.step < step:
             fields = train.train_step(state, self.corpus, cfg)
             fields["grad_root"].result()
@@ -528,9 +556,8 @@ class Publisher:
 
 # ----------------------------------------------------------------------------- the commands
 def materialize_command(args):
-    """audit.py --materialize S --out DIR [--params_only]: the state after step S, by replay."""
-    if not args.out:
-        raise UsageError("--materialize needs --out DIR (a directory outside the run)")
+    """audit.py --materialize S --out DIR [--params_only]: the state after step S, by replay (audit.py
+    checked --out, or made it, before this)."""
     path = Publisher(args.run_dir, args.data_dir, args.device).materialize(args.materialize, args.out,
                                                                           args.params_only)
     print(f"state of step {args.materialize} ({'parameters only' if args.params_only else 'all tensors'}) "
@@ -539,11 +566,8 @@ def materialize_command(args):
 
 
 def reveal_command(args):
-    """audit.py --reveal_unit S:UNIT --out DIR: what the audit of that unit needs."""
-    if not args.out:
-        raise UsageError("--reveal_unit needs --out DIR (a directory outside the run)")
-    if args.params_only:
-        raise UsageError("--params_only goes with --materialize")
+    """audit.py --reveal_unit S:UNIT --out DIR: what the audit of that unit needs (audit.py checked
+    --out, or made it, before this)."""
     step, _, unit = args.reveal_unit.partition(":")
     if not step.isdigit() or not unit:
         raise UsageError(f"--reveal_unit expects STEP:UNIT (12:micro_batch:3, 12:fold:0:4, 12:update), "

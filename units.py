@@ -10,7 +10,8 @@ their public digests and the record's one root over them:
     uid(12, "fold:0:2")                         # b"12/fold:0:2": bound into every hash of the piece
     digest(uid(12, "fold:0:2"), tensor)         # its chunked digest (32 bytes), chunks in parallel
     chunk_hash(uid, k, data) / combine(uid, n_elements, chunk_hashes)   # the same in two halves
-    unit_salt(salt_s, m); witness_commit(unit_salt, witness_digest)     # c_m of micro-batch m
+    unit_salt(salt_s, m); seal_witness(unit_salt, witness_digest)       # c_m of micro-batch m (sealed W_m)
+    signer_key(run, uid, signer_blob); bound(run, uid, signer_blob, value)   # a receipt's proofs
     leaf(uid, digest, loss_bits, commit)        # a unit's leaf; root(leaves): units_root
     write_list(path, step, entries) / read_list(path) / check_list(entries, step, n, units_root)
 
@@ -21,11 +22,13 @@ GIL, so chunks hash in parallel on hashchain.HASH_POOL), and the chunk hashes ar
 the upper tree nodes (treefold.allreduce aligns its slices to CHUNK), so every rank hashes its
 own chunks and the digests are the same bytes for any R.
 
-The micro-batch units carry a commitment c_m = SHA-256(salt_{s,m} || W_m) to a witness digest
-W_m that only a replay of the micro-batch computes and that is never revealed (the gradient of
-the loss with respect to the residual stream after block 0, captured during the backward:
-StepUnits.witness; docs/auditing.md argues that no revealed piece gives its bits): its receipt
-reveals W_m, which opens c_m with the step's salt (receipts.py).
+The micro-batch units carry c_m = W_m sealed with salt_{s,m} (hashchain.seal_value), a witness
+digest W_m that only a replay of the micro-batch computes (the gradient of the loss with respect
+to the residual stream after block 0, captured during the backward: StepUnits.witness;
+docs/auditing.md argues that no revealed piece gives its bits). A receipt never shows W_m: it
+holds bound(run, uid, signer, W_m), which only whoever knows W_m computes for a given key, and
+the salt's holder checks by opening c_m (receipts.py). A fold node's receipt holds the node's
+digest keyed by signer_key(run, uid, signer), made from the node's value.
 
 The trainer writes each step's unit list beside the chain (run_dir/units/step_<s>.json, the
 list of (unit, digest, loss_bits, commit)); readers check it against the record's units_root
@@ -55,7 +58,6 @@ train.hash_overlaps), and with --offload, whose fold adds into its buffers in pl
 import hashlib
 import hmac
 import json
-import os
 import re
 from pathlib import Path
 
@@ -70,7 +72,7 @@ import hashchain
 import treefold
 
 CHUNK = 1 << 18                          # elements (float32) per chunk of a unit's digest: 1 MiB
-LIST_FORMAT = "repops-units-v1"
+LIST_FORMAT = "repops-units-v2"            # v2: commit is the sealed witness digest
 MAX_LIST = 64 << 20                      # a unit list: ~200 bytes per unit
 UNIT = re.compile(r"micro_batch:(0|[1-9][0-9]*)|fold:(0|[1-9][0-9]*):([1-9][0-9]*)|update")
 LOSS_BITS = re.compile(r"0x[0-9a-f]{8}")
@@ -212,9 +214,22 @@ def unit_salt(step_salt, m):
     return hmac.new(step_salt, b"unit" + m.to_bytes(8, "big"), hashlib.sha256).digest()
 
 
-def witness_commit(salt, witness):
-    """c_m = SHA-256(salt_{s,m} || W_m), both raw 32 bytes."""
-    return hashlib.sha256(salt + witness).digest()
+def seal_witness(salt, witness):
+    """c_m = W_m (32 bytes) sealed with salt_{s,m} (hashchain.seal_value); the same call opens it."""
+    return hashchain.seal_value(salt, witness)
+
+
+def signer_key(run_id, piece, signer):
+    """K = SHA-256("repops-signer-key-v1" 0x00, the run id (the genesis record hash, raw 32 bytes),
+    the piece's uid, 0x00, the signer's public key blob): the key of every proof a receipt of
+    that piece holds, so a proof made for one key, run and piece is no proof for any other."""
+    return hashlib.sha256(b"repops-signer-key-v1\0" + bytes.fromhex(run_id) + piece + b"\0" + signer).digest()
+
+
+def bound(run_id, piece, signer, value):
+    """A receipt's proof of a 32-byte value: HMAC-SHA256(signer_key(run_id, piece, signer), value),
+    hex. Checking it takes the value; showing it gives the value to no one."""
+    return hmac.new(signer_key(run_id, piece, signer), value, hashlib.sha256).hexdigest()
 
 
 def leaf(piece, digest_bytes, bits, commit=None):
@@ -258,13 +273,10 @@ def list_bytes(step, entries):
 
 
 def write_list(path, step, entries):
-    """Write a step's unit list atomically (a temp file, then a rename)."""
+    """Write a step's unit list through hashchain.write_atomically (no planted link is followed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(list_bytes(step, entries))
-    os.replace(tmp, path)
+    hashchain.write_atomically(path, list_bytes(step, entries))
 
 
 def read_list(path, step):
@@ -303,8 +315,8 @@ def check_list(entries, step, n, units_root):
         raise UnitsError(f"the unit list of step {step} does not list the step's {2 * n - 1} units in order")
     got = root([entry_leaf(step, e) for e in entries])
     if got != units_root:
-        raise UnitsError(f"the unit list of step {step} hashes to {got[:16]}, not to the record's "
-                         f"units_root {str(units_root)[:16]}")
+        raise UnitsError(f"the unit list of step {step} hashes to {got}, not to the record's "
+                         f"units_root {json.dumps(units_root)}")
     return {e["unit"]: e for e in entries}
 
 
@@ -324,14 +336,6 @@ def unit_file(directory, step, name):
 def list_file(directory, step):
     """The unit list of `step` handed out with revealed pieces (list_bytes, as the trainer's)."""
     return Path(directory) / f"step_{step:08d}.units.json"
-
-
-def fold_key(run_id, piece, auditor):
-    """The key of a fold-node receipt's keyed digest: SHA-256 of "repops-fold-key-v1" 0x00, the
-    run id (the genesis record hash, raw 32 bytes), the node's uid, 0x00 and the auditor's name
-    (UTF-8). Only whoever holds the node's value (its children, summed) can make the digest."""
-    return hashlib.sha256(b"repops-fold-key-v1\0" + bytes.fromhex(run_id) + piece + b"\0"
-                          + auditor.encode("utf-8")).digest()
 
 
 # ----------------------------------------------------------------------------- the trainer's side
@@ -485,7 +489,7 @@ class StepUnits:
         if salt is None:
             return None, entries
         for m in range(self.n):
-            entries[m]["commit"] = witness_commit(unit_salt(salt, m), self.witness_digests[m]).hex()
+            entries[m]["commit"] = seal_witness(unit_salt(salt, m), self.witness_digests[m]).hex()
         return root([entry_leaf(self.step, e) for e in entries]), entries
 
     def _mine(self):

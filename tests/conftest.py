@@ -130,6 +130,15 @@ def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"), seed=7, lines=600)
 
 
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory):
+    """{name: path of a fresh Ed25519 private key (ssh-keygen, no passphrase)} for the auditors
+    and the publisher the tests sign as (tiny.make_key; tiny.write_roster names them)."""
+    from tiny import make_key
+    base = tmp_path_factory.mktemp("keys")
+    return {name: make_key(base, name) for name in ("alice", "bob", "carol", "dave", "erin", "mallory", "publisher")}
+
+
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
     """An uninterrupted tiny run (tiny.STEPS steps, checkpoints every tiny.CKPT_EVERY)."""

@@ -393,12 +393,106 @@ def cos(x):
     return _sincos(x)[1]
 
 
+def _horner(coeffs, v):
+    """c[0] v^n + ... as the contract's `p = c[0]; p = p * v + c[i]` (each * and + rounded)."""
+    p = np.full(np.shape(v), fl(coeffs[0]), dtype=np.float32)
+    for c in coeffs[1:]:
+        p = add(mul(p, v), fl(c))
+    return p
+
+
+def _odd(x, small_max, small, large_max, large):
+    """§5.8/§5.9's shape: on a = |x| (after DAZ), small(a) below small_max, large(a) below
+    large_max, 1.0 from there on (infinity included); x's sign on the result; NaN propagates."""
+    x = ftz(x)
+    out = _out(x)
+    nan = np.isnan(x)
+    out[nan] = add(x[nan], x[nan])
+    a = np.abs(x)
+    sign = bits(x) & SIGN
+    y = np.ones(np.shape(x), dtype=np.float32)
+    lo = ~nan & (a < small_max)
+    mid = ~nan & (a >= small_max) & (a < large_max)
+    y[lo] = small(a[lo])
+    y[mid] = large(a[mid])
+    ok = ~nan
+    out[ok] = fl(bits(y)[ok] | sign[ok])
+    return out[()]
+
+
+# §5.8 tanh: P's coefficients, highest degree first.
+TANH_P = (0x3AE3A9AC, 0xBBFAE9A1, 0x3CAFBC2A, 0xBD5CBE9E, 0x3E0886DC, 0xBEAAAAA5)
+
+
+def tanh(x):
+    def small(a):
+        z = mul(a, a)
+        return add(a, mul(a, mul(z, _horner(TANH_P, z))))
+
+    def large(a):
+        e = exp(add(a, a))
+        return sub(F32(1.0), mul(F32(2.0), recip(add(e, F32(1.0)))))
+
+    return _odd(x, fl(0x3F400000), small, fl(0x41200000), large)
+
+
+# §5.9 erf: P (near 0) and Q (the tail), highest degree first.
+ERF_P = (0xBA229D55, 0x3BA4E4FF, 0xBCDB79C5, 0x3DE7108F, 0xBEC09386, 0x3E0375D4)
+ERF_Q = (0xB81FAC2E, 0x386ED0CB, 0xB90EBE3C, 0x3A2242CE, 0xBAF34985, 0x3BB193C6, 0xBC7D4EB8,
+         0x3D2B3C87, 0xBDDAB7DE, 0x3E82C338)
+
+
+def erf(x):
+    def small(a):
+        p = _horner(ERF_P, mul(a, a))
+        b = mul(a, fl(0x4B800000))                      # a * 2^24
+        return mul(add(b, mul(b, p)), fl(0x33800000))   # * 2^-24
+
+    def large(a):
+        e = exp(neg(mul(a, a)))
+        q = _horner(ERF_Q, sub(a, F32(2.0)))
+        return sub(F32(1.0), mul(e, q))
+
+    return _odd(x, fl(0x3F600000), small, fl(0x407AE148), large)
+
+
 def sigmoid(x):
     return recip(add(F32(1.0), exp(neg(ftz(x)))))
 
 
 def silu(x):
     return mul(x, sigmoid(x))
+
+
+# §5.6 the GELU forms' host constants: f32(1/sqrt(2)), f32(sqrt(2/pi)), f32(0.044715),
+# f32(3 * f32(0.044715)), f32(1/sqrt(2 pi)).
+GELU_RSQRT2, GELU_BETA, GELU_KAPPA = fl(0x3F3504F3), fl(0x3F4C422A), fl(0x3D372713)
+GELU_KAPPA3, GELU_RSQRT2PI = fl(0x3E095D4E), fl(0x3ECC422A)
+HALF, ONE = F32(0.5), F32(1.0)
+
+
+def gelu(x):
+    return mul(mul(x, HALF), add(ONE, erf(mul(x, GELU_RSQRT2))))
+
+
+def gelu_tanh(x):
+    w = mul(GELU_BETA, add(x, mul(GELU_KAPPA, mul(mul(x, x), x))))
+    return mul(mul(HALF, x), add(ONE, tanh(w)))
+
+
+def gelu_grad(x):
+    cdf = mul(HALF, add(ONE, erf(mul(x, GELU_RSQRT2))))
+    pdf = mul(GELU_RSQRT2PI, exp(mul(mul(x, x), F32(-0.5))))
+    return add(cdf, mul(x, pdf))
+
+
+def gelu_tanh_grad(x):
+    x2 = mul(x, x)
+    t = tanh(mul(GELU_BETA, add(x, mul(GELU_KAPPA, mul(x2, x)))))
+    left_derivative = mul(HALF, add(ONE, t))
+    tanh_derivative = sub(ONE, mul(t, t))
+    inner_derivative = mul(GELU_BETA, add(ONE, mul(GELU_KAPPA3, x2)))
+    return add(left_derivative, mul(mul(mul(HALF, x), tanh_derivative), inner_derivative))
 
 
 # ----------------------------------------------------------------------------------------------

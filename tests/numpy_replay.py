@@ -11,15 +11,21 @@ step_commit (and units_root, §20) needs the run's secret (run_dir/secret) or th
 salt (--salts FILE), secret_commit the secret; without them the replay takes that field from the
 published record and checks everything else, the record hashes included.
 
-    python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --unit 6:1
+    python tests/numpy_replay.py --run_dir runs/x --data_dir data/x --unit 6:1 [--receipt r.json]
+    python tests/numpy_replay.py --run_dir runs/child --data_dir data/x --steps 2 --parent runs/x
 
 replays micro-batch 1 of step 6 alone (§20: a unit commitments run, from the checkpoint of step
 5) and checks its digest and loss bits against the step's unit list, the list's Merkle path to
-the record's units_root, and with the secret or the salt its witness against c_m.
+the record's units_root, and with the secret or the salt its witness against c_m (§20.3: the
+sealed W_m). With --receipt, a signed receipt of that micro-batch (§11.6, §20.7): its signature
+(`ssh-keygen -Y verify`, the one program it runs), its fields against the chain, and its witness
+proof against the one the replayed W_m gives for the receipt's signer key. A run started from a
+parent run (§21) starts from its checkpoint 0; --parent DIR also checks its lineage against the
+parent's chain.
 
     python tests/numpy_replay.py --published public/x
 
-checks a run's public copy (§21): chain.offsets against chain.jsonl, and publication.json (its
+checks a run's public copy (§22): chain.offsets against chain.jsonl, and publication.json (its
 run, steps and head against the chain, every file's size and SHA-256).
 It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
 otherwise, 2 on bad input.
@@ -32,11 +38,14 @@ kernels/README.md's. Every float operation is one NumPy operation with the contr
 so it is slow: it is the reference an auditor reads, not a trainer.
 """
 import argparse
+import base64
 import hashlib
 import hmac
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from fractions import Fraction
 
 import numpy as np
@@ -44,7 +53,7 @@ import numpy as np
 import numpy_contract as C
 from numpy_model import backward, forward, full_state, init_params, repin, trained
 
-SPEC = 4                                            # the version of SPEC.md written here (§12.2)
+SPEC = 7                                            # the version of SPEC.md written here (§12.2)
 CONTRACT = 2                                        # the contract version written here (SPEC §12.2)
 DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
@@ -88,6 +97,12 @@ def canonical_json(obj):
 
 def f32_bits(x):
     return "0x%08x" % int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+def seal(salt, x):
+    """§11.6: x (32 bytes) XOR HMAC-SHA256(salt, "repops-seal-v1"); it also opens a seal."""
+    pad = hmac.new(salt, b"repops-seal-v1", hashlib.sha256).digest()
+    return bytes(a ^ b for a, b in zip(x, pad))
 
 
 def sealed(record, prev):
@@ -306,10 +321,20 @@ def unit_names(n):
     return [f"micro_batch:{k}" for k in range(n)] + folds
 
 
+def unit_salt(step_salt, micro):
+    """§20.3: salt_{s,m} = HMAC-SHA256(salt_s, "unit" || m as 8 bytes big-endian)."""
+    return hmac.new(step_salt, b"unit" + micro.to_bytes(8, "big"), hashlib.sha256).digest()
+
+
 def unit_commit(step_salt, micro, witness):
-    """§20.3: c_m = SHA-256(HMAC-SHA256(salt_s, "unit" || m, 8 bytes big-endian) || W_m); hex."""
-    salt = hmac.new(step_salt, b"unit" + micro.to_bytes(8, "big"), hashlib.sha256).digest()
-    return hashlib.sha256(salt + witness).hexdigest()
+    """§20.3: c_m = seal(salt_{s,m}, W_m); hex."""
+    return seal(unit_salt(step_salt, micro), witness).hex()
+
+
+def proof(run, uid, signer, x):
+    """§11.6: HMAC-SHA256(K, x), K = SHA-256("repops-signer-key-v1" 0x00 run uid 0x00 signer); hex."""
+    key = hashlib.sha256(b"repops-signer-key-v1\0" + bytes.fromhex(run) + uid.encode() + b"\0" + signer).digest()
+    return hmac.new(key, x, hashlib.sha256).hexdigest()
 
 
 def unit_leaf(step, entry):
@@ -374,7 +399,8 @@ def code_digest(root, environ=os.environ):
     arch = environ.get("REPOPS_CPU_ARCH", "") or "native"
     flags = f"-O3 -std=c++17 -ffp-contract=off -fno-fast-math -march={arch} -fopenmp -falign-loops=64"
     files = ["model.py", "repops.py", "treefold.py", "offload.py", "train.py", "data.py", "hashchain.py",
-             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py"]
+             "rundir.py", "quant.py", "repops_mps.py", "config.py", "prepare.py", "units.py", "guard.py",
+             "stockops.py"]
     kinds = {"kernels/cpu": (".cpp", ".h", ".cuh"), "kernels/cuda": (".cu", ".cpp", ".h", ".cuh"),
              "kernels/common": (".h", ".cuh"), "kernels/metal": (".metal", ".h")}
     if environ.get("REPOPS_CUDA_DEV", "") == "1":      # only where that build is made
@@ -449,11 +475,25 @@ def open_run(run_dir):
     return lines, cfg
 
 
+def split_state(state):
+    """(params, adam_m, adam_v) of a state's tensors {name: array}, by their prefixes (§3)."""
+    kinds = {"params": {}, "adam_m": {}, "adam_v": {}}
+    for name, t in state.items():
+        if name != "step":
+            kind, _, p = name.partition(".")
+            kinds[kind][p] = t
+    return kinds["params"], kinds["adam_m"], kinds["adam_v"]
+
+
 def start_state(run_dir, lines, cfg, start, say):
     """(params, m, v, prev record hash) of the genesis state (start 0) or of the checkpoint of
     step `start`, checked against its record."""
     if start == 0:
-        init = json.loads(lines[0]).get("init")         # §17: an imported state is checkpoint 0's
+        genesis = json.loads(lines[0])
+        if "parent" in genesis:          # §21: the parent's params and moments, from checkpoint 0
+            params, m, v = split_state(read_checkpoint(checkpoint_path(run_dir, 0)))
+            return params, m, v, "0" * 64
+        init = genesis.get("init")       # §17: an imported state is checkpoint 0's
         params = ({n[len("params."):]: t for n, t in read_checkpoint(checkpoint_path(run_dir, 0)).items()
                    if n.startswith("params.")} if init else init_params(cfg))
         m = {n: np.zeros_like(p) for n, p in params.items() if trained(cfg, n)}
@@ -465,32 +505,73 @@ def start_state(run_dir, lines, cfg, start, say):
         raise ValueError(f"the checkpoint of step {start} does not hash to its record")
     say(f"MATCH step {start}: checkpoint {os.path.basename(checkpoint_path(run_dir, start))} "
         "hashes to its record; the replay starts from it")
-    kinds = {"params": {}, "adam_m": {}, "adam_v": {}}
-    for name, t in state.items():
-        if name != "step":
-            kind, _, p = name.partition(".")
-            kinds[kind][p] = t
-    return kinds["params"], kinds["adam_m"], kinds["adam_v"], record["record_hash"]
+    return (*split_state(state), record["record_hash"])
 
 
-def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
+def proven_leaves(path, root):
+    """§13: {name: leaf hex} of the header of the state file `path` when its leaves, in name order,
+    hash to `root` (the record's state hash: this proves them), else None."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    leaves = json.loads(header["__metadata__"]["repops"]).get("tensor_hashes") or {}
+    return leaves if merkle_root([leaves[k] for k in sorted(leaves)]) == root else None
+
+
+def check_lineage(genesis, run_dir, parent_dir):
+    """§21's lineage: the parent's chain (its genesis hash is parent.run, its links verify up to
+    parent.step, whose record holds parent.record_hash and parent.state_hash) and every leaf but
+    step of the child's checkpoint 0 (proven by the genesis state hash) equal to the same leaf of
+    the parent's checkpoint of parent.step (proven by parent.state_hash). Returns what is wrong,
+    or None."""
+    parent = genesis["parent"]
+    lines = open(os.path.join(parent_dir, "chain.jsonl"), "rb").read().splitlines()
+    records = [json.loads(line) for line in lines[:parent["step"] + 1]]
+    if len(records) <= parent["step"]:
+        return f"the parent's chain has no step {parent['step']}"
+    prev = "0" * 64
+    for k, (line, record) in enumerate(zip(lines, records)):       # §12.4, up to the step
+        if record["step"] != k or record["prev"] != prev or canonical_json(sealed(
+                {f: x for f, x in record.items() if f not in ("prev", "record_hash")}, prev)).encode() != line:
+            return f"the parent's chain does not verify at step {k}"
+        prev = record["record_hash"]
+    record = records[parent["step"]]
+    if records[0]["record_hash"] != parent["run"]:
+        return "the parent's genesis record hash is not parent.run"
+    if (record["record_hash"], record["state_hash"]) != (parent["record_hash"], parent["state_hash"]):
+        return f"the parent's record of step {parent['step']} is not the one parent names"
+    mine = proven_leaves(checkpoint_path(run_dir, 0), genesis["state_hash"])
+    theirs = proven_leaves(checkpoint_path(parent_dir, parent["step"]), parent["state_hash"])
+    if mine is None or theirs is None:
+        return f"the leaves of the {'child' if mine is None else 'parent'}'s checkpoint do not hash to its record"
+    mine, theirs = ({n: h for n, h in leaves.items() if n != "step"} for leaves in (mine, theirs))
+    return None if mine == theirs else "the genesis tensors are not the parent's"
+
+
+def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None, parent_dir=None):
     """Replay steps start+1..steps of run_dir from the genesis (start 0: recomputed from the
     config and checked too) or from the checkpoint of step `start`; say(line) for each verdict.
     True if all match. step_commit, units_root and secret_commit from the secret, else a salts
-    file, else the record."""
+    file, else the record. parent_dir: a child run's parent (§21), whose lineage is checked."""
     lines, cfg = open_run(run_dir)
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
     run = json.loads(lines[0])["record_hash"]                 # §12.3: every step record names it
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
-    init = json.loads(lines[0]).get("init")
+    genesis = json.loads(lines[0])
+    init, parent = genesis.get("init"), genesis.get("parent")
     params, m, v, prev = start_state(run_dir, lines, cfg, start, say)
     ok = True
+    if parent_dir:
+        problem = check_lineage(genesis, run_dir, parent_dir)
+        say(f"MISMATCH at step 0: lineage: {problem}" if problem else
+            f"MATCH step 0: lineage: the state after step {parent['step']} of the parent run {parent['run']}")
+        ok = problem is None
     for s in range(start + (start > 0), steps + 1):
         units = None
         if s == 0:
-            fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}))
+            fields = dict(genesis_fields(cfg, corpus, code_root), **({"init": init} if init else {}),
+                          **({"parent": parent} if parent else {}))
         else:
             fields, grad_root, units = train_step(cfg, corpus, params, m, v, s)
         state = full_state(cfg, params, m, v, s)
@@ -501,7 +582,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
         elif salt is not None:
             key = bytes.fromhex(grad_root)
             result_root = merkle_root([leaf(n, state[n], key) for n in sorted(state)])
-            fields[commitment] = hashlib.sha256(salt + key + bytes.fromhex(result_root)).hexdigest()
+            fields[commitment] = seal(salt, bytes.fromhex(result_root)).hex()
             if units is not None:                       # §20.4
                 fields["units_root"] = committed(s, units, salt)[1]
         else:
@@ -529,11 +610,11 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None):
     return ok
 
 
-def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
+def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None, receipt_file=None):
     """§20: micro-batch `micro` of step `step` alone, from the checkpoint of step - 1: its digest
     and loss bits against the step's unit list (run_dir/units/step_<s>.json, §20.5), the list's
     path from the unit's leaf to the record's units_root, and with the step's salt its witness
-    against c_m. True if all match."""
+    against c_m; with receipt_file, that signed receipt (check_receipt). True if all match."""
     lines, cfg = open_run(run_dir)
     if not cfg.get("unit_commits"):
         raise ValueError("the run has no unit commitments (unit_commits, §20)")
@@ -556,6 +637,8 @@ def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
         checks["the witness against c_m"] = unit_commit(salt, micro, witness) == entries[micro]["commit"]
     else:
         say(f"note: step {step}: no secret and no salt: the witness is not checked against c_m")
+    if receipt_file:
+        checks.update(check_receipt(receipt_file, lines, step, micro, witness))
     for what, good in checks.items():
         say(f"{'MATCH' if good else 'MISMATCH at'} step {step}, micro-batch {micro}: {what}")
     say(f"witness W_{micro} = {witness.hex()}")
@@ -563,7 +646,7 @@ def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None):
 
 
 def chain_offsets(chain):
-    """§21: the start of every line of chain.jsonl's bytes, then its size, 8 bytes LE each."""
+    """§22: the start of every line of chain.jsonl's bytes, then its size, 8 bytes LE each."""
     starts, at = [0], 0
     for line in chain.splitlines(keepends=True):
         at += len(line)
@@ -572,7 +655,7 @@ def chain_offsets(chain):
 
 
 def check_publication(pub_dir, say):
-    """§21: a public copy's chain.offsets and publication.json. True if both match."""
+    """§22: a public copy's chain.offsets and publication.json. True if both match."""
     chain = open(os.path.join(pub_dir, "chain.jsonl"), "rb").read()
     lines = chain.splitlines()
     index = json.loads(open(os.path.join(pub_dir, "publication.json"), "rb").read())
@@ -596,9 +679,37 @@ def check_publication(pub_dir, say):
     return all(checks.values())
 
 
+def check_receipt(path, lines, step, micro, witness):
+    """§11.6, §20.7: {check: passed} of a signed receipt of micro-batch `micro` of `step`, given the
+    replayed W_m (`witness`): its fields, its signature by its signer key (ssh-keygen -Y verify
+    against an allowed_signers file of that key alone, namespace repops-receipt, over the
+    canonical JSON of the receipt without `signature`), and its witness proof."""
+    with open(path, encoding="utf-8") as f:
+        receipt = json.load(f)
+    genesis, record = json.loads(lines[0]), json.loads(lines[step])
+    kind, b64 = receipt["signer"].split(" ")
+    blob = base64.b64decode(b64, validate=True)
+    fields = {"format": "repops-receipt-v4", "run": genesis["record_hash"], "step": step,
+              "unit": f"micro_batch:{micro}", "record_hash": record["record_hash"],
+              "code_digest": genesis["code_digest"], "data_manifest": genesis["data_manifest"], "verdict": "MATCH"}
+    signed = canonical_json({k: v for k, v in receipt.items() if k != "signature"}).encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "allowed_signers"), "w") as f:
+            f.write(f"signer {kind} {b64}\n")
+        with open(os.path.join(tmp, "sig"), "w") as f:
+            f.write(receipt["signature"])
+        verified = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", "allowed_signers", "-I", "signer", "-n",
+                                   "repops-receipt", "-s", "sig"], input=signed, cwd=tmp, capture_output=True,
+                                  timeout=60).returncode == 0
+    return {"the receipt's fields": all(receipt.get(k) == v for k, v in fields.items()),
+            "the receipt's signature by its signer key": verified,
+            "the receipt's witness proof for its signer key":
+                receipt.get("witness") == proof(genesis["record_hash"], f"{step}/micro_batch:{micro}", blob, witness)}
+
+
 def main(argv):
     ap = argparse.ArgumentParser(prog="numpy_replay.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--published", help="only check this public copy of a run (§21)")
+    ap.add_argument("--published", help="only check this public copy of a run (§22)")
     ap.add_argument("--run_dir")
     ap.add_argument("--data_dir")
     ap.add_argument("--steps", type=int, default=3, help="the last step to replay")
@@ -606,6 +717,8 @@ def main(argv):
     ap.add_argument("--salts", help="revealed salts (repops-salts-v1) when the run's secret is absent")
     ap.add_argument("--code_root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--unit", metavar="S:M", help="only micro-batch M of step S (§20), from the checkpoint of S - 1")
+    ap.add_argument("--receipt", metavar="FILE", help="with --unit: a signed receipt of that micro-batch to check")
+    ap.add_argument("--parent", metavar="DIR", help="a child run's parent run (§21): check the lineage too")
     args = ap.parse_args(argv)
     say = lambda line: print(line, flush=True)   # noqa: E731
     try:
@@ -615,9 +728,10 @@ def main(argv):
             raise ValueError("--run_dir and --data_dir are needed (or --published DIR)")
         if args.unit:
             step, _, micro = args.unit.partition(":")
-            ok = replay_unit(args.run_dir, args.data_dir, int(step), int(micro), say, args.salts)
+            ok = replay_unit(args.run_dir, args.data_dir, int(step), int(micro), say, args.salts, args.receipt)
         else:
-            ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, say, args.start, args.salts)
+            ok = replay(args.run_dir, args.data_dir, args.steps, args.code_root, say, args.start, args.salts,
+                        args.parent)
     except (OSError, ValueError, KeyError) as e:
         print(f"numpy_replay.py: error: {e}", file=sys.stderr)
         return 2

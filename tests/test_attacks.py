@@ -5,11 +5,11 @@
 - The corpus name binds every token: a token changed with its leaves and chunk root recomputed
   renames the corpus; a token file that disagrees with its manifest is a MISMATCH at the first
   step that reads it (audit), and a trainer refuses it with one line before that step's record.
-- A receipt needs the whole step: one whose result_root is not the post-step state's keyed root
-  (an "auditor" who computed the gradient and skipped the update) is rejected; a receipt names
-  the record it audited, so a chain rewritten and resealed later rejects it; a resume under
-  another secret is refused with one line; auditor names are checked and every name, path and
-  finding is printed escaped (no forged "accepted" line).
+- A receipt needs the whole step: one whose result proof is not of the post-step state's keyed
+  root (an "auditor" who computed the gradient and skipped the update) is rejected; a receipt
+  names the record it audited, so a chain rewritten and resealed later rejects it; a resume under
+  another secret is refused with one line; every path and finding is printed escaped (no forged
+  "accepted" line).
 - Readers never write: every output option of audit.py, report.py and data.py --bundle, pointed into the
   run or at one of its files under another name (symlink, hard link), is refused with one line
   and the run's bytes are unchanged.
@@ -25,6 +25,14 @@
   receipt of its step and its changed unit reports it; a lazy micro-batch receipt (the
   commitment or the digest copied) is rejected; a revealed child or state tensor that is not the
   chain's is refused by the audit it is handed to, before use.
+
+- Round four (issue 61): a micro-batch receipt copied under another key (relabelled, re-signed)
+  is refused and coverage counts one key for one replay; a receipt moved to another run with the
+  same state before the step is refused; the update's shortcut from S and a public post-step
+  state gives a receipt coverage does not count; a whole-step receipt assembled from micro-batch
+  and update proofs covers no fold node; a link planted under a writer's temp name is never
+  followed (--reveal_unit's unit list); --materialize with an --out that is a file or cannot be
+  written is one line and exit 2 before any replay.
 
 Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here,
 and on tiny runs with unit commitments (tests/unit_runs.py).
@@ -48,15 +56,17 @@ import optrace
 import prepare
 import hashchain
 import receipts
+import repops
 import report
 import rundir
+import signing
 import sample
 import train
 import treefold
 import unitaudit
 import units
 from data import DataError, DataMismatch, TokenData
-from tiny import TINY, chain_records, copy_run, reseal, train_args, write_chain
+from tiny import TINY, ZERO_KEY, chain_records, copy_run, reseal, share_secret, train_args, write_chain, write_roster
 from unit_runs import (STEP, audit_every_unit, mismatches, patched, reveal_every_unit, train_in_process,
                        unit_dir)
 
@@ -142,11 +152,11 @@ def test_a_recomputed_chunk_root_renames_the_corpus(corpus, tmp_path):
         forged.check_run(genesis)
 
 
-def test_a_token_file_that_disagrees_with_its_manifest_never_replays_to_match(reference, corpus, tmp_path):
+def test_a_token_file_that_disagrees_with_its_manifest_never_replays_to_match(reference, corpus, keys, tmp_path):
     bad = poisoned_copy(corpus, tmp_path / "bad")
     (tmp_path / "r").mkdir()
     code, out, _ = call(audit.main, ["--run_dir", reference, "--step", 13, "--data_dir", bad,
-                                     "--receipt", tmp_path / "r" / "13.json", "--auditor", "alice"])
+                                     "--receipt", tmp_path / "r" / "13.json", "--key", keys["alice"]])
     lines = out.splitlines()
     assert code == 1 and not any(line.startswith("MATCH") for line in lines), out
     first = next(line for line in lines if line.startswith("MISMATCH"))
@@ -169,11 +179,18 @@ def test_a_trainer_refuses_a_token_file_that_disagrees_with_its_manifest(referen
 
 # ----------------------------------------------------------------------------- 2. receipts
 @pytest.fixture(scope="module")
-def honest(reference):
-    """The honest receipt of step 13 (replayed from checkpoint 10)."""
+def step13(reference):
+    """The audit that replayed step 13 (from checkpoint 10): audit.Audit.receipt makes its receipts."""
     a = audit.Audit(str(reference))
     a.replay(13, 13)
-    return a.receipt(13, "alice", {})
+    return a
+
+
+@pytest.fixture(scope="module")
+def honest(step13):
+    """The honest receipt of step 13 by ZERO_KEY, unsigned (receipts.judge checks proofs;
+    check_receipts, which checks signatures too, sees it unsigned)."""
+    return step13.receipt(13, ZERO_KEY, {})
 
 
 def publisher(run):
@@ -181,26 +198,24 @@ def publisher(run):
     return lambda step: receipts.salt(secret, step)
 
 
-def judge(run, receipt, tmp_path, name="r.json"):
-    (tmp_path / "receipts").mkdir(exist_ok=True)
-    receipts.write_receipt(tmp_path / "receipts" / name, receipt)
+def judge(run, receipt):
+    """(status, reason) of a receipt's proofs against the run's chain, checked with its secret."""
     chain = rundir.Run(run).chain
     chain.verify()
-    return receipts.check_receipts(tmp_path / "receipts", chain, publisher(run))
+    return receipts.judge(receipt, chain, publisher(run))
 
 
-def test_a_receipt_needs_the_update_not_only_the_gradient(reference, honest, tmp_path):
-    assert [r.status for r in judge(reference, honest, tmp_path)] == ["accepted"]
-    # The lazy auditor: the gradient computed exactly (grad_root right), the update skipped, the
-    # published state hash copied. Its best result_root is the pre-step state's keyed root.
-    a = audit.Audit(str(reference))
-    a.replay(12, 12)
-    state = a.state
-    lazy = {**honest, "auditor": "lazy",
-            "result_root": hashchain.keyed_state_root(honest["grad_root"], state.tensors())}
-    results = judge(reference, lazy, tmp_path, "lazy.json")
-    lazy_result = next(r for r in results if r.path.endswith("lazy.json"))
-    assert lazy_result.status == "rejected" and "skipped the update" in lazy_result.reason
+def test_a_receipt_needs_the_update_not_only_the_gradient(reference, honest):
+    assert judge(reference, honest) == ("accepted", "")
+    # The lazy auditor: the gradient computed exactly (grad_root right), the update skipped. Its
+    # best result_root is the pre-step state's keyed root under grad_root.
+    before, after = audit.Audit(str(reference)), audit.Audit(str(reference))
+    before.replay(12, 12)
+    after.replay(13, 13)
+    run, blob = receipts.run_id(before.run.genesis), signing.parse_public_key(ZERO_KEY)[1]
+    lazy_root = hashchain.keyed_state_root(after.replayed[13][1], before.state.tensors())
+    status, reason = judge(reference, {**honest, "result": receipts.result_proof(run, 13, False, blob, lazy_root)})
+    assert status == "rejected" and "the update was skipped" in reason
 
 
 def test_a_receipt_names_the_record_it_audited(reference, honest, tmp_path):
@@ -208,8 +223,8 @@ def test_a_receipt_names_the_record_it_audited(reference, honest, tmp_path):
     records = chain_records(run)
     records[5]["loss"] += 1.0                        # history rewritten and resealed afterwards
     write_chain(run, reseal(records))
-    [result] = judge(run, honest, tmp_path)
-    assert result.status == "rejected" and "another record of this step" in result.reason
+    status, reason = judge(run, honest)
+    assert status == "rejected" and "another record of this step" in reason
 
 
 def test_a_swapped_step_commit_is_a_mismatch_wherever_the_salt_is_known(reference, tmp_path):
@@ -255,20 +270,28 @@ def test_a_resume_under_another_secret_is_refused(reference, corpus, tmp_path):
     assert snapshot(run)["chain.jsonl"] == before["chain.jsonl"]
 
 
-@pytest.mark.parametrize("name", ["", "  ", "x" * 65, "alice\naccepted  forged", "\x1b[2Kbob"])
-def test_an_auditor_name_is_checked_when_written(reference, tmp_path, name):
-    result = call(audit.main, ["--run_dir", reference, "--step", 3, "--receipt", tmp_path / "r.json",
-                               "--auditor", name])
-    assert one_line_error(result, "audit.py") and not (tmp_path / "r.json").exists(), result
+@pytest.mark.parametrize("line", ["  ssh-ed25519 AAAA", "x" * 65 + " KEY", "al*ce KEY", "alice\x1b[2K KEY",
+                                  'alice namespaces="git" KEY', "alice KEY\nalice KEY"])
+def test_a_roster_name_is_checked(reference, keys, tmp_path, line):
+    """Names come from the roster only: a name that is not 1..64 plain characters, a line with
+    options, a name listed twice: one line, exit 2."""
+    key = " ".join((keys["alice"].parent / "alice.pub").read_text().split()[:2])
+    (tmp_path / "roster").write_text(line.replace("KEY", key) + "\n")
+    (tmp_path / "r").mkdir()
+    result = call(audit.main, ["--run_dir", reference, "--coverage", tmp_path / "r", "--roster", tmp_path / "roster"])
+    assert one_line_error(result, "audit.py") and "--roster" in result[2], result
 
 
-def test_names_paths_and_findings_are_printed_escaped(reference, honest, tmp_path):
+def test_names_paths_and_findings_are_printed_escaped(reference, step13, honest, keys, tmp_path):
+    def by(name, **changes):
+        signer = signing.Signer(keys[name])
+        return json.dumps(receipts.sign_receipt({**step13.receipt(13, signer.public_key, {}), **changes}, signer))
+
     forged = tmp_path / "receipts"
     forged.mkdir()
-    (forged / "a.json").write_text(json.dumps({**honest, "auditor": "x\naccepted  /fake: step 3 by bob"}))
-    (forged / "b.json").write_text(json.dumps({**honest, "verdict": "MISMATCH", "auditor": "carol",
-                                               "findings": ["x\naccepted  /fake: step 4 by bob"]}))
-    (forged / "c\naccepted  fake.json").write_text(json.dumps({**honest, "auditor": "dave"}))
+    (forged / "a.json").write_text(json.dumps({**honest, "signer": "x\naccepted  /fake: step 3 by bob"}))
+    (forged / "b.json").write_text(by("carol", verdict="MISMATCH", findings=["x\naccepted  /fake: step 4 by bob"]))
+    (forged / "c\naccepted  fake.json").write_text(by("dave"))
     code, out, _ = call(audit.main, ["--run_dir", reference, "--check_receipts", forged])
     assert code == 2 and "/fake" in out, out
     assert [line.split()[0] for line in out.splitlines()] == ["malformed", "rejected", "accepted", "receipts"], out
@@ -279,7 +302,7 @@ def data_py(argv):
     return data.main(argv)
 
 
-def output_cases(run, out):
+def output_cases(run, out, key):
     """(option given, argv) of every output path of every reading tool, aimed at the run."""
     chain, ckpt = run / "chain.jsonl", rundir.checkpoint_path(run / "checkpoints", 10)
     (out / "chain_link").symlink_to(chain)
@@ -293,8 +316,8 @@ def output_cases(run, out):
         ("--trace", (audit.main, step + ["--trace", out / "chain_link"])),
         ("--trace", (audit.main, step + ["--trace", out / "chain_hard"])),
         ("--trace", (audit.main, step + ["--trace", out / "run_link" / "new.jsonl"])),
-        ("--receipt", (audit.main, step + ["--receipt", run / "r.json", "--auditor", "a"])),
-        ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--auditor", "a"])),
+        ("--receipt", (audit.main, step + ["--receipt", run / "r.json", "--key", key])),
+        ("--receipt", (audit.main, step + ["--receipt", out / "log_hard", "--key", key])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", run / "s.json"])),
         ("--out", (audit.main, ["--run_dir", run, "--reveal_salts", "1:2", "--out", out / "chain_hard"])),
         ("--out", (audit.main, ["--run_dir", run, "--materialize", 3, "--out", run / "pub"])),
@@ -307,7 +330,7 @@ def output_cases(run, out):
     ]
 
 
-def test_every_output_of_every_reader_is_refused_inside_the_run(reference, tmp_path):
+def test_every_output_of_every_reader_is_refused_inside_the_run(reference, keys, tmp_path):
     # Every option that names a file audit.py writes is checked; the others name inputs.
     written = {a.dest for a in audit.parser()._actions if a.metavar in ("FILE", "PATH")} - \
         {"salts", "anchors", "state", "units"}
@@ -316,7 +339,7 @@ def test_every_output_of_every_reader_is_refused_inside_the_run(reference, tmp_p
     out = tmp_path / "out"
     out.mkdir()
     before = snapshot(run)
-    for option, (main, argv) in output_cases(run, out):
+    for option, (main, argv) in output_cases(run, out, keys["alice"]):
         result = call(main, argv)
         prog = {audit.main: "audit.py", report.main: "report.py"}.get(main, "data.py")
         assert one_line_error(result, prog) and option in result[2], (argv, result)
@@ -477,7 +500,7 @@ def dishonest(corpus, base, tampering):
     return run, mismatches(audit_every_unit(run, STEP, corpus, base / "pub", reveal=False))
 
 
-def test_data_changed_in_one_micro_batch_is_caught_by_that_micro_batch(corpus, tmp_path):
+def test_data_changed_in_one_micro_batch_is_caught_by_that_micro_batch(corpus, keys, tmp_path):
     true_batch = TokenData.micro_batch
 
     def injected(self, split, step, micro, *args):
@@ -488,7 +511,7 @@ def test_data_changed_in_one_micro_batch_is_caught_by_that_micro_batch(corpus, t
     assert list(found) == ["micro_batch:1"] and found["micro_batch:1"][0].startswith("field loss differs"), found
     code, out, err = call(audit.main, ["--run_dir", run, "--data_dir", corpus, "--step", STEP, "--micro_batch", 1,
                                        "--revealed", unit_dir(tmp_path / "pub", "micro_batch:1"),
-                                       "--receipt", tmp_path / "r.json", "--auditor", "alice"])
+                                       "--receipt", tmp_path / "r.json", "--key", keys["alice"]])
     assert code == 1 and out.startswith(f"MISMATCH at step {STEP}, micro-batch 1: field loss differs"), out + err
     receipt = json.loads((tmp_path / "r.json").read_text())
     assert receipt["verdict"] == "MISMATCH" and receipt["findings"][0] == out.splitlines()[0], receipt
@@ -545,8 +568,8 @@ def test_a_units_root_resealed_after_the_fact(unit_run, corpus, tmp_path):
     chain = rundir.Run(run).chain
     chain.verify()
     for unit, a in before.items():
-        status, reason = receipts.judge(a.receipt("alice", {}, {}, train.code_digest()), chain,
-                                            publisher(run), lambda s: None, lambda *_: None)
+        status, reason = receipts.judge(a.receipt(ZERO_KEY, {}, {}, train.code_digest()), chain,
+                                        publisher(run), lambda s: None, lambda *_: None)
         assert status == "rejected" and "another record of this step" in reason, unit
     found = mismatches(audit_every_unit(run, STEP, corpus, tmp_path / "pub2"))
     assert sorted(found) == ["fold:0:2", "micro_batch:1"], found
@@ -555,19 +578,22 @@ def test_a_units_root_resealed_after_the_fact(unit_run, corpus, tmp_path):
 
 
 def test_a_lazy_micro_batch_receipt_is_rejected(unit_run, corpus, tmp_path):
-    """The commitment c_m or the public digest copied into a micro-batch receipt, no replay."""
+    """The commitment c_m or the public digest copied into a micro-batch receipt (or the proof of
+    either for the auditor's key), no replay."""
     entry = units.read_list(units.list_path(unit_run, STEP), STEP)[2]
     chain = rundir.Run(unit_run).chain
     lists = lambda s: units.check_list(units.read_list(units.list_path(unit_run, s), s), s, 3,  # noqa: E731
                                        chain.records[s]["units_root"])
+    run, blob = receipts.run_id(chain.records[0]), signing.parse_public_key(ZERO_KEY)[1]
     for copied in (entry["commit"], entry["digest"]):
-        lazy = receipts.unit_receipt(chain.records[0], chain.records[STEP], "micro_batch:2", {"witness": copied},
-                                 "lazy", {}, {}, train.code_digest(), chain.records[0]["data_manifest"], [])
-        status, reason = receipts.judge(lazy, chain, publisher(unit_run), lists, lambda *_: None)
-        assert status == "rejected" and "does not open the micro-batch's commitment" in reason
+        for witness in (copied, receipts.witness_proof(run, STEP, 2, blob, bytes.fromhex(copied))):
+            lazy = receipts.make_receipt(chain.records[0], chain.records[STEP], "micro_batch:2", {"witness": witness},
+                                         ZERO_KEY, {}, {}, train.code_digest(), chain.records[0]["data_manifest"], [])
+            status, reason = receipts.judge(lazy, chain, publisher(unit_run), lists, lambda *_: None)
+            assert status == "rejected" and "does not open the micro-batch's commitment" in reason
 
 
-def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path):
+def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, keys, tmp_path):
     """A child revealed for a fold audit that is not the committed one, and a state tensor that is
     not the record's: each is caught before use by the audit it is handed to."""
     pub = unitaudit.Publisher(unit_run, str(corpus))
@@ -588,12 +614,184 @@ def test_revealed_tensors_that_do_not_match_the_chain(unit_run, corpus, tmp_path
     micro = unitaudit.UnitAudit(str(unit_run), STEP, str(corpus))
     micro.micro_batch(0, directory=unit_dir(tmp_path, "micro_batch:0"))
     assert len(micro.findings) == 1 and "tensor 'params.layers.1.wo' differs from its leaf" in micro.findings[0]
-    assert micro.receipt("alice", {}, {}, train.code_digest()) is None
+    assert micro.receipt(ZERO_KEY, {}, {}, train.code_digest()) is None
     for unit, option in (("fold:0:3", ["--fold_node", "0:3"]), ("micro_batch:0", ["--micro_batch", 0])):
         code, out, err = call(audit.main, ["--run_dir", unit_run, "--data_dir", corpus, "--step", STEP, *option,
                                            "--revealed", unit_dir(tmp_path, unit), "--receipt", tmp_path / "r.json",
-                                           "--auditor", "alice"])
+                                           "--key", keys["alice"]])
         where = unitaudit.label(unit)
         assert code == 1 and out.startswith(f"MISMATCH at step {STEP}, {where}: the "), out + err
         assert f"receipt: none written, the audit of {where} stopped before its proof" in out, out
     assert not (tmp_path / "r.json").exists()
+
+
+# ----------------------------------------------------------------------------- 6. round four (issue 61)
+def signed_unit_receipt(run, unit, key, revealed, corpus):
+    """The signed receipt (dict) of `unit` of step STEP of `run`, audited from `revealed` with `key`."""
+    a = unitaudit.UnitAudit(str(run), STEP, str(corpus))
+    kind, *where = units.parse(unit, 3)
+    {"micro_batch": lambda: a.micro_batch(where[0], directory=revealed), "fold": lambda: a.fold(*where, revealed),
+     "update": lambda: a.update(revealed)}[kind]()
+    signer = signing.Signer(key)
+    return receipts.sign_receipt(a.receipt(signer.public_key, {}, {}, train.code_digest()), signer)
+
+
+def check_dir(run, receipts_dir, revealed=None, roster=None):
+    """receipts.check_receipts of receipts_dir on `run` as audit.py does it (the run's secret)."""
+    opened = rundir.Run(run)
+    opened.chain.verify()
+    return receipts.check_receipts(receipts_dir, opened.chain, publisher(run), *unitaudit.judging(opened, revealed),
+                                   signing.read_roster(roster) if roster else None)
+
+
+def test_a_copied_receipt_relabelled_is_refused_and_counts_once(unit_run, corpus, keys, tmp_path):
+    """Alice's micro-batch receipt, copied by Bob: with his key as signer and her signature it is
+    unsigned; re-signed by him, its proof (bound to her key) is refused. --coverage counts one key
+    for the one replay (main: two auditor names for one replay)."""
+    pub = tmp_path / "pub"
+    unitaudit.Publisher(unit_run, str(corpus)).reveal(STEP, "micro_batch:1", pub)
+    alice = signed_unit_receipt(unit_run, "micro_batch:1", keys["alice"], pub, corpus)
+    bob = signing.Signer(keys["bob"])
+    relabelled = {**alice, "signer": bob.public_key}
+    resigned = receipts.sign_receipt({k: v for k, v in relabelled.items() if k != "signature"}, bob)
+    rdir = tmp_path / "r"
+    rdir.mkdir()
+    for name, r in (("alice", alice), ("relabelled", relabelled), ("resigned", resigned)):
+        receipts.write_receipt(rdir / f"{name}.json", r)
+    roster = write_roster(tmp_path / "roster", keys, ["alice", "bob"])
+    found = {os.path.basename(r.path): r for r in check_dir(unit_run, rdir, roster=roster)}
+    assert found["alice.json"].counted and found["alice.json"].name == "alice"
+    assert found["relabelled.json"].status == "unsigned", found["relabelled.json"]
+    assert found["resigned.json"].status == "rejected" and "under its signer key" in found["resigned.json"].reason
+    code, out, err = call(audit.main, ["--run_dir", unit_run, "--coverage", rdir, "--roster", roster,
+                                       "--steps", f"{STEP}:{STEP}", "--redundancy", 2])
+    assert code == 1 and "units with fewer than 2: 6: micro_batch 0-2, fold 0:2 0:3, update" in out, out + err
+    covered = receipts.covered(list(found.values()), rundir.Run(unit_run).chain, STEP, STEP)
+    assert covered[STEP]["micro_batch:1"] == {keys_line(keys, "alice")}
+
+
+def keys_line(keys, name):
+    return " ".join((keys[name].parent / f"{name}.pub").read_text().split()[:2])
+
+
+def test_a_receipt_moved_to_another_run_is_refused(unit_run, corpus, keys, tmp_path):
+    """A second run under the same secret whose state before STEP is the same (only max_steps
+    differs, and both are in the warmup): Alice's micro-batch receipt relabelled for it (its run
+    and record hash) and re-signed by her is refused there, its proof being bound to her run."""
+    other = train_in_process(share_secret(unit_run, tmp_path / "other"), corpus, "--max_steps=9")
+    mine, theirs = chain_records(unit_run), chain_records(other)
+    assert mine[STEP - 1]["state_hash"] == theirs[STEP - 1]["state_hash"] and mine[0]["record_hash"] != theirs[0]["record_hash"]
+    pub = tmp_path / "pub"
+    unitaudit.Publisher(unit_run, str(corpus)).reveal(STEP, "micro_batch:0", pub)
+    alice_receipt = signed_unit_receipt(unit_run, "micro_batch:0", keys["alice"], pub, corpus)
+    alice = signing.Signer(keys["alice"])
+    moved = {k: v for k, v in alice_receipt.items() if k != "signature"}
+    moved.update(run=theirs[0]["record_hash"], record_hash=theirs[STEP]["record_hash"])
+    rdir = tmp_path / "r"
+    rdir.mkdir()
+    receipts.write_receipt(rdir / "moved.json", receipts.sign_receipt(moved, alice))
+    receipts.write_receipt(rdir / "original.json", alice_receipt)
+    found = {os.path.basename(r.path): r for r in check_dir(other, rdir)}
+    assert found["moved.json"].status == "rejected" and "made for another key or run" in found["moved.json"].reason
+    assert found["original.json"].status == "rejected" and "another run" in found["original.json"].reason
+
+
+def test_the_update_shortcut_from_a_public_checkpoint_is_not_counted(unit_run, corpus, keys, tmp_path):
+    """At step 8, whose post-step state is a public checkpoint, the update's receipt can be made
+    from the revealed S without running AdamW: mean, clip and the checkpoint's keyed root. It is
+    accepted (no proof can tell it from an honest one), so coverage counts the update of such a
+    step for no one and lists it apart; at STEP, whose state is not public, the update counts."""
+    step = 8
+    pub = tmp_path / "pub"
+    unitaudit.Publisher(unit_run, str(corpus)).reveal(step, "update", pub)
+    S = rundir.load_checkpoint(units.unit_file(pub, step, "fold:0:3"))[0]["fold:0:3"]
+    mean = repops.ops.scale(S, repops.f32(1.0 / 3))
+    grad, _ = repops.clip_grad(mean[:-1], rundir.Run(unit_run).cfg.grad_clip)
+    after, _ = rundir.load_checkpoint(rundir.checkpoint_path(unit_run / "checkpoints", step))
+    lazy_root = hashchain.keyed_state_root(hashchain.tensor_leaf("grad", grad), after)
+    chain = rundir.Run(unit_run).chain
+    mallory = signing.Signer(keys["mallory"])
+    lazy = receipts.make_receipt(chain.records[0], chain.records[step], "update",
+                                 {"result": receipts.result_proof(receipts.run_id(chain.records[0]), step, True,
+                                                                  mallory.blob, lazy_root)},
+                                 mallory.public_key, {}, {}, train.code_digest(), chain.records[0]["data_manifest"], [])
+    rdir = tmp_path / "r"
+    rdir.mkdir()
+    receipts.write_receipt(rdir / "lazy_update.json", receipts.sign_receipt(lazy, mallory))
+    roster = write_roster(tmp_path / "roster", keys, ["mallory"])
+    [result] = check_dir(unit_run, rdir, roster=roster)
+    assert result.status == "accepted" and result.counted            # byte for byte an honest proof
+    public = unitaudit.public_states(rundir.Run(unit_run), pub)
+    assert step in public and STEP not in public
+    covered = receipts.covered([result], chain, STEP, step, public)
+    assert "update" not in covered[step] and "update" in covered[STEP]
+    code, out, err = call(audit.main, ["--run_dir", unit_run, "--coverage", rdir, "--roster", roster,
+                                       "--steps", f"{STEP}:{step}", "--redundancy", 1])
+    assert "updates not provable by a receipt (post-step state public: steps 8): not counted" in out, out + err
+
+
+def test_an_assembled_step_receipt_covers_no_fold_node(unit_run, corpus, keys, tmp_path):
+    """A whole-step receipt assembled from the three micro-batch proofs and the update's proof of
+    one auditor, who formed no sum: accepted (its proofs are true), it covers the micro-batches and
+    the update, and no fold node (main: every unit of the step, a lying fold node included)."""
+    pub, alice = tmp_path / "pub", signing.Signer(keys["alice"])
+    publisher_ = unitaudit.Publisher(unit_run, str(corpus))
+    parts = {}
+    for unit in ("micro_batch:0", "micro_batch:1", "micro_batch:2", "update"):
+        publisher_.reveal(STEP, unit, unit_dir(pub, unit))
+        parts[unit] = signed_unit_receipt(unit_run, unit, keys["alice"], unit_dir(pub, unit), corpus)
+    chain = rundir.Run(unit_run).chain
+    assembled = receipts.make_receipt(chain.records[0], chain.records[STEP], "step",
+                                      {"witnesses": [parts[f"micro_batch:{m}"]["witness"] for m in range(3)],
+                                       "result": parts["update"]["result"]}, alice.public_key, {}, {},
+                                      train.code_digest(), chain.records[0]["data_manifest"], [])
+    rdir = tmp_path / "r"
+    rdir.mkdir()
+    receipts.write_receipt(rdir / "step.json", receipts.sign_receipt(assembled, alice))
+    [result] = check_dir(unit_run, rdir, roster=write_roster(tmp_path / "roster", keys, ["alice"]))
+    assert result.status == "accepted" and result.counted, result
+    covered = receipts.covered([result], chain, STEP, STEP)[STEP]
+    assert {u for u, k in covered.items() if k} == {"micro_batch:0", "micro_batch:1", "micro_batch:2", "update"}
+    assert covered["fold:0:2"] == covered["fold:0:3"] == set()
+
+
+def test_a_link_planted_under_a_writers_temp_name_is_never_followed(unit_run, corpus, tmp_path, monkeypatch):
+    """--reveal_unit S:U --out D wrote its unit list through the fixed temp name
+    .step_<S>.units.json.tmp (open(): a link there was followed; main overwrote the run's
+    chain.jsonl). Links planted under that name, and under the random name the writer will draw,
+    leave the link's target untouched: the writer opens its temp file O_EXCL | O_NOFOLLOW."""
+    run = copy_run(unit_run, tmp_path / "run")
+    out = tmp_path / "out"
+    out.mkdir()
+    chain = (run / "chain.jsonl").read_bytes()
+    (out / f".step_{STEP:08d}.units.json.tmp").symlink_to(run / "chain.jsonl")
+    code, stdout, err = call(audit.main, ["--run_dir", run, "--data_dir", corpus, "--reveal_unit", f"{STEP}:micro_batch:0",
+                                          "--out", out])
+    assert code == 0, stdout + err
+    assert (run / "chain.jsonl").read_bytes() == chain and units.list_file(out, STEP).is_file()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    monkeypatch.setattr(os, "urandom", lambda n: bytes(n))         # the writer's next temp name, known
+    target = out / "receipt.json"
+    (out / f".{target.name}.tmp-{bytes(6).hex()}").symlink_to(victim)
+    with pytest.raises(config.UsageError, match="cannot write the receipt"):
+        receipts.write_receipt(target, {"format": "x"})
+    assert victim.read_bytes() == b"kept" and not target.exists()
+
+
+@pytest.mark.parametrize("case", ["a_file", "under_a_file", "unwritable"])
+def test_materialize_with_a_bad_out_is_one_line_before_any_replay(unit_run, tmp_path, case):
+    """--materialize S --out F: F an existing file, a path under a file, or a folder that cannot be
+    created: one line, exit 2 (main: a traceback and exit 1, MISMATCH's code), before any replay."""
+    (tmp_path / "file").write_text("x")
+    out = {"a_file": tmp_path / "file", "under_a_file": tmp_path / "file" / "pub",
+           "unwritable": "/proc/repops/pub"}[case]
+    replayed = []
+    mp = pytest.MonkeyPatch()
+    mp.setattr(unitaudit.Publisher, "state", lambda *a: replayed.append(a))
+    try:
+        result = call(audit.main, ["--run_dir", unit_run, "--materialize", STEP, "--out", out])
+    finally:
+        mp.undo()
+    assert one_line_error(result, "audit.py") and "--out" in result[2] and not replayed, result
+    assert (tmp_path / "file").read_text() == "x"

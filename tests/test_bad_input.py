@@ -31,9 +31,9 @@ import hashchain
 import receipts
 import rundir
 import train
-from tiny import (ROOT, STEPS, TINY, assert_one_line_error, audit, chain_records, copy_run, make_corpus,
+from tiny import (ROOT, STEPS, TINY, ZERO_KEY, assert_one_line_error, audit, chain_records, copy_run, make_corpus,
                   mismatch_lines, reseal, run_process, script, start_process, stop_process, train as train_run,
-                  train_args, write_chain)
+                  train_args, write_chain, write_roster)
 
 
 @pytest.mark.parametrize("arg", [
@@ -178,17 +178,18 @@ def snapshot(run):
             for p in sorted(run.rglob("*"))}
 
 
-def test_audit_and_sample_never_write_to_the_run(reference, tmp_path):
+def test_audit_and_sample_never_write_to_the_run(reference, keys, tmp_path):
     run = copy_run(reference, tmp_path / "run")
     (run / "checkpoints" / ".step_00000040.safetensors.tmp-0123456789ab").write_bytes(b"partial")
     lines = (run / "chain.jsonl").read_bytes()
     (run / "chain.jsonl").write_bytes(lines + b'{"torn')     # a torn tail: readers leave it
     before = snapshot(run)
     assert audit(run, "--all").returncode == 0
-    (tmp_path / "r").mkdir()
-    assert audit(run, "--step", "12", "--receipt", tmp_path / "r" / "12.json", "--auditor", "a").returncode == 0
+    assert audit(run, "--step", "12", "--receipt", tmp_path / "r" / "12.json", "--key", keys["alice"]).returncode == 0
+    roster = write_roster(tmp_path / "roster", keys, ["alice"])
     for args in (["--check_receipts", tmp_path / "r"], ["--coverage", tmp_path / "r", "--redundancy", "1",
-                 "--steps", "12:12"], ["--reveal_salts", "1:3"], ["--plan", "--auditors", "3", "--seed", "1"]):
+                 "--steps", "12:12", "--roster", roster], ["--reveal_salts", "1:3"],
+                 ["--plan", "--auditors", "3", "--seed", "1"]):
         proc = audit(run, *args)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert script("sample.py", "--run_dir", run, "--tokens", "5").returncode == 0
@@ -204,24 +205,25 @@ def test_readers_never_create_the_secret(reference, tmp_path):
 
 
 def _receipt(run, **changes):
-    """A well-formed receipt of step 3 of `run` (not a true one), with `changes`."""
+    """A well-formed receipt of step 3 of `run` (not a true one, unsigned), with `changes`."""
     genesis = json.loads((run / "chain.jsonl").read_text().splitlines()[0])
-    return json.dumps({"format": receipts.RECEIPT_FORMAT, "run": genesis["record_hash"], "step": 3,
-                       "record_hash": "0" * 64, "state_hash": "0" * 64, "grad_root": "0" * 64,
-                       "result_root": "0" * 64, "auditor": "a", "machine": {},
+    return json.dumps({"format": receipts.RECEIPT_FORMAT, "run": genesis["record_hash"], "step": 3, "unit": "step",
+                       "record_hash": "0" * 64, "result": "0" * 64, "signer": ZERO_KEY, "machine": {},
                        "cost": {}, "code_digest": "0" * 64, "data_manifest": "0" * 64,
                        "verdict": "MATCH", "findings": [], **changes})
 
 
 @pytest.mark.parametrize("case", [
     "receipt_dir_missing", "receipt_dir_empty", "receipt_not_json", "receipt_wrong_type",
-    "receipt_unknown_field", "secret_missing_check", "secret_missing_reveal", "reveal_beyond_chain",
-    "salts_not_json", "plan_without_auditors", "plan_zero_auditors", "plan_redundancy_above_auditors",
-    "plan_steps_backwards", "plan_steps_beyond_chain", "plan_absent_not_a_fraction",
-    "plan_with_an_audit_option", "receipt_without_auditor", "receipt_with_range",
-    "receipt_inside_the_run", "anchors_not_anchors", "anchors_empty", "step_zero",
+    "receipt_unknown_field", "receipt_old_format", "secret_missing_check", "secret_missing_reveal",
+    "reveal_beyond_chain", "salts_not_json", "plan_without_auditors", "plan_zero_auditors",
+    "plan_redundancy_above_auditors", "plan_steps_backwards", "plan_steps_beyond_chain",
+    "plan_absent_not_a_fraction", "plan_with_an_audit_option", "receipt_without_key", "receipt_with_range",
+    "receipt_inside_the_run", "receipt_folder_under_a_file", "receipt_is_a_folder", "coverage_without_roster",
+    "roster_not_a_roster", "anchors_not_anchors",
+    "anchors_empty", "step_zero",
 ])
-def test_protocol_bad_input_one_line_exit_2(reference, tmp_path, capsys, case):
+def test_protocol_bad_input_one_line_exit_2(reference, keys, tmp_path, capsys, case):
     """In-process (audit.main): one `audit.py: error:` line on stderr and exit 2, nothing else
     on stderr; a malformed receipt is also listed on stdout, with the others."""
     run = copy_run(reference, tmp_path / "run")
@@ -232,9 +234,10 @@ def test_protocol_bad_input_one_line_exit_2(reference, tmp_path, capsys, case):
         args = ["--check_receipts", tmp_path / "nowhere"]
     elif case == "receipt_dir_empty":
         args = ["--check_receipts", receipts_dir]
-    elif case.startswith("receipt_") and case.endswith(("json", "type", "field")):
+    elif case.startswith("receipt_") and case.endswith(("json", "type", "field", "format")):
         text = {"receipt_not_json": "{", "receipt_wrong_type": _receipt(run, step="3"),
-                "receipt_unknown_field": _receipt(run, extra=1)}[case]
+                "receipt_unknown_field": _receipt(run, extra=1),
+                "receipt_old_format": _receipt(run, format="repops-receipt-v3")}[case]
         (receipts_dir / "x.json").write_text(text)
         args = ["--check_receipts", receipts_dir]
     elif case.startswith("secret_missing"):
@@ -253,13 +256,23 @@ def test_protocol_bad_input_one_line_exit_2(reference, tmp_path, capsys, case):
                             "plan_steps_backwards": ["--auditors", "3", "--steps", "5:2"],
                             "plan_steps_beyond_chain": ["--auditors", "3", "--steps", "1:99"],
                             "plan_absent_not_a_fraction": ["--auditors", "3", "--absent", "1.5"],
-                            "plan_with_an_audit_option": ["--auditors", "3", "--auditor", "a"]}[case]]
-    elif case == "receipt_without_auditor":
+                            "plan_with_an_audit_option": ["--auditors", "3", "--key", keys["alice"]]}[case]]
+    elif case == "receipt_without_key":
         args = ["--step", "3", "--receipt", tmp_path / "x.json"]
     elif case == "receipt_with_range":
-        args = ["--range", "1:2", "--receipt", tmp_path / "x.json", "--auditor", "a"]
+        args = ["--range", "1:2", "--receipt", tmp_path / "x.json", "--key", keys["alice"]]
     elif case == "receipt_inside_the_run":
-        args = ["--step", "3", "--receipt", run / "x.json", "--auditor", "a"]
+        args = ["--step", "3", "--receipt", run / "x.json", "--key", keys["alice"]]
+    elif case == "receipt_folder_under_a_file":     # refused before the replay, not after it
+        (tmp_path / "file").write_text("")
+        args = ["--step", "3", "--receipt", tmp_path / "file" / "r" / "x.json", "--key", keys["alice"]]
+    elif case == "receipt_is_a_folder":
+        (tmp_path / "x.json").mkdir()
+        args = ["--step", "3", "--receipt", tmp_path / "x.json", "--key", keys["alice"]]
+    elif case in ("coverage_without_roster", "roster_not_a_roster"):
+        (receipts_dir / "x.json").write_text(_receipt(run))
+        (tmp_path / "roster").write_text("alice ssh-ed25519 not-base64\n")
+        args = ["--coverage", receipts_dir] + (["--roster", tmp_path / "roster"] if case == "roster_not_a_roster" else [])
     elif case == "step_zero":
         args = ["--step", "0"]
     else:
@@ -270,9 +283,13 @@ def test_protocol_bad_input_one_line_exit_2(reference, tmp_path, capsys, case):
     rc = audit_module.main(["--run_dir", str(run), *map(str, args)])
     out, err = capsys.readouterr()
     assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("audit.py: error:"), (rc, out, err)
-    if case in ("receipt_not_json", "receipt_wrong_type", "receipt_unknown_field"):
+    if case in ("receipt_not_json", "receipt_wrong_type", "receipt_unknown_field", "receipt_old_format"):
         assert out.startswith(f"malformed {receipts_dir / 'x.json'}: ") and "1 malformed" in out, out
-    assert snapshot(run) == before and not (tmp_path / "x.json").exists()
+    if case == "receipt_old_format":
+        assert "this code reads repops-receipt-v4 receipts only" in out, out
+    if case.startswith("receipt_"):
+        assert "MATCH" not in out and "audit cost" not in out, out        # nothing was replayed
+    assert snapshot(run) == before and (case == "receipt_is_a_folder" or not (tmp_path / "x.json").exists())
 
 
 def test_second_trainer_on_the_same_run_is_refused(corpus, tmp_path):
@@ -332,8 +349,8 @@ def test_resume_with_other_code_is_refused(reference, corpus, tmp_path, monkeypa
     monkeypatch.setattr(train, "code_digest", lambda: "0" * 64)
     assert train.main(train_args(run, corpus)) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"train.py: error: {run} was started by different code (code digest); resume it with that code, "
-        "or start a new --run_dir"]
+        f"train.py: error: {run} was started by different code: its genesis code_digest is {real_digest}, "
+        f"this code's is {'0' * 64}; resume it with that code, or start a new --run_dir"]
     after = snapshot(run)
     assert {k: v for k, v in after.items() if k != "lock"} == {k: v for k, v in before.items() if k != "lock"}
     proc = script("train.py", *train_args(run, corpus))          # the run is complete: nothing to do

@@ -144,6 +144,25 @@ def test_aliases_are_refused(command, argv, capsys):
     assert err.startswith(command_module(command).parser().prog + ": error:"), err
 
 
+@pytest.mark.parametrize("command, argv, named", [
+    ("audit.py", ["--stpe", "5"], "unrecognized option --stpe (did you mean --step?)"),       # not the missing mode
+    ("audit.py", ["--step", "x", "--recipt", "r.json"], "unrecognized option --recipt (did you mean --receipt?)"),
+    ("sample.py", ["--temprature", "0"], "unrecognized option --temprature (did you mean --temperature?)"),
+    ("report.py", ["--out", "r.html", "--compre", "runs/b"], "unrecognized option --compre (did you mean --compare?)"),
+])
+def test_an_unknown_option_is_named_first_with_the_closest_known_one(command, argv, named, capsys):
+    with pytest.raises(SystemExit) as e:
+        command_module(command).parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"{command}: error: {named}") and len(err.splitlines()) == 1, err
+
+
+def test_an_unknown_train_key_is_named_first_with_the_closest_key():
+    for argv in (["--max_step=3"], ["--lr=x", "--max_step", "3"], ["--preset=nope", "--max_step=3"]):
+        with pytest.raises(config.UsageError, match=re.escape("unknown config key --max_step (did you mean --max_steps?)")):
+            config.parse_config(argv)
+
+
 def test_train_keys_take_one_spelling():
     assert config.parse_config(["--max_steps=7", "--checkpoint_every", "3"]).max_steps == 7
     for argv in (["--max-steps=7"], ["--checkpoint-every", "3"]):
@@ -154,7 +173,8 @@ def test_train_keys_take_one_spelling():
 @pytest.mark.parametrize("argv, named", [
     (["--step", "3", "--redundancy", "2"], "--redundancy goes with --plan or --coverage"),
     (["--range", "1:2", "--trace", "t.jsonl"], "--trace goes with --step"),
-    (["--plan", "--auditors", "3", "--auditor", "a"], "--auditor goes with --step"),
+    (["--plan", "--auditors", "3", "--key", "k"], "--key goes with --step"),
+    (["--step", "3", "--roster", "r"], "--roster goes with --check_receipts or --coverage or --plan"),
     (["--check_receipts", "r/", "--out", "s.json"], "--out goes with --reveal_salts"),
     (["--anchors", "a.jsonl", "--device", "cpu"], "--device goes with --step or --range or --all or --plan"),
 ])

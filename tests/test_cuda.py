@@ -11,7 +11,8 @@ Without a GPU (they need nvcc; skipped with the reason where it is missing):
    .f64 arithmetic, no abs/neg.ftz (the CPU's sign flips do not flush);
 3. binding_cuda.cpp passes a C++ syntax check against torch's headers and the toolkit's;
 4. kernels/cuda/canonical.cuh, compiled as host C++, agrees bit for bit with
-   kernels/cpu/contract.h (exp, log, recip, rsqrt, sqrt, sin, cos, sigmoid, Philox, normals)
+   kernels/cpu/contract.h (exp, log, recip, rsqrt, sqrt, sin, cos, sigmoid, tanh, erf, the GELU
+   forms, Philox, normals)
    on millions of inputs: the CUDA mirror of the canonical functions cannot drift;
 5. (needs only the CPU build) this file's copy of the self-test digest calls, run on the CPU,
    reproduces tests/test_selftest.py's digests, so the GPU digest test below is meaningful.
@@ -234,15 +235,19 @@ struct Count { const char* name; long bad = 0; uint32_t first = 0; };
 int main(int argc, char** argv) {
   rp::FpModeGuard guard;  // FTZ/DAZ, as every kernel runs (device: -ftz=true)
   const uint64_t stride = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1009;
-  Count c[9] = {{"exp"}, {"log"}, {"recip"}, {"rsqrt"}, {"sqrt"}, {"sin"}, {"cos"}, {"sigmoid"}, {"normal"}};
+  constexpr int kFns = 14;  // the functions compared, then the normals (c[kFns])
+  Count c[kFns + 1] = {{"exp"}, {"log"}, {"recip"}, {"rsqrt"}, {"sqrt"}, {"sin"}, {"cos"}, {"sigmoid"}, {"tanh"},
+                       {"erf"}, {"gelu"}, {"gelu_tanh"}, {"gelu_grad"}, {"gelu_tanh_grad"}, {"normal"}};
   long n = 0;
   auto one = [&](uint32_t u) {
     const float x = rp::fl(u);
-    const float got[8] = {rpc::exp(x), rpc::log(x), rpc::recip(x), rpc::rsqrt(x), rpc::sqrt(x), rpc::sin(x),
-                          rpc::cos(x), rpc::sigmoid(x)};
-    const float want[8] = {rp::exp(x), rp::log(x), rp::recip(x), rp::rsqrt(x), rp::sqrt(x), rp::sin(x),
-                           rp::cos(x), rp::sigmoid(x)};
-    for (int f = 0; f < 8; ++f)
+    const float got[kFns] = {rpc::exp(x), rpc::log(x), rpc::recip(x), rpc::rsqrt(x), rpc::sqrt(x), rpc::sin(x),
+                             rpc::cos(x), rpc::sigmoid(x), rpc::tanh(x), rpc::erf(x), rpc::gelu(x),
+                             rpc::gelu_tanh(x), rpc::gelu_grad(x), rpc::gelu_tanh_grad(x)};
+    const float want[kFns] = {rp::exp(x), rp::log(x), rp::recip(x), rp::rsqrt(x), rp::sqrt(x), rp::sin(x),
+                              rp::cos(x), rp::sigmoid(x), rp::tanh(x), rp::erf(x), rp::gelu(x),
+                              rp::gelu_tanh(x), rp::gelu_grad(x), rp::gelu_tanh_grad(x)};
+    for (int f = 0; f < kFns; ++f)
       if (!same(got[f], want[f]) && c[f].bad++ == 0) c[f].first = u;
     ++n;
   };
@@ -251,7 +256,11 @@ int main(int argc, char** argv) {
   for (uint32_t u = 0; u < 0x00800000u; u += 4099) one(u), one(u | 0x80000000u);           // subnormals
   const uint32_t specials[] = {0x0u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x42B17218u,
                                0x42B17219u, 0xC2AEAC4Fu, 0xC2AEAC50u, 0x47800000u, 0x47800001u, 0x3FB504F3u,
-                               0x3FB504F4u, 0x00800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x3F800000u};
+                               0x3FB504F4u, 0x00800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x3F800000u,
+                               // tanh's and erf's branch points (0.75, 10, 0.875, 3.92) and their
+                               // neighbours below, 2^64 (x * x overflows in the GELU forms)
+                               0x3F400000u, 0x3F3FFFFFu, 0x41200000u, 0x411FFFFFu, 0x3F600000u, 0x3F5FFFFFu,
+                               0x407AE148u, 0x407AE147u, 0xBF400000u, 0xC07AE148u, 0x5F800000u, 0xDF800000u};
   for (uint32_t u : specials) one(u);
   long words_bad = 0;
   for (uint32_t b = 0; b < 200000; ++b) {
@@ -262,7 +271,7 @@ int main(int argc, char** argv) {
     float a0, a1, b0, b1;
     rp::normal_pair(w.w[0], w.w[1], &a0, &a1);
     rpc::normal_pair(w.w[0], w.w[1], &b0, &b1);
-    if ((!same(a0, b0) || !same(a1, b1)) && c[8].bad++ == 0) c[8].first = b;
+    if ((!same(a0, b0) || !same(a1, b1)) && c[kFns].bad++ == 0) c[kFns].first = b;
     if (!same(rp::uniform_from_word(w.w[2]), rpc::uniform_from_word(w.w[2]))) ++words_bad;
   }
   std::printf("inputs %ld\n", n);

@@ -307,7 +307,11 @@ def test_cli_success(tmp_path):
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert manifest["splits"]["val"]["n_tokens"] == int(len(UTF8_TEXT.encode()) * 0.2)
     assert manifest_digest(manifest) in r.stdout
-    assert re.search(r"^prepare: .* MB/s, .*M tokens/s$", r.stdout, re.M), r.stdout
+    # sizes in the unit that shows them: a small text is not "0 of 0 MB"
+    size = r"\d[\d.]* (?:bytes|KB|MB|GB)"
+    assert re.search(rf"^prepare: {size} of {size} of text in [\d.]+ s, {size}/s, [\d,]+ tokens/s$", r.stdout,
+                     re.M), r.stdout
+    assert f"{len(UTF8_TEXT.encode())} bytes of text" in r.stdout or " KB of text" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("case, message", [

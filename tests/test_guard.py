@@ -1,87 +1,61 @@
 """The strict guard of the contract (kernels/README.md): no floating-point arithmetic outside RepOps inside a step,
-nor in a sample's decode.
+nor in a sample's decode, for the default model in each of its options.
 
 A TorchDispatchMode records every operator that reaches the dispatcher during one
 train.train_step (forward, backward, TreeFold, clipping, AdamW). Each one must be a RepOps
-kernel (repops::...) or an ATen operator listed in ALLOWED with the reason it does no
-floating-point arithmetic. A copy (aten::_to_copy, aten::copy_) counts as data movement only
-when its dtype conversion keeps every value (exact_cast); a rounding one (float64 -> float32,
-float32 -> bfloat16, int64 -> float32) is recorded as "<op> <from> -> <to>", a violation. Anything else, stock arithmetic or autograd summing gradients on
-its own, fails the test, which prints the operator counts. model.Llama.generate (its KV cache,
-the one-row decode, the Gumbel-max pick) runs under the same recorder, with the few exceptions
-of GENERATE_ALLOWED: so a sample's tokens are the contract's on every backend.
+kernel (repops::...), an ATen operator of guard.ALLOWED (the table the contract's guard itself
+passes, guard.py: each entry with the reason it does no floating-point arithmetic), or integer
+work (no float tensor among its operands and results: recorded as "<op> (integers)"). A copy
+(aten::_to_copy, aten::copy_) counts as data movement only when its dtype conversion keeps every
+value (guard.exact_cast); a rounding one (float64 -> float32, float32 -> bfloat16, int64 ->
+float32) is recorded as "<op> <from> -> <to>", a violation. Anything else, stock arithmetic or
+autograd summing gradients on its own, fails the test, which prints the operator counts: the
+default model is pure RepOps, so none of stockops.py's mappings may run in its steps either.
+model.Llama.generate (its KV cache, the one-row decode, the Gumbel-max pick) runs under the same
+recorder, with the one mapped operator of GENERATE_ALLOWED: so a sample's tokens are the
+contract's on every backend. Every entry of guard.ALLOWED must be used by a recorded program
+(these steps and samples, the models' construction, TreeFold's all-reduce of a step on several
+ranks, and a step of a small stock model).
 """
 import collections
 import math
 
 import pytest
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import config
 import data
+import guard
 import repops
 import train
+from guard import ALLOWED, exact_cast
 from tiny import TINY, make_corpus
 
-# Every exception, and why it is not arithmetic. Keep it to what a step actually runs: an
-# unused entry is reported too.
-ALLOWED = {
-    "aten::view": "reinterprets a tensor's shape over the same storage",
-    "aten::_unsafe_view": "reshape of a strided tensor: a view of the copy clone just made",
-    "aten::t": "a transposed view of a weight matrix",
-    "aten::transpose.int": "a transposed view (matmul operands and their backward)",
-    "aten::permute": "a view reordering the attention heads' dimensions",
-    "aten::select.int": "a view of one element (the loss at the end of the folded vector)",
-    "aten::slice.Tensor": "a view of a range (input/target windows, each parameter's gradient)",
-    "aten::split_with_sizes": "views of q, k and v inside the fused QKV projection",
-    "aten::detach": "an alias without autograd history",
-    "aten::clone": "contiguous() and reshape of strided views: copy bytes to a dense layout",
-    "aten::cat": "split's backward: lays the q, k, v gradients side by side; and the loss and "
-                 "gradient norm side by side for the step's one host read (copies)",
-    "aten::copy_": "each parameter's gradient, and the loss, into its slice of the flat buffer",
-    "aten::empty.memory_format": "allocates the flat gradient buffer (no values are computed)",
-    "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
-    "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
-    "aten::expand": "int8: an activation's step size s_x viewed once per row (its LSQ gradient "
-                    "sums row by row, quant.activation_lsq_backward)",
-    "aten::any": "the dead-tensor check: does a parameter's gradient have an element that is not "
-                 "+-0.0 (comparisons with zero, no arithmetic)",
-    "aten::stack": "the dead-tensor check's P flags side by side (copies)",
-    "aten::_to_copy": "the dead-tensor check's flags, bool -> float32 0.0/1.0 (exact), for the one "
-                      "host read",
-}
 
-
-# A sample's decode (model.Llama.generate) also runs these: selections, host reads and views.
+# A sample's decode (model.Llama.generate) also runs model.row_softmax's torch.amax, which the
+# guard maps (stockops.reduce_amax: the canonical maximum; row_softmax's docstring says why a sign
+# of zero there changes no bit) and sample.py's decode runs under the guard.
 GENERATE_ALLOWED = ALLOWED | {
     "aten::amax": "row_softmax's max: selects the row's largest score, the contract's cmax value "
                   "(model.row_softmax: a zero's sign does not change exp(z - m))",
-    "aten::argmax": "the sampled token: the index of the largest score (a selection, on the host)",
-    "aten::_local_scalar_dense": "int() of that index: a host read",
-    "aten::unsqueeze": "a view of the row sums as a column (row_softmax scales each row by its own)",
-    "aten::alias": "a slice of the whole KV cache (every position filled): a view",
 }
 
 
-def exact_cast(src, dst):
-    """Does converting dtype src to dst keep every value? (Widening only: bool to anything,
-    float to a float with at least its precision and range, int to an int of wider range or to
-    a float whose significand holds it.)"""
-    if src == dst or src == torch.bool:
-        return True
-    if src.is_floating_point:
-        a, b = torch.finfo(src), torch.finfo(dst) if dst.is_floating_point else None
-        return b is not None and b.eps <= a.eps and b.max >= a.max and b.smallest_normal <= a.smallest_normal
-    a = torch.iinfo(src)
-    if dst.is_floating_point:
-        return max(abs(a.min), a.max) <= 2 ** (-math.log2(torch.finfo(dst).eps) + 1)
-    return dst != torch.bool and torch.iinfo(dst).min <= a.min and torch.iinfo(dst).max >= a.max
+def _floats(value):
+    if isinstance(value, torch.Tensor):
+        return value.is_floating_point()
+    if isinstance(value, (list, tuple)):
+        return any(_floats(v) for v in value)
+    return False
 
 
 class OpRecorder(TorchDispatchMode):
     """Counts every operator dispatched while active, by its schema name; a copy whose dtype
-    conversion rounds as "<op> <from> -> <to>"."""
+    conversion rounds as "<op> <from> -> <to>"; an operator without float tensors as "<op>
+    (integers)"."""
 
     def __init__(self):
         super().__init__()
@@ -94,13 +68,17 @@ class OpRecorder(TorchDispatchMode):
             src, dst = (args[0].dtype, out.dtype) if name == "aten::_to_copy" else (args[1].dtype, args[0].dtype)
             if not exact_cast(src, dst):
                 name = f"{name} {src} -> {dst}"
+        elif not name.startswith("repops::") and not _floats([args, list((kwargs or {}).values()), out]):
+            name += " (integers)"
         self.counts[name] += 1
         return out
 
 
-def violations(counts):
-    """The recorded operators that are neither RepOps nor a justified exception."""
-    return {op: n for op, n in counts.items() if not op.startswith("repops::") and op not in ALLOWED}
+def violations(counts, allowed=ALLOWED):
+    """The recorded operators that are neither RepOps, nor communication (c10d: moves bytes), nor
+    a justified exception, nor integer work."""
+    return {op: n for op, n in counts.items() if not op.startswith(("repops::", "c10d::"))
+            and op not in allowed and not op.endswith(" (integers)")}
 
 
 def report(counts):
@@ -129,18 +107,34 @@ STEPS = {"no_dropout": [], "dropout": ["--dropout=0.1"], "int8": ["--quant=int8"
 
 
 @pytest.fixture(scope="module")
-def step_ops(corpus):
-    """{name: operator counts of one training step of a tiny model with STEPS[name]}."""
-    out = {}
+def built_and_step_ops(corpus):
+    """({name: operator counts of building the tiny model with STEPS[name]}, {name: those of its
+    first training step}): the step runs under the contract's guard (guard.Guard.step) inside the
+    recorder, which sees what the guard lets through."""
+    built, steps = {}, {}
     for name, flags in STEPS.items():
         cfg = config.parse_config([*TINY, f"--data_dir={corpus}", *flags])
         tokens = data.TokenData(corpus, cfg.seed)
-        state = train.TrainState(cfg, tokens.vocab_size)
+        with OpRecorder() as rec:
+            state = train.TrainState(cfg, tokens.vocab_size)
+        built[name] = rec.counts
         with OpRecorder() as rec:
             train.train_step(state, tokens, cfg)
         assert state.step == 1
-        out[name] = rec.counts
-    return out
+        steps[name] = rec.counts
+    return built, steps
+
+
+@pytest.fixture(scope="module")
+def step_ops(built_and_step_ops):
+    return built_and_step_ops[1]
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_building_the_model_is_repops_or_justified(built_and_step_ops, name):
+    counts = built_and_step_ops[0][name]
+    assert "repops::normal" in counts, report(counts)
+    assert not violations(counts), f"floating-point work outside RepOps: {violations(counts)}\n" + report(counts)
 
 
 @pytest.mark.parametrize("name", STEPS)
@@ -164,9 +158,82 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
                                     + report(counts))
 
 
-def test_no_exception_is_stale(step_ops):
-    used = set().union(*step_ops.values())
-    assert set(ALLOWED) <= used, f"exceptions no step needs: {sorted(set(ALLOWED) - used)}"
+class StockModel(nn.Module):
+    """A small GPT-2-style model written with stock PyTorch, as a user writes one: the data movement
+    of guard.ALLOWED that stock models need (a QKV split, a causal mask, embeddings, a slice and a
+    selected row, F.dropout's CPU form, nn.init's constants)."""
+
+    def __init__(self, vocab=64, d=32, T=16):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(T, d)
+        self.ln, self.qkv, self.head = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, vocab, bias=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe.weight[:T]
+        q, k, v = self.qkv(self.ln(x)).split(x.shape[-1], dim=2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        att = att.masked_fill(torch.tril(torch.ones(T, T)) == 0, float("-inf"))
+        x = x + F.dropout(F.softmax(att, dim=-1), 0.1, self.training) @ v
+        x = torch.where(x > 0, x, 0.1 * x)                         # a leaky relu
+        logits = self.head(x)
+        last = logits[:, -1]                                       # a loss term on the last position
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1)) + 0.01 * (last * last).mean()
+
+
+@pytest.fixture(scope="module")
+def stock_ops():
+    """Operator counts of building StockModel under the guard, of its probe (forward and backward)
+    and of an evaluation (train.evaluate's float() of the loss, under the mode)."""
+    g = guard.Guard(seed=5)
+    with OpRecorder() as rec:
+        with g.construction():
+            model = StockModel()
+        idx = torch.randint(0, 64, (2, 16))
+        g.probe(lambda: model(idx, torch.roll(idx, 1, 1)), list(model.parameters()), step=1)
+        with torch.no_grad(), g.inference():
+            float(model.eval()(idx, torch.roll(idx, 1, 1)))
+    assert g.stock
+    return rec.counts
+
+
+@pytest.fixture(scope="module")
+def allreduce_ops():
+    """Operator counts of TreeFold's all-reduce, what a step on R > 1 ranks adds to one rank's
+    (its buffers, its exchanges, its adds), under the guard's mode: on a one-process gloo group,
+    which runs the same code with itself as the only peer (torch refuses a batch of no
+    point-to-point operations: here it is nothing to wait for)."""
+    import torch.distributed as dist
+    import treefold
+    batch = dist.batch_isend_irecv
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.batch_isend_irecv = lambda ops: batch(ops) if ops else []
+    try:
+        fold = treefold.Fold(3, 1, 0)
+        for _ in fold.leaves:
+            fold.push(torch.rand(10))
+        with OpRecorder() as rec, guard.ContractMode():
+            treefold.allreduce(fold, align=4)
+    finally:
+        dist.batch_isend_irecv = batch
+        dist.destroy_process_group()
+    return rec.counts
+
+
+def test_every_op_of_an_all_reduce_is_repops_or_justified(allreduce_ops):
+    assert any(op.startswith("c10d::") for op in allreduce_ops), report(allreduce_ops)
+    assert not violations(allreduce_ops), report(allreduce_ops)
+
+
+def test_no_exception_is_stale(built_and_step_ops, sample_ops, stock_ops, allreduce_ops):
+    used = set().union(*built_and_step_ops[0].values(), *built_and_step_ops[1].values(), *sample_ops.values(),
+                       stock_ops, allreduce_ops)
+    assert set(ALLOWED) <= used, f"exceptions no program needs: {sorted(set(ALLOWED) - used)}"
 
 
 # name -> the model options of one guarded sample (a context that grows, then slides)
@@ -197,13 +264,8 @@ def test_every_op_of_a_sample_is_repops_or_justified(sample_ops, name):
     if name not in ("int8_pv", "exact"):       # the cached decode's one row (the others have none)
         needed |= {"repops::exp", "repops::csum", "repops::recip", "repops::mul", "aten::amax"}
     assert needed <= set(counts), report(counts)
-    bad = {op: n for op, n in counts.items() if not op.startswith("repops::") and op not in GENERATE_ALLOWED}
+    bad = violations(counts, GENERATE_ALLOWED)
     assert not bad, f"floating-point work outside RepOps in a sample: {bad}\n" + report(counts)
-
-
-def test_no_sample_exception_is_stale(sample_ops):
-    used = set().union(*sample_ops.values())
-    assert set(GENERATE_ALLOWED) - set(ALLOWED) <= used, sorted(set(GENERATE_ALLOWED) - set(ALLOWED) - used)
 
 
 def test_guard_flags_stock_arithmetic():

@@ -323,9 +323,15 @@ def test_refusals_are_one_line(source, tmp_path, capsys):
 
 def test_a_native_run_exports_2048_positions(reference, tmp_path, capfd):
     """A run trained here (byte tokenizer, seq_len 16): max_position_embeddings max(16, 2048), no
-    <|endoftext|> to name, and transformers generates past seq_len without a warning."""
+    <|endoftext|> to name, and transformers generates past seq_len without a warning. The byte
+    tokenizer comes along in Hugging Face form (--to hf is the default): AutoTokenizer loads it,
+    and it encodes and decodes any text as the corpus's tokenizer does (token = UTF-8 byte)."""
     out = tmp_path / "export"
-    assert export.main(["--run_dir", str(reference), "--to", "hf", "--out", str(out)]) == 0
+    assert export.main(["--run_dir", str(reference), "--out", str(out)]) == 0
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    text = "The king, the Queen\n  and é ü 日本 \t!"
+    assert hf_tok.encode(text, add_special_tokens=False) == get_tokenizer("bytes").encode(text) == list(text.encode())
+    assert hf_tok.decode(list(text.encode())) == text
     hf_cfg = json.loads((out / "config.json").read_text())
     assert (hf_cfg["max_position_embeddings"], hf_cfg["bos_token_id"], hf_cfg["eos_token_id"]) == (2048, None, None)
     card = (out / "README.md").read_text()

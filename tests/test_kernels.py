@@ -156,6 +156,14 @@ class TestReference:
         x = x[np.abs(np.sin(x.astype(np.float64))) > 1e-2]
         assert ulp_err(R.sin(x), np.sin(x.astype(np.float64))) <= 3
 
+    def test_tanh_erf_gelu(self):
+        x = np.random.default_rng(6).uniform(-6, 6, 100_000).astype(np.float32)
+        x64 = x.astype(np.float64)
+        assert ulp_err(R.tanh(x), np.tanh(x64)) <= 2
+        assert ulp_err(R.erf(x), torch.erf(torch.from_numpy(x64)).numpy()) <= 2
+        gelu64 = x64 * 0.5 * torch.erfc(torch.from_numpy(-x64 / math.sqrt(2))).numpy()
+        assert np.max(np.abs(R.gelu(x) - gelu64)) < 5e-7
+
     def test_special_values(self):
         nan = np.nan
         v = lambda a: np.array(a, np.float32)
@@ -293,9 +301,11 @@ def test_caller_fp_mode_restored(ops):
     assert float(np.float32(1e-40)) != 0
 
 
-ELEMENTWISE = ["exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos"]
+ELEMENTWISE = ["exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos", "tanh", "erf", "sigmoid", "gelu", "gelu_tanh",
+               "gelu_grad", "gelu_tanh_grad"]
 DOMAIN = {"exp": (-90, 90), "log": (0, 100), "recip": (-4, 4), "rsqrt": (0, 8), "sqrt": (0, 8),
-          "sin": (-70000, 70000), "cos": (-70000, 70000)}
+          "sin": (-70000, 70000), "cos": (-70000, 70000), "tanh": (-12, 12), "erf": (-5, 5), "sigmoid": (-90, 90),
+          "gelu": (-8, 8), "gelu_tanh": (-8, 8), "gelu_grad": (-8, 8), "gelu_tanh_grad": (-8, 8)}
 
 
 def _elementwise_inputs(name, seed):
@@ -304,8 +314,11 @@ def _elementwise_inputs(name, seed):
     parts = [rbits(rng, 20_000), rng.uniform(lo, hi, 20_000).astype(np.float32), SPECIALS,
              np.exp(rng.uniform(-88, 88, 5000)).astype(np.float32)]
     # neighbourhoods of thresholds and exact points
+    # (tanh's branch points 0.75 and 10, erf's 0.875 and 3.92, their images under the GELU forms'
+    # x * f32(1/sqrt 2), and 2^64, where x * x overflows)
     for c in (88.72283935546875, -87.33654022216797, 1.0, 1.41421356, 65536.0, 0.0, FLT_MIN,
-              2.0, 1.5, 3.0, math.pi / 2, math.pi):
+              2.0, 1.5, 3.0, math.pi / 2, math.pi, 0.75, 10.0, 0.875, 3.92, 0.875 * math.sqrt(2),
+              3.92 * math.sqrt(2), 2.0**64):
         c = np.float32(c)
         for d in (-np.inf, np.inf):
             parts.append(np.nextafter(c, np.float32(d)))
@@ -1114,6 +1127,9 @@ def test_canonical_functions_vs_torch(ops):
     x = torch.randn(10_000, generator=gen) * 10
     pos = x.abs() + 1e-3
     close(ops.exp(x), torch.exp(x), rtol=3e-7, atol=0, what="exp")
+    close(ops.tanh(x), torch.tanh(x), rtol=3e-7, atol=0, what="tanh")
+    close(ops.erf(x / 4), torch.erf(x / 4), rtol=3e-7, atol=0, what="erf")
+    close(ops.sigmoid(x), torch.sigmoid(x), rtol=5e-7, atol=0, what="sigmoid")
     close(ops.log(pos), torch.log(pos), rtol=3e-7, atol=1e-7, what="log")
     close(ops.recip(x), 1 / x, rtol=3e-7, atol=0, what="recip")
     close(ops.rsqrt(pos), torch.rsqrt(pos), rtol=3e-7, atol=0, what="rsqrt")
@@ -1122,6 +1138,27 @@ def test_canonical_functions_vs_torch(ops):
     close(ops.cos(x), torch.cos(x), rtol=0, atol=2e-7, what="cos")
     y = torch.randn(5, 1000, generator=gen)
     close(ops.csum(y), y.double().sum(-1).float(), rtol=1e-5, atol=1e-5, what="csum")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_forms_vs_torch(ops, approximate):
+    """The GELU forms (contract §5.6) against torch's float32 F.gelu and its autograd backward
+    (gelu_backward): the same formulas, with canonical erf/tanh/exp in place of torch's. Torch's
+    own vectorized float32 erf and tanh are further off than the canonical ones (contract §5.7):
+    F.gelu differs by up to 4e-7 relative for x > 0 and 1.04e-6 absolute in the negative tail
+    (x = -3.49: 1 + erf cancels), and torch's tanh gives -1.0 where the canonical one gives
+    -0.99999994, which gelu_tanh_grad's 1 - t * t turns into 1.1e-6 at x = -5.16."""
+    gen = torch.Generator().manual_seed(12)
+    x = torch.cat([torch.randn(20_000, generator=gen) * 3, torch.linspace(-12, 12, 4001)]).requires_grad_(True)
+    g = torch.randn(x.shape, generator=gen)
+    y = F.gelu(x, approximate=approximate)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (ones,) = torch.autograd.grad(F.gelu(x, approximate=approximate), x, torch.ones_like(x))
+    fwd, grad = (ops.gelu, ops.gelu_grad) if approximate == "none" else (ops.gelu_tanh, ops.gelu_tanh_grad)
+    x = x.detach()
+    close(fwd(x), y, rtol=1e-6, atol=1.5e-6, what=f"gelu ({approximate})")
+    close(grad(x), ones, rtol=1e-6, atol=1.5e-6, what=f"gelu grad ({approximate})")
+    close(ops.mul(g, grad(x)), gx, rtol=1e-6, atol=6e-6, what=f"gelu_backward ({approximate})")
 
 
 def test_dropout_vs_semantics(rp):

@@ -6,15 +6,19 @@ real servers on loopback, each on an ephemeral port:
   step audited over HTTP give the verdicts and receipts of the local audit of the same run; a
   micro-batch audit fetches the records of its walk, the checkpoint's header and parameters and
   the corpus's chunks, nothing else, and a second unit of the step nothing it had fetched;
-  report.py, --anchors and --check_receipts work from the address too;
+  report.py, --anchors and --check_receipts work from the address too, and a child run's lineage
+  is checked against its parent's address;
+- the run's anchors are signed (its genesis names the publisher's key): a walk starts only from
+  an anchor whose signature verifies; a forged one on the server is not used (a note says so, and
+  the audit still matches), and `--anchors` with it is a MISMATCH;
 - a tampered byte on the server (a tensor, a record, a token chunk, a unit list) is MISMATCH
   naming the file, exit 1;
 - Python's http.server, which ignores ranges, and a stdlib server that injects faults (a
   dropped connection, a truncated body, a slow answer, a 404, a refused connection): each is one
   line, exit 2, within a bounded time; a transient 503 is retried and the audit goes on;
-- the publication itself: its index and chain.offsets checked by the NumPy replay (SPEC §21),
+- the publication itself: its index and chain.offsets checked by the NumPy replay (SPEC §22),
   no secret or lock in it, an --out inside the run or holding another run refused;
-- a record does not grow with the tensor count (SPEC v4: its fields are fixed).
+- a record does not grow with the tensor count (SPEC v7: its fields are fixed).
 """
 import contextlib
 import http.server
@@ -35,7 +39,10 @@ import published
 import rundir
 import unitaudit
 import units
-from tiny import ROOT, TIMEOUT, assert_one_line_error, run_process, script, start_process, stop_process
+import receipts
+import signing
+from tiny import (ROOT, TIMEOUT, assert_one_line_error, run_process, script, start_process, stop_process,
+                  write_roster)
 from unit_runs import audit, train_in_process
 
 STEP = 5            # audited: its state before is checkpoint 4 (unit_runs: a checkpoint every 4 steps)
@@ -50,8 +57,10 @@ def free_port():
 
 
 @pytest.fixture(scope="module")
-def unit_run(corpus, tmp_path_factory):
-    return train_in_process(tmp_path_factory.mktemp("remote") / "run", corpus, ANCHORS)
+def unit_run(corpus, keys, tmp_path_factory):
+    """The unit run, its genesis naming the publisher's key: its anchors are signed."""
+    return train_in_process(tmp_path_factory.mktemp("remote") / "run", corpus, ANCHORS,
+                            f"--publisher_key={keys['publisher']}")
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +175,10 @@ def verdicts(proc):
 
 
 def receipt(path):
+    """A receipt without what differs between two audits of the same unit: what it cost, the
+    machine, and the signature over them."""
     r = json.loads(path.read_text())
-    return {k: v for k, v in r.items() if k not in ("cost", "machine")}
+    return {k: v for k, v in r.items() if k not in ("cost", "machine", "signature")}
 
 
 def reveal(unit_run, corpus, unit, out):
@@ -181,8 +192,8 @@ UNITS = [("micro_batch:1", ["--micro_batch", "1"]), ("fold:0:2", ["--fold_node",
 
 
 @pytest.mark.parametrize("unit,options", UNITS, ids=[u for u, _ in UNITS])
-def test_every_unit_over_http_gives_the_local_verdict_and_receipt(unit_run, corpus, public, nginx, tmp_path, unit,
-                                                                  options):
+def test_every_unit_over_http_gives_the_local_verdict_and_receipt(unit_run, corpus, public, nginx, keys, tmp_path,
+                                                                  unit, options):
     """The unit's audit of the public copy on disk (an auditor's download: no secret) and at its
     address: the same MATCH lines and the same receipt (its cost and machine aside). The fold
     node's children and the update's S come from the publisher's reveal (a local folder); the
@@ -194,7 +205,7 @@ def test_every_unit_over_http_gives_the_local_verdict_and_receipt(unit_run, corp
     results = {}
     for where, run in (("local", public), ("http", f"{nginx}/run")):
         signed = tmp_path / f"{where}.json"
-        common = ["--step", STEP, *options, *pieces, "--receipt", signed, "--auditor", "alice"]
+        common = ["--step", STEP, *options, *pieces, "--receipt", signed, "--key", keys["alice"]]
         proc = (audit(run, *common, corpus=public / "corpus", in_process=True) if where == "local" else
                 remote(run, *common, cache=tmp_path / "cache"))
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -242,7 +253,7 @@ def test_a_micro_batch_fetches_what_it_needs_and_a_second_unit_nothing_twice(uni
     assert byterange.stats()[url]["from_cache"] > 0
 
 
-def test_report_anchors_and_receipts_from_the_address(unit_run, public, nginx, tmp_path):
+def test_report_anchors_and_receipts_from_the_address(unit_run, public, nginx, keys, tmp_path):
     """report.py, --anchors (a copy of the run's anchors, as one obtained outside) and
     --check_receipts with revealed salts, each on the run's address."""
     import report
@@ -252,13 +263,15 @@ def test_report_anchors_and_receipts_from_the_address(unit_run, public, nginx, t
     assert "Run report: " in out.read_text()
     proc = remote(url, "--anchors", unit_run / "anchors.jsonl", cache=cache)
     assert proc.returncode == 0 and proc.stdout.startswith("ANCHORED: the chain agrees with all 2 anchors"), proc.stdout
+    assert "each signed by the publisher key the genesis names" in proc.stdout, proc.stdout
     signed = tmp_path / "receipts"
     signed.mkdir()
-    proc = remote(url, "--step", STEP, "--micro_batch", 2, "--receipt", signed / "r.json", "--auditor", "bob", cache=cache)
+    proc = remote(url, "--step", STEP, "--micro_batch", 2, "--receipt", signed / "r.json", "--key", keys["bob"], cache=cache)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     salts = tmp_path / "salts.json"
     assert audit(unit_run, "--reveal_salts", f"{STEP}:{STEP}", "--out", salts, in_process=True).returncode == 0
-    proc = remote(url, "--check_receipts", signed, "--salts", salts, cache=cache)
+    roster = write_roster(tmp_path / "roster", keys, ["bob"])
+    proc = remote(url, "--check_receipts", signed, "--salts", salts, "--roster", roster, cache=cache)
     assert proc.returncode == 0 and proc.stdout.startswith(f"accepted  {signed / 'r.json'}: step {STEP}, "
                                                            "micro_batch:2 by bob"), proc.stdout + proc.stderr
 
@@ -303,7 +316,7 @@ TAMPERED = {"tensor": (tamper_tensor, "the state of step 4: checkpoint {url}/che
 
 
 @pytest.mark.parametrize("what", sorted(TAMPERED))
-def test_a_tampered_byte_on_the_server_is_a_mismatch(public, nginx, served, tmp_path, what):
+def test_a_tampered_byte_on_the_server_is_a_mismatch(public, nginx, served, keys, tmp_path, what):
     """One byte changed in the copy (served under another name, so no cache holds it): the
     micro-batch audit reports MISMATCH at the step naming the file, exit 1, and no receipt."""
     edit, expect = TAMPERED[what]
@@ -311,11 +324,66 @@ def test_a_tampered_byte_on_the_server_is_a_mismatch(public, nginx, served, tmp_
     shutil.copytree(public, copy)
     edit(copy)
     url = f"{nginx}/{copy.name}"
-    proc = remote(url, "--step", STEP, "--micro_batch", 0, "--receipt", tmp_path / "r.json", "--auditor", "alice",
+    proc = remote(url, "--step", STEP, "--micro_batch", 0, "--receipt", tmp_path / "r.json", "--key", keys["alice"],
                   cache=tmp_path / "cache")
     assert proc.returncode == 1 and not proc.stderr, proc.stdout + proc.stderr
     assert verdicts(proc)[0].startswith(f"MISMATCH at step {STEP}") and expect.format(url=url) in proc.stdout, proc.stdout
     assert not (tmp_path / "r.json").exists()
+
+
+# ----------------------------------------------------------------------------- signed anchors
+def test_a_forged_anchor_on_the_server_is_not_used(unit_run, public, nginx, served, keys, tmp_path):
+    """The copy's anchor of step 6 made to pin record 5's hash, its signature kept (forged) or
+    made by another key: the walk to step 5 does not start from it (a note names it; the walk
+    starts from the head, whose records check) and the micro-batch audit still matches; the same
+    file given to --anchors is a MISMATCH at step 6, naming the signature."""
+    records = [json.loads(line) for line in (public / "chain.jsonl").read_text().splitlines()]
+    lines = (public / "anchors.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [3, 6] and all("signature" in json.loads(x) for x in lines)
+    anchor = {**json.loads(lines[1]), "record_hash": records[5]["record_hash"]}
+    body = {k: v for k, v in anchor.items() if k != "signature"}
+    mallory = signing.Signer(keys["mallory"])
+    resigned = {**body, "signature": mallory.sign(receipts.anchor_signed_bytes(body), signing.ANCHOR)}
+    for name, forged in (("forged", anchor), ("resigned", resigned)):
+        copy = served / f"anchor_{name}"
+        shutil.copytree(public, copy)
+        (copy / "anchors.jsonl").write_text("\n".join([lines[0], json.dumps(forged)]) + "\n")
+        url = f"{nginx}/{copy.name}"
+        proc = remote(url, "--step", STEP, "--micro_batch", 0, cache=tmp_path / name)
+        assert proc.returncode == 0 and verdicts(proc)[0].startswith("MATCH: micro-batch 0"), proc.stdout + proc.stderr
+        assert (f"note: the anchor of step 6 in {url}/anchors.jsonl was not used to reach records: not signed by "
+                "the publisher key the genesis names") in proc.stdout, proc.stdout
+        run = published.open_run(url)
+        run.chain.verify(upto=STEP)
+        assert sorted(run.chain.known) == [0, 5, 6, 7, 8]         # from the head: the forged anchor was not used
+        proc = remote(url, "--anchors", copy / "anchors.jsonl", cache=tmp_path / name)
+        found = [line for line in proc.stdout.splitlines() if line.startswith("MISMATCH")]
+        assert proc.returncode == 1 and found[0].startswith("MISMATCH at step 6:") and "not signed by" in found[0], \
+            proc.stdout
+
+
+def test_a_childs_lineage_against_its_parents_address(unit_run, corpus, public, nginx, served, tmp_path):
+    """A child of the unit run's step 4 audits with --init_from the parent's address: the
+    lineage is checked from the published chain and checkpoint 4's header (no tensor fetched).
+    A copy whose checkpoint 4 header lists another leaf is a lineage MISMATCH at step 0."""
+    child = train_in_process(tmp_path / "child", corpus, f"--init_from={unit_run}@4", "--max_steps=1")
+    url = f"{nginx}/run"
+    proc = audit(child, "--step", 1, "--init_from", url, "--cache", tmp_path / "cache", in_process=True)
+    assert proc.returncode == 0 and "MATCH: steps 1..1" in proc.stdout and "note:" not in proc.stdout, \
+        proc.stdout + proc.stderr
+    header = fetched(url)["checkpoints/step_00000004.safetensors"]
+    with published.open_run(url).open_file("checkpoints/step_00000004.safetensors") as f:
+        assert header == rundir.read_header(f, "checkpoint 4")[0]     # the header only
+    copy = served / "parent_edited"
+    shutil.copytree(public, copy)
+    path = copy / "checkpoints" / "step_00000004.safetensors"
+    raw = path.read_bytes()
+    at = raw.index(b'params.norm\\": \\"') + len(b'params.norm\\": \\"')      # its leaf, inside the metadata
+    path.write_bytes(raw[:at] + (b"0" if raw[at:at + 1] != b"0" else b"1") + raw[at + 1:])
+    proc = audit(child, "--step", 1, "--init_from", f"{nginx}/{copy.name}", "--cache", tmp_path / "cache",
+                 in_process=True)
+    assert proc.returncode == 1 and proc.stdout.startswith("MISMATCH at step 0: lineage: the parent's checkpoint "
+                                                           "of step 4"), proc.stdout + proc.stderr
 
 
 # ----------------------------------------------------------------------------- network faults
@@ -378,7 +446,7 @@ def test_hugging_face_addresses():
 
 # ----------------------------------------------------------------------------- the publication
 def test_the_public_copy(unit_run, corpus, public, tmp_path):
-    """The index and chain.offsets as SPEC §21 states them (the NumPy replay checks them); no
+    """The index and chain.offsets as SPEC §22 states them (the NumPy replay checks them); no
     secret, lock or rejected checkpoint; publishing again changes nothing; an --out inside the
     run or holding another run's copy is refused with one line."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -402,7 +470,7 @@ def test_the_public_copy(unit_run, corpus, public, tmp_path):
 
 
 def test_a_record_does_not_grow_with_the_tensor_count(unit_run):
-    """SPEC v4: a step record's fields are fixed (the state's root, never a hash per tensor)."""
+    """SPEC v7: a step record's fields are fixed (the state's root, never a hash per tensor)."""
     records = [json.loads(line) for line in (unit_run / "chain.jsonl").read_text().splitlines()]
     assert set(records[STEP]) == {"kind", "step", "run", "state_hash", "batch_digest", "loss", "loss_bits", "grad_norm",
                                   "grad_norm_bits", "lr", "lr_bits", "step_commit", "units_root", "prev", "record_hash"}

@@ -7,6 +7,7 @@ against the unigram baseline, throughput, two runs compared: where their chains 
 commands that localize it), the axes' ticks, the strip of a 10-step run, and one render in
 headless Chromium where one is installed."""
 import json
+import random
 import re
 import shutil
 import time
@@ -27,8 +28,9 @@ from tools.synthetic_run import BAD_STEP, ONE_AUDITOR, STEPS, TWO_AUDITORS, fake
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     """(run, receipts dir, anchors file) of the 81,000-step synthetic run (tools/synthetic_run.py):
-    steps 1..200 have two auditors' accepted receipts, 201..300 one, step 250 a reported
-    MISMATCH, one echo; a train.log with a validation loss every 5,000 steps and a resume."""
+    steps 1..200 have two auditors' accepted receipts (signed, their keys in its roster), 201..300
+    one, step 250 a reported MISMATCH, one proof that is not the step's; a train.log with a
+    validation loss every 5,000 steps and a resume."""
     return synthetic_run.make(tmp_path_factory.mktemp("big"))
 
 
@@ -48,7 +50,8 @@ def big_report(big, tmp_path_factory):
     run, rdir, anchors = big
     out = tmp_path_factory.mktemp("big_report") / "report.html"
     t0 = time.process_time()        # CPU seconds: a shared machine's load does not inflate them
-    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--anchors", str(anchors), "--out", str(out)]) == 0
+    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--roster", str(rdir.parent / "roster"),
+                        "--anchors", str(anchors), "--out", str(out)]) == 0
     return out, time.process_time() - t0
 
 
@@ -82,12 +85,37 @@ def test_big_run_report(big, big_report):
     assert page.count("<td>3.3240</td>") == 16 and "<td>5000</td><td>4.9864</td><td>3.3240</td><td>+1.6624</td>" in page
     assert "9000 ms at step 30,000" in page and re.search(r"<td>81000</td><td>6\d\d</td><td>6\d\d\d</td><td>15h", page)
     assert ("Replayed, by accepted receipts: steps 1-249,251-300 (299 of 81000 steps covered by accepted receipts, "
-            "200 by at least 2 distinct auditors); steps 301-81000 have none; <span class='bad'>a MISMATCH is "
+            "200 by at least 2 distinct roster keys); steps 301-81000 have none; <span class='bad'>a MISMATCH is "
             "reported at steps 250</span>.") in page
     # the costs, and the anchors
     assert re.search(r"<td>alice</td><td>200</td><td>600</td><td>500.0</td><td>102</td><td>200.0</td>", page)
     assert "ANCHORED" in page and page.count('class="anchor"') == 2
     assert "9 checkpoint files (steps 0,10000,20000," in page and page.count('class="ckpt"') == 9
+
+
+def test_only_roster_keys_count(big, tmp_path):
+    """A roster without bob: his accepted receipt and an unsigned copy of alice's are listed apart,
+    and the strip counts alice's key alone."""
+    run, rdir, _ = big
+    mine = tmp_path / "r"
+    mine.mkdir()
+    for name in ("alice_5.json", "bob_5.json"):
+        shutil.copy(rdir / name, mine / name)
+    unsigned = json.loads((rdir / "alice_6.json").read_text())
+    del unsigned["signature"]
+    (mine / "alice_6.json").write_text(json.dumps(unsigned))
+    roster = tmp_path / "roster"
+    roster.write_text("".join(line + "\n" for line in (rdir.parent / "roster").read_text().splitlines()
+                              if not line.startswith("bob ")))
+    out = tmp_path / "r.html"
+    assert report.main(["--run_dir", str(run), "--receipts", str(mine), "--roster", str(roster), "--out", str(out)]) == 0
+    page = out.read_text()
+    levels = strip_levels(page)
+    assert levels[5] == "some" and levels[6] == "none", (levels[5], levels[6])
+    apart = page.split("<h3>Not counted: unsigned, or signed by keys not in the roster</h3>")[1].split("</table>")[0]
+    assert "bob_5.json" in apart and "a key not in the roster" in apart
+    assert "alice_6.json" in apart and "<td>unsigned</td>" in apart
+    assert "2 accepted, 0 rejected, 1 unsigned" in page and "1 counted" in page
 
 
 def test_contradicting_anchor_is_a_mismatch(big, tmp_path, capsys):
@@ -184,20 +212,60 @@ def test_the_baseline_comes_from_the_corpus_when_the_log_lacks_it(evaluated, tmp
 
 
 def test_two_runs_compared(reference, evaluated, tmp_path):
-    """The reference and a run with another lr: the same genesis state, so they part at step 1
-    (no checkpoint of step 1 names the tensor: records hold state roots only); the page gives
-    the commands that name the first operator."""
+    """The reference and a run with another lr: the same genesis state, so they part at step 1, as
+    their configs say they must (no checkpoint of step 1 names the tensor: records hold state
+    roots only): the page says that this is expected (no alarm, no trace commands), before the
+    curves; one trust banner for both runs."""
     out = tmp_path / "compare.html"
     assert report.main(["--run_dir", str(reference), "--compare", str(evaluated), "--out", str(out)]) == 0
     page = out.read_text()
-    assert "First difference: step 1." in page and "not named here: the records hold state roots only" in page
-    assert re.search(r"<td>lr</td><td>0\.003</td><td>0\.002</td>", page)                 # the config diff
-    assert f"audit.py --run_dir {evaluated} --step 1 --trace" in page and "optrace.py out/a_1.jsonl out/b_1.jsonl" in page
+    assert "differ in config key lr" in page and "so their chains are expected to part: they part at step 1" in page
+    assert "not named here: the records hold state roots only" in page
+    assert "First difference" not in page and "optrace.py" not in page
+    assert page.index("expected to part") < page.index("<h3>Loss</h3>")
+    assert page.count("Checked before anything here was read") == 1 and "the chain of B: " in page
+    assert re.search(r"<td>lr</td><td>0\.003</td><td>0\.002</td>", page)                 # the config diff, folded
+    assert page.index("<details>") < page.index("<td>lr</td>")
     loss_chart = page.split("<h3>Loss</h3>")[1].split("</svg>")[0]
     assert loss_chart.count("<polyline") == 2                                            # overlaid
     # a run against itself: the same state at every step
     assert report.main(["--run_dir", str(reference), "--compare", str(reference), "--out", str(out)]) == 0
     assert "the same state at every common step" in out.read_text()
+
+
+def test_runs_that_agree_on_everything_yet_part_get_the_trace_commands(reference, tmp_path):
+    """The same genesis record, a state that differs from step 5 on (a forger's resealed chain,
+    standing in for a machine that broke the contract): the page flags the first difference and
+    gives the commands that name the first operator whose bits differ."""
+    other = tmp_path / "other"
+    shutil.copytree(reference, other)
+    records = chain_records(other)
+    for r in records[5:]:
+        r["state_hash"] = fake_hash(f"state {r['step']}")
+    write_records(other, reseal(records))
+    out = tmp_path / "compare.html"
+    assert report.main(["--run_dir", str(reference), "--compare", str(other), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "First difference: step 5." in page and "expected" not in page
+    assert f"audit.py --run_dir {other} --step 5 --trace" in page and "optrace.py out/a_5.jsonl out/b_5.jsonl" in page
+
+
+def test_robust_limits_clip_true_spikes_only():
+    """A short curve is drawn whole, however it scatters (a 10-step run's step times on a busy
+    machine: 18 to 3,000 ms); a long one clips its few true spikes, never a scatter of many."""
+    times = [3000, 18, 25, 1600, 1620, 1580, 1640, 40, 1610, 1590]
+    lo, hi = svgchart.robust_limits([svgchart.Series("ms", "#000", list(range(1, 11)), times)], log=False)
+    assert lo <= 18 and hi >= 3000
+    assert 'class="spike"' not in svgchart.chart("ms", [svgchart.Series("ms", "#000", list(range(1, 11)), times)], (1, 10))
+    rng = random.Random(3)
+    flat = [1.0 + 0.01 * rng.random() for _ in range(1000)]
+    flat[500] = 50.0                                                     # one spike: clipped
+    lo, hi = svgchart.robust_limits([svgchart.Series("x", "#000", list(range(1000)), flat)], log=False)
+    assert hi < 2
+    scatter = [1.0 + (30 * rng.random() if s % 3 == 0 else 0.01 * rng.random()) for s in range(1000)]
+    lo, hi = svgchart.robust_limits([svgchart.Series("x", "#000", list(range(1000)), scatter)], log=False)
+    clipped = sum(v > hi for v in scatter)
+    assert clipped <= 10, clipped                                        # at most 1% of the points
 
 
 def test_axes_have_nice_ticks():
@@ -211,24 +279,40 @@ def test_axes_have_nice_ticks():
 
 
 def test_a_short_run_has_wide_cells_and_a_redundancy_of_one_reads_right(big, tmp_path):
-    """10 steps: cells 40 pixels wide, numbered; --redundancy 1: no "1..0 auditors" class."""
+    """10 steps: cells 40 pixels wide, numbered; --redundancy 1: no "1..0 roster keys" class."""
     levels = ["full"] * 3 + ["none"] * 7
     strip = svgchart.strip(levels, report.COLOURS, [5])
     assert re.findall(r'data-steps="(\d+-\d+)" x="\d+" y="\d+" width="(\d+)"', strip) == [("1-3", "119"), ("4-10", "279")]
     assert ">10</text>" in strip
     run, rdir, _ = big
     out = tmp_path / "r.html"
-    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--redundancy", "1", "--out", str(out)]) == 0
+    assert report.main(["--run_dir", str(run), "--receipts", str(rdir), "--roster", str(rdir.parent / "roster"),
+                        "--redundancy", "1", "--out", str(out)]) == 0
     page = out.read_text()
-    assert "1..0" not in page and "&gt;= 1 auditor (" in page
+    assert "1..0" not in page and "&gt;= 1 roster key (" in page
 
 
 @pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
                     reason="no headless Chromium installed (apt-get install chromium) to render the page")
-def test_renders_in_headless_chromium(big_report, tmp_path):
+def test_renders_in_headless_chromium(big_report, reference, evaluated, tmp_path):
+    """The big run's page renders; on a real run's page and on a compare page the first chart
+    starts within the first screen (1150 x 900), below one trust banner, the hashes and the config
+    folded below the curves (Chromium lays the pages out; a probe script, added to a copy of each
+    page, reads the first chart's position into the title)."""
     out, _ = big_report
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     png = tmp_path / "report.png"
     run_process([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
                  "--window-size=1150,2400", out.as_uri()], capture_output=True, timeout=300)
     assert png.exists() and png.stat().st_size > 10_000
+    probe = ("<script>document.title = 'top=' + Math.round(document.querySelector('svg.chart')"
+             ".getBoundingClientRect().top)</script></body>")
+    for name, args in (("single", []), ("compare", ["--compare", str(evaluated)])):
+        page = tmp_path / f"{name}.html"
+        assert report.main(["--run_dir", str(reference), *args, "--out", str(page)]) == 0
+        probed = tmp_path / f"{name}_probed.html"
+        probed.write_text(page.read_text().replace("</body>", probe))
+        dom = run_process([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1150,900",
+                           "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=300).stdout
+        top = int(re.search(r"<title>top=(\d+)</title>", dom).group(1))
+        assert top < 900, (name, top)

@@ -5,7 +5,8 @@
   sliding window with QK-norm and embedding norm, tied embeddings, int8 linears); int8 P·V and
   the exact matmul, which have no cached form, run the full forward and equal it too.
 - generate's tokens are those of a sampler that runs the full forward for every token (the
-  reference below), for prompts shorter and longer than seq_len, on 1 and 2 threads.
+  reference below), for prompts shorter and longer than seq_len, on 1 and 2 threads;
+  temperature 0 is greedy (the argmax of each token's logits, whatever the seed).
 - sample.py refuses an option out of range with one line naming it.
 (Every op of a decode is RepOps or a justified exception: tests/test_guard.py.)
 """
@@ -77,6 +78,19 @@ def test_generate_equals_a_full_forward_per_token(name, prompt):
     assert model.generate(ids, 2 * SEQ, seed=11) == reference_generate(model, ids, 2 * SEQ, seed=11)
 
 
+def test_temperature_zero_is_greedy():
+    """--temperature 0: each token is the argmax of the logits (the full forward's), whatever the
+    seed: greedy decoding, where the noise of any other temperature would change the tokens."""
+    model = model_with("plain", seed=5)
+    ids = tokens(3, seed=1)
+    greedy = model.generate(ids, SEQ + 4, seed=11, temperature=0)
+    assert greedy == model.generate(ids, SEQ + 4, seed=99, temperature=0)
+    expected = list(ids)
+    for _ in range(SEQ + 4):
+        expected.append(int(torch.argmax(full_forward_logits(model, expected))))
+    assert greedy == expected
+
+
 def test_the_thread_count_changes_no_token():
     model = model_with("gqa")
     threads = torch.get_num_threads()
@@ -114,7 +128,7 @@ def test_logits_beyond_seq_len_extend_rope():
 
 
 @pytest.mark.parametrize("argv, named", [(["--tokens", "-5"], "--tokens -5: must be in 0..1048576"),
-                                         (["--temperature", "0"], "--temperature 0.0: must be a finite"),
+                                         (["--temperature", "-0.5"], "--temperature -0.5: must be a finite"),
                                          (["--seed", "-1"], "--seed -1: must be in [0, 2^64)"),
                                          (["--threads", "-1"], "--threads -1: must be >= 0"),
                                          (["--step", "-2"], "--step -2: must be >= 0")])
@@ -123,8 +137,3 @@ def test_sample_names_the_option_at_fault(argv, named, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"sample.py: error: {named}"), err
 
-
-def test_threads_are_automatic_unless_given():
-    assert sample.threads_for(0, 2, load=0.3) == 2          # a quiet machine: torch's default
-    assert sample.threads_for(0, 2, load=5.0) == 1          # other jobs hold the cores
-    assert sample.threads_for(3, 2, load=5.0) == 3          # asked for

@@ -21,7 +21,8 @@ hashed as 0x7FC00000, contract §7). This file
    digests demonstrably catch contraction into FMA.
 
 Inputs and call parameters of every digest line (gen/bitsgen/index as in selftest.cpp; FIN(b)
-is the finite adversarial table with big value b, SPEC the table for the canonical functions):
+is the finite adversarial table with big value b, SPEC the table for the canonical functions,
+SPEC_FN the one for tanh, erf and the derived functions, selftest.cpp's SPECIAL_FN):
 
 | line                    | call                                                   | inputs (stream, shape, emin, erange, period, table) |
 |-------------------------|--------------------------------------------------------|------------------------------------------------------|
@@ -58,6 +59,7 @@ is the finite adversarial table with big value b, SPEC the table for the canonic
 | exp                     | exp(x)                                                 | x 110 [20011] -20,28,8,SPEC                          |
 | log, recip, rsqrt, sqrt | fn(x)                                                  | bitsgen 111, 112, 113, 114 [20011] 8,SPEC            |
 | sin, cos                | fn(x)                                                  | x 115, 116 [20011] -20,38,8,SPEC                     |
+| tanh, erf, sigmoid, gelu, gelu_tanh, gelu_grad, gelu_tanh_grad | fn(x)           | x 160 .. 166 [20011] -20,27,8,SPEC_FN                |
 | philox                  | philox(seed64, 3, 5, 1, n=1001, block_offset=7) words  |                                                      |
 | uniform                 | uniform(seed64, 4, 6, 3, 1001)                         |                                                      |
 | normal                  | normal(seed64, 8, 9, 1, 1003)                          |                                                      |
@@ -601,6 +603,10 @@ SPEC = _f32hex("0x0p+0", "-0x0p+0", "inf", "-inf", "nan", "0x1p-149", "-0x1.ffff
                "0x1.fffffep+127", "-0x1.fffffep+127", "0x1.62e43p+6", "-0x1.5d589ep+6", "0x1.62e432p+6",
                "0x1p+16", "0x1.000002p+16", "0x1p+0")
 SPEC[4] = np.uint32(0x7FC00000).view(np.float32)
+SPEC_FN = _f32hex("0x0p+0", "-0x0p+0", "inf", "-inf", "nan", "0x1p-149", "-0x1.fffffcp-127", "-0x1p-126",
+                  "0x1.fffffep+127", "-0x1.fffffep+127", "0x1.8p-1", "-0x1.7ffffep-1", "0x1.4p+3", "0x1.cp-1",
+                  "-0x1.f5c29p+1", "0x1p+64")
+SPEC_FN[4] = np.uint32(0x7FC00000).view(np.float32)
 
 
 def _apply_specials(x, h2, period, table):
@@ -657,13 +663,15 @@ def to_tensor(a):
 ADAMW_HEX = ["0x1.3a92a4p-12", "0x1.ccccccp-1", "0x1.e66666p-1", "0x1.99999ap-4", "0x1.99999ap-5",
              "0x1.5798eep-27", "0x1.fffc12p-1", "0x1.d85322p+1", "0x1.c0baacp+2"]
 
+# tanh, erf and the functions derived from the canonical ones (contract §5.6, §5.8, §5.9), streams 160..
+DERIVED_FUNCTIONS = ["tanh", "erf", "sigmoid", "gelu", "gelu_tanh", "gelu_grad", "gelu_tanh_grad"]
 EXPECTED_NAMES = [
     "matmul_nn", "matmul_tn", "matmul_nt", "matmul_tt", "matmul_batched", "matmul_bcast_b",
     "matmul_bcast_a", "matmul_big", "rmsnorm", "rmsnorm_backward", "rope_tables_long", "rope_tables",
     "rope", "rope_backward", "causal_softmax", "causal_softmax_backward", "swiglu", "swiglu_backward",
     "cross_entropy", "cross_entropy_backward", "embedding", "embedding_backward", "add", "mul", "scale",
     "dropout", "csum_rows", "csum_rows_long", "adamw", "clip_grad", "clip_grad_chunks", "exp", "log", "recip", "rsqrt",
-    "sqrt", "sin", "cos", "philox", "uniform", "normal", "canary", "int8_matmul", "int8_linear",
+    "sqrt", "sin", "cos", "tanh", "erf", "sigmoid", "gelu", "gelu_tanh", "gelu_grad", "gelu_tanh_grad", "philox", "uniform", "normal", "canary", "int8_matmul", "int8_linear",
     "int8_quantize", "int8_dequantize", "lsq_init", "lsq_backward"]
 # The lines of kernels only the CPU has, printed last (the CUDA and Metal comparisons check
 # EXPECTED_NAMES): attention head by head (§8 attention; the model composes it from matmul and
@@ -781,6 +789,8 @@ def torch_digests(device="cpu", ops=None, suffix=None):
         d[name] = _digest(getattr(ops, name)(T(bitsgen(stream, n, 8, SPEC))))
     for name, stream in (("sin", 115), ("cos", 116)):
         d[name] = _digest(getattr(ops, name)(T(gen(stream, (n,), -20, 38, 8, SPEC))))
+    for stream, name in enumerate(DERIVED_FUNCTIONS, start=160):
+        d[name] = _digest(getattr(ops, name)(T(gen(stream, (n,), -20, 27, 8, SPEC_FN))))
 
     # random numbers
     words = no_tensor_op("philox")(seed64, 3, 5, 1, 1001, 7).cpu().numpy().astype("<u4")

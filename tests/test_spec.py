@@ -2,7 +2,7 @@
 
     python -m pytest tests/test_spec.py -q
 
-1. Every `example` block of SPEC.md (§15, §21.1) is parsed and each value derived again, from the
+1. Every `example` block of SPEC.md (§15, §22.1) is parsed and each value derived again, from the
    project's code and from the NumPy replay (tests/numpy_replay.py), so an edit to either
    that changes a published byte fails here until the page says so.
 2. The lists SPEC.md spells out (bookkeeping fields, the config table, the parameter table)
@@ -20,9 +20,11 @@
    padding (§13), and the manifest formats in docs/data.md.
 """
 import ast
+import contextlib
 import dataclasses
 import hashlib
 import hmac
+import io
 import json
 import os
 import re
@@ -33,6 +35,7 @@ import numpy as np
 import pytest
 import torch
 
+import audit
 import config
 import data
 import prepare
@@ -40,11 +43,12 @@ import published
 import hashchain
 import model
 import receipts
+import signing
 import repops
 import rundir
 import train
 import units
-from tiny import ROOT, TIMEOUT, make_corpus, run_process, script, train_args
+from tiny import ROOT, TIMEOUT, chain_records, make_corpus, reseal, run_process, script, train_args, write_chain
 
 import numpy_contract as C
 import numpy_model
@@ -177,8 +181,12 @@ def test_salt_and_commitment_example():
     assert hashlib.sha256(keyed.replace(key, key + b"\0", 1)).hexdigest() != ex["keyed_leaf"]
     assert hashlib.sha256(b"\x00" + bytes.fromhex(ex["keyed_leaf"])).hexdigest() == ex["result_root"]
     assert hashchain.keyed_state_root(ex["grad_root"], {"x": t}) == ex["result_root"]
-    assert receipts.commit(bytes.fromhex(ex["salt"]), ex["grad_root"], ex["result_root"]) == ex["step_commit"]
-    assert hashlib.sha256(bytes.fromhex(ex["salt"] + ex["grad_root"] + ex["result_root"])).hexdigest() == ex["step_commit"]
+    salt = bytes.fromhex(ex["salt"])
+    assert hmac.new(salt, b"repops-seal-v1", hashlib.sha256).hexdigest() == ex["pad"]
+    assert receipts.step_commit(salt, ex["result_root"]) == ex["step_commit"] == \
+        numpy_replay.seal(salt, bytes.fromhex(ex["result_root"])).hex()
+    assert (int(ex["result_root"], 16) ^ int(ex["pad"], 16)) == int(ex["step_commit"], 16)   # §11.6: XOR
+    assert receipts.opened_result(salt, ex["step_commit"]).hex() == ex["result_root"]         # its own inverse
     assert receipts.secret_commit(secret) == ex["secret_commit"] == \
         hmac.new(secret, b"repops-secret-commit-v1", hashlib.sha256).hexdigest()
 
@@ -209,17 +217,27 @@ def test_unit_commitments_example():
         assert W.hex() == ex[f"witness_{m}"] == numpy_replay.chunked_digest(f"1/witness:{m}", w.numpy()).hex()
         assert units.unit_salt(step_salt, m).hex() == ex[f"unit_salt_{m}"]
         assert hmac.new(step_salt, b"unit" + m.to_bytes(8, "big"), hashlib.sha256).hexdigest() == ex[f"unit_salt_{m}"]
-        assert units.witness_commit(units.unit_salt(step_salt, m), W).hex() == ex[f"commit_{m}"] == \
+        assert units.seal_witness(units.unit_salt(step_salt, m), W).hex() == ex[f"commit_{m}"] == \
             numpy_replay.unit_commit(step_salt, m, W)
+        assert units.seal_witness(units.unit_salt(step_salt, m), bytes.fromhex(ex[f"commit_{m}"])) == W   # opened
         entries[m]["commit"] = ex[f"commit_{m}"]
     leaves = [units.entry_leaf(1, e).hex() for e in entries]
     assert leaves == ex["leaves"].split() == [numpy_replay.unit_leaf(1, e) for e in entries]
     assert units.root([bytes.fromhex(x) for x in leaves]) == ex["units_root"] == numpy_replay.merkle_root(leaves)
     assert [e["unit"] for e in entries] == units.names(2) == numpy_replay.unit_names(2)
-    key = units.fold_key("0" * 64, units.uid(1, "fold:0:2"), "alice")
-    assert key.hex() == ex["fold_key"] == hashlib.sha256(b"repops-fold-key-v1\0" + bytes(32) + b"1/fold:0:2\0alice").hexdigest()
+    signer = signing.parse_public_key(ex["signer"])[1]
+    assert signer == (11).to_bytes(4, "big") + b"ssh-ed25519" + (32).to_bytes(4, "big") + bytes(32)
+    key = units.signer_key("0" * 64, units.uid(1, "fold:0:2"), signer)
+    assert key.hex() == ex["signer_key"] == \
+        hashlib.sha256(b"repops-signer-key-v1\0" + bytes(32) + b"1/fold:0:2\0" + signer).hexdigest()
     assert units.digest(units.uid(1, "fold:0:2"), values["fold:0:2"], key).hex() == ex["keyed"] == \
         numpy_replay.chunked_digest("1/fold:0:2", values["fold:0:2"].numpy(), key).hex()
+    W0 = bytes.fromhex(ex["witness_0"])
+    assert receipts.witness_proof("0" * 64, 1, 0, signer, W0) == ex["witness_proof_0"] == \
+        numpy_replay.proof("0" * 64, "1/micro_batch:0", signer, W0)
+    result_root = example("step-commit")["result_root"]
+    assert receipts.result_proof("0" * 64, 1, True, signer, result_root) == ex["result_proof"] == \
+        numpy_replay.proof("0" * 64, "1/update", signer, bytes.fromhex(result_root))
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +255,7 @@ def shakespeare(tmp_path_factory):
 
 
 def test_chain_offsets_example():
-    """§21.1: chain.offsets of lines of 10, 7 and 12 bytes, from the publisher and the replay."""
+    """§22.1: chain.offsets of lines of 10, 7 and 12 bytes, from the publisher and the replay."""
     ex = example("chain-offsets")
     chain = b"".join(b"x" * (n - 1) + b"\n" for n in words(ex["line_bytes"]))
     expected = bytes.fromhex("".join(ex["offsets"].split()))
@@ -306,7 +324,8 @@ def test_code_digest_file_list():
 
 # ----------------------------------------------------------------------------- 3. the replay
 def test_replay_imports_nothing_from_the_project():
-    allowed = {"argparse", "fractions", "hashlib", "hmac", "json", "math", "os", "sys", "numpy",
+    allowed = {"argparse", "base64", "fractions", "hashlib", "hmac", "json", "math", "os", "subprocess", "sys",
+               "tempfile", "numpy",
                "numpy_contract", "numpy_model", "numpy_exact", "numpy_int8_pv", "numpy_window"}
     for path in (REPLAY, *(ROOT / "tests" / f"numpy_{name}.py" for name in ("model", "contract", "exact", "int8_pv",
                                                                               "window"))):
@@ -421,15 +440,57 @@ def test_numpy_replay_without_the_secret_and_tampered(int8_run, corpus, tmp_path
         "MATCH step 2: checkpoint step_00000002.safetensors"]
 
 
-def test_numpy_replay_of_one_micro_batch_unit(units_run, corpus, tmp_path):
+def test_numpy_replay_of_a_child_run_and_its_lineage(fp32_run, corpus, tmp_path):
+    """A run started from step 2 of another (§21), with another lr and seed: the replay takes its
+    genesis state from checkpoint 0 (the parent's moments included), reproduces its genesis record
+    (parent) and steps byte for byte, and checks the lineage against the parent's chain; a parent
+    whose record of that step was rewritten is a lineage MISMATCH."""
+    child = tmp_path / "child"
+    proc = script("train.py", f"--run_dir={child}", f"--init_from={fp32_run}@2", "--max_steps=3", "--lr=0.002",
+                  "--seed=7", "--warmup_steps=0")
+    assert proc.returncode == 0, proc.stderr
+    genesis = json.loads((child / "chain.jsonl").read_text().splitlines()[0])
+    assert genesis["parent"]["step"] == 2 and genesis["config"]["seed"] == 7
+    proc = replay(child, corpus, 2, "--parent", str(fp32_run))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("MATCH step 0: lineage: the state after step 2 of the parent run"), proc.stdout
+    assert sum(line.startswith("MATCH") and ": record " in line for line in lines) == 3, proc.stdout
+    other = shutil.copytree(fp32_run, tmp_path / "other")
+    records = chain_records(other)
+    records[2]["loss"] += 1.0
+    write_chain(other, reseal(records))
+    proc = replay(child, corpus, 0, "--parent", str(other))
+    assert proc.returncode == 1 and proc.stdout.startswith("MISMATCH at step 0: lineage:"), proc.stdout
+
+
+def test_numpy_replay_of_one_micro_batch_unit(units_run, corpus, keys, tmp_path):
     """§20 from the documents: micro-batch 1 of step 3 alone, from checkpoint 2 (its digest, loss
-    bits, the unit list's path to units_root, its witness against c_m with the secret); then the
+    bits, the unit list's path to units_root, its witness against c_m with the secret) and its
+    signed receipt from audit.py (§11.6: the signature by its signer key, its fields, its witness
+    proof for that key); a copy of it re-signed by another key is refused by its proof; then the
     unit list with that micro-batch's digest swapped is a MISMATCH."""
-    proc = replay(units_run, corpus, REPLAY_STEPS, "--unit", "3:1")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = audit.main([str(a) for a in ("--run_dir", units_run, "--data_dir", corpus, "--step", 3, "--micro_batch",
+                                            1, "--receipt", tmp_path / "r.json", "--key", keys["alice"])])
+    assert code == 0, out.getvalue()
+    proc = replay(units_run, corpus, REPLAY_STEPS, "--unit", "3:1", "--receipt", str(tmp_path / "r.json"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checked = [line for line in proc.stdout.splitlines() if line.startswith("MATCH step 3, micro-batch 1: ")]
     assert [line.split(": ", 1)[1] for line in checked] == [
-        "the unit list's names", "loss_bits", "digest", "the path to units_root", "the witness against c_m"]
+        "the unit list's names", "loss_bits", "digest", "the path to units_root", "the witness against c_m",
+        "the receipt's fields", "the receipt's signature by its signer key",
+        "the receipt's witness proof for its signer key"]
+    bob = signing.Signer(keys["bob"])                 # Alice's proof under Bob's key, signed by Bob
+    copied = {**json.loads((tmp_path / "r.json").read_text()), "signer": bob.public_key}
+    (tmp_path / "bob.json").write_text(json.dumps(receipts.sign_receipt(
+        {k: v for k, v in copied.items() if k != "signature"}, bob)))
+    proc = replay(units_run, corpus, REPLAY_STEPS, "--unit", "3:1", "--receipt", str(tmp_path / "bob.json"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "MATCH step 3, micro-batch 1: the receipt's signature by its signer key" in lines
+    assert "MISMATCH at step 3, micro-batch 1: the receipt's witness proof for its signer key" in lines
     run = tmp_path / "run"
     shutil.copytree(units_run, run)
     doc = json.loads(units.list_path(run, 3).read_text())

@@ -2,7 +2,8 @@
 
 - Every field of the genesis record and of a step record (every config key, every tensor hash
   leaf, every split) is changed in turn and the chain re-sealed, as a forger would: the audit
-  must report a mismatch at that step that names the field. Runs in-process (audit.Audit) on
+  must report a mismatch at that step that names the field (but code_digest and data_manifest:
+  other code or another corpus is the auditor's input, exit 2). Runs in-process (audit.Audit) on
   copies of one tiny run, so each case costs one replayed step. step_commit and secret_commit,
   which only the run's secret (or the step's revealed salt) opens, are named by the audit in the
   publisher's run directory, which holds the secret; without it the audit checks their format,
@@ -27,7 +28,7 @@ import audit
 import rundir
 import hashchain
 import receipts
-from tiny import (STEPS, assert_one_line_error, audit as audit_cli, chain_records, copy_run,
+from tiny import (STEPS, ZERO_KEY, assert_one_line_error, audit as audit_cli, chain_records, copy_run, make_corpus,
                   mismatch_lines, reseal, script, train_args, write_chain)
 
 STEP = 11             # a step record to tamper with: replayed from the checkpoint at step 10
@@ -85,7 +86,7 @@ def receipt_check(a, step):
     """(status, reason) the publisher's receipt check (with the run's secret) gives a receipt of
     audit `a`'s replay of `step`."""
     secret = receipts.read_secret(a.run.dir, "")
-    return receipts.judge(a.receipt(step, "tester", {}), a.run.chain, lambda s: receipts.salt(secret, s))
+    return receipts.judge(a.receipt(step, ZERO_KEY, {}), a.run.chain, lambda s: receipts.salt(secret, s))
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +108,8 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
     missed, checked = [], 0
     for step, audited in ((0, 1), (STEP, STEP)):
         for path in field_paths(records[step]):
-            if path in (("contract",), ("spec",)):    # refused before any replay (the test below)
-                continue
+            if path in (("contract",), ("spec",), ("code_digest",), ("data_manifest",)):
+                continue        # refused before any replay, as the auditor's input (the tests below)
             commitment = path in (("step_commit",), ("secret_commit",))
             for malformed in ((False, True) if commitment else (False,)):
                 forged = json.loads(json.dumps(records))
@@ -137,16 +138,17 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
 
 
 @pytest.mark.parametrize("edit,expect", [
-    (lambda g: g.pop("contract"), "this run was made under SPEC v4 and arithmetic contract v1; this code implements SPEC v4 and contract v2"),
-    (lambda g: g.update(contract=3), "this run was made under SPEC v4 and arithmetic contract v3; this code implements SPEC v4 and contract v2"),
+    (lambda g: g.pop("contract"), "this run was made under SPEC v7 and arithmetic contract v1; this code implements SPEC v7 and contract v2"),
+    (lambda g: g.update(contract=3), "this run was made under SPEC v7 and arithmetic contract v3; this code implements SPEC v7 and contract v2"),
     (lambda g: g.update(contract="2"), 'the genesis record\'s contract "2" is not an arithmetic contract version'),
     (lambda g: g.update(contract=True), "the genesis record's contract true is not an arithmetic contract version"),
-    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v4 and contract v2"),
+    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v7 and contract v2"),
     (lambda g: [g.pop("spec"), g.pop("contract")], "this run was made under SPEC v1 and arithmetic contract v1"),
-    (lambda g: g.update(spec=3), "this run was made under SPEC v3 and arithmetic contract v2"),
-    (lambda g: g.update(spec="3"), 'the genesis record\'s spec "3" is not a SPEC version'),
+    (lambda g: g.update(spec=6), "this run was made under SPEC v6 and arithmetic contract v2"),
+    (lambda g: g.update(spec=8), "this run was made under SPEC v8 and arithmetic contract v2"),
+    (lambda g: g.update(spec="7"), 'the genesis record\'s spec "7" is not a SPEC version'),
 ], ids=["contract_v1_without_the_field", "contract_v3", "contract_the_string_2", "contract_true", "spec_v2_without_the_field",
-        "v1_without_either", "spec_v3", "spec_the_string_3"])
+        "v1_without_either", "spec_v6", "spec_v8", "spec_the_string_7"])
 def test_a_run_of_another_version_is_refused(reference, records, corpus, tmp_path, edit, expect):
     """The genesis record's `contract` (SPEC §12.2): a run made under another arithmetic contract
     (no field: v1, whose flat sums differ) or another SPEC version (`spec`; no field: v2), or whose
@@ -170,6 +172,32 @@ def test_a_run_of_another_version_is_refused(reference, records, corpus, tmp_pat
     assert not (tmp_path / "hf").exists() and not (tmp_path / "report.html").exists()
     assert chain_records(run) == sealed                  # nothing written
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+@pytest.mark.parametrize("field", ["code_digest", "data_manifest"])
+def test_other_code_or_another_corpus_is_the_auditors_input(reference, records, corpus, tmp_path, field):
+    """A genesis record that names other code (code_digest) or another corpus (data_manifest)
+    than the auditor's is bad input, exit 2, one line in train.py's words with both digests in
+    full: the audit cannot judge a run with inputs that are not the run's, so it is no MISMATCH.
+    The same holds for a true record and the auditor's wrong corpus (--data_dir), and train.py's
+    resume says the same."""
+    forged = json.loads(json.dumps(records))
+    forged[0][field] = "ab" * 32
+    run = copy_run(reference, tmp_path / "run")
+    write_chain(run, reseal(forged))
+    proc = audit_cli(run, "--step", "1")
+    assert_one_line_error(proc, "audit.py")
+    words = "was started by different code" if field == "code_digest" else "was trained on corpus"
+    assert words in proc.stderr and "ab" * 32 in proc.stderr and records[0][field] in proc.stderr, proc.stderr
+    if field == "data_manifest":
+        (tmp_path / "other").mkdir()
+        other = make_corpus(tmp_path / "other", seed=8, lines=300)
+        proc = audit_cli(reference, "--step", "1", corpus=other)
+        assert_one_line_error(proc, "audit.py")
+        assert words in proc.stderr and "--data_dir" in proc.stderr, proc.stderr
+        resumed = script("train.py", f"--run_dir={copy_run(reference, tmp_path / 'resumed')}", f"--data_dir={other}")
+        assert_one_line_error(resumed, "train.py")
+        assert words in resumed.stderr, resumed.stderr
 
 
 @pytest.mark.parametrize("edit,expect", [

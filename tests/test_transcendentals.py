@@ -1,7 +1,7 @@
 """Accuracy and special values of the canonical float32 functions (kernels/README.md §5).
 
-For each of exp, log, recip, rsqrt, sqrt, sin, cos (torch.ops.repops.NAME on float32 CPU
-tensors) this file
+For each of exp, log, recip, rsqrt, sqrt, sin, cos, tanh, erf, sigmoid (torch.ops.repops.NAME on
+float32 CPU tensors) this file
 
 * measures the maximum error in ulp against the float64 value of the function at the same
   float32 input (NumPy float64 libm: its own error, < 1 ulp of float64, is ~2^-29 ulp of
@@ -22,6 +22,11 @@ sin/cos: near the zeros of the function (|true| < SINCOS_ZERO_ZONE, away from x 
 the relative error is meaningless (the reduction x - j*pi/2 has an absolute error of a few
 2^-39 for |j| up to 41723), so there the absolute error is asserted (<= SINCOS_ABS_BOUND);
 elsewhere the error in ulp is asserted.
+
+The GELU forms (contract §5.6: gelu, gelu_tanh, gelu_grad, gelu_tanh_grad) are measured against
+their float64 formulas: the error in ulp for x >= -0.5 (below, PyTorch's form cancels and the
+relative error means nothing) and the absolute error over all finite x (gelu_tanh_grad: |x| < 2^64,
+where it is NaN by its formula), with the special values of their formulas.
 
 Measured values are given next to each bound (ULP_BOUND below).
 """
@@ -47,6 +52,9 @@ ULP_BOUND = {
     "sqrt": 2.6,    # measured 2.5074 at mantissa 3.00497246
     "sin": 2.5,     # measured 2.4252 at x = +-140.859329 (outside the zero zone)
     "cos": 3.0,     # measured 2.8410 at x = +-165.186295 (outside the zero zone)
+    "tanh": 1.25,   # measured 1.2186 at x = +-0.75497961 (below 0.75, the polynomial: 0.9046)
+    "erf": 1.25,    # measured 1.2155 at x = +-0.877243459 (below 0.875, the polynomial: 1.0578)
+    "sigmoid": 2.85,  # measured 2.7823 at x = -16.6453075
 }
 # sin/cos near their zeros: absolute error asserted instead of ulp where |true| is below
 # SINCOS_ZERO_ZONE (and |x| > 0.5 for sin: around x = 0 sin is relatively accurate and
@@ -65,7 +73,8 @@ EXP_HI = 0x42B17218   # exp(x) = +inf for x > this (88.72283935546875)
 EXP_LO = 0xC2AEAC4F   # exp(x) = +0 for x < this (-87.33654022216797)
 SINCOS_MAX = 65536.0
 
-FUNCS = ("exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos")
+FUNCS = ("exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos", "tanh", "erf", "sigmoid")
+GELU_FORMS = ("gelu", "gelu_tanh", "gelu_grad", "gelu_tanh_grad")
 
 # The worst inputs of the exhaustive runs (see ULP_BOUND), part of every measurement set, so
 # the maxima measured here are the true maxima over the whole domain.
@@ -77,6 +86,9 @@ WORST = {
     "sqrt": [0x40405178],
     "sin": [0x430CDBFD, 0xC30CDBFD, 0x47317FFF, 0xC7317FFF],   # +-140.859329, +-45439.9961
     "cos": [0x43252FB1, 0xC3252FB1, 0x47378B3B, 0xC7378B3B],   # +-165.186295, +-46987.2305
+    "tanh": [0x3F414658, 0xBF414658, 0x3F38FF6D],                # +-0.75497961, 0.722647488
+    "erf": [0x3F609307, 0xBF609307, 0x3F5A3B7E],                 # +-0.877243459, 0.852470279
+    "sigmoid": [0xC1852997],                                     # -16.6453075
 }
 
 
@@ -122,6 +134,12 @@ def truth(name, x):
             return np.sin(x)
         if name == "cos":
             return np.cos(x)
+        if name == "tanh":
+            return np.tanh(x)
+        if name == "erf":
+            return torch.erf(torch.from_numpy(x)).numpy()     # float64 (libm's erf)
+        if name == "sigmoid":
+            return 1.0 / (1.0 + np.exp(-x))
     raise KeyError(name)
 
 
@@ -251,6 +269,30 @@ def measurement_inputs(name):
             pi_half_multiples(),                            # zeros and extrema, +-2 ulp
             sweep(SINCOS_MAX, 2000, 0), -sweep(SINCOS_MAX, 2000, 0),
             np.array([0.0, 1e-30, -1e-30, FLT_MIN, -FLT_MIN, 1.0, -1.0], dtype=np.float32),
+        ]
+        x = np.concatenate(parts)
+    elif name in ("tanh", "erf"):
+        # the branch points: tanh 0.75 and 10, erf 0.875 and 3.92
+        cuts = (0.75, 10.0) if name == "tanh" else (0.875, 3.92)
+        parts = [
+            uniform(rng, 400_000, -2 * cuts[1], 2 * cuts[1]),
+            rand_bits(rng, 300_000, -40, 4),                # |x| in [2^-40, 32), both signs
+            uniform(rng, 200_000, -1.5, 1.5),
+            rand_bits(rng, 50_000, -126, -41),              # tiny: f(x) ~ x (erf: 1.128 x)
+            rand_bits(rng, 50_000, 5, 127),                 # saturated: +-1
+            sweep(cuts[0], 20_000, 20_000), -sweep(cuts[0], 20_000, 20_000),
+            sweep(cuts[1], 20_000, 20_000), -sweep(cuts[1], 20_000, 20_000),
+            np.array([0.0, FLT_MIN, -FLT_MIN, FLT_MAX, -FLT_MAX, 1.0, -1.0], dtype=np.float32),
+        ]
+        x = np.concatenate(parts)
+    elif name == "sigmoid":
+        parts = [
+            uniform(rng, 400_000, -90, 90),
+            rand_bits(rng, 400_000, -40, 7),                # |x| in [2^-40, 256)
+            uniform(rng, 200_000, -20, 20),
+            rand_bits(rng, 50_000, -126, 127),              # every magnitude
+            sweep(-float(fl(EXP_LO)), 2000, 2000), sweep(-float(fl(EXP_HI)), 2000, 2000),   # exp(-x)'s thresholds
+            np.array([0.0, FLT_MIN, -FLT_MIN, FLT_MAX, -FLT_MAX, 1.0, -1.0], dtype=np.float32),
         ]
         x = np.concatenate(parts)
     else:
@@ -486,3 +528,131 @@ def test_sincos_domain_split():
 def test_nan_propagates(name):
     x = np.array([NAN, -NAN, float(fl(0x7FA00000)), float(fl(0xFFC12345))], dtype=np.float32)
     assert np.all(np.isnan(kernel(name)(x)))
+
+
+@pytest.mark.parametrize("name", GELU_FORMS)
+def test_gelu_forms_nan_propagates(name):
+    x = np.array([NAN, -NAN, float(fl(0x7FA00000)), float(fl(0xFFC12345))], dtype=np.float32)
+    assert np.all(np.isnan(kernel(name)(x)))
+
+
+def test_tanh_special():
+    _check("tanh", [
+        (0.0, POS0), (-0.0, NEG0), (SUB, POS0), (-SUB, NEG0), (SUB_BIG, POS0), (-SUB_BIG, NEG0),
+        (INF, 1.0), (-INF, -1.0), (NAN, ANYNAN), (FLT_MAX, 1.0), (-FLT_MAX, -1.0),
+        (10.0, 1.0), (-10.0, -1.0), (float(fl(0x411FFFFF)), 1.0),   # 10 and the float below it
+        (FLT_MIN, FLT_MIN), (-FLT_MIN, -FLT_MIN), (1e-20, 1e-20),    # tanh(x) rounds to x
+    ])
+
+
+def test_erf_special():
+    two_over_sqrt_pi = 2.0 / math.sqrt(math.pi)
+    _check("erf", [
+        (0.0, POS0), (-0.0, NEG0), (SUB, POS0), (-SUB, NEG0), (SUB_BIG, POS0), (-SUB_BIG, NEG0),
+        (INF, 1.0), (-INF, -1.0), (NAN, ANYNAN), (FLT_MAX, 1.0), (-FLT_MAX, -1.0),
+        (float(fl(0x407AE148)), 1.0), (-float(fl(0x407AE148)), -1.0),    # 3.92: saturated
+    ])
+    # tiny inputs: 2/sqrt(pi) x, also where x * P(x^2) alone would flush (x < 2^-123)
+    x = np.concatenate([powers_of_two(-126, -20), fl(np.array([0x00800001, 0x00A00000, 0x01FFFFFF], np.uint32))])
+    got = kernel("erf")(x)
+    assert ulp_error(got, x.astype(np.float64) * two_over_sqrt_pi).max() <= ULP_BOUND["erf"]
+
+
+@pytest.mark.parametrize("name", ["tanh", "erf"])
+def test_tanh_erf_odd_bounded_monotone(name):
+    """Odd bit for bit, |f| <= 1 on every class of float, and non-decreasing across the branch
+    points (every float within 2^14 of each)."""
+    rng = np.random.default_rng(99)
+    x = fl(rng.integers(0, 2**32, size=1_000_000, dtype=np.uint64).astype(np.uint32))
+    x = x[~np.isnan(x)]
+    pos, neg = kernel(name)(np.abs(x)), kernel(name)(-np.abs(x))
+    assert np.array_equal(bits(neg), bits(pos) ^ np.uint32(0x80000000))
+    assert np.all(np.abs(pos) <= 1.0)
+    for cut in ((0.75, 10.0) if name == "tanh" else (0.875, 3.92)):
+        s = sweep(cut, 1 << 14, 1 << 14)
+        y = kernel(name)(s)
+        assert np.all(np.diff(y.astype(np.float64)) >= 0), f"{name} decreases near {cut}"
+
+
+# ----------------------------------------------------------------------------------------
+# the GELU forms (contract §5.6)
+
+# Max error in ulp for x >= -0.5, and absolute error over all finite x (gelu_tanh_grad:
+# |x| < 2^64), asserted; measured maxima over every float32 (an exhaustive run of contract.h's
+# functions against glibc float64) next to each, their inputs in GELU_WORST.
+GELU_ULP_BOUND = {
+    "gelu": 1.75,            # measured 1.6841 at x = 1.08581507
+    "gelu_tanh": 2.25,       # measured 2.1643 at x = -0.335359782
+    "gelu_grad": 3.4,        # measured 3.3326 at x = -0.422742993
+    "gelu_tanh_grad": 4.75,  # measured 4.6980 at x = 4.8794198
+}
+GELU_ABS_BOUND = {
+    "gelu": 4.6e-7,            # measured 4.450e-7 at x = 5.07454348
+    "gelu_tanh": 4.5e-7,       # measured 4.332e-7 at x = 4.7108779
+    "gelu_grad": 1.6e-7,       # measured 1.553e-7 at x = 1.44332993
+    "gelu_tanh_grad": 5.7e-7,  # measured 5.600e-7 at x = 4.8794198
+}
+GELU_WORST = {
+    "gelu": [0x3F8AFBFD, 0x40A262A9],
+    "gelu_tanh": [0xBEABB447, 0x4096BF83],
+    "gelu_grad": [0xBED871C5, 0x3FB8BF09],
+    "gelu_tanh_grad": [0x409C2435],
+}
+GELU_ULP_FROM = -0.5
+TWO_64 = 2.0 ** 64
+
+
+def gelu_truth(name, x):
+    """float64 values of the GELU forms at the float32 inputs x."""
+    x = torch.from_numpy(np.asarray(x, dtype=np.float32).astype(np.float64))
+    cdf = 0.5 * torch.erfc(-x / math.sqrt(2.0))
+    pdf = torch.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    beta, kappa = math.sqrt(2 / math.pi), 0.044715
+    t = torch.tanh(beta * (x + kappa * x ** 3))
+    return {"gelu": x * cdf, "gelu_tanh": 0.5 * x * (1 + t), "gelu_grad": cdf + x * pdf,
+            "gelu_tanh_grad": 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * beta * (1 + 3 * kappa * x * x)}[name].numpy()
+
+
+def gelu_inputs(name):
+    rng = np.random.default_rng(20260 + GELU_FORMS.index(name))
+    x = np.concatenate([
+        uniform(rng, 500_000, -12, 12),
+        uniform(rng, 200_000, -1, 1),
+        rand_bits(rng, 300_000, -40, 4),                    # |x| in [2^-40, 32), both signs
+        rand_bits(rng, 100_000, -126, 127),                 # every magnitude
+        np.array([0.0, FLT_MIN, -FLT_MIN, FLT_MAX, -FLT_MAX, 5.55, -5.55], dtype=np.float32),
+        fl(np.array(GELU_WORST[name], dtype=np.uint32)),
+    ])
+    if name == "gelu_tanh_grad":
+        x = x[np.abs(x) < TWO_64]
+    return x
+
+
+@pytest.mark.parametrize("name", GELU_FORMS)
+def test_gelu_forms_error(name):
+    x = gelu_inputs(name)
+    got, true = kernel(name)(x), gelu_truth(name, x)
+    assert x.size >= 1_000_000 and np.all(np.isfinite(got)), x[~np.isfinite(got)][:5]
+    err = ulp_error(got, true)
+    m = x >= GELU_ULP_FROM
+    i = int(np.argmax(err[m]))
+    print(f"\n{name}: {err[m][i]:.4f} ulp at x = {x[m][i]!r}", end="")
+    assert err[m][i] <= GELU_ULP_BOUND[name], f"{name}: {err[m][i]:.4f} ulp at x={x[m][i]!r}"
+    ab = np.abs(got.astype(np.float64) - true)
+    j = int(np.argmax(ab))
+    print(f"; {ab[j]:.4g} absolute at x = {x[j]!r}")
+    assert ab[j] <= GELU_ABS_BOUND[name], f"{name}: absolute error {ab[j]:.4g} at x={x[j]!r}"
+
+
+def test_gelu_forms_special():
+    """The formulas' values at zeros, infinities and saturation (contract §5.6)."""
+    big = [6.0, 100.0, 2.0**40, FLT_MAX]
+    _check("gelu", [(0.0, POS0), (-0.0, NEG0), (SUB, POS0), (-SUB, NEG0), (INF, INF), (-INF, ANYNAN)]
+           + [(v, v) for v in big] + [(-v, NEG0) for v in big[:-1]] + [(-5.55, NEG0)])
+    _check("gelu_tanh", [(0.0, POS0), (-0.0, NEG0), (SUB, POS0), (INF, INF), (-INF, ANYNAN)]
+           + [(v, v) for v in big] + [(-v, NEG0) for v in big[:-1]])
+    _check("gelu_grad", [(0.0, 0.5), (-0.0, 0.5), (SUB, 0.5), (INF, ANYNAN), (-INF, ANYNAN),
+                         (100.0, 1.0), (-100.0, POS0), (FLT_MAX, 1.0)])
+    _check("gelu_tanh_grad", [(0.0, 0.5), (-0.0, 0.5), (SUB, 0.5), (100.0, 1.0), (-100.0, POS0),
+                              (2.0**63, 1.0), (-(2.0**63), POS0),
+                              (TWO_64, ANYNAN), (-TWO_64, ANYNAN), (FLT_MAX, ANYNAN), (INF, ANYNAN)])

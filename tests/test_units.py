@@ -1,4 +1,4 @@
-"""Unit commitments and unit audits (units.py, unitaudit.py, receipts.py's v3 receipts;
+"""Unit commitments and unit audits (units.py, unitaudit.py, receipts.py's receipts of units;
 docs/auditing.md "Audit units").
 
 - The format: the units of a step and their order, the chunked digest (chunk hashes with the
@@ -9,8 +9,8 @@ docs/auditing.md "Audit units").
   hashing beside the step (--hash_async=on), --offload and --recompute (hashed in place, the
   witness behind activation checkpointing) give the same unit list.
 - Every unit of a step (each micro-batch, each fold node, the update), audited from the
-  publisher's reveals, gives MATCH, and its receipt is accepted; a micro-batch receipt cannot be
-  made from the chain and every revealed piece.
+  publisher's reveals, gives MATCH, and its signed receipt is accepted and counted for its roster
+  key; a micro-batch receipt cannot be made from the chain and every revealed piece.
 - R = 1 and R = 2 runs (torchrun) of a config whose pieces span 3 chunks write byte-identical
   chains and unit lists, and the units of one step audited on each run all MATCH.
 
@@ -32,11 +32,12 @@ import hashchain
 import model
 import receipts
 import rundir
+import signing
 import train
 import treefold
 import unitaudit
 import units
-from tiny import chain_records, launch_env, launcher, script, share_secret, train_args
+from tiny import ZERO_KEY, chain_records, launch_env, launcher, script, share_secret, train_args, write_roster
 from unit_runs import STEP, audit, audit_every_unit, audit_every_unit_by_command, train_in_process, unit_dir
 
 
@@ -183,31 +184,36 @@ def unit_lists(run):
     return lambda s: units.check_list(units.read_list(units.list_path(run, s), s), s, 3, records[s]["units_root"])
 
 
-def test_every_unit_of_a_step_matches_and_its_receipt_is_accepted(unit_run, audits, tmp_path):
+def test_every_unit_of_a_step_matches_and_its_receipt_is_accepted(unit_run, audits, keys, tmp_path):
     base, found = audits
     assert sorted(found) == sorted(units.all_units(3))
     assert {u: a.findings for u, a in found.items() if a.findings} == {}
-    code = train.code_digest()
+    code, alice = train.code_digest(), signing.Signer(keys["alice"])
+    signed = tmp_path / "r"
+    signed.mkdir()
     for unit, a in found.items():
-        receipts.write_receipt(tmp_path / f"{unit.replace(':', '_')}.json", a.receipt("alice", {}, {}, code))
+        receipts.write_receipt(signed / f"{unit.replace(':', '_')}.json",
+                               receipts.sign_receipt(a.receipt(alice.public_key, {}, {}, code), alice))
     chain = rundir.Run(unit_run).chain
 
-    def fold_keyed(step, unit, auditor):
+    def fold_keyed(step, unit, signer):
         kind, lo, size = units.parse(unit, 3)
         a = unitaudit.UnitAudit(str(unit_run), step)
         a.fold(lo, size, unit_dir(base, unit))
-        return None if a.findings else a.keyed(auditor)
+        return None if a.findings else a.keyed(signer)
 
-    results = receipts.check_receipts(tmp_path, chain, publisher_salts(unit_run), unit_lists(unit_run), fold_keyed)
-    assert [(r.receipt["unit"], r.status) for r in results] == \
-        [(u, "accepted") for u in sorted(units.all_units(3), key=lambda u: u.replace(":", "_"))]
+    roster = signing.read_roster(write_roster(tmp_path / "roster", keys, ["alice"]))
+    results = receipts.check_receipts(signed, chain, publisher_salts(unit_run), unit_lists(unit_run), fold_keyed, roster)
+    assert [(r.receipt["unit"], r.status, r.name) for r in results] == \
+        [(u, "accepted", "alice") for u in sorted(units.all_units(3), key=lambda u: u.replace(":", "_"))]
     covered = receipts.covered(results, chain, STEP, STEP)
-    assert all(covered[STEP][u] == {"alice"} for u in units.all_units(3))
+    assert all(covered[STEP][u] == {alice.public_key} for u in units.all_units(3))
 
 
 def test_a_micro_batch_receipt_cannot_be_made_from_the_chain_and_the_revealed_pieces(unit_run, audits, tmp_path):
     """Every value a lazy auditor holds after every reveal of the step (the unit list and its
-    c_m, g_m and every node, the states) fails to open c_m; the replay's witness opens it."""
+    c_m, g_m and every node, the states), as the witness proof or as the value a proof is made of,
+    fails; the replay's proof is accepted."""
     base, found = audits
     g1, _ = rundir.load_checkpoint(units.unit_file(unit_dir(base, "fold:0:2"), STEP, "micro_batch:1"))
     entry = unit_lists(unit_run)(STEP)["micro_batch:1"]
@@ -215,63 +221,69 @@ def test_a_micro_batch_receipt_cannot_be_made_from_the_chain_and_the_revealed_pi
     candidates = [entry["commit"], entry["digest"], record["units_root"], record["state_hash"], record["step_commit"],
                   units.digest(units.witness_uid(STEP, 1), g1["micro_batch:1"]).hex(),
                   hashlib.sha256(g1["micro_batch:1"].numpy().tobytes()).hexdigest()]
-    honest = found["micro_batch:1"].receipt("alice", {}, {}, train.code_digest())
+    honest = found["micro_batch:1"].receipt(ZERO_KEY, {}, {}, train.code_digest())
     chain = rundir.Run(unit_run).chain
     judge = lambda r: receipts.judge(r, chain, publisher_salts(unit_run), unit_lists(unit_run),  # noqa: E731
-                                         lambda *_: None)
+                                     lambda *_: None)
     assert judge(honest) == ("accepted", "")
+    run, blob = receipts.run_id(chain.records[0]), signing.parse_public_key(ZERO_KEY)[1]
     for value in candidates:
-        status, reason = judge({**honest, "auditor": "lazy", "witness": value})
-        assert status == "rejected" and "does not open the micro-batch's commitment" in reason, value
+        for witness in (value, receipts.witness_proof(run, STEP, 1, blob, bytes.fromhex(value))):
+            status, reason = judge({**honest, "witness": witness})
+            assert status == "rejected" and "does not open the micro-batch's commitment" in reason, value
 
 
 # ----------------------------------------------------------------------------- the command line
 STATUSES = ("accepted", "rejected", "malformed", "unchecked")
 
 
-def accepted_by_check_receipts(run, receipts_dir, pub, in_process=False):
-    """audit.py --check_receipts on receipts_dir (fold nodes' children in pub): the sorted
-    [(unit, auditor)] of the receipts it accepts, after asserting it accepts every one (exit 0)."""
-    proc = audit(run, "--check_receipts", receipts_dir, "--revealed", pub, in_process=in_process)
+def accepted_by_check_receipts(run, receipts_dir, pub, roster, in_process=False):
+    """audit.py --check_receipts on receipts_dir (fold nodes' children in pub, signers named by
+    roster): the sorted [(unit, auditor)] of the receipts it accepts, after asserting it accepts
+    every one (exit 0)."""
+    proc = audit(run, "--check_receipts", receipts_dir, "--revealed", pub, "--roster", roster, in_process=in_process)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.split()[0] in STATUSES]
     assert lines and all(line.startswith("accepted") for line in lines), proc.stdout
     return sorted(re.match(r".*: step \d+, (\S+) by (\S+)", line).groups() for line in lines)
 
 
-def test_every_unit_through_the_command_line(unit_run, corpus, tmp_path):
+def test_every_unit_through_the_command_line(unit_run, corpus, keys, tmp_path):
     """audit.py end to end: the publisher's --reveal_unit (in this process) and --materialize; each
     unit's audit in a child process, MATCH with its receipt; --check_receipts accepts them all;
     --coverage and report.py count units."""
     pub, signed = tmp_path / "pub", tmp_path / "receipts"
-    found = audit_every_unit_by_command(unit_run, STEP, corpus, pub, signed, ["alice", "bob"])
+    found = audit_every_unit_by_command(unit_run, STEP, corpus, pub, signed, keys, ["alice", "bob"])
     assert sorted(found) == sorted(units.all_units(3))
+    roster = write_roster(tmp_path / "roster", keys, ["alice", "bob", "carol"])
     for unit, (auditor, proc) in found.items():
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stdout.startswith(f"MATCH: {unitaudit.label(unit)} of step {STEP} of {unit_run} replays"), proc.stdout
-        assert f"receipt: step {STEP}, {unit} (MATCH) by {auditor} written" in proc.stdout
+        fingerprint = signing.fingerprint(signing.Signer(keys[auditor]).public_key)
+        assert f"receipt: step {STEP}, {unit} (MATCH) signed by {fingerprint} written" in proc.stdout
     state = tmp_path / "state"                  # the parameters alone, from --materialize, given with --state
     proc = audit(unit_run, "--materialize", STEP - 1, "--params_only", "--out", state, corpus=corpus)
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in state.iterdir()] == [units.state_file(state, STEP - 1, params_only=True).name]
     proc = audit(unit_run, "--step", STEP, "--micro_batch", 2, "--state", units.state_file(state, STEP - 1, True),
-                 "--receipt", signed / "carol.json", "--auditor", "carol", corpus=corpus)
+                 "--receipt", signed / "carol.json", "--key", keys["carol"], corpus=corpus)
     assert proc.returncode == 0 and proc.stdout.startswith("MATCH: micro-batch 2"), proc.stdout + proc.stderr
-    assert accepted_by_check_receipts(unit_run, signed, pub) == [
+    assert accepted_by_check_receipts(unit_run, signed, pub, roster) == [
         ("fold:0:2", "bob"), ("fold:0:3", "alice"), ("micro_batch:0", "alice"), ("micro_batch:1", "bob"),
         ("micro_batch:2", "alice"), ("micro_batch:2", "carol"), ("update", "bob")]
-    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 1,
-                 in_process=True)
+    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--roster", roster, "--steps", f"{STEP}:{STEP}",
+                 "--redundancy", 1, in_process=True)
     assert proc.returncode == 0 and "6/6 (100.0%); steps all of whose units have them: 1/1" in proc.stdout, proc.stdout
-    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--steps", f"{STEP}:{STEP}", "--redundancy", 2,
-                 in_process=True)
+    proc = audit(unit_run, "--coverage", signed, "--revealed", pub, "--roster", roster, "--steps", f"{STEP}:{STEP}",
+                 "--redundancy", 2, in_process=True)
     assert proc.returncode == 1 and "1/6 (16.7%)" in proc.stdout, proc.stdout
     page = tmp_path / "report.html"
     proc = script("report.py", "--run_dir", unit_run, "--out", page, "--receipts", signed, "--revealed", pub,
-                  timeout=900)
+                  "--roster", roster, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = page.read_text()
-    assert "6 of 48 with an accepted receipt (12.5%), 1 with &gt;= 2 (2.1%)" in text, text
+    # 8 steps of 6 units, less the updates of steps 4 and 8 (checkpoints) and 5 (its state revealed)
+    assert "6 of 45 with an accepted receipt (13.3%), 1 with &gt;= 2 (2.2%)" in text, text
     assert f"<td>{STEP}</td><td>1</td><td>6</td><td>micro_batch 0-1, fold 0:2 0:3, update</td>" in text
 
 
@@ -315,7 +327,7 @@ def train_ranks(corpus, base, n, worlds, steps):
     return runs
 
 
-def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, tmp_path):
+def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, keys, tmp_path):
     runs = train_ranks(corpus, tmp_path, 4, (1, 2), 2)
     cfg = rundir.Run(runs[1]).cfg
     numel = sum(int(np.prod(s)) for s in model.param_shapes(train.model_config(cfg, 256)).values()) + 1
@@ -323,13 +335,13 @@ def test_units_are_the_same_on_one_and_two_ranks_and_audit_on_both(corpus, tmp_p
     assert (runs[1] / "chain.jsonl").read_bytes() == (runs[2] / "chain.jsonl").read_bytes()
     for s in (1, 2):
         assert units.list_path(runs[1], s).read_bytes() == units.list_path(runs[2], s).read_bytes()
-    witnesses = {}                  # each unit of step 2 through audit.py, by other auditors on each run
+    witnesses = {}                  # each unit of step 2 through audit.py, by the same keys on each run
+    roster = write_roster(tmp_path / "roster", keys, ["alice", "bob"])
     for world, run in runs.items():
         pub, signed = tmp_path / f"pub{world}", tmp_path / f"receipts{world}"
-        auditors = {1: ["alice", "bob"], 2: ["carol", "dave", "erin"]}[world]
-        found = audit_every_unit_by_command(run, 2, corpus, pub, signed, auditors, in_process=True)
+        found = audit_every_unit_by_command(run, 2, corpus, pub, signed, keys, ["alice", "bob"], in_process=True)
         assert {u: p.stdout for u, (_, p) in found.items() if p.returncode or not p.stdout.startswith("MATCH")} == {}
-        accepted = accepted_by_check_receipts(run, signed, pub, in_process=True)
+        accepted = accepted_by_check_receipts(run, signed, pub, roster, in_process=True)
         assert accepted == sorted((u, auditor) for u, (auditor, _) in found.items()), world
         witnesses[world] = [json.loads((signed / f"micro_batch_{m}.json").read_text())["witness"] for m in range(4)]
     assert witnesses[1] == witnesses[2]

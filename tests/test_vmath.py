@@ -33,7 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "tests", "vmath_check.cpp")
 FLAGS = ["-std=c++17", "-ffp-contract=off", "-Wno-psabi", "-I", os.path.join(ROOT, "kernels", "cpu"),
          "-I", os.path.join(ROOT, "kernels", "common"), SRC]
-FUNCTIONS = ["exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos", "sigmoid"]
+FUNCTIONS = ["exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos", "sigmoid", "tanh", "erf", "gelu", "gelu_tanh",
+             "gelu_grad", "gelu_tanh_grad"]
 
 
 def b(x):  # a float32's bit pattern
@@ -52,6 +53,14 @@ RANGES = {
     "sin": [(b(2.0**-3), b(2.0**17)), (SIGN + b(32768.0), SIGN + b(2.0**17))],
     "cos": [(b(2.0**-3), b(2.0**17)), (SIGN + b(32768.0), SIGN + b(2.0**17))],
     "sigmoid": [(b(0.5), b(128.0)), (SIGN + b(0.5), SIGN + b(128.0))],
+    # tanh and erf: every branch (the polynomial, the exp form, saturation) and the tiny inputs
+    "tanh": [(b(0.5), b(16.0)), (SIGN + b(0.5), SIGN + b(2.0)), (0, b(2.0**-100))],
+    "erf": [(b(0.5), b(8.0)), (SIGN + b(0.5), SIGN + b(4.0)), (0, b(2.0**-100))],
+    # the GELU forms: both signs through erf's and tanh's branches and the saturation of both
+    "gelu": [(b(0.5), b(8.0)), (SIGN + b(0.5), SIGN + b(8.0))],
+    "gelu_tanh": [(b(0.5), b(8.0)), (SIGN + b(0.5), SIGN + b(8.0))],
+    "gelu_grad": [(b(0.5), b(8.0)), (SIGN + b(0.5), SIGN + b(8.0))],
+    "gelu_tanh_grad": [(b(0.5), b(8.0)), (SIGN + b(0.5), SIGN + b(8.0))],
 }
 
 

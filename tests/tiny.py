@@ -5,6 +5,7 @@ programs run as subprocesses on tiny runs, and the one way a test starts a proce
     corpus = make_corpus(tmp_dir, seed=7, lines=600)      # data dir with manifest.json
     run = train(tmp_dir / "run", corpus)                  # STEPS steps, a checkpoint every 10
     proc = audit(run, "--all")                            # CompletedProcess
+    key = make_key(tmp_dir, "alice")                      # an SSH key that signs receipts (ssh-keygen)
     proc = run_process([exe, "arg"], capture_output=True, text=True, timeout=60)  # subprocess.run
     proc = start_process([sys.executable, "train.py", ...])   # subprocess.Popen; stop_process(proc)
 
@@ -205,6 +206,26 @@ def assert_one_line_error(proc, prog):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), proc.stderr
+
+
+# A public key (an Ed25519 blob of zeros, SPEC §15.7's `signer`) for receipts that tests judge
+# without a signature (receipts.judge checks proofs; check_receipts also checks signatures).
+ZERO_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+
+
+def make_key(base, name, passphrase=""):
+    """A fresh Ed25519 key `base/name` (and name.pub), made by ssh-keygen with `passphrase`."""
+    path = Path(base) / name
+    run_process(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(path)],
+                check=True, stdin=subprocess.DEVNULL, timeout=60)
+    return path
+
+
+def write_roster(path, keys, names):
+    """An allowed_signers roster at `path`: one line "NAME TYPE BASE64" per name, from keys[name].pub."""
+    lines = [f"{name} {' '.join((Path(str(keys[name]) + '.pub')).read_text().split()[:2])}\n" for name in names]
+    Path(path).write_text("".join(lines))
+    return Path(path)
 
 
 def copy_run(run, dest):

@@ -3,8 +3,8 @@ trained in this process, the publisher's reveals and the audit of every unit of 
 
     run = train_in_process(tmp / "run", corpus)           # tiny, --unit_commits=1, N = 3, 8 steps
     audits = audit_every_unit(run, 6, corpus, tmp / "pub")   # {unit: UnitAudit}, each MATCH or not
-    receipt = audits["micro_batch:1"].receipt("alice", {}, {}, train.code_digest())
-    by_command = audit_every_unit_by_command(run, 6, corpus, tmp / "pub", tmp / "receipts", ["alice", "bob"])
+    receipt = audits["micro_batch:1"].receipt(public_key, {}, {}, train.code_digest())   # unsigned
+    by_command = audit_every_unit_by_command(run, 6, corpus, tmp / "pub", tmp / "receipts", keys, ["alice", "bob"])
 
 The publisher reveals each unit's inputs into its own folder (unitaudit.Publisher.reveal);
 a dishonest trainer's reveals come from the same code run under the same monkeypatch that
@@ -85,12 +85,12 @@ def unit_options(unit):
     return {"micro_batch": ["--micro_batch", rest], "fold": ["--fold_node", rest], "update": ["--update"]}[kind]
 
 
-def audit_every_unit_by_command(run, step, corpus, pub, receipts_dir, auditors, in_process=False):
+def audit_every_unit_by_command(run, step, corpus, pub, receipts_dir, keys, auditors, in_process=False):
     """Every unit of `step` through the command line: `audit.py --reveal_unit` (the publisher,
     audit.main in this process) into `pub`, then `audit.py --step S --micro_batch M | --fold_node
-    LO:SIZE | --update --revealed pub` with its receipt in receipts_dir, the i-th unit by
-    auditors[i % len(auditors)] (child processes, or audit.main in this process with in_process).
-    Returns {unit: (auditor, the audit's CompletedProcess)}."""
+    LO:SIZE | --update --revealed pub` with its receipt in receipts_dir, the i-th unit signed by
+    keys[auditors[i % len(auditors)]] (child processes, or audit.main in this process with
+    in_process). Returns {unit: (auditor, the audit's CompletedProcess)}."""
     n = len(units.read_list(units.list_path(run, step), step)) // 2 + 1
     receipts_dir.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -99,7 +99,7 @@ def audit_every_unit_by_command(run, step, corpus, pub, receipts_dir, auditors, 
         assert proc.returncode == 0, proc.stdout + proc.stderr
         auditor = auditors[i % len(auditors)]
         out[unit] = auditor, audit(run, "--step", step, *unit_options(unit), "--revealed", pub, "--receipt",
-                                   receipts_dir / f"{unit.replace(':', '_')}.json", "--auditor", auditor,
+                                   receipts_dir / f"{unit.replace(':', '_')}.json", "--key", keys[auditor],
                                    corpus=corpus, in_process=in_process)
     return out
 

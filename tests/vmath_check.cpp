@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
     return check([](float x) { return rp::name(x); }, [](rp::vf x) { return rp::v##name(x); }, \
                  lo, hi, stride);
   CASE(exp) CASE(log) CASE(recip) CASE(rsqrt) CASE(sqrt) CASE(sin) CASE(cos) CASE(sigmoid)
+  CASE(tanh) CASE(erf) CASE(gelu) CASE(gelu_tanh) CASE(gelu_grad) CASE(gelu_tanh_grad)
   std::fprintf(stderr, "unknown function %s\n", fn);
   return 2;
 }

@@ -26,7 +26,7 @@ round), this / the other (best rounds, and the median of the rounds' ratios); th
 means over the linears and over attention's products, and their fraction of the port limit
 (tools/bench.py's: flop per cycle x the clock measured in this process, after the products). The
 outputs of both versions are compared bit for bit: a difference prints BITS DIFFER and exits 1.
-Needs git and g++. Not a test: run it alone (docs/performance.md, round 3).
+Needs git and g++. Not a test: run it alone (docs/performance.md; what it measured: dev/LOG.md).
 """
 import os
 import re

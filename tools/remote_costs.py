@@ -12,9 +12,9 @@ empty cache, then over HTTP again (the cache full). It prints each one's verdict
 what it fetched, against the size of the run's copy.
 
 --sizes prints, for each run given and for --preset=open1b at its 80,957 steps (computed from the
-model's tensor list, no run needed): the tensor count, a step record's bytes under SPEC v4 (its
+model's tensor list, no run needed): the tensor count, a step record's bytes under SPEC v7 (its
 fields are fixed: measured on the run's chain; open1b: open1b-mini's record, whose fields are
-the same), what SPEC v3's tensor_hashes added to it (one entry per tensor, measured on a
+the same), what SPEC v6's tensor_hashes added to it (one entry per tensor, measured on a
 checkpoint's header, computed for open1b), the chain at N steps both ways, and what a
 micro-batch audit fetches: the records of its walk (at most anchor_every + 1 of them and the
 genesis), the checkpoint's header, the parameters, the unit list and the step's token windows.
@@ -139,8 +139,8 @@ def state_names(cfg, vocab):
     return names, sum(math.prod(s) for n, s in shapes.items())
 
 
-def v3_entries(names):
-    """Bytes SPEC v3's tensor_hashes added to a record: one `"name":"<64 hex>"` per tensor."""
+def v6_entries(names):
+    """Bytes SPEC v6's tensor_hashes added to a record: one `"name":"<64 hex>"` per tensor."""
     return len(json.dumps({n: "0" * 64 for n in names}, separators=(",", ":"))) + len(',"tensor_hashes":')
 
 
@@ -152,7 +152,7 @@ def record_bytes(run):
 def unit_fetch(cfg, vocab, record, genesis, names, params, anchor_every, chunk=prepare.CHUNK_BYTES):
     """Bytes a micro-batch audit fetches, by kind (the walk's worst case: anchor_every + 1 records)."""
     header = 8 + len(json.dumps({n: {"dtype": "F32", "shape": [1, 1], "data_offsets": [0, 0]} for n in names}))
-    header += v3_entries(names) + 100
+    header += v6_entries(names) + 100
     n = config.micro_batches_at(cfg, 1)
     token = 2 if vocab <= 65536 else 4
     window = (cfg.seq_len + 1) * token * cfg.micro_batch_size
@@ -178,12 +178,12 @@ def size_table(runs):
         names, params = state_names(cfg, 128256)
         rows.append(("--preset=open1b (computed)", cfg, 128256, names, params, mini[5], mini[6], OPEN1B_STEPS))
     for run, cfg, vocab, names, params, genesis, record, steps in rows:
-        v3 = v3_entries(names)
+        v6 = v6_entries(names)
         fetch = unit_fetch(cfg, vocab, record, genesis, names, params, cfg.anchor_every)
         total = sum(fetch.values())
-        print(f"{run}: {len(names)} tensors, {params:,} parameters; a step record {record} bytes (v3: +{v3:,} "
-              f"= {record + v3:,}); the chain at {steps:,} steps {genesis + steps * record:,} bytes "
-              f"(v3: {genesis + v3 + steps * (record + v3):,}); a micro-batch audit fetches {total:,} bytes: "
+        print(f"{run}: {len(names)} tensors, {params:,} parameters; a step record {record} bytes (v6: +{v6:,} "
+              f"= {record + v6:,}); the chain at {steps:,} steps {genesis + steps * record:,} bytes "
+              f"(v6: {genesis + v6 + steps * (record + v6):,}); a micro-batch audit fetches {total:,} bytes: "
               + ", ".join(f"{k} {v:,}" for k, v in fetch.items()))
 
 

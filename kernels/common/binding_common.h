@@ -411,6 +411,13 @@ inline PhiloxStream philox_args(const char* op, int64_t seed, int64_t c1, int64_
   m.impl("sqrt", unary<RpFn::Sqrt>);                          \
   m.impl("sin", unary<RpFn::Sin>);                            \
   m.impl("cos", unary<RpFn::Cos>);                            \
+  m.impl("tanh", unary<RpFn::Tanh>);                          \
+  m.impl("erf", unary<RpFn::Erf>);                            \
+  m.impl("sigmoid", unary<RpFn::Sigmoid>);                    \
+  m.impl("gelu", unary<RpFn::Gelu>);                          \
+  m.impl("gelu_tanh", unary<RpFn::GeluTanh>);                 \
+  m.impl("gelu_grad", unary<RpFn::GeluGrad>);                 \
+  m.impl("gelu_tanh_grad", unary<RpFn::GeluTanhGrad>);        \
   m.impl("int8_quantize", int8_quantize);                     \
   m.impl("int8_dequantize", int8_dequantize);                 \
   m.impl("int8_matmul", int8_matmul);                         \

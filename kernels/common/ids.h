@@ -6,7 +6,9 @@
 #include <cstdint>
 
 // The canonical functions of contract §5 that the unary ops (torch.ops.repops.exp, ...) apply.
-enum class RpFn { Exp, Log, Recip, Rsqrt, Sqrt, Sin, Cos };
+// New functions are appended: the numbers are part of the Metal kernels' arguments
+// (repops_mps.py RPFN, kernels/metal/elementwise.metal).
+enum class RpFn { Exp, Log, Recip, Rsqrt, Sqrt, Sin, Cos, Tanh, Erf, Sigmoid, Gelu, GeluTanh, GeluGrad, GeluTanhGrad };
 
 // Philox purpose tags, word c3 of the counter (contract §6): streams drawn for different
 // purposes never share a counter. repops.PURPOSE_* pass the same numbers from Python

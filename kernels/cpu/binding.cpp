@@ -499,7 +499,8 @@ TORCH_LIBRARY(repops, m) {
         "float omb2, float eps, float decay, float bc1, float bc2) -> ()");
   m.def("clip_grad(Tensor g, float max_norm) -> (Tensor, Tensor)");
   m.def("csum(Tensor x) -> Tensor");
-  for (const char* fn : {"exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos"})
+  for (const char* fn : {"exp", "log", "recip", "rsqrt", "sqrt", "sin", "cos", "tanh", "erf", "sigmoid", "gelu",
+                         "gelu_tanh", "gelu_grad", "gelu_tanh_grad"})
     m.def((std::string(fn) + "(Tensor x) -> Tensor").c_str());
   m.def("int8_quantize(Tensor x, Tensor s) -> Tensor");
   m.def("int8_dequantize(Tensor q, Tensor s) -> Tensor");

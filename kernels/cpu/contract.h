@@ -5,7 +5,8 @@
 // §3: every float add, subtract and multiply of a kernel is written with them, so that x86's
 // flush rule holds on AArch64 and on CPUs without a flush-to-zero mode), the parallel loop over
 // output elements, the canonical sum and max (§4.2), the canonical functions
-// exp/log/recip/rsqrt/sqrt/sin/cos (§5) and Philox (§6).
+// exp/log/recip/rsqrt/sqrt/sin/cos/tanh/erf and the derived sigmoid and GELU forms (§5) and
+// Philox (§6).
 // Plain C++17, no torch headers: the standalone self-test (selftest.cpp) compiles it too.
 // Build flags that the contract needs: -ffp-contract=off, no -ffast-math (see repops.py).
 // Targets: x86-64 and AArch64 (hardware flush), anything else with FLT_EVAL_METHOD == 0
@@ -429,7 +430,121 @@ inline float sincos_q(float x, int32_t shift) {  // §5.5
 inline float sin(float x) { return sincos_q(x, 0); }
 inline float cos(float x) { return sincos_q(x, 1); }  // cos(x) = sin(x + pi/2): quadrant + 1
 
+// §5.8 tanh for 0 <= a < 0.75: the odd polynomial a + a (z P(z)), z = a^2.
+template <class T> inline T tanh_poly(T a) {
+  const T z = mul(a, a);
+  T p = T{} + 1.736929175e-03f;  // the constant (folded at build time; exact)
+  p = add(mul(p, z), -7.657245267e-03f);
+  p = add(mul(p, z), 2.145202830e-02f);
+  p = add(mul(p, z), -5.389272422e-02f);
+  p = add(mul(p, z), 1.333269477e-01f);
+  p = add(mul(p, z), -3.333331645e-01f);
+  return add(a, mul(a, mul(z, p)));
+}
+
+// §5.8 tanh for 0.75 <= a < 10: 1 - 2 recip(exp(2a) + 1) (2a in [1.5, 20], inside exp's range).
+template <class T> inline T tanh_exp(T a) {
+  const T e = exp_core(add(a, a));
+  return sub(1.0f, mul(2.0f, recip_core(add(e, 1.0f))));
+}
+
+// §5.9 erf for 0 <= a < 0.875: a + a P(a^2), computed on b = a 2^24 and scaled back (both exact):
+// a * p alone would flush to zero for a < 2^-123, where erf(a) is 1.128 a, not a.
+template <class T> inline T erf_poly(T a) {
+  const T z = mul(a, a);
+  T p = T{} + -6.203253870e-04f;
+  p = add(mul(p, z), 5.032181274e-03f);
+  p = add(mul(p, z), -2.679146267e-02f);
+  p = add(mul(p, z), 1.128245518e-01f);
+  p = add(mul(p, z), -3.761255145e-01f);
+  p = add(mul(p, z), 1.283791661e-01f);
+  const T b = mul(a, 0x1p24f);
+  return mul(add(b, mul(b, p)), 0x1p-24f);
+}
+
+// §5.9 erf for 0.875 <= a < 3.92: 1 - exp(-a^2) Q(a - 2) (-a^2 in [-15.4, -0.76], inside exp's
+// range).
+template <class T> inline T erf_tail(T a) {
+  const T e = exp_core(-mul(a, a));
+  const T t = sub(a, 2.0f);
+  T q = T{} + -3.806890891e-05f;
+  q = add(mul(q, t), 5.693807543e-05f);
+  q = add(mul(q, t), -1.361304312e-04f);
+  q = add(mul(q, t), 6.189764244e-04f);
+  q = add(mul(q, t), -1.856133924e-03f);
+  q = add(mul(q, t), 5.419227295e-03f);
+  q = add(mul(q, t), -1.546066254e-02f);
+  q = add(mul(q, t), 4.180577025e-02f);
+  q = add(mul(q, t), -1.067960113e-01f);
+  q = add(mul(q, t), 2.553956509e-01f);
+  return sub(1.0f, mul(e, q));
+}
+
+inline float tanh(float x) {  // §5.8
+  x = daz(x);
+  if (x != x) return x + x;
+  const uint32_t s = bits(x) & 0x80000000u;
+  const float a = fl(bits(x) & 0x7FFFFFFFu);
+  const float y = a < 0.75f ? tanh_poly(a) : a < 10.0f ? tanh_exp(a) : 1.0f;
+  return fl(bits(y) | s);
+}
+
+inline float erf(float x) {  // §5.9
+  x = daz(x);
+  if (x != x) return x + x;
+  const uint32_t s = bits(x) & 0x80000000u;
+  const float a = fl(bits(x) & 0x7FFFFFFFu);
+  const float y = a < 0.875f ? erf_poly(a) : a < 3.92000008f ? erf_tail(a) : 1.0f;
+  return fl(bits(y) | s);
+}
+
+// §5.6: the GELU forms, each written once over T = float or a vector (vmath.h), with F the
+// matching canonical functions (ScalarFns below, vmath.h's VectorFns). Host constants:
+// f32(1/sqrt(2)) 0x3F3504F3, f32(sqrt(2/pi)) 0x3F4C422A, f32(0.044715) 0x3D372713, its float
+// product with 3 0x3E095D4E, f32(1/sqrt(2 pi)) 0x3ECC422A.
+constexpr float kRsqrt2 = 7.071067691e-01f, kGeluBeta = 7.978845835e-01f, kGeluKappa = 4.471499845e-02f,
+                kGeluKappa3 = 1.341449916e-01f, kRsqrt2Pi = 3.989422917e-01f;
+
+struct ScalarFns {
+  float exp(float x) const { return rp::exp(x); }
+  float tanh(float x) const { return rp::tanh(x); }
+  float erf(float x) const { return rp::erf(x); }
+};
+
+// gelu(x) = (x * 0.5) * (1 + erf(x * f32(1/sqrt 2))): PyTorch's F.gelu (approximate='none').
+template <class T, class F> inline T gelu_of(T x, F f) {
+  return mul(mul(x, 0.5f), add(1.0f, f.erf(mul(x, kRsqrt2))));
+}
+
+// F.gelu(x, approximate='tanh'): (0.5 * x) * (1 + tanh(beta * (x + kappa * ((x * x) * x)))).
+template <class T, class F> inline T gelu_tanh_of(T x, F f) {
+  const T w = mul(kGeluBeta, add(x, mul(kGeluKappa, mul(mul(x, x), x))));
+  return mul(mul(0.5f, x), add(1.0f, f.tanh(w)));
+}
+
+// d gelu / dx = 0.5 (1 + erf(x f32(1/sqrt 2))) + x (f32(1/sqrt(2 pi)) exp((x * x) * -0.5)), the
+// factor of PyTorch's gelu_backward (approximate='none'): g * gelu_grad(x).
+template <class T, class F> inline T gelu_grad_of(T x, F f) {
+  const T cdf = mul(0.5f, add(1.0f, f.erf(mul(x, kRsqrt2))));
+  const T pdf = mul(kRsqrt2Pi, f.exp(mul(mul(x, x), -0.5f)));
+  return add(cdf, mul(x, pdf));
+}
+
+// d gelu_tanh / dx in PyTorch's gelu_backward (approximate='tanh') order.
+template <class T, class F> inline T gelu_tanh_grad_of(T x, F f) {
+  const T x2 = mul(x, x);
+  const T t = f.tanh(mul(kGeluBeta, add(x, mul(kGeluKappa, mul(x2, x)))));
+  const T left_derivative = mul(0.5f, add(1.0f, t));
+  const T tanh_derivative = sub(1.0f, mul(t, t));
+  const T inner_derivative = mul(kGeluBeta, add(1.0f, mul(kGeluKappa3, x2)));
+  return add(left_derivative, mul(mul(mul(0.5f, x), tanh_derivative), inner_derivative));
+}
+
 inline float sigmoid(float x) { return recip(add(1.0f, exp(-x))); }  // §5.6
+inline float gelu(float x) { return gelu_of(x, ScalarFns{}); }
+inline float gelu_tanh(float x) { return gelu_tanh_of(x, ScalarFns{}); }
+inline float gelu_grad(float x) { return gelu_grad_of(x, ScalarFns{}); }
+inline float gelu_tanh_grad(float x) { return gelu_tanh_grad_of(x, ScalarFns{}); }
 
 // ---------------------------------------------------------------- §6 Philox4x32-10
 struct Philox4 { uint32_t w[4]; };

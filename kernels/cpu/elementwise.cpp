@@ -1,5 +1,6 @@
 // elementwise.cpp -- elementwise ops (contract §8 add/mul/scale/dropout), the canonical
-// functions of §5 applied to tensors, the canonical row sum (§4.2) and the build canary (§2).
+// functions of §5 (and the derived sigmoid and GELU forms of §5.6) applied to tensors, the
+// canonical row sum (§4.2) and the build canary (§2).
 #include "kernels.h"
 
 namespace {
@@ -25,6 +26,13 @@ void rp_unary(RpFn fn, const float* x, float* y, int64_t n) {
     case RpFn::Sqrt: apply([](auto v) { return rp::vsqrt(v); }); break;
     case RpFn::Sin: apply([](auto v) { return rp::vsin(v); }); break;
     case RpFn::Cos: apply([](auto v) { return rp::vcos(v); }); break;
+    case RpFn::Tanh: apply([](auto v) { return rp::vtanh(v); }); break;
+    case RpFn::Erf: apply([](auto v) { return rp::verf(v); }); break;
+    case RpFn::Sigmoid: apply([](auto v) { return rp::vsigmoid(v); }); break;
+    case RpFn::Gelu: apply([](auto v) { return rp::vgelu(v); }); break;
+    case RpFn::GeluTanh: apply([](auto v) { return rp::vgelu_tanh(v); }); break;
+    case RpFn::GeluGrad: apply([](auto v) { return rp::vgelu_grad(v); }); break;
+    case RpFn::GeluTanhGrad: apply([](auto v) { return rp::vgelu_tanh_grad(v); }); break;
   }
 }
 

@@ -47,7 +47,10 @@
 // -2^-126, big, -big, 1, -1, 0x1.000002p+0, 2^-60, -2^-60, 0.5} (signed zeros, subnormals that
 // DAZ reads as zero, the smallest normal, large values); SPECIAL (for the canonical functions) =
 // {+0, -0, +inf, -inf, NaN, 2^-149, -0x1.fffffcp-127, 2^-126, FLT_MAX, -FLT_MAX, exp's two
-// thresholds 0x1.62e43p+6 and -0x1.5d589ep+6, 0x1.62e432p+6, 65536, 0x1.000002p+16, 1}.
+// thresholds 0x1.62e43p+6 and -0x1.5d589ep+6, 0x1.62e432p+6, 65536, 0x1.000002p+16, 1};
+// SPECIAL_FN (for tanh, erf and the GELU forms) = {+0, -0, +inf, -inf, NaN, 2^-149,
+// -0x1.fffffcp-127, -2^-126, FLT_MAX, -FLT_MAX, tanh's branch points 0.75 and -0x1.7ffffep-1 (the
+// float below 0.75) and 10, erf's 0.875 and -0x1.f5c29p+1 (-3.92f), 2^64 (x * x overflows)}.
 // Philox seeds: seed64 = (mix(seed ^ 0x01234567) << 32) | mix(seed).
 //
 // Digests: floats are hashed as their 32-bit patterns, except that every NaN is hashed as
@@ -209,6 +212,9 @@ Table finite(float big) {
 const Table kSpecial = {0.0f, -0.0f, INFINITY, -INFINITY, rp::fl(0x7FC00000u), 0x1p-149f,
                         -0x1.fffffcp-127f, 0x1p-126f, FLT_MAX, -FLT_MAX, 0x1.62e43p+6f,
                         -0x1.5d589ep+6f, 0x1.62e432p+6f, 65536.0f, 0x1.000002p+16f, 1.0f};
+const Table kSpecialFn = {0.0f, -0.0f, INFINITY, -INFINITY, rp::fl(0x7FC00000u), 0x1p-149f,
+                          -0x1.fffffcp-127f, -0x1p-126f, FLT_MAX, -FLT_MAX, 0.75f, -0x1.7ffffep-1f,
+                          10.0f, 0.875f, -0x1.f5c29p+1f, 0x1p64f};
 const Table kNone = {};
 
 std::vector<float> gen(uint32_t stream, int64_t n, int emin, int erange, uint32_t period,
@@ -439,6 +445,19 @@ void run_unary() {
     // the sin/cos domain).
     std::vector<float> x = f.kind == 1 ? bitsgen(f.stream, n, 8, kSpecial)
                                        : gen(f.stream, n, -20, f.kind == 0 ? 28 : 38, 8, kSpecial);
+    std::vector<float> y(n);
+    rp_unary(f.fn, x.data(), y.data(), n);
+    emit1(f.name, y);
+  }
+  // tanh, erf and the derived functions (contract §5.6, §5.8, §5.9): gen(s, n, -20, 27, 8,
+  // SPECIAL_FN), |x| < 128: every branch of tanh and erf, and past the GELU forms' saturation.
+  const struct { const char* name; RpFn fn; uint32_t stream; } derived[] = {
+      {"tanh", RpFn::Tanh, 160},           {"erf", RpFn::Erf, 161},
+      {"sigmoid", RpFn::Sigmoid, 162},     {"gelu", RpFn::Gelu, 163},
+      {"gelu_tanh", RpFn::GeluTanh, 164},  {"gelu_grad", RpFn::GeluGrad, 165},
+      {"gelu_tanh_grad", RpFn::GeluTanhGrad, 166}};
+  for (auto& f : derived) {
+    const std::vector<float> x = gen(f.stream, n, -20, 27, 8, kSpecialFn);
     std::vector<float> y(n);
     rp_unary(f.fn, x.data(), y.data(), n);
     emit1(f.name, y);

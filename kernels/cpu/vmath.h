@@ -118,6 +118,35 @@ template <class V> inline V vsincos_q(V x, int32_t shift) {  // §5.5
 template <class V> inline V vsin(V x) { return vsincos_q(x, 0); }
 template <class V> inline V vcos(V x) { return vsincos_q(x, 1); }
 
+template <class V> inline V vtanh(V x) {  // §5.8
+  x = vdaz(x);
+  const V a = vabs(x);
+  V y = sel(a < 0.75f, tanh_poly(a), tanh_exp(a));
+  y = sel(a < 10.0f, y, splat<V>(1.0f));
+  y = ifl(ibits(y) | (ibits(x) & kSign));
+  return sel(x != x, x + x, y);
+}
+
+template <class V> inline V verf(V x) {  // §5.9
+  x = vdaz(x);
+  const V a = vabs(x);
+  V y = sel(a < 0.875f, erf_poly(a), erf_tail(a));
+  y = sel(a < 3.92000008f, y, splat<V>(1.0f));
+  y = ifl(ibits(y) | (ibits(x) & kSign));
+  return sel(x != x, x + x, y);
+}
+
+// The canonical functions the GELU forms of contract.h (gelu_of, ...) call, on vectors.
+struct VectorFns {
+  template <class V> V exp(V x) const { return vexp(x); }
+  template <class V> V tanh(V x) const { return vtanh(x); }
+  template <class V> V erf(V x) const { return verf(x); }
+};
+template <class V> inline V vgelu(V x) { return gelu_of(x, VectorFns{}); }  // §5.6
+template <class V> inline V vgelu_tanh(V x) { return gelu_tanh_of(x, VectorFns{}); }
+template <class V> inline V vgelu_grad(V x) { return gelu_grad_of(x, VectorFns{}); }
+template <class V> inline V vgelu_tanh_grad(V x) { return gelu_tanh_grad_of(x, VectorFns{}); }
+
 // §5.6 from e = vexp(-x): a kernel may compute e in one pass over a row and finish in another
 // (mlp.cpp), the same operations on the same values.
 template <class V> inline V vsigmoid_of_exp(V e) { return vrecip(add(1.0f, e)); }

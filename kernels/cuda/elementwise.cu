@@ -1,7 +1,7 @@
 // elementwise.cu -- elementwise ops (contract §8 add/mul/scale/dropout), the canonical
-// functions of §5 applied to tensors, the canonical row sum (§4.2, one warp per row) and the
-// build canary (§2, §3). Dropout: one thread per Philox block (§6), counter (block, c1, c2,
-// DROPOUT) from the element index only.
+// functions of §5 (and the derived sigmoid and GELU forms) applied to tensors, the canonical row
+// sum (§4.2, one warp per row) and the build canary (§2, §3). Dropout: one thread per Philox
+// block (§6), counter (block, c1, c2, DROPOUT) from the element index only.
 #include "canonical.cuh"
 #include "kernels_cuda.h"
 
@@ -20,7 +20,14 @@ __global__ void unary_kernel(RpFn fn, const float* __restrict__ x, float* __rest
       case RpFn::Rsqrt: r = rsqrt(v); break;
       case RpFn::Sqrt: r = sqrt(v); break;
       case RpFn::Sin: r = sin(v); break;
-      default: r = cos(v); break;  // RpFn::Cos
+      case RpFn::Cos: r = cos(v); break;
+      case RpFn::Tanh: r = tanh(v); break;
+      case RpFn::Erf: r = erf(v); break;
+      case RpFn::Sigmoid: r = sigmoid(v); break;
+      case RpFn::Gelu: r = gelu(v); break;
+      case RpFn::GeluTanh: r = gelu_tanh(v); break;
+      case RpFn::GeluGrad: r = gelu_grad(v); break;
+      default: r = gelu_tanh_grad(v); break;  // RpFn::GeluTanhGrad
     }
     y[i] = r;
   }

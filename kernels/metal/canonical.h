@@ -1,10 +1,10 @@
 // canonical.h -- the arithmetic contract (kernels/README.md) for Metal kernels: rounded
 // primitives that never fuse (§2), the flush-to-zero rule done in software (§3), the
 // threadgroup form of the canonical sum and max (§4.2), the canonical functions
-// exp/log/recip/rsqrt/sqrt/sin/cos/sigmoid (§5) and Philox (§6). Every .metal source of this
-// folder includes it; repops_mps.py pastes it in place of the #include before
-// torch.mps.compile_shader (which has no include path), and tests/metal_shim/ compiles the same
-// text as C++ with g++ to check the kernels' bits on the CPU.
+// exp/log/recip/rsqrt/sqrt/sin/cos/tanh/erf, the derived sigmoid and GELU forms (§5) and
+// Philox (§6). Every .metal source of this folder includes it; repops_mps.py pastes it in place
+// of the #include before torch.mps.compile_shader (which has no include path), and
+// tests/metal_shim/ compiles the same text as C++ with g++ to check the kernels' bits on the CPU.
 //
 // The function bodies mirror kernels/cuda/canonical.cuh line for line: same constants, same
 // operations, same order. Every float add, subtract and multiply is written fadd/fsub/fmul.
@@ -218,6 +218,91 @@ inline float rp_sin(float x) { return rp_sincos_q(x, 0); }
 inline float rp_cos(float x) { return rp_sincos_q(x, 1); }  // cos(x) = sin(x + pi/2): quadrant + 1
 
 inline float rp_sigmoid(float x) { return rp_recip(fadd(1.0f, rp_exp(neg(x)))); }  // §5.6
+
+// §5.8: odd, so computed on a = |x| and given x's sign.
+inline float rp_tanh(float x) {
+  x = daz(x);
+  if (is_nan(x)) return fadd(x, x);
+  const uint s = bits(x) & 0x80000000u;
+  const float a = fabs_bits(x);
+  float y;
+  if (a < 0.75f) {  // the odd polynomial a + a (z P(z))
+    const float z = fmul(a, a);
+    float p = 1.736929175e-03f;
+    p = fadd(fmul(p, z), -7.657245267e-03f);
+    p = fadd(fmul(p, z), 2.145202830e-02f);
+    p = fadd(fmul(p, z), -5.389272422e-02f);
+    p = fadd(fmul(p, z), 1.333269477e-01f);
+    p = fadd(fmul(p, z), -3.333331645e-01f);
+    y = fadd(a, fmul(a, fmul(z, p)));
+  } else if (a < 10.0f) {  // 1 - 2 recip(exp(2a) + 1)
+    const float e = rp_exp(fadd(a, a));
+    y = fsub(1.0f, fmul(2.0f, rp_recip(fadd(e, 1.0f))));
+  } else {
+    y = 1.0f;
+  }
+  return fl(bits(y) | s);
+}
+
+// §5.9: odd, so computed on a = |x| and given x's sign.
+inline float rp_erf(float x) {
+  x = daz(x);
+  if (is_nan(x)) return fadd(x, x);
+  const uint s = bits(x) & 0x80000000u;
+  const float a = fabs_bits(x);
+  float y;
+  if (a < 0.875f) {  // a + a P(a^2), on b = a 2^24 (a P alone would flush for a < 2^-123)
+    const float z = fmul(a, a);
+    float p = -6.203253870e-04f;
+    p = fadd(fmul(p, z), 5.032181274e-03f);
+    p = fadd(fmul(p, z), -2.679146267e-02f);
+    p = fadd(fmul(p, z), 1.128245518e-01f);
+    p = fadd(fmul(p, z), -3.761255145e-01f);
+    p = fadd(fmul(p, z), 1.283791661e-01f);
+    const float b = fmul(a, 16777216.0f);
+    y = fmul(fadd(b, fmul(b, p)), 5.9604644775390625e-8f);
+  } else if (a < 3.92000008f) {  // 1 - exp(-a^2) Q(a - 2)
+    const float e = rp_exp(neg(fmul(a, a)));
+    const float t = fsub(a, 2.0f);
+    float q = -3.806890891e-05f;
+    q = fadd(fmul(q, t), 5.693807543e-05f);
+    q = fadd(fmul(q, t), -1.361304312e-04f);
+    q = fadd(fmul(q, t), 6.189764244e-04f);
+    q = fadd(fmul(q, t), -1.856133924e-03f);
+    q = fadd(fmul(q, t), 5.419227295e-03f);
+    q = fadd(fmul(q, t), -1.546066254e-02f);
+    q = fadd(fmul(q, t), 4.180577025e-02f);
+    q = fadd(fmul(q, t), -1.067960113e-01f);
+    q = fadd(fmul(q, t), 2.553956509e-01f);
+    y = fsub(1.0f, fmul(e, q));
+  } else {
+    y = 1.0f;
+  }
+  return fl(bits(y) | s);
+}
+
+// §5.6 the GELU forms (PyTorch's operation order). f32(1/sqrt 2), f32(sqrt(2/pi)), f32(0.044715), its float
+// product with 3, f32(1/sqrt(2 pi)).
+constant constexpr float kRsqrt2 = 7.071067691e-01f, kGeluBeta = 7.978845835e-01f, kGeluKappa = 4.471499845e-02f,
+                         kGeluKappa3 = 1.341449916e-01f, kRsqrt2Pi = 3.989422917e-01f;
+inline float rp_gelu(float x) { return fmul(fmul(x, 0.5f), fadd(1.0f, rp_erf(fmul(x, kRsqrt2)))); }
+inline float rp_gelu_tanh(float x) {
+  const float w = fmul(kGeluBeta, fadd(x, fmul(kGeluKappa, fmul(fmul(x, x), x))));
+  return fmul(fmul(0.5f, x), fadd(1.0f, rp_tanh(w)));
+}
+inline float rp_gelu_grad(float x) {
+  const float cdf = fmul(0.5f, fadd(1.0f, rp_erf(fmul(x, kRsqrt2))));
+  const float pdf = fmul(kRsqrt2Pi, rp_exp(fmul(fmul(x, x), -0.5f)));
+  return fadd(cdf, fmul(x, pdf));
+}
+inline float rp_gelu_tanh_grad(float x) {
+  const float x2 = fmul(x, x);
+  const float t = rp_tanh(fmul(kGeluBeta, fadd(x, fmul(kGeluKappa, fmul(x2, x)))));
+  const float left_derivative = fmul(0.5f, fadd(1.0f, t));
+  const float tanh_derivative = fsub(1.0f, fmul(t, t));
+  const float inner_derivative = fmul(kGeluBeta, fadd(1.0f, fmul(kGeluKappa3, x2)));
+  return fadd(left_derivative, fmul(fmul(fmul(0.5f, x), tanh_derivative), inner_derivative));
+}
 
 // ---------------------------------------------------------------- §6 Philox4x32-10
 struct Philox4 { uint w[4]; };

@@ -1,13 +1,14 @@
 // elementwise.metal -- elementwise ops (contract §8 add/mul/scale/dropout), the canonical
-// functions of §5 applied to tensors, the canonical row sum (§4.2, one threadgroup of 32 per
-// row) and the build canary (§2, §3); the Metal twin of kernels/cuda/elementwise.cu.
+// functions of §5 (and the derived sigmoid and GELU forms) applied to tensors, the canonical row
+// sum (§4.2, one threadgroup of 32 per row) and the build canary (§2, §3); the Metal twin of
+// kernels/cuda/elementwise.cu.
 // Elementwise kernels are grid-stride loops (any grid gives the same bits); dropout runs one
 // thread per Philox block (§6), counter (block, c1, c2, DROPOUT) from the element index only.
 #pragma METAL fp contract(off)
 #include "canonical.h"
 
 // fn: which §5 function (RpFn of kernels/common/ids.h: Exp 0, Log 1, Recip 2, Rsqrt 3, Sqrt 4,
-// Sin 5, Cos 6).
+// Sin 5, Cos 6, Tanh 7, Erf 8, Sigmoid 9, Gelu 10, GeluTanh 11, GeluGrad 12, GeluTanhGrad 13).
 kernel void rp_unary(device const float* x, device float* y, constant long& n, constant long& fn, RP_POS) {
   for (long i = tid; i < n; i += nthreads) {
     const float v = x[i];
@@ -19,7 +20,14 @@ kernel void rp_unary(device const float* x, device float* y, constant long& n, c
       case 3: r = rp_rsqrt(v); break;
       case 4: r = rp_sqrt(v); break;
       case 5: r = rp_sin(v); break;
-      default: r = rp_cos(v); break;
+      case 6: r = rp_cos(v); break;
+      case 7: r = rp_tanh(v); break;
+      case 8: r = rp_erf(v); break;
+      case 9: r = rp_sigmoid(v); break;
+      case 10: r = rp_gelu(v); break;
+      case 11: r = rp_gelu_tanh(v); break;
+      case 12: r = rp_gelu_grad(v); break;
+      default: r = rp_gelu_tanh_grad(v); break;
     }
     y[i] = r;
   }
