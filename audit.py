@@ -20,6 +20,10 @@ prove the replays (receipts), plan them across many auditors, and pin the chain 
     python audit.py --coverage receipts/ --roster roster --out out/cov.json   # ... and per step, as JSON
     python audit.py --anchors anchors.jsonl           # the chain against published (signed) chain heads
 
+    # a published run (publish.py) at its address: only the bytes an audit needs are fetched
+    python audit.py --run_dir https://host/runs/x --step 120 [--cache DIR] [--timeout 30]
+    python audit.py --run_dir hf://datasets/org/run --step 12 --micro_batch 3
+
     # a run with unit commitments (--unit_commits, units.py): one unit of a step at a time
     python audit.py --step 12 --micro_batch 3 --revealed pub/      # micro-batch 3 alone (unitaudit.py)
     python audit.py --step 12 --fold_node 0:4 --revealed pub/      # a fold node from its revealed children
@@ -39,16 +43,25 @@ The audit vouches only for what it checked, and checks everything it vouches for
    checkpoint 0, checked against the record (moments zero, step 0), and with --init_from DIR its
    source folder against the record's file SHA-256s and the mapped weights;
 3. the checkpoint the replay starts from, and every checkpoint file from there to the last
-   audited step, plus the run's latest checkpoint (the model people download): tensors against
-   the record's Merkle leaves, metadata against the record;
+   audited step, plus the run's latest checkpoint (the model people download): metadata against
+   the record, the header's leaves against the record's state hash, tensors against the leaves;
 4. every replayed step's record against the published one, field for field: the state hash
-   (naming the first differing tensor), batch digest, loss, gradient norm, learning rate, and
-   any field the published record has that a replay does not produce, or lacks. step_commit,
-   the seal of the step's result (its post-step state keyed by its gradient; and units_root,
-   its pieces'), is made and compared too where the step's salt is known: from the run's secret (the
+   (naming the first differing tensor where a checkpoint of the step gives the published
+   leaves: a record holds the state's root only), batch digest, loss, gradient norm, learning
+   rate, and any field the published record has that a replay does not produce, or lacks.
+   step_commit, the seal of the step's result (its post-step state keyed by its gradient; and
+   units_root, its pieces'), is made and compared too where the step's salt is known: from the run's secret (the
    publisher's run directory) or revealed salts (--salts FILE); elsewhere it must be there and
    well-formed, and the MATCH line says it was not checked. The genesis record's secret_commit
    is compared where the run's secret is at hand, and must be there and well-formed anyway.
+
+A published run's address (http(s)://, hf://; published.py) is audited like its directory: the
+records it needs are reached from the nearest anchor by their links, a checkpoint's header and
+the tensors used and the step's token windows are fetched by range requests, each checked
+before use (a byte that does not check is a MISMATCH naming its file), and kept in the cache
+(--cache) so that the next unit of the step fetches nothing twice; a checkpoint the audit
+vouches for but does not start from is checked by its header (a note says so); a network fault
+is one line, exit 2, after bounded retries, every request under --timeout.
 
 Replays use train.train_step (the one step function) on one device with no topology emulation.
 Each problem prints as "MISMATCH at step S: ..." in step order, then what the audit cost.
@@ -79,6 +92,7 @@ import statistics
 import sys
 import time
 
+import byterange
 from config import (CommandLine, Config, UsageError, late_phases, micro_batches_at, out_of_memory, resolve,
                     stop_on_sigterm, stopped_by)
 
@@ -108,7 +122,12 @@ def parser():
                       "step S (replayed from the latest checkpoint before it) to --out DIR")
     mode.add_argument("--reveal_unit", metavar="S:UNIT", help="the publisher: write what the audit of one "
                       "unit of step S needs (S:micro_batch:M, S:fold:LO:SIZE, S:update) to --out DIR")
-    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read): a directory, or "
+                    "the http(s):// or hf:// address of its published copy (publish.py) (default %(default)s)")
+    ap.add_argument("--cache", metavar="DIR", help="with --run_dir URL: where fetched and checked bytes are kept "
+                    "(default $XDG_CACHE_HOME/repops, else ~/.cache/repops)")
+    ap.add_argument("--timeout", type=float, default=byterange.TIMEOUT, metavar="S",
+                    help="with --run_dir URL: seconds a connection or a read may wait (default %(default)s)")
     replayed = ap.options_for(REPLAY + ("plan", "materialize", "reveal_unit"),
                               "replaying (--step, --range, --all, --materialize, --reveal_unit; --plan times one step)")
     replayed.add_argument("--data_dir", metavar="DIR", help="the run's corpus, or a bundle of it (default: "
@@ -182,6 +201,7 @@ import hashchain  # noqa: E402  (below the command line's first answer, above)
 import hfllama  # noqa: E402
 import lineage  # noqa: E402
 import optrace  # noqa: E402
+import published  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
@@ -229,12 +249,14 @@ def leaf_difference(a, b, path):
     return path, a, b
 
 
-def compare(replayed, published):
+def compare(replayed, published, leaves=None):
     """The first difference between a replayed record and the published one, or None.
 
     Every field is compared as exact JSON (floats included); a field the published record has
-    and a replay does not produce, or lacks, is a difference. Names the field (and the tensor
-    or key inside it). A record's commitment (COMMITMENTS) that the replay could not make (None:
+    and a replay does not produce, or lacks, is a difference. Names the field (and the key
+    inside it; for the state hash the first differing tensor, where leaves() gives the replay's
+    and the published state's leaves: rundir.state_difference). A record's commitment
+    (COMMITMENTS) that the replay could not make (None:
     neither the run's secret nor the step's revealed salt at hand) must be there as 64 hex
     digits, and only a receipt check tells whether it commits to this step's gradient and
     result; where the salt is known the replay makes it, and it is compared as any field."""
@@ -257,12 +279,8 @@ def compare(replayed, published):
         a, b = mine[key], theirs[key]
         if _canon(a) == _canon(b):
             continue
-        if key == "state_hash":
-            leaves = theirs.get("tensor_hashes") if isinstance(theirs.get("tensor_hashes"), dict) else {}
-            bad = [n for n, h in mine["tensor_hashes"].items() if leaves.get(n) != h]
-            what = (f"tensor {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-                    if bad else "the state hash")
-            return f"field state_hash: {what} differs from the replay"
+        if key == "state_hash" and leaves:
+            return rundir.state_difference(*leaves(), mine["step"], "the replay")
         where, a, b = leaf_difference(a, b, key)
         return f"field {where} differs: replayed {shown(a)}, published {shown(b)}"
     return None
@@ -291,7 +309,7 @@ class Audit:
 
     def __init__(self, run_dir, data_dir=None, device="cpu", recompute=None, offload=None, source=None,
                  salts=None, threads=0):
-        self.run = rundir.Run(run_dir)          # a reader: it changes nothing in the run
+        self.run = published.open_run(run_dir)  # a reader: it changes nothing in the run
         self.run.check_versions(repops.CONTRACT)
         # decisive keys on which config.json (for people) disagrees with the genesis record
         self.config_json_differences = self.run.config_json_differences()
@@ -313,7 +331,7 @@ class Audit:
         # where it is known the replay makes step_commit (and units_root) and compares them too.
         # secret: the run's, where this is the publisher's run directory (then secret_commit too)
         self.salt_of, self.secret = receipts.replay_keys(run_dir, self.run.genesis, salts)
-        self.bytes_read = os.path.getsize(self.run.chain.path)
+        self.bytes_read = self.run.size(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
         self.notes = []                          # what was not checked: printed before the verdict
         self.replayed = {}                       # step: (state hash, grad_root, result_root, witnesses)
@@ -334,7 +352,9 @@ class Audit:
             chain.verify(upto=last)
         except hashchain.ChainError as e:
             self.find(e.line - 1, e.message)
-            return min(last, e.line - 2)
+            # a published run's records are reached from above (published.py): a break above `last`
+            # leaves none of the steps vouched for
+            return min(last, e.line - 2) if e.line - 1 <= last else -1
         if last >= len(chain):
             raise UsageError(f"steps {first}..{last} are not in the chain (it holds steps 1..{len(chain) - 1})")
         return last
@@ -362,7 +382,10 @@ class Audit:
                 continue                        # checked already, or older than the start
             tried.add(step)
             try:                                # checkpoint 0 is mapped: it may be held beside the start
-                tensors = self.run.verified_checkpoint(step, path, mmap=self.cfg.offload or step == 0)
+                if role == "start" or (step == 0 and imported):
+                    tensors = self.run.verified_checkpoint(step, path, mmap=self.cfg.offload or step == 0)
+                elif note := self.run.vouch_checkpoint(step, path):
+                    self.notes.append(note)
             except hashchain.StateMismatch as e:
                 self.find(step, f"checkpoint {path} does not match the chain: {e.message}")
                 continue
@@ -371,7 +394,7 @@ class Audit:
                 continue
             except rundir.CheckpointError as e:
                 raise UsageError(str(e)) from None
-            self.bytes_read += os.path.getsize(path)
+            self.bytes_read += self.run.size(path)
             if role == "start":
                 start = step
             if role == "start" or (step == 0 and imported):
@@ -390,7 +413,7 @@ class Audit:
         if problem:
             self.find(0, problem)
         elif parent is not None and self.source:
-            if lineage_problem := lineage.check(self.source, self.run.genesis):
+            if lineage_problem := lineage.check(self.source, self.run):
                 self.find(0, f"lineage: {lineage_problem}")
         elif parent is not None:
             self.notes.append("the run continues a parent run's state (genesis parent); the lineage was not "
@@ -401,7 +424,7 @@ class Audit:
         elif init is not None:
             self.notes.append("the run was imported (genesis init); its source files were not checked "
                               "(--init_from DIR checks them)")
-        diff = compare(record, self.run.genesis)
+        diff = compare(record, self.run.genesis, lambda: (state.hash()[1], self.run.published_leaves(0)))
         if diff:
             self.find(0, f"genesis record: {diff}")
         if late := late_phases(self.cfg):       # the record says what did not train
@@ -428,18 +451,20 @@ class Audit:
                 self.find(step, f"checkpoint {step}: {e.message}")
         del verified
         records = self.run.chain.records
-        if state.step < last_ok:    # the contract's guard (guard.py): a model outside it is refused, exit 2
-            train.probe(state, self.data, self.cfg, state.step + 1)
         try:
+            if state.step < last_ok:    # the contract's guard (guard.py): a model outside it is refused, exit 2
+                train.probe(state, self.data, self.cfg, state.step + 1)     # (it reads the step's first tokens)
             chooser = threads.Chooser(self.threads, measure=self.cfg.device == "cpu")
-            for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of, around,
+            for step, record, fields in train.replay(state, self.data, self.cfg, last_ok, self.salt_of,
+                                                     receipts.run_id(self.run.genesis), around,
                                                      proved=last if receipt else None, chooser=chooser):
                 pieces = fields.get("units")          # the step's witnesses: a v3 receipt's proof
                 self.replayed[step] = (record["state_hash"], fields["grad_root"].result(), fields["result_root"],
                                        pieces and [w.hex() for w in pieces.witness_digests])
                 if "step_commit" not in record:
                     self.unchecked.append(step)
-                if diff := compare(record, records[step]):
+                if diff := compare(record, records[step],
+                                   lambda: (fields["leaves"], self.run.published_leaves(step))):
                     self.find(step, diff)
                     return
                 if step % 25 == 0 and step < last_ok:       # long audits show progress
@@ -506,7 +531,7 @@ def replay_command(args):
     last = audit.run.chain.lines - 1 if last is None else last       # --all
     audit.replay(first, last, args.trace and (lambda s: traced(args.trace, s, records[s]) if s == last
                                               else contextlib.nullcontext()), receipt=args.receipt is not None)
-    for note in audit.notes:
+    for note in audit.notes + list(audit.run.walk_notes):
         print(f"note: {note}")
     for step, message in sorted(audit.findings, key=lambda f: f[0]):
         print(f"MISMATCH at step {step}: {message}")
@@ -519,7 +544,7 @@ def replay_command(args):
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
               f"(step {last}: {records[last]['state_hash']}), and the "
               f"checkpoints checked match the chain; {checked}")
-    receipts.close_audit(t0, audit.bytes_read, args.receipt,
+    receipts.close_audit(t0, audit.bytes_read + published.delivered(), args.receipt,
                          lambda cost: audit.receipt(last, args.signer.public_key, cost),
                          f"the replay stopped before step {last}", f"step {last}", args.signer,
                          steps_replayed=len(audit.replayed))
@@ -554,7 +579,7 @@ def receipt_results(args):
     checked with the run's secret or with revealed salts (--salts); a unit's receipt with the
     step's unit list and, for a fold node, the children revealed in --revealed DIR; each signer
     named by --roster, where given."""
-    run = rundir.Run(args.run_dir)
+    run = published.open_run(args.run_dir)
     run.chain.verify()
     roster = signing.read_roster(args.roster) if args.roster else None
     salt_of = receipts.salt_lookup(run.dir, run.genesis, args.salts)
@@ -802,9 +827,9 @@ def plan_units(args, run, first, last, seed, micro_s, numel, labels):
 
 # ---- anchors
 def anchors_command(args):
-    run = rundir.Run(args.run_dir)
+    run = published.open_run(args.run_dir)
     anchors = receipts.read_anchors(args.anchors)
-    if os.path.realpath(args.anchors) == os.path.realpath(run.dir / receipts.ANCHORS):
+    if os.path.realpath(args.anchors) == os.path.realpath(os.path.join(run.dir, receipts.ANCHORS)):
         print("note: this is the run's own anchors.jsonl; anchors pin the chain only as copies "
               "published outside the run")
     found = receipts.first_contradiction(run.chain, anchors)
@@ -841,15 +866,23 @@ def main(argv=None):
             raise UsageError(f"--threads {args.threads}: must be >= 0 (0: measured)")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
+        if not args.timeout > 0:
+            raise UsageError(f"--timeout {args.timeout}: seconds, more than 0")
         if mode in DIRECTORY_OUT and not args.out:
             raise UsageError(f"--{mode} needs --out DIR (a directory outside the run)")
+        byterange.configure(args.cache, args.timeout)
         # before any replay: the key signs, and every output's folder exists (or is refused)
         args.signer = signing.Signer(args.key, "--key") if args.key else None
         for option in OUTPUT_OPTIONS:
             if getattr(args, option):
                 rundir.prepare_output(args.run_dir, getattr(args, option), "--" + option,
                                       directory=option == "out" and mode in DIRECTORY_OUT)
-        return COMMANDS[mode](args)
+        if args.cache or any(byterange.is_url(getattr(args, k, None)) for k in ("run_dir", "data_dir")):
+            rundir.prepare_output(args.run_dir, byterange.cache_root(), "--cache", directory=True)
+        code = COMMANDS[mode](args)
+        if fetched := published.summary():
+            print(fetched)
+        return code
     except DataMismatch as e:       # a bundle chunk is not what the run published
         print(f"MISMATCH: {e}")
         return 1

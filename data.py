@@ -8,6 +8,7 @@
 
     from data import TokenData, batch_digest
     data = TokenData("data/shakespeare", seed=1337)   # a corpus, a mix or a bundle
+    data = TokenData("https://host/pub/x/corpus", 1337)   # a published corpus, read by ranges
     x, y = data.micro_batch("train", step=7, micro=3, batch_size=8, seq_len=256)
     digest = batch_digest([data.window("train", 7, m, 8, 256) for m in range(n_micro)])
     data.check_run(genesis)      # auditor: is this the data the run's genesis record names?
@@ -47,6 +48,12 @@ mix digest's first 8 bytes) selects: source i when T[i-1] <= word < T[i] (mix_th
 A bundle is a corpus directory holding, instead of the token files, the chunks that some steps
 read, each with its Merkle proof (prepare.write_bundle); TokenData checks each chunk against the
 manifest's chunk root when it opens the bundle, and serves windows from them.
+
+A corpus or a mix may be a URL (byterange.py: http(s):// or hf://, e.g. the corpus of a
+published run, published.py): the manifest is fetched whole, a leaves file whole (once; kept in
+byterange's cache after it checked against the chunk root), and each chunk a window touches by a
+range request, checked against its leaf before a token of it is served, as from a local file.
+Bundles and verify() are local.
 """
 import collections
 import hashlib
@@ -57,6 +64,7 @@ import time
 
 import numpy as np
 
+import byterange
 import hashchain
 import prepare
 from config import CommandLine, UsageError, out_of_memory
@@ -118,6 +126,17 @@ UNIGRAM_SAMPLE, UNIGRAM_RUNS = 1 << 24, 64
 
 # ----------------------------------------------------------------------------- reading
 
+def read_json_file(source, name, what, limit):
+    """Strict JSON of the file `name` of a byterange directory (local or a URL), at most `limit`
+    bytes; DataError when it is missing or not JSON."""
+    if not source.exists(name):
+        raise DataError(f"no {what} at {source} ({name} missing; run python data.py)")
+    try:
+        return hashchain.strict_json(source.read_file(name, what, limit, DataError).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"{what} {source.show(name)} is not valid JSON ({e})") from None
+
+
 def batch_digest(windows):
     """SHA-256 over the int32 little-endian bytes of each micro-batch window, in index order."""
     h = hashlib.sha256()
@@ -158,18 +177,19 @@ class TokenFile:
     token the manifest names, whatever happened to the file after it was prepared. The last
     CACHED_CHUNKS chunks checked are kept (their checked copies, not the file's pages): a step
     reads its windows twice (the micro-batches, then the batch digest), and a small corpus's
-    chunks again every step."""
+    chunks again every step. `source` is the corpus's byterange directory (local or a URL)."""
 
-    def __init__(self, path, leaves_path, split, rec, dtype):
-        self.path, self.leaves_path, self.split, self.dtype = path, leaves_path, split, dtype
+    def __init__(self, source, file, split, rec, dtype):
+        self.source, self.split, self.dtype = source, split, dtype
+        self.path, self.leaves_name = source.show(file), f"{split}.leaves"
+        self.leaves_path = source.show(self.leaves_name)
         self.chunk_bytes, self.root = rec["chunks"]["bytes"], rec["chunks"]["root"]
         self.size = rec["n_tokens"] * dtype.itemsize
         self.n_chunks = -(-self.size // self.chunk_bytes)
-        self.file = hashchain.open_regular(path, f"token file of split {split!r}", DataError)
-        size = os.fstat(self.file.fileno()).st_size
-        if size != self.size:
+        self.file = source.open(file, f"token file of split {split!r}", DataError, size=self.size)
+        if self.file.size != self.size:
             self.file.close()
-            raise DataError(f"split {split!r}: {path} has {size} bytes, the manifest says "
+            raise DataError(f"split {split!r}: {self.path} has {self.file.size} bytes, the manifest says "
                             f"{rec['n_tokens']} tokens x {dtype.itemsize} bytes")
         self._leaves = None
         self.cache = collections.OrderedDict()      # chunk index -> checked tokens, LRU
@@ -177,16 +197,20 @@ class TokenFile:
     def leaves(self):
         """The leaves file's bytes, checked against the manifest's chunk root (once)."""
         if self._leaves is None:
-            leaves = hashchain.read_bytes(self.leaves_path, "leaves file", 32 * self.n_chunks,
-                                          DataError)
-            fold = hashchain.MerkleFold()
-            for i in range(0, len(leaves), 32):
-                fold.push(leaves[i:i + 32])
-            if len(leaves) != 32 * self.n_chunks or fold.root() != self.root:
-                raise DataMismatch(f"split {self.split!r}: {self.leaves_path} does not match the "
-                                   "manifest's chunk root (the corpus is not the one its manifest "
-                                   "names: prepare it again)")
-            self._leaves = leaves
+            want = 32 * self.n_chunks
+
+            def check(leaves):
+                fold = hashchain.MerkleFold()
+                for i in range(0, len(leaves), 32):
+                    fold.push(bytes(leaves[i:i + 32]))
+                if fold.root() != self.root:
+                    raise DataMismatch(f"split {self.split!r}: {self.leaves_path} does not match the "
+                                       "manifest's chunk root (the corpus is not the one its manifest "
+                                       "names: prepare it again)")
+            with self.source.open(self.leaves_name, "leaves file", DataError, size=want) as f:
+                if f.size != want:
+                    check(b"")
+                self._leaves = f.read(0, want, check)
         return self._leaves
 
     def chunk(self, k):
@@ -194,12 +218,13 @@ class TokenFile:
             self.cache.move_to_end(k)
             return self.cache[k]
         leaf = self.leaves()[32 * k:32 * k + 32]
-        raw = os.pread(self.file.fileno(), self.chunk_bytes, k * self.chunk_bytes)
-        if len(raw) != min(self.chunk_bytes, self.size - k * self.chunk_bytes) \
-                or hashlib.sha256(raw).digest() != leaf:
-            raise DataMismatch(f"split {self.split!r}: chunk {k} of {self.path} does not match its "
-                               "leaf under the manifest's chunk root (the token file differs from "
-                               "its manifest)")
+
+        def check(raw):
+            if hashlib.sha256(raw).digest() != leaf:
+                raise DataMismatch(f"split {self.split!r}: chunk {k} of {self.path} does not match its "
+                                   "leaf under the manifest's chunk root (the token file differs from "
+                                   "its manifest)")
+        raw = self.file.read(k * self.chunk_bytes, min(self.chunk_bytes, self.size - k * self.chunk_bytes), check)
         tokens = self.cache[k] = np.frombuffer(raw, self.dtype)
         if len(self.cache) > CACHED_CHUNKS:
             self.cache.popitem(last=False)
@@ -259,9 +284,10 @@ class TokenData:
     def __init__(self, data_dir, seed):
         if not (isinstance(seed, int) and 0 <= seed < 2**64):
             raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-        self.path, self.seed = data_dir, seed
-        where = os.path.join(data_dir, MANIFEST)
-        self.manifest = read_json(where, "corpus")
+        self.source = byterange.directory(data_dir)      # a local directory or a URL
+        self.path, self.seed = str(self.source), seed
+        where = self.source.show(MANIFEST)
+        self.manifest = read_json_file(self.source, MANIFEST, "corpus", prepare.MAX_MANIFEST)
         self.sources, self.tokens, self.files, self.bundle = {}, {}, {}, None
         try:
             if not isinstance(self.manifest, dict) or self.manifest["dtype"] not in DTYPES:
@@ -288,7 +314,10 @@ class TokenData:
                     and c["bytes"] % self.dtype.itemsize == 0 and isinstance(c.get("root"), str)):
                 raise DataError(f"{where}: split {split!r} has no chunk commitment (prepared by "
                                 f"an older data.py? prepare it again: same tokens and digest)")
-        if os.path.lexists(os.path.join(self.path, BUNDLE)):
+        if self.source.exists(BUNDLE):
+            if not isinstance(self.source, byterange.Directory):
+                raise DataError(f"{self.path} is a bundle: bundles are read from a local directory "
+                                "(fetch it whole)")
             self.bundle = read_json(os.path.join(self.path, BUNDLE), "bundle", MAX_BUNDLE_INDEX)
             for split, rec in splits.items():
                 self.tokens[split] = open_bundle_split(self, split, rec)
@@ -300,11 +329,10 @@ class TokenData:
         file = rec["file"]
         if not isinstance(file, str) or os.path.basename(file) != file or file in ("", ".", ".."):
             raise DataError(f"split {split!r}: {file!r} is not a file of this corpus")
-        path = os.path.join(self.path, file)
-        if not os.path.lexists(path):
-            raise DataError(f"split {split!r}: {path} is missing (the manifest says "
+        if not self.source.exists(file):
+            raise DataError(f"split {split!r}: {self.source.show(file)} is missing (the manifest says "
                             f"{rec['n_tokens']} tokens)")
-        split_file = TokenFile(path, self.leaves_path(split), split, rec, self.dtype)
+        split_file = TokenFile(self.source, file, split, rec, self.dtype)
         self.tokens[split] = ChunkedTokens(rec["n_tokens"], split_file.chunk_bytes // self.dtype.itemsize,
                                            self.dtype, split_file.chunk)
         self.files[split] = split_file
@@ -318,7 +346,7 @@ class TokenData:
             raise DataError(f"{self.path}: the mix thresholds do not follow its weights")
         self.thresholds = np.array([e["threshold"] for e in entries], np.uint64)
         for e in entries:
-            src = TokenData(os.path.join(self.path, e["name"]), self.seed)
+            src = TokenData(self.source.join(e["name"]), self.seed)
             if "mix" in src.manifest or src.digest != e["manifest"]:
                 raise DataError(f"mix source {e['name']!r}: {src.path} is not the corpus the mix "
                                 f"names (manifest {src.digest}, the mix says "
@@ -392,7 +420,7 @@ class TokenData:
                                    f"the token file (prepare the corpus again)")
 
     def leaves_path(self, split):
-        return os.path.join(self.path, f"{split}.leaves")
+        return self.source.show(f"{split}.leaves")
 
     def leaves(self, split):
         """(root, count) of the split's leaves file."""

@@ -44,7 +44,7 @@ GENESIS_PREV = "0" * 64
 # The version of SPEC.md this code writes and reads: a run's genesis record names it (`spec`,
 # SPEC §12.2), so a verifier reads the text that governs that run (SPEC's "Versions" lists what
 # each version changed). Every change to a rule that decides a published byte bumps it.
-SPEC = 6
+SPEC = 7
 
 
 class HashChainError(Exception):
@@ -108,25 +108,33 @@ def write_all(f, data):
         f.flush()
 
 
-def write_atomically(path, data, mode=0o644):
-    """Write `data` (bytes, or an iterable of bytes-like pieces, each written as it comes) to
-    `path` so that a crash leaves the old file or the new one, and no planted file is ever
-    written through: the one writer of every file the trainer, the publisher and the auditors
-    write (checkpoints, the secret, anchors, unit lists, receipts, salts, traces, reports).
-    The bytes go to a temp file in path's folder whose name holds 12 random hex digits
-    (".<name>.tmp-<hex>"), created with O_CREAT | O_EXCL | O_NOFOLLOW: a link or file planted
-    under any name is never opened, followed or truncated. Then write_all, fsync, the rename
-    over `path` (which replaces a link there, never its target) and the folder's fsync. The
-    temp file is removed on any error (OSError reaches the caller)."""
+def write_atomically(path, data, mode=0o644, check=None):
+    """Write `data` (bytes, an iterable of bytes-like pieces, each written as it comes, or a
+    function that writes into the open file, seeking back and truncating as it needs) to `path`
+    so that a crash leaves the old file or the new one, and no planted file is ever written
+    through: the one writer of every file the trainer, the publisher and the auditors write
+    (checkpoints, the secret, anchors, unit lists, receipts, salts, traces, reports, a public
+    copy, an audit's cache of fetched bytes). The bytes go to a temp file in path's folder whose
+    name holds 12 random hex digits (".<name>.tmp-<hex>"), created with O_CREAT | O_EXCL |
+    O_NOFOLLOW: a link or file planted under any name is never opened, followed or truncated.
+    Then write_all, fsync, check(temp path) if given (fetched bytes are verified before they are
+    kept: it raises unless they are), the rename over `path` (which replaces a link there, never
+    its target) and the folder's fsync. The temp file is removed on any error (OSError, or
+    check's, reaches the caller)."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.tmp-{os.urandom(6).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
     try:
         with os.fdopen(fd, "wb") as f:
-            for piece in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data):
-                write_all(f, piece)
+            if callable(data):
+                data(f)
+            else:
+                for piece in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data):
+                    write_all(f, piece)
             f.flush()
             os.fsync(f.fileno())
+        if check is not None:
+            check(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -217,6 +225,7 @@ _DTYPES = {
     "torch.uint8": ("uint8", "U8", np.dtype("u1")),
 }
 ST_DTYPES = {st: np_dt for _, st, np_dt in _DTYPES.values()}
+ST_NAMES = {st: name for name, st, _ in _DTYPES.values()}      # safetensors dtype -> name in the leaf
 
 
 def canonical_tensor(name, t):
@@ -240,6 +249,13 @@ def tensor_leaf(name, t, key=None):
     With `key` (32 bytes) the keyed leaf: the same bytes under another prefix that holds the
     key, which no one can compute without both the key and the tensor (keyed_state_root)."""
     dname, _, shape, data = canonical_tensor(name, t)
+    return leaf_of_bytes(name, dname, shape, data, key)
+
+
+def leaf_of_bytes(name, dname, shape, data, key=None):
+    """tensor_leaf of the tensor `name` of dtype `dname` (float32, int64, int32, uint8) and shape
+    `shape` whose canonical little-endian bytes are `data` (bytes or a uint8 array): a tensor in
+    a checkpoint file is checked from its bytes, before any tensor is made of them."""
     h = hashlib.sha256(b"repops-tensor-v1\0" if key is None else b"repops-keyed-tensor-v1\0" + key)
     h.update(name.encode("utf-8") + b"\0" + dname.encode() + b"\0"
              + json.dumps(shape, separators=(",", ":")).encode() + b"\0")
@@ -433,8 +449,8 @@ def bits_f32(s):
     return float(np.array(int(s, 16), dtype=np.uint32).view(np.float32))
 
 
-# A record line longer than this is not a record (a default-model record is about 3 KB; one
-# tensor hash per tensor keeps even a 1000-layer model's records far below it).
+# A record line longer than this is not a record (a step record is about 650 bytes, whatever
+# the model: it holds the state's root, not a hash per tensor).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 # A chain file longer than this is not a chain (5 million default-model records; it is read whole).
 MAX_CHAIN_BYTES = 16 << 30
@@ -442,6 +458,24 @@ MAX_CHAIN_BYTES = 16 << 30
 
 class ChainFileError(HashChainError):
     """The chain file cannot be read as one (not a regular file, too large)."""
+
+
+def parse_line(path, i, raw):
+    """The record on line i (1-based: step i - 1) of the chain file `path`, from its bytes `raw`
+    (without the newline); ChainError unless it is a well-formed record."""
+    where = f"{path} line {i} (step {i - 1})"
+    if len(raw) > MAX_RECORD_BYTES:
+        raise ChainError(i, f"{where}: a line of {len(raw)} bytes is not a record")
+    try:
+        rec = strict_json(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ChainError(i, f"{where}: not valid JSON ({e})") from None
+    if (not isinstance(rec, dict) or not is_int(rec.get("step"))
+            or not isinstance(rec.get("prev"), str)
+            or not isinstance(rec.get("record_hash"), str)):
+        raise ChainError(i, f"{where}: not a chain record (needs integer 'step' and string "
+                            "'prev' and 'record_hash')")
+    return rec
 
 
 class Chain:
@@ -487,19 +521,7 @@ class Chain:
         return self.note
 
     def _parse(self, i, raw):
-        where = f"{self.path} line {i} (step {i - 1})"
-        if len(raw) > MAX_RECORD_BYTES:
-            raise ChainError(i, f"{where}: a line of {len(raw)} bytes is not a record")
-        try:
-            rec = strict_json(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise ChainError(i, f"{where}: not valid JSON ({e})") from None
-        if (not isinstance(rec, dict) or not is_int(rec.get("step"))
-                or not isinstance(rec.get("prev"), str)
-                or not isinstance(rec.get("record_hash"), str)):
-            raise ChainError(i, f"{where}: not a chain record (needs integer 'step' and string "
-                                "'prev' and 'record_hash')")
-        return rec
+        return parse_line(self.path, i, raw)
 
     @property
     def head(self):

@@ -14,10 +14,13 @@ its own steps from 1: its learning-rate schedule (warmup and decay to max_steps)
 windows and its Adam bias correction are those of its own steps 1, 2, ... (SPEC §21 says what
 this means for continuing a finished run). Its genesis record names the parent (`parent`: the
 parent's run id, the step, that step's record hash and state hash), and checkpoint 0 holds the
-initial state, so the child audits without its parent; with the parent's run directory at hand
-(`audit.py --init_from RUN`) the audit also checks the lineage (check): the parent's chain up to
-the step, and that the child's initial tensors are the ones the parent's record of that step
-names.
+initial state, so the child audits without its parent; with the parent's run directory or the
+address of its public copy at hand (`audit.py --init_from RUN`, publish.py) the audit also
+checks the lineage (check): the parent's chain up to the step, and that the child's initial
+tensors are the parent's state of that step, leaf by leaf (the leaves of the parent's checkpoint
+header of that step, proven by its record's state hash; records hold state roots only).
+
+    python audit.py --run_dir runs/more --step 1 --init_from https://host/runs/default
 """
 import dataclasses
 import os
@@ -25,6 +28,7 @@ import re
 
 import config
 import hashchain
+import published
 import receipts
 import repops
 import rundir
@@ -117,17 +121,21 @@ def load_into(state, source):
     return identity(run, step)
 
 
-def check(parent_dir, genesis):
-    """What is wrong with the lineage of a child run (its genesis record), or None: parent_dir
-    must be the run its `parent` names (else UsageError: the auditor's input), its chain must
-    verify up to the step and hold the named record and state hash there, and every tensor of
-    the child's initial state but `step` must hash as that record says. The child's tensors are
-    checked against its own genesis record elsewhere (its checkpoint 0)."""
+def check(parent_dir, child):
+    """What is wrong with the lineage of a child run (rundir.Run, or a published run), or None:
+    parent_dir (a run directory, or a published run's address) must be the run its genesis
+    `parent` names (else UsageError: the auditor's input), its chain must verify up to the step
+    and hold the named record and state hash there, and every leaf of the child's checkpoint 0
+    but `step` must be the same leaf of the parent's checkpoint of that step: records hold state
+    roots only, so both leaf lists come from checkpoint headers, each proven against its record's
+    state hash (Run.published_leaves; no tensor is read). The child's tensors are checked against
+    its checkpoint 0's leaves elsewhere (the audit's start)."""
+    genesis = child.genesis
     parent = genesis.get("parent")
     if (not isinstance(parent, dict) or set(parent) != set(PARENT_FIELDS) or not hashchain.is_int(parent["step"])
             or parent["step"] < 0):
         return f"genesis field parent is not an object of {', '.join(PARENT_FIELDS)} with a step >= 0"
-    run = rundir.Run(parent_dir)
+    run = published.open_run(parent_dir)
     if receipts.run_id(run.genesis) != parent["run"]:
         raise UsageError(f"--init_from {parent_dir} is not this run's parent: its run id (genesis record hash) "
                          f"is {receipts.run_id(run.genesis)}, the genesis names {parent['run']}")
@@ -143,7 +151,12 @@ def check(parent_dir, genesis):
         if record[field] != parent[field]:
             return (f"genesis field parent.{field} is {parent[field]}, the parent's record of step {step} "
                     f"holds {record[field]}")
-    mine, theirs = genesis.get("tensor_hashes") or {}, record.get("tensor_hashes") or {}
+    mine, theirs = child.published_leaves(0), run.published_leaves(step)
+    if mine is None:
+        return "the child's checkpoint 0 is missing, or its header's leaves do not hash to the genesis state hash"
+    if theirs is None:
+        return (f"the parent's checkpoint of step {step} ({parent_dir}) is missing, or its header's leaves do not "
+                "hash to that step's state hash: the lineage cannot be checked without them")
     names = sorted((set(mine) | set(theirs)) - {"step"})
     bad = [n for n in names if mine.get(n) != theirs.get(n)]
     if bad:

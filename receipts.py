@@ -39,8 +39,10 @@ Three pieces close those holes:
 
     # 3. Anchors: chain heads published outside the run, signed by the publisher's key when the
     #    genesis names one (the trainer writes run_dir/anchors.jsonl every anchor_every steps).
-    append_anchor("runs/x", step, record_hash, run, signer)
+    #    An anchor names its run through the record it pins (a step record names its run).
+    append_anchor("runs/x", step, record_hash, signer)
     first_contradiction(chain, read_anchors("anchors.jsonl"))   # None, or (step, message)
+    anchor_signature_problem(anchor, publisher)         # None when a walk may start from it
 
 Who can check what. A receipt's proof is the HMAC of a value only the unit's work computes (a
 step's result_root, a micro-batch's witness digest W_M) under a key made of the run, the unit and
@@ -583,20 +585,21 @@ def ranges(steps):
 
 
 # ----------------------------------------------------------------------------- 3. anchors
-ANCHOR_FIELDS = {"record_hash", "step", "utc"}       # and, signed: run and signature
+ANCHOR_FIELDS = {"record_hash", "step", "utc"}       # and, signed: signature
 
 
 def _anchor(line):
     """The anchor a line holds, or None (not JSON, not an anchor): {record_hash, step, utc}, or
-    signed: {record_hash, run, signature, step, utc}."""
+    signed: {record_hash, signature, step, utc}. It names no run: the record it pins does
+    (a step record's `run`; the genesis record's hash is the run's id)."""
     try:
         a = hashchain.strict_json(line)
     except ValueError:
         return None
-    signed = ANCHOR_FIELDS | {"run", "signature"}
+    signed = ANCHOR_FIELDS | {"signature"}
     ok = (isinstance(a, dict) and set(a) in (ANCHOR_FIELDS, signed) and _is_int(a["step"])
           and a["step"] >= 0 and is_hex64(a["record_hash"]) and isinstance(a["utc"], str)
-          and (set(a) == ANCHOR_FIELDS or (is_hex64(a["run"]) and isinstance(a["signature"], str))))
+          and (set(a) == ANCHOR_FIELDS or isinstance(a["signature"], str)))
     return a if ok else None
 
 
@@ -605,11 +608,11 @@ def anchor_signed_bytes(anchor):
     return hashchain.canonical_json({k: v for k, v in anchor.items() if k != "signature"}).encode("utf-8")
 
 
-def append_anchor(run_dir, step, record_hash, run=None, signer=None):
+def append_anchor(run_dir, step, record_hash, signer=None):
     """Add {step, record_hash, utc} to run_dir/anchors.jsonl unless that step is anchored
     already (a resume re-derives anchored steps); with signer (signing.Signer, the publisher's
-    key the genesis names) the anchor also names the run (its genesis record hash) and holds the
-    signature of both, namespace repops-anchor. The file is rewritten through
+    key the genesis names) the anchor also holds its signature, namespace repops-anchor (the
+    record it pins names the run, so the signature binds the run too). The file is rewritten through
     hashchain.write_atomically: a kill leaves the old file or the new one, never a torn line. Only
     the lock holder calls this. Lines that are not anchors (a blank or torn tail, garbage) are
     dropped, as the chain drops a torn tail: nothing in this bookkeeping file can stop the run (its
@@ -624,7 +627,6 @@ def append_anchor(run_dir, step, record_hash, run=None, signer=None):
     utc = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     anchor = {"step": step, "record_hash": record_hash, "utc": utc}
     if signer is not None:
-        anchor["run"] = run
         anchor["signature"] = signer.sign(anchor_signed_bytes(anchor), signing.ANCHOR)
     lines = [hashchain.canonical_json(a) + "\n" for a in anchors + [anchor]]
     hashchain.write_atomically(path, "".join(lines).encode("utf-8"))  # REPOPS_SLOW_WRITE: the SIGKILL test
@@ -632,8 +634,13 @@ def append_anchor(run_dir, step, record_hash, run=None, signer=None):
 
 def read_anchors(path):
     """[anchor] from an anchors file; UsageError if it is not one."""
+    return parse_anchors(_read_json_file(path, "anchors file", UsageError, MAX_ANCHORS), path)
+
+
+def parse_anchors(text, path):
+    """read_anchors of the text of the anchors file `path` (a published run's, fetched)."""
     anchors = []
-    for n, line in enumerate(_read_json_file(path, "anchors file", UsageError, MAX_ANCHORS).splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue                   # a blank line (a copy's trailing newline) holds nothing
         a = _anchor(line)
@@ -651,36 +658,45 @@ def publisher_of(chain):
     return chain.records[0].get("publisher")
 
 
+def anchor_signature_problem(anchor, publisher):
+    """Why a run whose genesis names the publisher's key `publisher` ("TYPE BASE64", or None)
+    cannot take `anchor` on its signature, or None: unsigned, or not signed by that key (forged,
+    or signed by another). Without a publisher key there is nothing to verify (None): such an
+    anchor pins the chain only as a copy obtained outside the publication."""
+    if publisher is None:
+        return None
+    who = f"the publisher key the genesis names ({signing.fingerprint(publisher)})"
+    if "signature" not in anchor:
+        return f"unsigned, but anchors of this run are signed by {who}"
+    if signing.verify(anchor_signed_bytes(anchor), anchor["signature"], publisher, signing.ANCHOR):
+        return f"not signed by {who}: forged, or signed by another key"
+    return None
+
+
 def first_contradiction(chain, anchors):
     """(step, message) of the first anchor (in step order) that the chain contradicts, or None.
     The chain's links are verified up to the last anchored step: a broken link or a record whose
-    hash does not match its contents contradicts every anchor from its step on. An anchor of
-    another run contradicts it; so, when the genesis names the publisher's key, does an anchor
-    that is unsigned or whose signature that key did not make (forged, or signed by another key)."""
+    hash does not match its contents contradicts every anchor from its step on. An anchor that
+    pins another record hash than the chain's contradicts it (a rewritten history, or another
+    run's anchor: the record it pins names that run); so, when the genesis names the publisher's
+    key, does an anchor that is unsigned or whose signature that key did not make."""
     try:
         chain.verify(upto=max(a["step"] for a in anchors))
         broken = None
     except hashchain.ChainError as e:
         broken = e
     publisher = publisher_of(chain) if len(chain) else None
-    run = run_id(chain.records[0]) if len(chain) else None
     if publisher is not None and not signing.is_public_key(publisher):
         return 0, "the genesis record's publisher is not an SSH public key (TYPE BASE64)"
     for a in sorted(anchors, key=lambda a: a["step"]):
         step, where = a["step"], f"anchored at {shown(a['utc'])[:40]} with record hash {a['record_hash']}"
         if broken and step >= broken.line - 1:
             return broken.line - 1, f"{broken.message} (the anchor of step {step}: {where})"
-        if "run" in a and a["run"] != run:
-            return step, f"{where}, for another run ({a['run']}; this chain's genesis is {run})"
-        if publisher is not None:
-            who = f"the publisher key the genesis names ({signing.fingerprint(publisher)})"
-            if "signature" not in a:
-                return step, f"{where}: unsigned, but anchors of this run are signed by {who}"
-            if signing.verify(anchor_signed_bytes(a), a["signature"], publisher, signing.ANCHOR):
-                return step, f"{where}: not signed by {who}: forged, or signed by another key"
+        if problem := anchor_signature_problem(a, publisher):
+            return step, f"{where}: {problem}"
         if step >= len(chain):
             return step, f"{where}, but the chain ends at step {len(chain) - 1} (history cut after anchoring)"
         if chain.records[step]["record_hash"] != a["record_hash"]:
             return step, (f"{where}, the chain holds {chain.records[step]['record_hash']} "
-                          "(history rewritten after anchoring)")
+                          "(history rewritten after anchoring, or an anchor of another run)")
     return None

@@ -5,6 +5,7 @@
     python report.py --run_dir out/public --receipts receipts/ --roster roster --salts s.json --redundancy 2 --out report.html
     python report.py --run_dir runs/a --compare runs/b --out compare.html   # where two runs part
     python report.py --log_y --out report.html                             # loss and norm on log axes
+    python report.py --run_dir https://host/runs/x --out report.html       # a published run (publish.py)
 
 The report reads a run only after verifying its chain (as sample.py does): a broken chain is
 "MISMATCH at step S: ..." and exit 1, and no report is written. A verified chain is consistent,
@@ -42,6 +43,8 @@ spike, a few points at most, is clipped at the edge and labelled with its value,
 to flatten the curve; a short run is drawn whole). The output
 is one file, inline SVG and CSS, no script, no network; it must lie outside the run directories
 (readers never write in them). Bad input: one line `report.py: error: ...`, exit 2.
+A run may be the http(s):// or hf:// address of its published copy (published.py): the report
+then fetches the whole chain (it draws every step) and train.log, checked as a local chain is.
 
 The drawing lives in svgchart.py.
 """
@@ -51,12 +54,14 @@ import os
 import re
 import sys
 
+import byterange
 from config import CommandLine, UsageError, differences, duration, out_of_memory, python_command
 
 
 def parser():
     ap = CommandLine("report.py", "A run's story as one self-contained HTML file; or two runs side by side.")
-    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read) (default %(default)s)")
+    ap.add_argument("--run_dir", metavar="DIR", default="runs/default", help="the run (only read): a directory, or "
+                    "the http(s):// or hf:// address of its published copy (default %(default)s)")
     ap.add_argument("--out", required=True, metavar="FILE", help="the HTML file to write, outside the runs (required)")
     ap.add_argument("--compare", metavar="DIR", help="a second run to set beside it: curves overlaid, the genesis "
                     "differences, the first step whose state differs (default: none)")
@@ -70,6 +75,10 @@ def parser():
     ap.add_argument("--redundancy", type=int, default=2, metavar="C",
                     help="distinct roster keys per step for full coverage (default %(default)s)")
     ap.add_argument("--log_y", action="store_true", help="loss and gradient norm on log axes (default: linear)")
+    ap.add_argument("--cache", metavar="DIR", help="with a run's URL: where fetched and checked bytes are kept "
+                    "(default $XDG_CACHE_HOME/repops, else ~/.cache/repops)")
+    ap.add_argument("--timeout", type=float, default=byterange.TIMEOUT, metavar="S",
+                    help="with a run's URL: seconds a connection or a read may wait (default %(default)s)")
     return ap
 
 
@@ -77,6 +86,7 @@ if __name__ == "__main__":
     parser().answer_early()     # --help and bad input answer here, before torch is imported
 
 import hashchain  # noqa: E402  (below the command line's first answer, above)
+import published  # noqa: E402
 import receipts  # noqa: E402
 import repops  # noqa: E402
 import rundir  # noqa: E402
@@ -94,6 +104,7 @@ COLOURS = {"none": "#d8dee4", "some": "#8fd19e", "full": "#1a7f37", "mismatch": 
 RUN_COLOURS = ("#0969da", "#bf3989")      # run A, run B
 VAL_COLOURS = ("#bf8700", "#8250df")
 BASELINE_COLOUR = "#57606a"
+MAX_LOG = 1 << 30              # train.log: ~120 bytes per step
 
 
 # ----------------------------------------------------------------------------- reading
@@ -103,8 +114,8 @@ class Log:
     def __init__(self, run_dir):
         self.val, self.ms, self.tokens_per_s, self.baseline = {}, {}, {}, None
         try:
-            with hashchain.open_regular(os.path.join(run_dir, "train.log"), "train.log") as f:
-                text = f.read().decode("utf-8", "replace")
+            text = byterange.directory(run_dir).read_file("train.log", "train.log", MAX_LOG,
+                                                          hashchain.HashChainError).decode("utf-8", "replace")
         except hashchain.HashChainError:
             self.found = False
             return
@@ -194,18 +205,21 @@ def curve(records, key):
 
 
 def first_difference(a, b):
-    """Where two verified chains part: None if every step both hold has the same state hash,
-    else (step, [record fields that differ], first tensor whose hash differs or None). Step 0:
-    their genesis states differ. prev, record_hash and step_commit are left out (a record's
-    links and its secret-keyed commitment differ between any two runs)."""
-    skip = {"prev", "record_hash", "step_commit", "secret_commit"}
-    for step in range(min(len(a.records), len(b.records))):
-        ra, rb = a.records[step], b.records[step]
+    """Where two runs' verified chains part: None if every step both hold has the same state
+    hash, else (step, [record fields that differ], first tensor whose hash differs, or None
+    where the two runs do not both have a checkpoint of that step, whose header gives its
+    leaves: a record holds the state's root only). Step 0: their genesis states differ. prev,
+    record_hash, run and step_commit are left out (a record's links, its run and its
+    secret-keyed commitment differ between any two runs)."""
+    skip = {"prev", "record_hash", "run", "step_commit", "secret_commit"}
+    for step in range(min(len(a.chain.records), len(b.chain.records))):
+        ra, rb = a.chain.records[step], b.chain.records[step]
         if ra.get("state_hash") == rb.get("state_hash"):
             continue
         fields = sorted(k for k in (set(ra) | set(rb)) - skip if ra.get(k) != rb.get(k))
-        ta, tb = ra.get("tensor_hashes") or {}, rb.get("tensor_hashes") or {}
-        tensor = next((n for n in sorted(set(ta) | set(tb)) if ta.get(n) != tb.get(n)), None)
+        ta, tb = a.published_leaves(step), b.published_leaves(step)
+        tensor = None if ta is None or tb is None else \
+            next((n for n in sorted(set(ta) | set(tb)) if ta.get(n) != tb.get(n)), None)
         return step, fields, tensor
     return None
 
@@ -390,7 +404,7 @@ def genesis_differences(sides):
     ga, gb = (s.run.genesis for s in sides)
     keys = differences(ga.get("config") or {}, gb.get("config") or {})
     other = sorted(k for k in set(ga) | set(gb) if k not in ("config", "record_hash", "prev", "state_hash",
-                                                             "tensor_hashes", "secret_commit") and ga.get(k) != gb.get(k))
+                                                             "secret_commit") and ga.get(k) != gb.get(k))
     return keys, other
 
 
@@ -418,7 +432,7 @@ def parting_section(sides):
     a, b = sides
     out = ["<h2>Where the chains part</h2>"]
     keys, other = genesis_differences(sides)
-    diff = first_difference(a.run.chain, b.run.chain)
+    diff = first_difference(a.run, b.run)
     common = min(a.n, b.n)
     if diff is None:
         out.append(f"<p>Every step both chains hold (0..{common}) has the same state hash: the runs are the "
@@ -427,7 +441,9 @@ def parting_section(sides):
                    + ".</p>")
         return out
     step, fields, tensor = diff
-    where = f"tensor <code>{html.escape(tensor)}</code>" if tensor else "none of the records' tensor hashes"
+    where = (f"tensor <code>{html.escape(tensor)}</code>" if tensor else
+             f"not named here: the records hold state roots only, and the runs do not both have a checkpoint of step "
+             f"{step}, whose header lists every tensor's hash")
     parted = (f"the records of step {step} differ in {', '.join(html.escape(f) for f in fields)}; the first tensor "
               f"whose hash differs is {where}")
     if keys or other:
@@ -549,6 +565,9 @@ def main(argv=None):
             rundir.prepare_output(d, args.out, "--out")
         if args.redundancy < 1:
             raise UsageError(f"--redundancy {args.redundancy}: each step needs at least 1 auditor")
+        if not args.timeout > 0:
+            raise UsageError(f"--timeout {args.timeout}: seconds, more than 0")
+        byterange.configure(args.cache, args.timeout)
         for option in ("salts", "revealed", "roster"):
             if getattr(args, option) and not args.receipts:
                 raise UsageError(f"--{option} goes with --receipts")
@@ -556,7 +575,7 @@ def main(argv=None):
         for d, label in ((args.run_dir, "A"), (args.compare, "B")):
             if d is None:
                 continue
-            run = rundir.Run(d)
+            run = published.open_run(d)
             try:
                 run.chain.verify()
             except hashchain.ChainError as e:
@@ -565,9 +584,9 @@ def main(argv=None):
             run.check_versions(repops.CONTRACT)     # a well-formed chain of another contract: not ours to report
             sides.append(Side(run, f"{label}: {d}" if args.compare else d))
         run = sides[0].run
-        own = run.dir / receipts.ANCHORS
-        args.anchors_used = args.anchors or (str(own) if own.exists() else None)
-        anchors = receipts.read_anchors(args.anchors_used) if args.anchors_used else []
+        own = byterange.directory(run.dir)
+        args.anchors_used = args.anchors or (own.show(receipts.ANCHORS) if own.exists(receipts.ANCHORS) else None)
+        anchors = receipts.read_anchors(args.anchors) if args.anchors else published.published_anchors(own)
         contradiction = receipts.first_contradiction(run.chain, anchors) if anchors else None
         results = None
         if args.receipts:

@@ -17,12 +17,14 @@ train, audit or sample.
 
     lock = hold_lock("runs/default")       # the trainer, for its whole life; UsageError if held
     run = Run("runs/default", writer=True) # the lock holder: repairs a torn chain tail, writes
-    run.save_checkpoint(tensors, record)   # checkpoints/step_<record step>.safetensors, atomically
+    run.save_checkpoint(tensors, record, leaves)   # checkpoints/step_<record step>.safetensors, atomically
     check_outside("runs/default", "r.json", "--receipt")   # UsageError if r.json is the run's
     prepare_output("runs/default", "out/r/x.json", "--receipt")   # that, and out/r/ created now
 
     save_checkpoint(path, tensors, {"step": 100, "state_hash": root, "tensor_hashes": leaves})
     tensors, meta = load_checkpoint(path)              # strict; mmap=True maps each tensor when read
+    leaves = proven_leaves(meta, record, path)         # the header's leaves, hashed to the record's root
+    tensors = proved_tensors(f, record, path, keep)    # some tensors of a file (byterange), each checked
     for step, path in list_checkpoints("runs/x/checkpoints"): ...
 
 Readers (audit.py, sample.py, export.py, report.py, data.py --bundle) never create, rename or
@@ -39,6 +41,13 @@ tensor {"dtype", "shape", "data_offsets"}}, name-sorted, space-padded to 8 bytes
 tensors' canonical little-endian bytes in name order (SPEC.md §13). It is read as hostile input:
 a regular file only, strict JSON, every offset and size checked against the file; every error
 is a CheckpointError (a hashchain.HashChainError) with a one-line message.
+
+A record holds a state's Merkle root only (state_hash, SPEC §11.3), never its leaves: a
+checkpoint's header lists every tensor's leaf (`tensor_hashes`), and hashing them to the
+record's root is their proof (proven_leaves); then each tensor is checked against its proven
+leaf, so one tensor of a file (a micro-batch audit needs the parameters only) is checked without
+reading the others. The header is read through a byterange file (byterange.py), local or remote
+alike (published.py reads a published run's checkpoints by ranges with these functions).
 """
 import dataclasses
 import datetime
@@ -54,11 +63,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import byterange
 import config
 import hashchain
 import offload
 from config import UsageError
-from hashchain import (ST_DTYPES, HashChainError, canonical_tensor, is_int, kill_point,
+from hashchain import (ST_DTYPES, ST_NAMES, HashChainError, canonical_tensor, is_int, kill_point,
                        open_regular, strict_json, write_atomically)
 
 
@@ -117,74 +127,94 @@ def save_checkpoint(path, tensors, meta):
     kill_point(f"rename:{path.name}")   # REPOPS_KILL_AT: the SIGKILL tests' moment
 
 
+def read_header(f, where, check=None):
+    """(data start, [(begin, stop, name, entry)] in file order, meta) of the checkpoint file `f`
+    (a byterange file, local or remote), its header strictly validated against f.size; CheckpointError
+    otherwise. check(meta), if given, runs before a remote header's bytes are kept in the cache."""
+    def bad(what):
+        return CheckpointError(f"checkpoint {where} {what}")
+
+    size = f.size
+    if size < 8:
+        raise bad(f"is truncated: expected at least 8 bytes, found {size}")
+    n = int.from_bytes(f.read(0, 8, lambda raw: None), "little")
+    if n > _MAX_HEADER:
+        raise bad(f"has an implausible header length {n} (garbage at the start of the file?)")
+    if 8 + n > size:
+        raise bad(f"is truncated: header needs {8 + n} bytes, found {size}")
+    parsed = []
+
+    def parse(raw):
+        parsed[:] = _parse_header(bytes(raw), n, size, bad)
+        if check:
+            check(parsed[1])
+    f.read(8, n, parse)
+    return 8 + n, parsed[0], parsed[1]
+
+
+def _parse_header(raw, n, size, bad):
+    """(entries in file order, meta) of the n header bytes of a checkpoint file of `size` bytes."""
+    try:
+        header = strict_json(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"has a header that is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad("has a header that is not a JSON object")
+
+    md = header.pop("__metadata__", None)
+    if not isinstance(md, dict) or not isinstance(md.get("repops"), str):
+        raise bad("has no '__metadata__.repops' entry")
+    try:
+        meta = strict_json(md["repops"])
+    except ValueError as e:
+        raise bad(f"has metadata that is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise bad("has metadata that is not a JSON object")
+
+    entries = []
+    for name, e in header.items():
+        if (not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}
+                or e["dtype"] not in ST_DTYPES
+                or not isinstance(e["shape"], list)
+                or not all(is_int(d) and 0 <= d <= _MAX_DIM for d in e["shape"])
+                or not isinstance(e["data_offsets"], list) or len(e["data_offsets"]) != 2
+                or not all(is_int(o) for o in e["data_offsets"])):
+            raise bad(f"has a malformed header entry for tensor {name!r}")
+        entries.append((e["data_offsets"][0], e["data_offsets"][1], name, e))
+    entries.sort()
+
+    end = 0
+    for begin, stop, name, e in entries:
+        if begin != end:
+            raise bad(f"has non-contiguous data offsets at tensor {name!r}: begins at "
+                      f"{begin}, expected {end}")
+        want = ST_DTYPES[e["dtype"]].itemsize * math.prod(e["shape"])  # exact, no overflow
+        if stop - begin != want:
+            raise bad(f"has inconsistent tensor {name!r}: {e['dtype']} {e['shape']} needs "
+                      f"{want} bytes, offsets span {stop - begin}")
+        end = stop
+    expected = 8 + n + end
+    if size < expected:
+        raise bad(f"is truncated: expected {expected} bytes, found {size}")
+    if size > expected:
+        raise bad(f"has trailing data: expected {expected} bytes, found {size}")
+    return entries, meta
+
+
 def load_checkpoint(path, mmap=False):
     """(tensors, meta) from a checkpoint, strictly validated; never executes code. With mmap,
     tensors is a Mapping that maps each tensor from the file when it is read (copy-on-write;
     nothing is read before): memory for one tensor at a time, for states larger than memory."""
     path = Path(path)
-
-    def bad(what):
-        return CheckpointError(f"checkpoint {path} {what}")
-
-    with open_regular(path, "checkpoint", CheckpointError) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise bad(f"is truncated: expected at least 8 bytes, found {size}")
-        n = int.from_bytes(f.read(8), "little")
-        if n > _MAX_HEADER:
-            raise bad(f"has an implausible header length {n} (garbage at the start of the file?)")
-        if 8 + n > size:
-            raise bad(f"is truncated: header needs {8 + n} bytes, found {size}")
-        try:
-            header = strict_json(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise bad(f"has a header that is not valid JSON ({e})") from None
-        if not isinstance(header, dict):
-            raise bad("has a header that is not a JSON object")
-
-        md = header.pop("__metadata__", None)
-        if not isinstance(md, dict) or not isinstance(md.get("repops"), str):
-            raise bad("has no '__metadata__.repops' entry")
-        try:
-            meta = strict_json(md["repops"])
-        except ValueError as e:
-            raise bad(f"has metadata that is not valid JSON ({e})") from None
-        if not isinstance(meta, dict):
-            raise bad("has metadata that is not a JSON object")
-
-        entries = []
-        for name, e in header.items():
-            if (not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}
-                    or e["dtype"] not in ST_DTYPES
-                    or not isinstance(e["shape"], list)
-                    or not all(is_int(d) and 0 <= d <= _MAX_DIM for d in e["shape"])
-                    or not isinstance(e["data_offsets"], list) or len(e["data_offsets"]) != 2
-                    or not all(is_int(o) for o in e["data_offsets"])):
-                raise bad(f"has a malformed header entry for tensor {name!r}")
-            entries.append((e["data_offsets"][0], e["data_offsets"][1], name, e))
-        entries.sort()
-
-        end = 0
-        for begin, stop, name, e in entries:
-            if begin != end:
-                raise bad(f"has non-contiguous data offsets at tensor {name!r}: begins at "
-                          f"{begin}, expected {end}")
-            want = ST_DTYPES[e["dtype"]].itemsize * math.prod(e["shape"])  # exact, no overflow
-            if stop - begin != want:
-                raise bad(f"has inconsistent tensor {name!r}: {e['dtype']} {e['shape']} needs "
-                          f"{want} bytes, offsets span {stop - begin}")
-            end = stop
-        expected = 8 + n + end
-        if size < expected:
-            raise bad(f"is truncated: expected {expected} bytes, found {size}")
-        if size > expected:
-            raise bad(f"has trailing data: expected {expected} bytes, found {size}")
-
+    with byterange.LocalFile(path, "checkpoint", CheckpointError) as lf:
+        start, entries, meta = read_header(lf, path)
         if mmap:
-            where = {name: (8 + n + begin, e) for begin, _, name, e in entries}
+            where = {name: (start + begin, e) for begin, _, name, e in entries}
             return offload.LazyTensors(sorted(where), lambda name: _mapped(path, *where[name])), meta
         # Read each tensor straight into its own freshly allocated (aligned) buffer: one copy,
         # no second in-memory image of the file.
+        f = lf.file
+        f.seek(start)
         tensors = {}
         for begin, stop, name, e in entries:
             arr = np.empty(e["shape"], dtype=ST_DTYPES[e["dtype"]])
@@ -193,10 +223,83 @@ def load_checkpoint(path, mmap=False):
             while got < len(buf):
                 k = f.readinto(buf[got:])
                 if not k:
-                    raise bad(f"is truncated: file shrank while reading tensor {name!r}")
+                    raise CheckpointError(f"checkpoint {path} is truncated: file shrank while reading "
+                                          f"tensor {name!r}")
                 got += k
             tensors[name] = torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
     return {name: tensors[name] for name in sorted(tensors)}, meta
+
+
+META_KEYS = {"step", "state_hash", "tensor_hashes"}
+
+
+def proven_leaves(meta, record, where):
+    """{name: leaf} of a state file's header (a checkpoint's, or the publisher's state file), proven:
+    its metadata is {"step", "state_hash", "tensor_hashes"} with the record's step and state hash,
+    and its leaves, in name order, hash to that state hash (SPEC §11.2, §13). StateMismatch
+    otherwise: the record holds the root only, so these leaves are the only ones a tensor of
+    that state is checked against."""
+    expected = {"step": record.get("step"), "state_hash": record.get("state_hash")}
+    keys = sorted(set(meta) ^ META_KEYS) + sorted(k for k in expected if meta.get(k) != expected[k])
+    if keys:
+        raise hashchain.StateMismatch(f"checkpoint {where}: metadata field {keys[0]!r} differs from the chain record")
+    leaves = meta["tensor_hashes"]
+    if (not isinstance(leaves, dict) or not all(isinstance(v, str) for v in leaves.values())
+            or hashchain.merkle_root([leaves[n] for n in sorted(leaves)]) != record["state_hash"]):
+        raise hashchain.StateMismatch(f"checkpoint {where}: its header's tensor_hashes do not hash to step "
+                                      f"{record['step']}'s state hash (the header was edited)")
+    return {n: leaves[n] for n in sorted(leaves)}
+
+
+def proved_tensors(f, record, where, keep=None):
+    """{name: tensor} of the tensors of the state whose names keep(name) accepts (None: all) of
+    the state file `f` (a byterange file:
+    a checkpoint or a publisher's state file, local or remote) of the state that `record` (a
+    chain record) names: its header's leaves proven against the record's state hash, then each
+    tensor checked against its leaf before it is returned (a remote tensor is fetched only
+    then). StateMismatch names the first tensor that is missing or differs. Each tensor is
+    mapped copy-on-write from its file (a remote one from its cached piece), not read into
+    memory: a state larger than memory is served one page at a time."""
+    proven = {}
+    start, entries, _ = read_header(f, where, lambda meta: proven.update(proven_leaves(meta, record, where)))
+    at = {name: (start + begin, stop - begin, e) for begin, stop, name, e in entries}
+    for name in sorted(set(at) - set(proven))[:1]:
+        raise hashchain.StateMismatch(f"checkpoint {where}: tensor {name!r} is not in the state of step "
+                                      f"{record['step']}", name)
+    names = sorted(n for n in proven if keep is None or keep(n))
+    for name in names:
+        if name not in at:
+            raise hashchain.StateMismatch(f"checkpoint {where}: tensor {name!r} is missing", name)
+
+    def check(name):
+        e = at[name][2]
+
+        def leaf_matches(raw):
+            if hashchain.leaf_of_bytes(name, ST_NAMES[e["dtype"]], e["shape"], raw) != proven[name]:
+                raise hashchain.StateMismatch(f"checkpoint {where}: tensor {name!r} differs from its leaf, "
+                                              f"which the header proves against step {record['step']}'s "
+                                              "state hash", name)
+        return leaf_matches
+    views = f.views([(at[n][0], at[n][1], check(n)) for n in names])
+    tensors = {}
+    for name, raw in zip(names, views):
+        e = at[name][2]
+        arr = raw.view(ST_DTYPES[e["dtype"]]).reshape(e["shape"])
+        tensors[name] = torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=False))
+    return tensors
+
+
+def state_difference(mine, published, step, against):
+    """The finding of a state (leaves `mine`) whose hash is not step `step`'s: names the first
+    differing tensor where the published leaves are known (`published`: a checkpoint's proven
+    leaves, Run.published_leaves), else says why it cannot; `against` names the state checked
+    ("the replay", "the update")."""
+    if published is None:
+        return (f"field state_hash: the state hash differs from {against} (the record holds the state's "
+                f"root only, and no checkpoint of step {step} gives its leaves to name the tensor)")
+    bad = [n for n in sorted(set(mine) | set(published)) if mine.get(n) != published.get(n)]
+    what = (f"tensor {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")) if bad else "the state hash"
+    return f"field state_hash: {what} differs from {against}"
 
 
 def _mapped(path, offset, entry):
@@ -295,9 +398,10 @@ def prepare_output(run_dir, path, option, directory=False):
     a folder goes, or its folder cannot be created or written in (a probe file created with
     O_CREAT | O_EXCL | O_NOFOLLOW under a random name, then removed). An existing file is
     replaced, never written through: every output goes through hashchain.write_atomically.
-    Without the run directory nothing is created (the command reports the missing run)."""
+    Without the run directory nothing is created (the command reports the missing run); a
+    published run's address (byterange.is_url) is never one of the outputs' folders."""
     check_outside(run_dir, path, option)
-    if not os.path.isdir(run_dir):
+    if not byterange.is_url(str(run_dir)) and not os.path.isdir(run_dir):
         return
     shown = str(path) if str(path).isprintable() else ascii(str(path))
     folder = str(path) if directory else (os.path.dirname(str(path)) or ".")
@@ -335,6 +439,8 @@ class Run:
     (readers decide how far to verify it); `cfg` and `genesis` come from the genesis record.
     writer=True is the trainer that holds the lock (hold_lock): it repairs a torn chain tail on
     opening, and writes and rejects checkpoints; a reader never changes anything."""
+
+    walk_notes = ()      # a published run's anchors its walks did not use (published.RemoteRun)
 
     def __init__(self, run_dir, writer=False):
         self.dir = Path(run_dir)
@@ -417,24 +523,58 @@ class Run:
         """[(step, path)] of the checkpoint files, sorted by step."""
         return list_checkpoints(checkpoint_dir(self.dir))
 
-    def verified_checkpoint(self, step, path, mmap=False):
-        """The tensors of the checkpoint of `step`, after verifying the chain up to that step,
-        the tensors against the record's Merkle leaves and the metadata against the record.
-        HashChainError (StateMismatch for a file that does not match) otherwise. mmap: see
-        load_checkpoint."""
+    def record_of(self, step, path):
+        """The verified chain record of `step`, whose state the file `path` claims to hold."""
         self.chain.verify(upto=step)
         if step >= len(self.chain):
             raise hashchain.StateMismatch(f"checkpoint {path}: step {step} has no record in the chain")
-        record = self.chain.records[step]
+        return self.chain.records[step]
+
+    def verified_checkpoint(self, step, path, mmap=False):
+        """The tensors of the checkpoint of `step`, after verifying the chain up to that step,
+        the metadata against the record, its leaves against the record's state hash
+        (proven_leaves) and the tensors against those leaves. HashChainError (StateMismatch for
+        a file that does not match, naming the first differing tensor) otherwise. mmap: see
+        load_checkpoint."""
+        record = self.record_of(step, path)
         tensors, meta = load_checkpoint(path, mmap)
-        hashchain.verify_state(tensors, record.get("state_hash"), record.get("tensor_hashes"))
-        expected = {"step": step, "state_hash": record["state_hash"],
-                    "tensor_hashes": record["tensor_hashes"]}
-        if meta != expected:
-            bad = sorted(k for k in set(meta) | set(expected) if meta.get(k) != expected.get(k))
-            raise hashchain.StateMismatch(f"checkpoint {path}: metadata field {bad[0]!r} differs "
-                                          "from the chain record")
+        hashchain.verify_state(tensors, record["state_hash"], proven_leaves(meta, record, path))
         return tensors
+
+    def vouch_checkpoint(self, step, path):
+        """Check a checkpoint the audit vouches for but does not start from (verified_checkpoint);
+        returns a note on what was not checked, or None (a local file is checked whole)."""
+        self.verified_checkpoint(step, path, mmap=True)
+        return None
+
+    def published_leaves(self, step):
+        """{name: leaf} of the state after `step` as the run published it, or None: the leaves of
+        its checkpoint's header, proven against the record's state hash (a record holds the root
+        only). They name the first tensor of a replayed state that differs."""
+        path = dict(self.checkpoints()).get(step)
+        if path is None or step >= len(self.chain):
+            return None
+        try:
+            record = self.record_of(step, path)
+            with self.open_file(path) as f:
+                return proven_leaves(read_header(f, path)[2], record, path)
+        except HashChainError:
+            return None
+
+    def open_file(self, path):
+        """A byterange file of the run's file `path` (a checkpoint), for read_header and proved_tensors."""
+        return byterange.LocalFile(path, "checkpoint", CheckpointError)
+
+    def file(self, name, check=None):
+        """The local path of the run's file `name` (units/step_<s>.json), or None if the run has
+        none; check(bytes) is for a published run's copy (it is cached only when it checks)."""
+        path = self.dir / name
+        return path if path.exists() else None
+
+    def size(self, path):
+        """Bytes of the run's file `path` that an audit reads (a published run's reads are
+        counted by byterange: 0 here)."""
+        return os.path.getsize(path)
 
     def checkpoint_for_reader(self, step):
         """(step, tensors) of a reader's checkpoint (sample.py, export.py): the one of `step`, or
@@ -461,13 +601,14 @@ class Run:
                 on_bad(step, path, e)
         return 0, None
 
-    def save_checkpoint(self, tensors, record):
-        """Write the checkpoint of the state `tensors` whose record (genesis or step) is
-        `record`: checkpoints/step_<step>.safetensors, atomically (the writer only)."""
+    def save_checkpoint(self, tensors, record, leaves):
+        """Write the checkpoint of the state `tensors`, whose leaves are `leaves` and whose record
+        (genesis or step) is `record`: checkpoints/step_<step>.safetensors, atomically (the writer
+        only). Its header holds the leaves, which hash to the record's state hash (proven_leaves)."""
         assert self.writer, "only the run's writer writes checkpoints"
         step = record["step"]
         save_checkpoint(checkpoint_path(checkpoint_dir(self.dir), step), tensors,
-                        {"step": step, "state_hash": record["state_hash"], "tensor_hashes": record["tensor_hashes"]})
+                        {"step": step, "state_hash": record["state_hash"], "tensor_hashes": leaves})
 
     def reject_checkpoint(self, path):
         """Move a checkpoint that failed verification to rejected/ (never overwrite or delete it:
@@ -481,16 +622,24 @@ class Run:
         os.rename(path, dest)
         return dest
 
+    def config_json_bytes(self):
+        """(where, the bytes of config.json, at most MAX_CONFIG_JSON + 1 of them), or None when
+        the run has none."""
+        path = self.dir / "config.json"
+        if not path.exists():
+            return None
+        with hashchain.open_regular(path, "config") as f:
+            return path, f.read(MAX_CONFIG_JSON + 1)
+
     @functools.cached_property
     def _config_json(self):
         """(config.json as a dict, or None when it is missing; the error that makes it unusable,
         or None), read once: config.json is for people, the genesis record is what counts."""
-        path = self.dir / "config.json"
-        if not path.exists():
-            return None, None
         try:
-            with hashchain.open_regular(path, "config") as f:
-                raw = f.read(MAX_CONFIG_JSON + 1)
+            found = self.config_json_bytes()
+            if found is None:
+                return None, None
+            path, raw = found
             if len(raw) > MAX_CONFIG_JSON:
                 raise ValueError("larger than 1 MiB")
             recorded = hashchain.strict_json(raw.decode("utf-8"))

@@ -220,7 +220,8 @@ class TrainState:
 
     def load_params(self, tensors, step):
         """Copy in the parameters (params.*) of the state after `step`, already verified against
-        that step's tensor_hashes; StateMismatch if one is missing or does not fit."""
+        that step's state hash (rundir.proved_tensors); StateMismatch if one is missing or does
+        not fit."""
         for n, p in self.params.items():
             t = tensors.get("params." + n)
             if t is None or t.shape != p.shape or t.dtype != p.dtype:
@@ -364,18 +365,23 @@ def update(state, cfg, sums):
             "lr_bits": hashchain.f32_bits(lr), "grad_root": state.grad_leaf.submit("grad", grad)}
 
 
-def step_record(step, root, leaves, data, cfg, fields, secret=None, result_root=None, salt=None):
-    """The chain record of `step` (everything but prev/record_hash), whose state hashed to
-    (root, leaves) and whose train_step returned `fields`. result_root (the post-step state's
-    keyed root under fields["grad_root"], the gradient's leaf hash) is never published: with the
-    step's salt (from the run's secret: the trainer; or revealed) the record holds it sealed,
-    step_commit; without it (a replay) the record has no step_commit, which only the salt's
-    holder can make. With unit commitments (fields["units"], units.StepUnits) the same salt
-    makes units_root (units.py), which a replay without it cannot make either."""
+def step_record(step, root, data, cfg, fields, run, secret=None, result_root=None, salt=None):
+    """The chain record of `step` (everything but prev/record_hash) of the run whose genesis
+    record hash is `run`, whose state hashed to `root` and whose train_step returned `fields`.
+    A record holds the state's Merkle root, not its leaves (SPEC §12.3: a record's size does not
+    grow with the tensor count; a checkpoint's header holds the leaves). `run` binds the record
+    to its genesis, so that an auditor who reaches the record from an anchor by its prev links,
+    without the records before it, knows the genesis it belongs to (and an anchor, which pins a
+    record hash, names its run through it). result_root (the post-step state's keyed root under
+    fields["grad_root"], the gradient's leaf hash) is never published: with the step's salt (from
+    the run's secret: the trainer; or revealed) the record holds it sealed, step_commit; without
+    it (a replay) the record has no step_commit, which only the salt's holder can make. With unit
+    commitments (fields["units"], units.StepUnits) the same salt makes units_root (units.py),
+    which a replay without it cannot make either."""
     salt = receipts.salt(secret, step) if salt is None and secret is not None else salt
     n = micro_batches_at(cfg, step)
     windows = [data.window("train", step, m, cfg.micro_batch_size, cfg.seq_len) for m in range(n)]
-    record = {"kind": "step", "step": step, "state_hash": root, "tensor_hashes": leaves,
+    record = {"kind": "step", "step": step, "run": run, "state_hash": root,
               "batch_digest": batch_digest(windows), **fields}
     record.pop("grad_root").result()         # result_root is keyed by it; never published
     pieces = record.pop("units", None)
@@ -390,17 +396,16 @@ def genesis_record(state, data, cfg, secret=None, init=None, parent=None, publis
     """The genesis record; with the run's secret (the trainer) it holds secret_commit, which a
     replay cannot compute (the audit checks it is there and well-formed). init: an imported
     initial state's source (hfllama.load_into); parent: the run whose state it continues
-    (lineage.load_into); either way the state's tensors are the record's tensor hashes (and
-    checkpoint 0). publisher: the publisher's public key ("TYPE BASE64"), which signs the run's
-    anchors (SPEC §11.7); absent by default."""
-    root, leaves = state.hash()
+    (lineage.load_into); either way the state's tensors are the record's state (and checkpoint
+    0). publisher: the publisher's public key ("TYPE BASE64"), which signs the run's anchors
+    (SPEC §11.7); absent by default."""
+    root, _ = state.hash()
     record = {"kind": "genesis", "step": 0, "spec": hashchain.SPEC, "contract": repops.CONTRACT,
               "config": decisive_config(cfg),
               "code_digest": code_digest(), **data.commitments(),
               "tokenizer": data.manifest["tokenizer"], "vocab_size": data.vocab_size,
               **({"init": init} if init else {}), **({"parent": parent} if parent is not None else {}),
-              **({"publisher": publisher} if publisher else {}),
-              "state_hash": root, "tensor_hashes": leaves}
+              **({"publisher": publisher} if publisher else {}), "state_hash": root}
     if secret is not None:
         record["secret_commit"] = receipts.secret_commit(secret)
     return record
@@ -428,15 +433,16 @@ def genesis(cfg, data, init=None, initial=None, secret=None, parent=None, publis
     return state, genesis_record(state, data, cfg, secret, init=init, parent=parent, publisher=publisher), problem
 
 
-def replay(state, data, cfg, upto, salt_of, around=None, proved=None, chooser=None):
-    """Take steps state.step+1 .. upto again as the trainer took them (train_step), yielding
-    (step, record, fields) for each: record is step_record's, with step_commit (and units_root)
-    where salt_of(step) knows the step's salt (the publisher's secret or a revealed salt), else
-    without them. fields["result_root"]: the post-step state keyed by grad_root, which a
-    commitment and a receipt need (a pass over the state: made where the salt is known, and for
-    step `proved`, the one a receipt proves; else None). around(step): a context manager the
-    step runs in (a trace), or None. chooser: the steps' thread count (threads.Chooser; default:
-    measured on the CPU)."""
+def replay(state, data, cfg, upto, salt_of, run, around=None, proved=None, chooser=None):
+    """Take steps state.step+1 .. upto of the run whose genesis record hash is `run` again as the
+    trainer took them (train_step), yielding (step, record, fields) for each: record is
+    step_record's, with step_commit (and units_root) where salt_of(step) knows the step's salt
+    (the publisher's secret or a revealed salt), else without them. fields["result_root"]: the
+    post-step state keyed by grad_root, which a commitment and a receipt need (a pass over the
+    state: made where the salt is known, and for step `proved`, the one a receipt proves; else
+    None); fields["leaves"]: the state's tensor leaves, which name the first differing tensor.
+    around(step): a context manager the step runs in (a trace), or None. chooser: the steps'
+    thread count (threads.Chooser; default: measured on the CPU)."""
     chooser = chooser or threads.Chooser(measure=cfg.device == "cpu")
     try:
         while state.step < upto:
@@ -447,8 +453,8 @@ def replay(state, data, cfg, upto, salt_of, around=None, proved=None, chooser=No
             root, leaves = state.hash()
             result_root = (hashchain.keyed_state_root(fields["grad_root"].result(), state.tensors())
                            if salt or step == proved else None)
-            record = step_record(step, root, leaves, data, cfg, fields, result_root=result_root, salt=salt)
-            yield step, record, {**fields, "result_root": result_root}
+            record = step_record(step, root, data, cfg, fields, run, result_root=result_root, salt=salt)
+            yield step, record, {**fields, "result_root": result_root, "leaves": leaves}
     finally:
         chooser.restore()
 
@@ -575,7 +581,7 @@ def open_run(cfg, data, state, rank, world, log, init=None, parent=None, signer=
                 f"last state, start a new run from it: {python_command()} train.py --run_dir=NEW "
                 f"--init_from={cfg.run_dir} --max_steps=N (docs/continuing.md)")
     if writer and start == 0 and 0 not in dict(run.checkpoints()):
-        run.save_checkpoint(state.tensors(), run.chain.records[0])
+        run.save_checkpoint(state.tensors(), run.chain.records[0], state.hash()[1])
     if world > 1 and writer:
         dist.barrier()
     return run, start, secret
@@ -708,8 +714,8 @@ class Publisher:
         if hashed.nonfinite:
             raise StepRefused(f"step {step}: the update left non-finite values in {hashed.nonfinite[0]}; "
                               "the step is refused and nothing of it is written")
-        record = step_record(step, hashed.root, hashed.leaves, self.data, cfg, fields, self.secret,
-                             hashed.result_root)
+        record = step_record(step, hashed.root, self.data, cfg, fields, receipts.run_id(self.run.genesis),
+                             self.secret, hashed.result_root)
         if self.world > 1:
             check_same_state(record["state_hash"], self.world)
         publish(self.run.chain, record, writer)
@@ -717,10 +723,9 @@ class Publisher:
             units.write_list(units.list_path(cfg.run_dir, step), step,
                              fields["units"].finish(receipts.salt(self.secret, step))[1])
         if writer and cfg.anchor_every and step % cfg.anchor_every == 0:
-            receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"],
-                                   receipts.run_id(self.run.genesis), self.signer)
+            receipts.append_anchor(cfg.run_dir, step, self.run.chain.records[step]["record_hash"], self.signer)
         if writer and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
-            self.run.save_checkpoint(hashed.tensors, record)
+            self.run.save_checkpoint(hashed.tensors, record, hashed.leaves)
         seconds, eta = self.progress.step(step)
         self.log(step_line(step, fields, record, tokens_at(cfg, step), seconds, cfg.max_steps, eta), updating=True)
 

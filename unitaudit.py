@@ -10,11 +10,13 @@ publisher's side, which serves any state or any unit's inputs by replay.
     audit.receipt(signer.public_key, machine, cost, code_digest)   # unsigned (receipts.sign_receipt)
 
 Every tensor handed in is checked before it is used: a state against the previous record's
-tensor_hashes, tensor by tensor (a micro-batch needs only the params.* tensors: no Adam
-moments), a revealed unit tensor against its digest in the step's unit list, and the unit list
-against the record's units_root. The replays use the trainer's own functions
-(train.micro_batch_gradient, repops' add as treefold's Fold does, train.update): no second copy
-of the step's math. The state before the step comes from a file the publisher revealed
+state hash, through its file header's leaves (rundir.proved_tensors), tensor by tensor (a
+micro-batch needs only the params.* tensors: no Adam moments), a revealed unit tensor against
+its digest in the step's unit list, and the unit list against the record's units_root. The run
+may be a published run's address (published.py): its chain records, unit lists, checkpoint
+tensors and tokens are then fetched by ranges, each checked the same way before use. The
+replays use the trainer's own functions (train.micro_batch_gradient, repops' add as treefold's
+Fold does, train.update): no second copy of the step's math. The state before the step comes from a file the publisher revealed
 (audit.py --materialize, Publisher below) or from the run's checkpoint of that step.
 
 Bad input (a missing file, a unit that is not in the step, a run without unit commitments)
@@ -49,8 +51,10 @@ import time
 
 import torch
 
+import byterange
 import hashchain
 import optrace
+import published
 import receipts
 import repops
 import rundir
@@ -68,7 +72,7 @@ RECORD_FIELDS = ("loss", "loss_bits", "grad_norm", "grad_norm_bits", "lr", "lr_b
 class UnitAudit:
     def __init__(self, run_dir, step, data_dir=None, device="cpu", units_file=None, recompute=None,
                  offload=None):
-        self.run = rundir.Run(run_dir)
+        self.run = published.open_run(run_dir)
         self.run.check_versions(repops.CONTRACT)
         self.step, self.data_dir, self.device = step, data_dir, device
         self.findings = []
@@ -92,17 +96,28 @@ class UnitAudit:
             self.entries = None
             return
         self.record, self.before = chain.records[step], chain.records[step - 1]
-        self.entries = self.unit_list(units_file or units.list_path(run_dir, step))
+        try:
+            listed = units_file or self.run.file(units.list_name(step), self.check_list)
+        except units.UnitsError as e:           # a published run's list, which did not check
+            self.find(f"field units_root: {e}")
+            self.entries = None
+            return
+        self.entries = self.unit_list(listed)
 
     def find(self, message):
         if message not in self.findings:
             self.findings.append(message)
 
+    def check_list(self, raw):
+        """UnitsError unless `raw` is the step's unit list and gives its record's units_root."""
+        units.check_list(units.parse_list(raw, units.list_name(self.step), self.step), self.step, self.n,
+                         self.record.get("units_root"))
+
     def unit_list(self, path):
         """{unit: entry} of the step's unit list, checked against the record's units_root."""
-        if not os.path.exists(path):
-            raise UsageError(f"no unit list of step {self.step} at {path}: the publisher reveals it "
-                             f"(audit.py --reveal_unit) or the run's units/ folder holds it")
+        if path is None or not os.path.exists(path):
+            raise UsageError(f"no unit list of step {self.step} at {path or self.run.dir}: the publisher "
+                             f"reveals it (audit.py --reveal_unit) or the run's units/ folder holds it")
         entries = units.read_list(path, self.step)
         try:
             return units.check_list(entries, self.step, self.n, self.record.get("units_root"))
@@ -113,35 +128,31 @@ class UnitAudit:
     # ------------------------------------------------------------------------- inputs
     def state_before(self, path, params_only, directory=None):
         """{name: tensor} of the state after step - 1 from `path`, else the publisher's file of it
-        in `directory`, else the run's checkpoint of that step; each tensor used is checked
-        against that record's tensor_hashes. None on a finding."""
+        in `directory`, else the run's checkpoint of that step (a published run's: only the
+        tensors used are fetched); each tensor used is checked against that record's state hash
+        (rundir.proved_tensors: the file header's leaves, proven against it). None on a finding."""
         before = self.step - 1
         if path is None and directory is not None:
             found = [units.state_file(directory, before, only) for only in (False, True)[:1 + params_only]]
             path = next((p for p in found if p.exists()), None)
+        opener = lambda p: byterange.LocalFile(p, "state", rundir.CheckpointError)    # noqa: E731
         if path is None:
-            path = dict(self.run.checkpoints()).get(before)
+            path, opener = dict(self.run.checkpoints()).get(before), self.run.open_file
             if path is None:
                 raise UsageError(f"the run has no checkpoint of step {before}: get that state from the "
                                  f"publisher (audit.py --materialize {before}) and give it with --state FILE")
         try:
-            tensors, _ = rundir.load_checkpoint(path, mmap=self.cfg.offload)
+            with opener(path) as f:
+                tensors = rundir.proved_tensors(f, self.before, f.path,
+                                                lambda name: name.startswith("params.") or not params_only)
+                local = isinstance(f, byterange.LocalFile)      # a published run's: counted by byterange
         except rundir.CheckpointError as e:
             raise UsageError(str(e)) from None
-        expected = self.before.get("tensor_hashes") or {}
-        needed = sorted(n for n in expected if n.startswith("params.") or not params_only)
-        for name in sorted(set(tensors) - set(expected)):
-            self.find(f"the state of step {before} ({path}): tensor {name} is not in that step's state")
-        missing = [n for n in needed if n not in tensors]
-        if missing:
-            self.find(f"the state of step {before} ({path}): tensor {missing[0]} is missing")
-        leaves = hashchain.map_tensors(hashchain.tensor_leaf, {n: tensors[n] for n in needed if n in tensors})
-        for name, leaf in leaves.items():
-            if leaf != expected[name]:
-                self.find(f"the state of step {before} ({path}): tensor {name} does not match step {before}'s "
-                          "tensor_hashes")
-        self.bytes_read += sum(tensors[n].numel() * tensors[n].element_size() for n in leaves)
-        return None if self.findings else {n: tensors[n] for n in needed}
+        except hashchain.StateMismatch as e:
+            self.find(f"the state of step {before}: {e.message}")
+            return None
+        self.bytes_read += local * sum(t.numel() * t.element_size() for t in tensors.values())
+        return tensors
 
     def revealed(self, directory, name):
         """The unit tensor `name` the publisher revealed in `directory`, checked against its digest
@@ -237,9 +248,7 @@ class UnitAudit:
             return
         root, leaves = model.hash()
         if root != self.record.get("state_hash"):
-            published = self.record.get("tensor_hashes") or {}
-            bad = [n for n, h in leaves.items() if published.get(n) != h]
-            self.find(f"field state_hash: {'tensor ' + bad[0] if bad else 'the state hash'} differs from the update")
+            self.find(rundir.state_difference(leaves, self.run.published_leaves(self.step), self.step, "the update"))
         for key in RECORD_FIELDS:
             if _canon(fields[key]) != _canon(self.record.get(key)):
                 self.find(f"field {key} differs: updated {_canon(fields[key])}, published {_canon(self.record.get(key))}")
@@ -333,12 +342,14 @@ def command(args, unit, code_digest):
                              "(audit.py --reveal_unit S:update)")
         audit.update(args.revealed, args.state)
     where_text = f"step {args.step}, {label(unit)}"
+    for note in audit.run.walk_notes:
+        print(f"note: {note}")
     for finding in audit.findings:
         print(f"MISMATCH at {where_text}: {finding}")
     if not audit.findings:
         print(f"MATCH: {label(unit)} of step {args.step} of {args.run_dir} replays to its commitment "
               f"(units_root {audit.record['units_root']})")
-    receipts.close_audit(t0, audit.bytes_read, args.receipt,
+    receipts.close_audit(t0, audit.bytes_read + published.delivered(), args.receipt,
                          lambda cost: None if audit.entries is None else audit.receipt(
                              args.signer.public_key, optrace.machine(), cost, code_digest),
                          f"the audit of {label(unit)} stopped before its proof", f"step {args.step}, {unit}",
@@ -357,12 +368,18 @@ def judging(run, revealed):
     def unit_list(step):
         if step not in lists:
             lists[step] = None
-            for path in (units.list_path(run.dir, step), revealed and units.list_file(revealed, step)):
+            n, root = micro_batches_at(run.cfg, step), run.chain.records[step].get("units_root")
+
+            def checked(raw):
+                return units.check_list(units.parse_list(raw, units.list_name(step), step), step, n, root)
+            try:
+                ours = run.file(units.list_name(step), checked)
+            except units.UnitsError:
+                ours = None
+            for path in (ours, revealed and units.list_file(revealed, step)):
                 if path and os.path.exists(path):
                     try:
-                        n = micro_batches_at(run.cfg, step)
-                        lists[step] = units.check_list(units.read_list(path, step), step, n,
-                                                       run.chain.records[step].get("units_root"))
+                        lists[step] = checked(hashchain.read_bytes(path, "unit list", units.MAX_LIST, units.UnitsError))
                         break
                     except units.UnitsError:
                         continue
@@ -456,13 +473,13 @@ class Publisher:
     def materialize(self, step, out, params_only=False):
         """Write the state after `step` to units.state_file(out, step); returns the path."""
         self.check_step(step)
-        tensors = self.state(step).tensors()
+        state = self.state(step)
+        root, leaves = state.hash()
+        tensors = state.tensors()
         if params_only:
             tensors = {n: tensors[n] for n in tensors if n.startswith("params.")}
-        record = self.run.chain.records[step]
         path = units.state_file(out, step, params_only)
-        rundir.save_checkpoint(path, tensors, {"step": step, "state_hash": record["state_hash"],
-                                                   "tensor_hashes": record["tensor_hashes"]})
+        rundir.save_checkpoint(path, tensors, {"step": step, "state_hash": root, "tensor_hashes": leaves})
         return path
 
     # ------------------------------------------------------------------------- pieces
@@ -527,9 +544,8 @@ class Publisher:
         else:
             lo, size, wanted = 0, n, {units.root_name(n)}
             path = units.state_file(out, step - 1)
-            record = self.run.chain.records[step - 1]
-            rundir.save_checkpoint(path, state.tensors(), {"step": step - 1, "state_hash": record["state_hash"],
-                                                               "tensor_hashes": record["tensor_hashes"]})
+            root, leaves = state.hash()
+            rundir.save_checkpoint(path, state.tensors(), {"step": step - 1, "state_hash": root, "tensor_hashes": leaves})
             paths.append(path)
         for unit, t in sorted(self.pieces(state, step, lo, size, wanted).items()):
             path = units.unit_file(out, step, unit)

@@ -257,8 +257,13 @@ def proof(step, entries, name):
 
 
 # ----------------------------------------------------------------------------- the unit list
+def list_name(step):
+    """The unit list's name in a run directory (and in its published copy)."""
+    return f"units/step_{step:08d}.json"
+
+
 def list_path(run_dir, step):
-    return Path(run_dir) / "units" / f"step_{step:08d}.json"
+    return Path(run_dir) / list_name(step)
 
 
 def list_bytes(step, entries):
@@ -276,7 +281,15 @@ def write_list(path, step, entries):
 
 def read_list(path, step):
     """The entries of the unit list in `path` for step `step`; UnitsError if it is not one."""
-    doc = hashchain.read_json(path, "unit list", MAX_LIST, UnitsError)
+    return parse_list(hashchain.read_bytes(path, "unit list", MAX_LIST, UnitsError), path, step)
+
+
+def parse_list(raw, path, step):
+    """read_list of the bytes `raw` of the unit list `path` (named in errors)."""
+    try:
+        doc = hashchain.strict_json(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UnitsError(f"unit list {path} is not valid JSON ({e})") from None
     if not (isinstance(doc, dict) and set(doc) == {"format", "step", "units"} and doc["format"] == LIST_FORMAT
             and doc["step"] == step and isinstance(doc["units"], list)):
         raise UnitsError(f"{path} is not the unit list of step {step} ({LIST_FORMAT})")

@@ -22,6 +22,11 @@ sealed W_m). With --receipt, a signed receipt of that micro-batch (§11.6, §20.
 proof against the one the replayed W_m gives for the receipt's signer key. A run started from a
 parent run (§21) starts from its checkpoint 0; --parent DIR also checks its lineage against the
 parent's chain.
+
+    python tests/numpy_replay.py --published public/x
+
+checks a run's public copy (§22): chain.offsets against chain.jsonl, and publication.json (its
+run, steps and head against the chain, every file's size and SHA-256).
 It prints "MATCH ..." or "MISMATCH at step S: ..." per item and exits 0 when all match, 1
 otherwise, 2 on bad input.
 
@@ -48,7 +53,7 @@ import numpy as np
 import numpy_contract as C
 from numpy_model import backward, forward, full_state, init_params, repin, trained
 
-SPEC = 6                                            # the version of SPEC.md written here (§12.2)
+SPEC = 7                                            # the version of SPEC.md written here (§12.2)
 CONTRACT = 2                                        # the contract version written here (SPEC §12.2)
 DATA = 3                                            # Philox purpose tag (contract §6)
 VAL_COUNTER = 0x80000000
@@ -496,17 +501,28 @@ def start_state(run_dir, lines, cfg, start, say):
         return params, m, v, "0" * 64
     state = read_checkpoint(checkpoint_path(run_dir, start))
     record = json.loads(lines[start])
-    if state_hash(state) != (record["state_hash"], record["tensor_hashes"]):
+    if state_hash(state)[0] != record["state_hash"]:                 # §13
         raise ValueError(f"the checkpoint of step {start} does not hash to its record")
     say(f"MATCH step {start}: checkpoint {os.path.basename(checkpoint_path(run_dir, start))} "
         "hashes to its record; the replay starts from it")
     return (*split_state(state), record["record_hash"])
 
 
-def check_lineage(genesis, parent_dir):
+def proven_leaves(path, root):
+    """§13: {name: leaf hex} of the header of the state file `path` when its leaves, in name order,
+    hash to `root` (the record's state hash: this proves them), else None."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    leaves = json.loads(header["__metadata__"]["repops"]).get("tensor_hashes") or {}
+    return leaves if merkle_root([leaves[k] for k in sorted(leaves)]) == root else None
+
+
+def check_lineage(genesis, run_dir, parent_dir):
     """§21's lineage: the parent's chain (its genesis hash is parent.run, its links verify up to
-    parent.step, whose record holds parent.record_hash and parent.state_hash) and every genesis
-    tensor hash but step equal to that record's. Returns what is wrong, or None."""
+    parent.step, whose record holds parent.record_hash and parent.state_hash) and every leaf but
+    step of the child's checkpoint 0 (proven by the genesis state hash) equal to the same leaf of
+    the parent's checkpoint of parent.step (proven by parent.state_hash). Returns what is wrong,
+    or None."""
     parent = genesis["parent"]
     lines = open(os.path.join(parent_dir, "chain.jsonl"), "rb").read().splitlines()
     records = [json.loads(line) for line in lines[:parent["step"] + 1]]
@@ -523,8 +539,11 @@ def check_lineage(genesis, parent_dir):
         return "the parent's genesis record hash is not parent.run"
     if (record["record_hash"], record["state_hash"]) != (parent["record_hash"], parent["state_hash"]):
         return f"the parent's record of step {parent['step']} is not the one parent names"
-    mine = {n: h for n, h in genesis["tensor_hashes"].items() if n != "step"}
-    theirs = {n: h for n, h in record["tensor_hashes"].items() if n != "step"}
+    mine = proven_leaves(checkpoint_path(run_dir, 0), genesis["state_hash"])
+    theirs = proven_leaves(checkpoint_path(parent_dir, parent["step"]), parent["state_hash"])
+    if mine is None or theirs is None:
+        return f"the leaves of the {'child' if mine is None else 'parent'}'s checkpoint do not hash to its record"
+    mine, theirs = ({n: h for n, h in leaves.items() if n != "step"} for leaves in (mine, theirs))
     return None if mine == theirs else "the genesis tensors are not the parent's"
 
 
@@ -536,6 +555,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None, p
     lines, cfg = open_run(run_dir)
     if not 0 <= start <= steps < len(lines):
         raise ValueError(f"the chain holds steps 0..{len(lines) - 1}; cannot replay {start}..{steps}")
+    run = json.loads(lines[0])["record_hash"]                 # §12.3: every step record names it
     corpus = open_data(data_dir, cfg["seed"])
     salt_of = salts_of(run_dir, salts_file)
     genesis = json.loads(lines[0])
@@ -543,7 +563,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None, p
     params, m, v, prev = start_state(run_dir, lines, cfg, start, say)
     ok = True
     if parent_dir:
-        problem = check_lineage(genesis, parent_dir)
+        problem = check_lineage(genesis, run_dir, parent_dir)
         say(f"MISMATCH at step 0: lineage: {problem}" if problem else
             f"MATCH step 0: lineage: the state after step {parent['step']} of the parent run {parent['run']}")
         ok = problem is None
@@ -571,7 +591,7 @@ def replay(run_dir, data_dir, steps, code_root, say, start=0, salts_file=None, p
             fields[commitment] = json.loads(lines[s]).get(commitment)
             if units is not None:
                 fields["units_root"] = json.loads(lines[s]).get("units_root")
-        record = sealed(dict(fields, state_hash=root, tensor_hashes=leaves), prev)
+        record = sealed(dict(fields, state_hash=root, **({"run": run} if s else {})), prev)
         prev = record["record_hash"]
         if canonical_json(record).encode() == lines[s]:
             say(f"MATCH step {s}: record {record['record_hash']}")
@@ -625,6 +645,40 @@ def replay_unit(run_dir, data_dir, step, micro, say, salts_file=None, receipt_fi
     return all(checks.values())
 
 
+def chain_offsets(chain):
+    """§22: the start of every line of chain.jsonl's bytes, then its size, 8 bytes LE each."""
+    starts, at = [0], 0
+    for line in chain.splitlines(keepends=True):
+        at += len(line)
+        starts.append(at)
+    return b"".join(o.to_bytes(8, "little") for o in starts)
+
+
+def check_publication(pub_dir, say):
+    """§22: a public copy's chain.offsets and publication.json. True if both match."""
+    chain = open(os.path.join(pub_dir, "chain.jsonl"), "rb").read()
+    lines = chain.splitlines()
+    index = json.loads(open(os.path.join(pub_dir, "publication.json"), "rb").read())
+    checks = {"chain.offsets": open(os.path.join(pub_dir, "chain.offsets"), "rb").read() == chain_offsets(chain),
+              "publication.json is canonical JSON": open(os.path.join(pub_dir, "publication.json"), "rb").read()
+              == (canonical_json(index) + "\n").encode(),
+              "its run, steps and head": (index["format"], index["run"], index["steps"], index["head"]) ==
+              ("repops-publication-v1", json.loads(lines[0])["record_hash"], len(lines) - 1,
+               json.loads(lines[-1])["record_hash"])}
+    listed = set()
+    for folder, _, names in os.walk(pub_dir):
+        for name in names:
+            rel = os.path.relpath(os.path.join(folder, name), pub_dir).replace(os.sep, "/")
+            if rel != "publication.json":
+                listed.add(rel)
+                raw = open(os.path.join(folder, name), "rb").read()
+                checks[rel] = index["files"].get(rel) == {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    checks["the files listed are the copy's"] = set(index["files"]) == listed
+    for what, good in checks.items():
+        say(f"{'MATCH' if good else 'MISMATCH'}: {what}")
+    return all(checks.values())
+
+
 def check_receipt(path, lines, step, micro, witness):
     """§11.6, §20.7: {check: passed} of a signed receipt of micro-batch `micro` of `step`, given the
     replayed W_m (`witness`): its fields, its signature by its signer key (ssh-keygen -Y verify
@@ -655,8 +709,9 @@ def check_receipt(path, lines, step, micro, witness):
 
 def main(argv):
     ap = argparse.ArgumentParser(prog="numpy_replay.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--run_dir", required=True)
-    ap.add_argument("--data_dir", required=True)
+    ap.add_argument("--published", help="only check this public copy of a run (§22)")
+    ap.add_argument("--run_dir")
+    ap.add_argument("--data_dir")
     ap.add_argument("--steps", type=int, default=3, help="the last step to replay")
     ap.add_argument("--start", type=int, default=0, help="a checkpointed step to start from (0: the genesis)")
     ap.add_argument("--salts", help="revealed salts (repops-salts-v1) when the run's secret is absent")
@@ -667,6 +722,10 @@ def main(argv):
     args = ap.parse_args(argv)
     say = lambda line: print(line, flush=True)   # noqa: E731
     try:
+        if args.published:
+            return 0 if check_publication(args.published, say) else 1
+        if not (args.run_dir and args.data_dir):
+            raise ValueError("--run_dir and --data_dir are needed (or --published DIR)")
         if args.unit:
             step, _, micro = args.unit.partition(":")
             ok = replay_unit(args.run_dir, args.data_dir, int(step), int(micro), say, args.salts, args.receipt)

@@ -212,14 +212,16 @@ def test_the_baseline_comes_from_the_corpus_when_the_log_lacks_it(evaluated, tmp
 
 
 def test_two_runs_compared(reference, evaluated, tmp_path):
-    """The reference and a run with another lr: the same genesis state, so they part at step 1,
-    in the tensors AdamW moved, as their configs say they must: the page says that this is
-    expected (no alarm, no trace commands), before the curves; one trust banner for both runs."""
+    """The reference and a run with another lr: the same genesis state, so they part at step 1, as
+    their configs say they must (no checkpoint of step 1 names the tensor: records hold state
+    roots only): the page says that this is expected (no alarm, no trace commands), before the
+    curves; one trust banner for both runs."""
     out = tmp_path / "compare.html"
     assert report.main(["--run_dir", str(reference), "--compare", str(evaluated), "--out", str(out)]) == 0
     page = out.read_text()
     assert "differ in config key lr" in page and "so their chains are expected to part: they part at step 1" in page
-    assert "params." in page and "First difference" not in page and "optrace.py" not in page
+    assert "not named here: the records hold state roots only" in page
+    assert "First difference" not in page and "optrace.py" not in page
     assert page.index("expected to part") < page.index("<h3>Loss</h3>")
     assert page.count("Checked before anything here was read") == 1 and "the chain of B: " in page
     assert re.search(r"<td>lr</td><td>0\.003</td><td>0\.002</td>", page)                 # the config diff, folded

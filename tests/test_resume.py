@@ -92,8 +92,10 @@ def test_a_child_names_its_parent_and_starts_from_its_state(run, child):
     parent, genesis = chain_records(run), chain_records(child)[0]
     assert genesis["parent"] == {"run": parent[0]["record_hash"], "step": 20,
                                  "record_hash": parent[20]["record_hash"], "state_hash": parent[20]["state_hash"]}
-    mine, theirs = genesis["tensor_hashes"], parent[20]["tensor_hashes"]
-    assert {n for n in mine if mine[n] != theirs[n]} == {"step"}
+    leaves = [rundir.load_checkpoint(rundir.checkpoint_path(r / "checkpoints", s), mmap=True)[1]["tensor_hashes"]
+              for r, s in ((child, 0), (run, 20))]             # records hold state roots: the headers' leaves
+    mine, theirs = leaves
+    assert set(mine) == set(theirs) and {n for n in mine if mine[n] != theirs[n]} == {"step"}
     assert genesis["config"]["lr"] == 0.001 and genesis["config"]["dropout"] == 0.1     # the parent's, but lr
     assert json.loads((child / "config.json").read_text())["checkpoint_every"] == 5     # its bookkeeping too
 

@@ -2,7 +2,7 @@
 
     python -m pytest tests/test_spec.py -q
 
-1. Every `example` block of SPEC.md §15 is parsed and each value derived again, from the
+1. Every `example` block of SPEC.md (§15, §22.1) is parsed and each value derived again, from the
    project's code and from the NumPy replay (tests/numpy_replay.py), so an edit to either
    that changes a published byte fails here until the page says so.
 2. The lists SPEC.md spells out (bookkeeping fields, the config table, the parameter table)
@@ -39,6 +39,7 @@ import audit
 import config
 import data
 import prepare
+import published
 import hashchain
 import model
 import receipts
@@ -86,7 +87,8 @@ def test_spec_names_its_version():
 
 def test_every_example_is_checked():
     """A new example block needs its test here (each test below reads its block by name)."""
-    checked = {"leaf-2x3", "leaf-step", "merkle-3", "tok-emb", "window-step1", "lr", "step-commit", "unit-commits"}
+    checked = {"leaf-2x3", "leaf-step", "merkle-3", "tok-emb", "window-step1", "lr", "step-commit", "unit-commits",
+               "chain-offsets"}
     assert set(re.findall(r"^```example (\S+)$", SPEC, re.M)) == checked
 
 
@@ -250,6 +252,14 @@ def shakespeare(tmp_path_factory):
     out = tmp_path_factory.mktemp("shakespeare")
     prepare.prepare(out_dir=str(out), cache_dir=str(ROOT / "data" / "cache"))
     return out
+
+
+def test_chain_offsets_example():
+    """§22.1: chain.offsets of lines of 10, 7 and 12 bytes, from the publisher and the replay."""
+    ex = example("chain-offsets")
+    chain = b"".join(b"x" * (n - 1) + b"\n" for n in words(ex["line_bytes"]))
+    expected = bytes.fromhex("".join(ex["offsets"].split()))
+    assert published.offsets(chain) == numpy_replay.chain_offsets(chain) == expected
 
 
 def test_first_window_of_step_1_of_the_default_run(shakespeare):

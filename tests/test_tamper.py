@@ -62,7 +62,7 @@ def records(reference):
 
 def field_paths(record, prefix=()):
     """Every leaf field of a record as a path: ("loss",), ("config", "lr"),
-    ("tensor_hashes", name), ("data_chunks", "train", "root")."""
+    ("data_chunks", "train", "root")."""
     for key, value in sorted(record.items()):
         if not prefix and key in ("prev", "record_hash"):
             continue
@@ -138,17 +138,17 @@ def test_every_field_of_genesis_and_step_records_is_checked(reference, records, 
 
 
 @pytest.mark.parametrize("edit,expect", [
-    (lambda g: g.pop("contract"), "this run was made under SPEC v6 and arithmetic contract v1; this code implements SPEC v6 and contract v2"),
-    (lambda g: g.update(contract=3), "this run was made under SPEC v6 and arithmetic contract v3; this code implements SPEC v6 and contract v2"),
+    (lambda g: g.pop("contract"), "this run was made under SPEC v7 and arithmetic contract v1; this code implements SPEC v7 and contract v2"),
+    (lambda g: g.update(contract=3), "this run was made under SPEC v7 and arithmetic contract v3; this code implements SPEC v7 and contract v2"),
     (lambda g: g.update(contract="2"), 'the genesis record\'s contract "2" is not an arithmetic contract version'),
     (lambda g: g.update(contract=True), "the genesis record's contract true is not an arithmetic contract version"),
-    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v6 and contract v2"),
+    (lambda g: g.pop("spec"), "this run was made under SPEC v2 and arithmetic contract v2; this code implements SPEC v7 and contract v2"),
     (lambda g: [g.pop("spec"), g.pop("contract")], "this run was made under SPEC v1 and arithmetic contract v1"),
-    (lambda g: g.update(spec=4), "this run was made under SPEC v4 and arithmetic contract v2"),
-    (lambda g: g.update(spec=7), "this run was made under SPEC v7 and arithmetic contract v2"),
-    (lambda g: g.update(spec="6"), 'the genesis record\'s spec "6" is not a SPEC version'),
+    (lambda g: g.update(spec=6), "this run was made under SPEC v6 and arithmetic contract v2"),
+    (lambda g: g.update(spec=8), "this run was made under SPEC v8 and arithmetic contract v2"),
+    (lambda g: g.update(spec="7"), 'the genesis record\'s spec "7" is not a SPEC version'),
 ], ids=["contract_v1_without_the_field", "contract_v3", "contract_the_string_2", "contract_true", "spec_v2_without_the_field",
-        "v1_without_either", "spec_v4", "spec_v7", "spec_the_string_6"])
+        "v1_without_either", "spec_v6", "spec_v8", "spec_the_string_7"])
 def test_a_run_of_another_version_is_refused(reference, records, corpus, tmp_path, edit, expect):
     """The genesis record's `contract` (SPEC §12.2): a run made under another arithmetic contract
     (no field: v1, whose flat sums differ) or another SPEC version (`spec`; no field: v2), or whose
@@ -345,7 +345,7 @@ def test_export_refuses_a_forgery_the_audit_finds_at_genesis(corpus, tmp_path):
     proc = script("train.py", *train_args(run, corpus, "--max_steps=4", *options))
     assert proc.returncode == 0, proc.stderr
     records = chain_records(run)
-    assert "params.emb_norm" in records[4]["tensor_hashes"]
+    assert "params.emb_norm" in rundir.load_checkpoint(rundir.checkpoint_path(run / "checkpoints", 4))[1]["tensor_hashes"]
     records[0]["config"].update({k: type(v)() for k, v in RECIPE_OPTIONS.items()})
     write_chain(run, reseal(records))
     config_json = json.loads((run / "config.json").read_text())
@@ -369,7 +369,7 @@ def test_export_loads_the_checkpoint_into_the_state_of_the_genesis_config(refere
     tensors["params.emb_norm"] = tensors["params.norm"].clone()
     root, leaves = hashchain.state_hash(tensors)
     forged = json.loads(json.dumps(records))
-    forged[STEPS].update(state_hash=root, tensor_hashes=leaves)
+    forged[STEPS].update(state_hash=root)
     rundir.save_checkpoint(path, tensors, {"step": STEPS, "state_hash": root, "tensor_hashes": leaves})
     write_chain(run, reseal(forged))
     proc = script("export.py", "--run_dir", run, "--to", "hf", "--out", out)

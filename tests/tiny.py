@@ -252,11 +252,15 @@ def write_chain(run, records):
 
 
 def reseal(records, start=0):
-    """Re-seal every link from record `start` on, as a forger who edited it would."""
+    """Re-seal every link from record `start` on, as a forger who edited it would: a step
+    record that named the genesis (`run`, SPEC §12.3) names the resealed genesis."""
     out = list(records[:start])
     prev = out[-1]["record_hash"] if out else hashchain.GENESIS_PREV
     for rec in records[start:]:
-        rec = hashchain.seal({k: v for k, v in rec.items() if k not in ("prev", "record_hash")}, prev)
+        body = {k: v for k, v in rec.items() if k not in ("prev", "record_hash")}
+        if out and body.get("run") == records[0]["record_hash"]:
+            body["run"] = out[0]["record_hash"]
+        rec = hashchain.seal(body, prev)
         out.append(rec)
         prev = rec["record_hash"]
     return out

@@ -59,11 +59,12 @@ def write_chain(run, n_steps, secret):
                "config": {"seed": 1337, "n_layer": 4, "lr": 0.003},
                "code_digest": fake_hash("code"), "data_manifest": fake_hash("data"),
                "tokenizer": {"name": "bytes", "vocab_size": 256}, "vocab_size": 256,
-               "state_hash": fake_hash("state", 0), "tensor_hashes": {}}
-    lines, prev = [], hashchain.GENESIS_PREV
-    for s in range(n_steps + 1):
-        rec = genesis if s == 0 else {
-            "kind": "step", "step": s, "state_hash": fake_hash("state", s), "tensor_hashes": {},
+               "state_hash": fake_hash("state", 0)}
+    sealed = hashchain.seal(genesis, hashchain.GENESIS_PREV)
+    lines, prev = [json.dumps(sealed, sort_keys=True, separators=(",", ":"))], sealed["record_hash"]
+    for s in range(1, n_steps + 1):
+        rec = {
+            "kind": "step", "step": s, "run": sealed["record_hash"], "state_hash": fake_hash("state", s),
             "batch_digest": fake_hash("batch", s), "loss": loss_at(s, n_steps),
             "grad_norm": 0.3 + 2.0 * (1 - s / n_steps) ** 4 + (s % 7) / 100, "lr": 0.003 * (1 - s / (n_steps + 1)),
             "step_commit": receipts.step_commit(receipts.salt(secret, s), fake_hash("result", s))}
