@@ -117,13 +117,19 @@ def test_an_unmapped_operator_is_refused_by_every_command(repo, corpus, before_t
         assert_one_line_error(proc, "train.py")
         assert proc.stderr.strip() == f"train.py: error: {refusal}"
         assert not run.exists(), "the refusal comes before the run directory"
-        files = sorted(p.name for p in before_the_edit.rglob("*"))
-        for name, args in (("audit.py", ["--run_dir", before_the_edit, "--step", 2]),
+        # A run made by this very code with the guard bypassed (torch's cumsum: foreign bits) has
+        # this code's digest, so its audit reaches the probe; the sampler reads any run.
+        unchecked = tmp_path / "unchecked"
+        proc = command(repo, "train.py", *train_args(unchecked, corpus), code=UNGUARDED)
+        assert proc.returncode == 0, proc.stderr
+        runs = (unchecked, before_the_edit)
+        files = [sorted(p.name for p in r.rglob("*")) for r in runs]
+        for name, args in (("audit.py", ["--run_dir", unchecked, "--step", 2]),
                            ("sample.py", ["--run_dir", before_the_edit, "--tokens", 5])):
             proc = command(repo, name, *args)
             assert_one_line_error(proc, name)
             assert proc.stderr.strip() == f"{name}: error: {refusal}" and not proc.stdout, proc.stdout
-        assert sorted(p.name for p in before_the_edit.rglob("*")) == files
+        assert [sorted(p.name for p in r.rglob("*")) for r in runs] == files
     finally:
         edit(repo, CUMSUM, SWIGLU)
 
