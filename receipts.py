@@ -52,8 +52,9 @@ another. The checker recomputes the proof from the value: the publisher opens th
 seals with its secret; anyone can once the step's salts are revealed (--reveal_salts); a fold
 node's proof is made from its children as the publisher revealed them. A reveal makes the
 step's values public, after which anyone can make its proofs for any key: receipts come first,
-reveals after (docs/auditing.md, "The protocol's order"). The signature says which key made the
-receipt; only a roster (an allowed_signers file the coordinator writes) says whose key it is.
+reveals after (docs/publishing.md, "Reveals, and the protocol's order"). The signature says
+which key made the receipt; only a roster (an allowed_signers file the coordinator writes) says
+whose key it is.
 Bad input raises config.UsageError (one line); a malformed receipt is reported as such by
 check_receipts, not raised.
 """

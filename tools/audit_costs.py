@@ -1,4 +1,5 @@
-"""What checked token reads and result_root cost (docs/auditing.md, "Measurements").
+"""What checked token reads and result_root cost (docs/auditing.md, "What checking costs";
+docs/publishing.md, "What the commitments cost the trainer").
 
     python -m tools.audit_costs [--data_dir data/shakespeare] [--steps 200]
 

@@ -1,5 +1,5 @@
 """What auditing a published run costs: bytes fetched and wall time, and the chain's size
-(docs/auditing.md, "Auditing a published run").
+(docs/auditing.md, "What an audit fetches").
 
     python -m tools.remote_costs --run_dir runs/mini --step 16 --micro_batch 1
     python -m tools.remote_costs --run_dir runs/default --step 201 --whole        # a whole step

@@ -1,4 +1,4 @@
-"""What the unit commitments cost the trainer (docs/auditing.md, "Audit units: measurements").
+"""What the unit commitments cost the trainer (docs/publishing.md, "Unit commitments: the trainer's side").
 
     python -m tools.unit_costs [--preset NAME] [--steps 20] [--data_dir data/shakespeare]
 
