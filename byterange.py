@@ -20,7 +20,9 @@ a 19 GB checkpoint to use 6 GB of it is not that. A whole small file (an index, 
 manifest) is one plain GET, bounded by its limit.
 
 No request can hang: every socket operation has the timeout (default TIMEOUT seconds), and a
-whole request must finish within the timeout plus its length at MIN_RATE bytes per second. A
+whole request must finish within the timeout plus its length at MIN_RATE bytes per second (a
+body is read as it arrives, one socket read at a time, so a server that trickles it is stopped
+at that deadline; a whole file's length is its Content-Length, else its limit). A
 transient fault (a refused or dropped connection, a timeout, a truncated body, a 5xx, 408 or
 429 answer) is retried RETRIES times with backoff; a 404 or another 4xx, a server that ignores
 ranges or answers another range, is not. Every failure is a FetchError (a
@@ -424,7 +426,7 @@ class Site:
     def _copy(self, shown, response, length, out, deadline):
         got = 0
         while got < length:
-            block = response.read(min(BLOCK, length - got))
+            block = response.read1(min(BLOCK, length - got))    # what one socket read gives: the deadline holds
             if not block:
                 raise _Transient(f"the body ended after {got} of {length} bytes (truncated)")
             out.write(block)
@@ -435,9 +437,12 @@ class Site:
         return got
 
     def _read_all(self, shown, response, limit, deadline):
+        size = response.headers.get("Content-Length")
+        if size is not None and size.isdigit() and int(size) < limit:   # the deadline of the length announced
+            deadline -= (limit - int(size)) / MIN_RATE
         parts, got = [], 0
         while True:
-            block = response.read(BLOCK)
+            block = response.read1(BLOCK)
             if not block:
                 break
             parts.append(block)
@@ -446,7 +451,6 @@ class Site:
                 raise FetchError(f"cannot fetch {shown}: larger than {limit} bytes")
             if time.monotonic() > deadline:
                 raise _Transient(f"too slow: {got} bytes in the time allowed")
-        size = response.headers.get("Content-Length")
         if size is not None and size.isdigit() and int(size) != got:
             raise _Transient(f"the body ended after {got} of {size} bytes (truncated)")
         self._count(shown, got)

@@ -38,8 +38,10 @@ microseconds per operator, about 10-20% of a default step, against a budget of 2
 - A pure model runs the first step each process takes under the mode (so that the fold, clip and
   AdamW, which users edit too, are checked before the process publishes its first record), then
   without it. A checked step that maps an operator makes the model stock from then on. The hole:
-  a pure model whose later steps take another code path is checked by the audit's first
-  replayed step, not by the trainer.
+  a pure model whose later steps take another code path is not checked by the trainer there.
+- The audit's replay (train.replay) runs every step under the mode (Guard.every_step), so that
+  it never vouches for a step that ran an operator outside the contract, whichever step of its
+  replay that is; it pays the mode's cost on each replayed step.
 """
 import collections
 import contextlib
@@ -285,6 +287,7 @@ class Guard:
     def __init__(self, seed, exact=False):
         self.seed, self.exact = seed, exact
         self.stock = False
+        self.every_step = False     # an audit's replay: every step under the mode, whatever the model
         self.first_step = None
         self.mode = None            # the mode of the step now running, if any
 
@@ -309,11 +312,12 @@ class Guard:
 
     @contextlib.contextmanager
     def step(self, step):
-        """The mode around step `step`, where it runs: every step of a stock model, the first step
-        this process takes of a pure one (a step inside which it already runs: nothing more)."""
+        """The mode around step `step`, where it runs: every step of a stock model or of an audit's
+        replay (every_step), the first step this process takes of a pure one (a step inside which
+        it already runs: nothing more)."""
         if self.first_step is None:
             self.first_step = step
-        if self.mode is not None or not (self.stock or step == self.first_step):
+        if self.mode is not None or not (self.stock or self.every_step or step == self.first_step):
             yield
             return
         self.mode = ContractMode(self.seed, self.exact, step)

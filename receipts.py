@@ -647,7 +647,7 @@ def parse_anchors(text, path):
         a = _anchor(line)
         if a is None:
             raise UsageError(f"{shown(path)} line {n} is not an anchor (JSON: step, record_hash, utc; signed: "
-                             "also run, signature)")
+                             "also signature)")
         anchors.append(a)
     if not anchors:
         raise UsageError(f"{path} holds no anchors")

@@ -79,6 +79,7 @@ class CheckpointError(HashChainError):
 
 _MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors reference reader uses
 _CKPT_RE = re.compile(r"^step_(\d{8,})\.safetensors$")
+HEX64 = re.compile(r"[0-9a-f]{64}")          # a leaf of a checkpoint header's tensor_hashes
 # A file being written is ".<name>.tmp-<random>" until its rename (hashchain.write_atomically).
 # Only the trainer holding the run's lock removes leftovers (remove_temp_files) in the run
 # directory, checkpoints/ and units/: under the lock no other writer exists, so every hidden
@@ -244,8 +245,10 @@ def proven_leaves(meta, record, where):
     if keys:
         raise hashchain.StateMismatch(f"checkpoint {where}: metadata field {keys[0]!r} differs from the chain record")
     leaves = meta["tensor_hashes"]
-    if (not isinstance(leaves, dict) or not all(isinstance(v, str) for v in leaves.values())
-            or hashchain.merkle_root([leaves[n] for n in sorted(leaves)]) != record["state_hash"]):
+    if not isinstance(leaves, dict) or not all(isinstance(v, str) and HEX64.fullmatch(v) for v in leaves.values()):
+        raise hashchain.StateMismatch(f"checkpoint {where}: its header's tensor_hashes are not SHA-256 hashes "
+                                      "(64 lowercase hex digits each)")
+    if hashchain.merkle_root([leaves[n] for n in sorted(leaves)]) != record["state_hash"]:
         raise hashchain.StateMismatch(f"checkpoint {where}: its header's tensor_hashes do not hash to step "
                                       f"{record['step']}'s state hash (the header was edited)")
     return {n: leaves[n] for n in sorted(leaves)}

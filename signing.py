@@ -112,8 +112,9 @@ def fingerprint(public_key):
 
 def signature_key(text):
     """The public key ("TYPE BASE64") inside an armored SSH signature (PROTOCOL.sshsig: "SSHSIG",
-    version 1, then the signer's public key blob); ValueError if it is not one."""
-    lines = text.strip().splitlines() if isinstance(text, str) else []
+    version 1, then the signer's public key blob); ValueError if it is not one (armor is ASCII:
+    a non-ASCII line break, which splitlines() honours and ssh-keygen does not, is none)."""
+    lines = text.strip().splitlines() if isinstance(text, str) and text.isascii() else []
     if len(lines) < 3 or (lines[0], lines[-1]) != ARMOR:
         raise ValueError("not an armored SSH signature")
     try:

@@ -442,8 +442,11 @@ def replay(state, data, cfg, upto, salt_of, run, around=None, proved=None, choos
     state: made where the salt is known, and for step `proved`, the one a receipt proves; else
     None); fields["leaves"]: the state's tensor leaves, which name the first differing tensor.
     around(step): a context manager the step runs in (a trace), or None. chooser: the steps'
-    thread count (threads.Chooser; default: measured on the CPU)."""
+    thread count (threads.Chooser; default: measured on the CPU). Every step runs under the
+    contract's guard (guard.Guard.every_step): a replay vouches for no step that ran an operator
+    outside the contract, whichever of its steps that is."""
     chooser = chooser or threads.Chooser(measure=cfg.device == "cpu")
+    state.guard.every_step = True
     try:
         while state.step < upto:
             step = state.step + 1

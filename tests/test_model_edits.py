@@ -7,6 +7,9 @@
    (one line naming model.py's line, exit 2, no run directory), and by audit.py and sample.py on
    a run made before the edit.
 3. The default model: the guard changes no byte of its chain and adds no record field.
+4. A model that runs a refused operator only in a later step (a code path the probe and the
+   trainer's checked first step do not take) trains, unchecked; the audit, which runs every step it
+   replays under the mode, refuses it, never MATCH.
 """
 import contextlib
 import re
@@ -15,7 +18,11 @@ import sys
 
 import pytest
 
+import torch
+
+import audit
 import guard
+import model
 import train
 from tiny import ROOT, TIMEOUT, TINY, assert_one_line_error, chain_records, run_process, share_secret
 
@@ -146,3 +153,24 @@ def test_the_guard_changes_nothing_of_the_default_model(corpus, tmp_path, monkey
     bare = share_secret(guarded, tmp_path / "bare")
     assert train.main(train_args(bare, corpus)) == 0
     assert (guarded / "chain.jsonl").read_bytes() == (bare / "chain.jsonl").read_bytes()
+
+
+def test_the_audit_checks_every_step_it_replays(corpus, tmp_path, monkeypatch, capsys):
+    """torch.clamp on the loss from step 4 on: the trainer checks its first step only (a pure
+    model), so steps 2-4 run torch's own kernels. audit.py --step 4 replays steps 3 and 4 from
+    checkpoint 2: step 4 is not the first it replays, and it is refused all the same (exit 2,
+    the refusal line), not vouched for as MATCH on a machine that reproduces torch's bits."""
+    plain = model.Llama.forward
+
+    def forward(self, idx, targets, zloss=0.0, rng=None):
+        loss = plain(self, idx, targets, zloss, rng)
+        return torch.clamp(loss, max=1e9) if rng is not None and rng[0] >= STEPS else loss
+    monkeypatch.setattr(model.Llama, "forward", forward)
+    run = tmp_path / "run"
+    assert train.main(train_args(run, corpus)) == 0
+    capsys.readouterr()
+    code = audit.main(["--run_dir", str(run), "--step", str(STEPS)])
+    out, err = capsys.readouterr()
+    assert code == 2 and not re.search(r"^MATCH", out, re.M), out + err
+    assert re.fullmatch(r"audit\.py: error: tests/test_model_edits\.py:\d+ runs aten::clamp outside the contract; .*\n",
+                        err), err

@@ -442,7 +442,9 @@ def test_signed_anchors_verify_and_forged_or_resigned_ones_are_reported(signed_r
     second = json.loads(lines[1])
     for name, forged in (("forged", {**second, "record_hash": other_hash}),                  # signature kept
                          ("resigned", resigned({**second, "record_hash": other_hash}, mallory)),
-                         ("unsigned", {k: second[k] for k in ("record_hash", "step", "utc")})):
+                         ("unsigned", {k: second[k] for k in ("record_hash", "step", "utc")}),
+                         # its armor broken by a line separator Python splits on and ssh-keygen does not
+                         ("non-ASCII", {**second, "signature": second["signature"].replace("\n", "\u2028", 1)})):
         published.write_text("\n".join([lines[0], json.dumps(forged), lines[2]]) + "\n")
         found = mismatch_lines(audit_cli(signed_run, "--anchors", published))
         assert len(found) == 1 and found[0].startswith("MISMATCH at step 8:"), (name, found)

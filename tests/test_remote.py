@@ -14,8 +14,9 @@ real servers on loopback, each on an ephemeral port:
 - a tampered byte on the server (a tensor, a record, a token chunk, a unit list) is MISMATCH
   naming the file, exit 1;
 - Python's http.server, which ignores ranges, and a stdlib server that injects faults (a
-  dropped connection, a truncated body, a slow answer, a 404, a refused connection): each is one
-  line, exit 2, within a bounded time; a transient 503 is retried and the audit goes on;
+  dropped connection, a truncated body, a slow answer, a body trickled in pieces, a 404, a refused
+  connection): each is one line, exit 2, within a bounded time; a transient 503 is retried and
+  the audit goes on;
 - the publication itself: its index and chain.offsets checked by the NumPy replay (SPEC §22),
   no secret or lock in it, an --out inside the run or holding another run refused;
 - a record does not grow with the tensor count (SPEC v7: its fields are fixed).
@@ -110,9 +111,11 @@ def nginx(served, tmp_path_factory):
 class Handler(http.server.BaseHTTPRequestHandler):
     """Serves files under `root` with ranges, failing as the first path component says: /ok/...,
     /drop/... (closes without an answer), /truncate/... (half of a range's body), /slow/...
-    (answers after SLOW seconds), /flaky/... (503 to the first request for each file)."""
+    (answers after SLOW seconds), /flaky/... (503 to the first request for each file), /trickle/...
+    (a range's body in pieces of TRICKLE bytes, GAP seconds apart: each gap inside the timeout)."""
     root, seen = None, set()
     SLOW = 3.0
+    TRICKLE, GAP = 16, 0.2
 
     def log_message(self, *args):
         pass
@@ -144,6 +147,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        if mode == "trickle" and wanted:
+            for at in range(0, len(body), self.TRICKLE):
+                time.sleep(self.GAP)
+                self.wfile.write(body[at:at + self.TRICKLE])
+            return
         self.wfile.write(body[:len(body) // 2] if mode == "truncate" and wanted else body)
 
 
@@ -387,6 +395,32 @@ def test_a_childs_lineage_against_its_parents_address(unit_run, corpus, public, 
 
 
 # ----------------------------------------------------------------------------- network faults
+def test_a_trickling_body_is_bounded_by_its_length(tmp_path):
+    """A server that sends a range's body a few bytes at a time, each piece inside the timeout: the
+    read stops once the request has taken the timeout plus its length at MIN_RATE, one FetchError
+    after the tries, instead of waiting for the whole body (64 KiB here: 14 minutes a try)."""
+    Handler.root = str(tmp_path)
+    (tmp_path / "big.bin").write_bytes(os.urandom(64 << 10))
+    byterange.configure(cache=tmp_path / "cache", timeout=1)
+    outcome = []
+
+    def read():
+        try:
+            byterange.directory(url).read_range("big.bin", 0, 64 << 10)
+        except byterange.FetchError as e:
+            outcome.append(str(e))
+    try:
+        with stdlib_server(Handler) as base:
+            url = f"{base}/trickle"
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(timeout=20)       # 3 tries of about 1.2 s and 1.5 s of backoff
+            assert not reader.is_alive(), "the read still waits for the trickle"
+    finally:
+        byterange.configure()
+    assert outcome and "too slow" in outcome[0] and "(3 tries)" in outcome[0], outcome
+
+
 def timed(url, tmp_path, *args):
     t0 = time.monotonic()
     proc = remote(url, "--step", STEP, "--micro_batch", 0, *args, cache=tmp_path / "cache", timeout=1)

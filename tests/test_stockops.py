@@ -7,7 +7,8 @@
    backward as torch's autograd formulas compose the mapped operators (BACKWARD pins them).
 2. Accuracy: the same operators against stock PyTorch on ordinary inputs, within tolerances.
 3. Refusals: what the mode does not map stops with one line naming the test's own line.
-The commands on a changed model (train, audit, sample) are tests/test_changed_model.py.
+The commands on a changed model (train, audit, sample) are tests/test_model_edits.py and
+tests/test_changed_models.py.
 """
 import math
 

@@ -281,6 +281,22 @@ def test_edited_checkpoint_metadata(reference, tmp_path):
     assert proc.returncode == 1 and "metadata field 'note'" in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("leaf", ["not a hash", "00"])
+def test_a_header_leaf_that_is_not_a_hash(reference, tmp_path, leaf):
+    """A checkpoint header whose tensor_hashes entry is not 64 lowercase hex digits (a forger's
+    edit; records hold the root only, so the header's leaves are what tensors are checked
+    against): MISMATCH at that checkpoint's step, exit 1, never a traceback."""
+    run = copy_run(reference, tmp_path / "run")
+    path = rundir.checkpoint_path(run / "checkpoints", STEPS)
+    tensors, meta = rundir.load_checkpoint(path)
+    name = sorted(meta["tensor_hashes"])[0]
+    rundir.save_checkpoint(path, tensors, {**meta, "tensor_hashes": {**meta["tensor_hashes"], name: leaf}})
+    proc = audit_cli(run, "--step", "1")         # every audit checks the run's latest checkpoint
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert any(line.startswith(f"MISMATCH at step {STEPS}:") and "tensor_hashes" in line
+               for line in mismatch_lines(proc)), proc.stdout
+
+
 def test_sample_refuses_a_checkpoint_behind_a_broken_link(records, reference, tmp_path):
     run = copy_run(reference, tmp_path / "run")
     records[5]["loss"] += 1.0                    # an edited record before the final checkpoint
