@@ -557,7 +557,8 @@ class Chain:
 
     def verify(self, upto=None):
         """Raise ChainError at the first record (up to step `upto`, default all) whose hash, prev
-        link or step number is wrong, or that is not a well-formed record."""
+        link, step number or run (a step record's `run`: the genesis record's hash) is wrong, or
+        that is not a well-formed record."""
         last = len(self.records) - 1 if upto is None else min(upto, len(self.records) - 1)
         prev = GENESIS_PREV
         for i, rec in enumerate(self.records[:last + 1]):
@@ -571,6 +572,9 @@ class Chain:
             if rec["step"] != i:
                 raise ChainError(i + 1, f"{where}: holds step {rec['step']}, expected step {i} "
                                         "(record missing, inserted or reordered?)")
+            if i and rec.get("run") != self.records[0]["record_hash"]:     # SPEC §12.4: it names its run
+                raise ChainError(i + 1, f"{where}: its run is not this chain's genesis record hash "
+                                        "(a record of another run?)")
             prev = rec["record_hash"]
         if self.broken and (upto is None or self.broken.line - 1 <= upto):
             raise self.broken

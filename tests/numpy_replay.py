@@ -530,7 +530,8 @@ def check_lineage(genesis, run_dir, parent_dir):
         return f"the parent's chain has no step {parent['step']}"
     prev = "0" * 64
     for k, (line, record) in enumerate(zip(lines, records)):       # §12.4, up to the step
-        if record["step"] != k or record["prev"] != prev or canonical_json(sealed(
+        if record["step"] != k or record["prev"] != prev or (k and record.get("run") != records[0]["record_hash"]) \
+                or canonical_json(sealed(
                 {f: x for f, x in record.items() if f not in ("prev", "record_hash")}, prev)).encode() != line:
             return f"the parent's chain does not verify at step {k}"
         prev = record["record_hash"]

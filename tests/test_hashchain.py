@@ -152,7 +152,7 @@ def make_chain(path, n=10):
     c.load()
     c.append({"step": 0, "config": {"lr": 3e-4}, "state_hash": "ab" * 32})
     for k in range(1, n):
-        c.append({"step": k, "loss": 2.5 / k, "loss_bits": hc.f32_bits(2.5 / k)})
+        c.append({"step": k, "run": c.records[0]["record_hash"], "loss": 2.5 / k, "loss_bits": hc.f32_bits(2.5 / k)})
     return c
 
 
@@ -189,7 +189,7 @@ def test_torn_last_line_repaired(tmp_path):
     note = c.load()
     assert "torn" in note and c.note == note
     assert path.read_bytes() == good and len(c) == 4
-    c.append({"step": 4})
+    c.append({"step": 4, "run": c.records[0]["record_hash"]})
     assert hc.Chain(path).load() is None
     c.verify()
 
@@ -303,3 +303,21 @@ def test_reordered_and_missing_records(tmp_path):
         return [json.dumps(r) for r in recs]
     e = _rewrite(path, resealed_gap)
     assert e.line == 6 and "expected step 5" in str(e)
+
+
+def test_a_record_of_another_run_breaks_the_chain(tmp_path):
+    """SPEC §12.4: every step record names its run (the genesis record's hash). A record whose
+    `run` is another's, resealed with every record after it so that every hash and link holds,
+    breaks the chain at its step: a local verification and a walk from an anchor agree."""
+    path = tmp_path / "chain.jsonl"
+    make_chain(path)
+
+    def other_run(lines):
+        recs = [json.loads(x) for x in lines]
+        recs[4]["run"] = "cd" * 32
+        for i in range(4, len(recs)):
+            recs[i] = hc.seal({k: v for k, v in recs[i].items() if k not in ("prev", "record_hash")},
+                              recs[i - 1]["record_hash"])
+        return [json.dumps(r) for r in recs]
+    e = _rewrite(path, other_run)
+    assert e.line == 5 and "its run is not this chain's genesis record hash" in str(e)
