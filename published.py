@@ -262,6 +262,10 @@ class SparseChain:
             if any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] > self.size:
                 raise ChainError(first + 1, f"{self.site.show(OFFSETS)}: the offsets of lines {first + 1}.."
                                             f"{last + 2} are not increasing within {self.path}")
+            # a line longer than a record can be (hashchain's bound for local reads too) is never fetched
+            if any(b - a > hashchain.MAX_RECORD_BYTES for a, b in zip(starts, starts[1:])):
+                raise ChainError(first + 1, f"{self.site.show(OFFSETS)}: a line among {first + 1}..{last + 1} "
+                                            f"would be longer than a record can be ({hashchain.MAX_RECORD_BYTES} bytes)")
         return check
 
     def _check(self, first, last, starts, data, trusted, kind):

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import sys
 import threading
 import time
@@ -35,6 +36,7 @@ import urllib.request
 import pytest
 
 import byterange
+import hashchain
 import publish
 import published
 import rundir
@@ -337,6 +339,19 @@ def test_a_tampered_byte_on_the_server_is_a_mismatch(public, nginx, served, keys
     assert proc.returncode == 1 and not proc.stderr, proc.stdout + proc.stderr
     assert verdicts(proc)[0].startswith(f"MISMATCH at step {STEP}") and expect.format(url=url) in proc.stdout, proc.stdout
     assert not (tmp_path / "r.json").exists()
+
+
+def test_offsets_claiming_a_line_longer_than_a_record_are_refused_before_fetching(public, nginx):
+    """chain.offsets says where each line starts; a hostile host could claim a line of gigabytes
+    (with an index that claims as large a chain). The walk refuses any line longer than a record
+    can be (hashchain.MAX_RECORD_BYTES, the local reader's bound) before it fetches the chain's
+    bytes; increasing offsets of lines within the bound pass."""
+    chain = published.open_run(f"{nginx}/{public.name}").chain
+    chain.size = 4 * hashchain.MAX_RECORD_BYTES
+    check = chain._offsets_check(3, 4)
+    check(struct.pack("<3Q", 100, 200, 300))
+    with pytest.raises(hashchain.ChainError, match="longer than a record can be"):
+        check(struct.pack("<3Q", 100, 200, 201 + hashchain.MAX_RECORD_BYTES))
 
 
 # ----------------------------------------------------------------------------- signed anchors
