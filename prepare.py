@@ -330,7 +330,7 @@ class _TokenWriter:
     def __init__(self, tmps, dtype, chunk_bytes, val_fraction):
         self.tmps, self.dtype, self.chunk = tmps, dtype, chunk_bytes
         self.val_fraction = val_fraction
-        self.file, self.leaves = open(tmps["train"], "wb"), open(tmps["train.leaves"], "wb")
+        self.file, self.leaves = _create(tmps["train"]), _create(tmps["train.leaves"])
         self.every = max(chunk_bytes, STATE_EVERY)
         self.states = collections.deque([(0, hashlib.sha256())])   # (offset, SHA-256 there)
         self.hasher = ChunkHasher(chunk_bytes, self.leaves.write, self._keep)
@@ -362,8 +362,8 @@ class _TokenWriter:
         leaf = hashlib.sha256()
         for f in (self.file, self.leaves):
             f.close()
-        with open(self.tmps["train"], "rb") as src, open(self.tmps["val"], "wb") as dst, \
-                open(self.tmps["val.leaves"], "wb") as leaves:
+        with _reopen(self.tmps["train"], "rb") as src, _create(self.tmps["val"]) as dst, \
+                _create(self.tmps["val.leaves"]) as leaves:
             src.seek(base)
             for pos in range(base, end, BLOCK):       # at most STATE_EVERY bytes read back
                 block = src.read(min(BLOCK, end - pos))
@@ -377,13 +377,13 @@ class _TokenWriter:
             for f in (dst, leaves):
                 f.flush()
                 os.fsync(f.fileno())
-        os.truncate(self.tmps["train"], end)
-        with open(self.tmps["train.leaves"], "rb+") as f:
+        with _reopen(self.tmps["train.leaves"], "rb+") as f:
             f.truncate(cut // self.chunk * 32)
             f.seek(0, os.SEEK_END)
             f.write(leaf.digest() if end > cut else b"")
             os.fsync(f.fileno())
-        with open(self.tmps["train"], "rb+") as f:
+        with _reopen(self.tmps["train"], "rb+") as f:
+            f.truncate(end)
             os.fsync(f.fileno())
         return {"train": (end // self.dtype.itemsize, sha.hexdigest()),
                 "val": (n - end // self.dtype.itemsize, val_sha)}
@@ -391,19 +391,15 @@ class _TokenWriter:
 
 # ----------------------------------------------------------------------------- preparation
 
-def _write_atomic(path, raw):
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    hashchain.fsync_dir(os.path.dirname(path) or ".")
+def _create(path):
+    """A new temp file at `path`, open for writing: O_CREAT | O_EXCL, so that a link or file planted
+    under its name is never opened or followed (as hashchain.write_atomically's temp files)."""
+    return open(path, "xb")
+
+
+def _reopen(path, mode):
+    """A temp file _create made, opened again without following a link that replaced it."""
+    return open(path, mode, opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW))
 
 
 def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
@@ -428,7 +424,8 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
     os.makedirs(out_dir, exist_ok=True)
     names = {"train": "train.bin", "val": "val.bin", "train.leaves": "train.leaves",
              "val.leaves": "val.leaves"}
-    tmps = {k: os.path.join(out_dir, f"{v}.tmp{os.getpid()}") for k, v in names.items()}
+    # random temp names in the target folder (hashchain.write_atomically's form), created exclusively
+    tmps = {k: os.path.join(out_dir, f".{v}.tmp-{os.urandom(6).hex()}") for k, v in names.items()}
     source["files"] = []
     text, t0, last = _Text(files, source["files"]), time.time(), time.time()
     total = sum(size for _, _, size in files)
@@ -476,7 +473,7 @@ def prepare(inputs=None, out_dir=None, tokenizer="bytes", val_fraction=0.1,
         "val_fraction": val_fraction,
         "splits": records,
     }
-    _write_atomic(os.path.join(out_dir, MANIFEST), (json.dumps(manifest, indent=2) + "\n").encode())
+    hashchain.write_atomically(os.path.join(out_dir, MANIFEST), (json.dumps(manifest, indent=2) + "\n").encode())
     if progress:
         progress(_throughput(text.bytes_read, total, n, time.time() - t0))
     return manifest, out_dir
@@ -525,7 +522,7 @@ def make_mix(spec, mix_dir):
         "mix": [{"name": n, "weight": weights[n], "threshold": t, "manifest": manifest_digest(s)}
                 for n, t, s in zip(names, thresholds, sources)],
     }
-    _write_atomic(path, (json.dumps(manifest, indent=2) + "\n").encode())
+    hashchain.write_atomically(path, (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest
 
 

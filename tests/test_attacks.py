@@ -31,7 +31,7 @@
   same state before the step is refused; the update's shortcut from S and a public post-step
   state gives a receipt coverage does not count; a whole-step receipt assembled from micro-batch
   and update proofs covers no fold node; a link planted under a writer's temp name is never
-  followed (--reveal_unit's unit list); --materialize with an --out that is a file or cannot be
+  followed (--reveal_unit's unit list, python data.py's token files and manifest); --materialize with an --out that is a file or cannot be
   written is one line and exit 2 before any replay.
 
 Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here,
@@ -777,6 +777,37 @@ def test_a_link_planted_under_a_writers_temp_name_is_never_followed(unit_run, co
     with pytest.raises(config.UsageError, match="cannot write the receipt"):
         receipts.write_receipt(target, {"format": "x"})
     assert victim.read_bytes() == b"kept" and not target.exists()
+
+
+def test_a_link_planted_under_a_corpus_temp_name_is_never_followed(tmp_path, monkeypatch):
+    """prepare (python data.py) wrote the token files, their leaves and the manifest through the
+    fixed temp names <file>.tmp<pid> opened with open(): links planted under them were followed,
+    and their targets overwritten with tokens. Now: links under the old names are left alone and
+    the corpus is written; links under the random names the writers draw (made known here) are
+    never opened, and the preparation stops without touching their targets."""
+    text = tmp_path / "in.txt"
+    text.write_text("the king and the queen\n" * 200)
+    out = tmp_path / "corpus"
+    out.mkdir()
+    names = ("train.bin", "val.bin", "train.leaves", "val.leaves", "manifest.json")
+    victims = {name: tmp_path / f"victim-{name}" for name in names}
+    for name, victim in victims.items():
+        victim.write_bytes(b"kept")
+        (out / f"{name}.tmp{os.getpid()}").symlink_to(victim)
+    prepare.prepare([str(text)], str(out))
+    assert all(v.read_bytes() == b"kept" for v in victims.values())
+    assert all((out / name).is_file() and not (out / name).is_symlink() for name in names)
+    fresh = tmp_path / "fresh"
+    monkeypatch.setattr(os, "urandom", lambda n: bytes(n))         # the writers' temp names, known
+    for name, victim in victims.items():
+        fresh.mkdir(exist_ok=True)
+        planted = fresh / f".{name}.tmp-{bytes(6).hex()}"
+        planted.symlink_to(victim)
+        with pytest.raises(FileExistsError):
+            prepare.prepare([str(text)], str(fresh))
+        planted.unlink(missing_ok=True)
+        assert victim.read_bytes() == b"kept", name
+    assert not [p for p in fresh.iterdir() if p.name.startswith(".")]      # no temp file left behind
 
 
 @pytest.mark.parametrize("case", ["a_file", "under_a_file", "unwritable"])
