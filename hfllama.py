@@ -381,10 +381,7 @@ def keep_source_config(run_dir, folder, init):
         raise UsageError(f"--init_from={folder}: cannot read config.json: {e.strerror}") from None
     if hashlib.sha256(raw).hexdigest() != init["files"]["config.json"]:
         raise UsageError(f"--init_from={folder}: config.json changed while the source was read")
-    tmp = os.path.join(run_dir, SOURCE_CONFIG + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(raw)
-    os.replace(tmp, os.path.join(run_dir, SOURCE_CONFIG))
+    hashchain.write_atomically(os.path.join(run_dir, SOURCE_CONFIG), raw)
 
 
 def max_positions(run_dir, genesis, cfg):

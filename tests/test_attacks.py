@@ -31,7 +31,7 @@
   same state before the step is refused; the update's shortcut from S and a public post-step
   state gives a receipt coverage does not count; a whole-step receipt assembled from micro-batch
   and update proofs covers no fold node; a link planted under a writer's temp name is never
-  followed (--reveal_unit's unit list, python data.py's token files and manifest); --materialize with an --out that is a file or cannot be
+  followed (--reveal_unit's unit list, python data.py's token files and manifest, train.py --init_from's source config); --materialize with an --out that is a file or cannot be
   written is one line and exit 2 before any replay.
 
 Runs in-process on one tiny run (30 steps, as tests/conftest.py's `reference`), trained here,
@@ -55,6 +55,7 @@ import data
 import optrace
 import prepare
 import hashchain
+import hfllama
 import receipts
 import repops
 import report
@@ -808,6 +809,31 @@ def test_a_link_planted_under_a_corpus_temp_name_is_never_followed(tmp_path, mon
         planted.unlink(missing_ok=True)
         assert victim.read_bytes() == b"kept", name
     assert not [p for p in fresh.iterdir() if p.name.startswith(".")]      # no temp file left behind
+
+
+def test_a_link_planted_under_an_imports_temp_name_is_never_followed(tmp_path, monkeypatch):
+    """train.py --init_from FOLDER kept the source's config.json through the fixed temp name
+    source_config.json.tmp opened with open(): a link planted there in the run directory was
+    followed (its target overwritten) and renamed into the run as source_config.json. Now it goes
+    through hashchain.write_atomically."""
+    folder, run = tmp_path / "model", tmp_path / "run"
+    folder.mkdir()
+    run.mkdir()
+    raw = b'{"model_type": "llama"}\n'
+    (folder / "config.json").write_bytes(raw)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    (run / f"{hfllama.SOURCE_CONFIG}.tmp").symlink_to(victim)
+    init = {"files": {"config.json": hashlib.sha256(raw).hexdigest()}}
+    hfllama.keep_source_config(str(run), str(folder), init)
+    kept = run / hfllama.SOURCE_CONFIG
+    assert victim.read_bytes() == b"kept" and not kept.is_symlink() and kept.read_bytes() == raw
+    monkeypatch.setattr(os, "urandom", lambda n: bytes(n))         # the writer's temp name, known
+    kept.unlink()
+    (run / f".{hfllama.SOURCE_CONFIG}.tmp-{bytes(6).hex()}").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        hfllama.keep_source_config(str(run), str(folder), init)
+    assert victim.read_bytes() == b"kept" and not kept.exists()
 
 
 @pytest.mark.parametrize("case", ["a_file", "under_a_file", "unwritable"])
