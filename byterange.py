@@ -310,6 +310,9 @@ class Site:
         tensors lie back to back), and each run is kept as one piece once every range of it has
         checked. Returns [(path, start)] in the order of `items`."""
         found = [None if fresh else self._checked_piece(name, *item) for item in items]
+        # a piece dropped by a later item's check also held items that checked before it: fetch them again
+        found = [f if f is None or f[0].exists() else None for f in found]
+        self.stats["from_cache"] += sum(items[i][1] for i, f in enumerate(found) if f is not None)
         todo = sorted((item[0], i) for i, item in enumerate(items) if found[i] is None)
         runs = []
         for offset, i in todo:
@@ -347,7 +350,6 @@ class Site:
         except Exception:
             found[0].unlink(missing_ok=True)
             return None
-        self.stats["from_cache"] += length
         return found
 
     def _download(self, name, offset, length, out):

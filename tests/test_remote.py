@@ -12,7 +12,7 @@ real servers on loopback, each on an ephemeral port:
   an anchor whose signature verifies; a forged one on the server is not used (a note says so, and
   the audit still matches), and `--anchors` with it is a MISMATCH;
 - a tampered byte on the server (a tensor, a record, a token chunk, a unit list) is MISMATCH
-  naming the file, exit 1;
+  naming the file, exit 1; a cached piece changed on disk is dropped and fetched again;
 - Python's http.server, which ignores ranges, and a stdlib server that injects faults (a
   dropped connection, a truncated body, a slow answer, a body trickled in pieces, a 404, a refused
   connection): each is one line, exit 2, within a bounded time; a transient 503 is retried and
@@ -261,6 +261,24 @@ def test_a_micro_batch_fetches_what_it_needs_and_a_second_unit_nothing_twice(uni
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert set(fetched(url)) == SMALL, fetched(url)
     assert byterange.stats()[url]["from_cache"] > 0
+
+
+def test_a_cached_piece_that_no_longer_checks_is_fetched_again(unit_run, public, nginx, tmp_path):
+    """A byte of the cached parameters of checkpoint 4 changed after an audit (a disk fault, a
+    hand edit): the next audit drops the piece and fetches it again, to MATCH. The tensors that
+    still checked from that piece, before the one that did not, were mapped from the dropped file
+    (a traceback, exit 1)."""
+    url, cache = f"{nginx}/run", tmp_path / "cache"
+    proc = remote(url, "--step", STEP, "--micro_batch", 0, cache=cache)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the largest piece: the parameters, fetched as one run of tensors (then the header's)
+    params = max(cache.rglob("step_00000004.safetensors.pieces/*"), key=lambda p: p.stat().st_size)
+    raw = bytearray(params.read_bytes())
+    raw[-5] ^= 1                                        # in the last tensor: those before it still check
+    params.write_bytes(bytes(raw))
+    proc = remote(url, "--step", STEP, "--micro_batch", 1, cache=cache)
+    assert proc.returncode == 0 and verdicts(proc)[0].startswith("MATCH"), proc.stdout + proc.stderr
+    assert fetched(url)["checkpoints/step_00000004.safetensors"] == len(raw)
 
 
 def test_report_anchors_and_receipts_from_the_address(unit_run, public, nginx, keys, tmp_path):
