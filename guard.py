@@ -34,7 +34,8 @@ microseconds per operator, about 10-20% of a default step, against a budget of 2
   that recorded it. It classifies the model: pure RepOps (no mapped operator seen) or stock (some
   seen); anything unmapped is refused.
 - A stock model runs every step, evaluation and sample under the mode (the mapping is needed
-  for its bits): Guard.step, Guard.inference.
+  for its bits): Guard.step, Guard.inference; train.py checks its evaluation and sample with the
+  probe (train.probe_inference).
 - A pure model runs the first step each process takes under the mode (so that the fold, clip and
   AdamW, which users edit too, are checked before the process publishes its first record), then
   without it. A checked step that maps an operator makes the model stock from then on. The hole:
