@@ -34,7 +34,8 @@ microseconds per operator, about 10-20% of a default step, against a budget of 2
   that recorded it. It classifies the model: pure RepOps (no mapped operator seen) or stock (some
   seen); anything unmapped is refused.
 - A stock model runs every step, evaluation and sample under the mode (the mapping is needed
-  for its bits): Guard.step, Guard.inference.
+  for its bits): Guard.step, Guard.inference; train.py checks its evaluation and sample with the
+  probe (train.probe_inference).
 - A pure model runs the first step each process takes under the mode (so that the fold, clip and
   AdamW, which users edit too, are checked before the process publishes its first record), then
   without it. A checked step that maps an operator makes the model stock from then on. The hole:
@@ -76,6 +77,8 @@ ALLOWED = {
     "aten::expand": "a broadcast view (an int8 step size per row; a stock model's broadcasting and "
                     "the backward of a sum or mean)",
     "aten::unsqueeze": "a view with a new dim of size 1 (row_softmax's row sums as a column)",
+    "aten::squeeze.dim": "a view without a dim of size 1 (x.squeeze(d); the backward of x.unsqueeze(d) "
+                         "and x[None])",
     "aten::alias": "a slice of the whole KV cache (every position filled): a view",
     "aten::unbind.int": "rows of a TreeFold all-reduce buffer (chunks, all-gather slots): views",
     "aten::detach": "an alias without autograd history",
@@ -95,6 +98,8 @@ ALLOWED = {
     "aten::lift_fresh": "torch.from_numpy of the int64 token windows (wraps a buffer)",
     "aten::ones_like": "autograd's seed gradient d loss / d loss = 1.0 (writes a constant)",
     "aten::ones": "constant 1.0 tensors: the norm weights at init, a causal mask's source",
+    "aten::full": "a constant tensor (torch.full): writes f32(value)",
+    "aten::full_like": "a constant tensor shaped like another (torch.full_like): writes f32(value)",
     "aten::zeros": "constant +0.0 tensors: the int8 step sizes before their init",
     "aten::zeros_like": "the +0.0 gradient of where's unselected branch (writes a constant)",
     "aten::fill_.Scalar": "nn.init.ones_ / constant_ at init: writes one value, f32(value)",

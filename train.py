@@ -482,6 +482,25 @@ def probe(state, data, cfg, step):
                              [state.params[n] for n in state.trained], step)
 
 
+def probe_inference(state, data, cfg, writer):
+    """A stock model's evaluation and end-of-run sample run under the mode (guard.Guard.inference),
+    so they are checked with the probe, before any file: one validation sequence's forward (where
+    the run evaluates) and two decoded tokens (where this rank samples). An operator only they run
+    (F.dropout without the training flag, something in generate) is refused here, not at the first
+    evaluation after records are published. A pure model evaluates and samples without the mode."""
+    if not state.guard.stock:
+        return
+    x, y = data.micro_batch("val", 0, 0, cfg.micro_batch_size, cfg.seq_len)
+    state.model.eval()
+    if cfg.eval_every:
+        with torch.no_grad(), state.guard.inference():
+            state.model(x[:1], y[:1])
+    if writer and cfg.sample_tokens:
+        with state.guard.inference():
+            state.model.generate(x[0, :1].tolist(), 2, seed=cfg.seed)
+    state.model.train()
+
+
 def next_step(cfg):
     """The step a run directory goes on with, as far as its chain file tells without reading it (1
     for a new run): the step after its last record, at most max_steps. The probe's tokens."""
@@ -800,6 +819,7 @@ def run(cfg, rank, world):
         elif cfg.init_from:
             init = hfllama.load_into(state, cfg.init_from)
     probe(state, data, cfg, next_step(cfg))     # a model outside the contract is refused before any file
+    probe_inference(state, data, cfg, writer)
     # the publisher's key signs (a probe) before the run directory exists: a bad key creates nothing
     signer = signing.Signer(cfg.publisher_key, "--publisher_key") if writer and cfg.publisher_key else None
     lock = rundir.hold_lock(cfg.run_dir) if writer else None

@@ -160,8 +160,8 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
 
 class StockModel(nn.Module):
     """A small GPT-2-style model written with stock PyTorch, as a user writes one: the data movement
-    of guard.ALLOWED that stock models need (a QKV split, a causal mask, embeddings, a slice and a
-    selected row, F.dropout's CPU form, nn.init's constants)."""
+    of guard.ALLOWED that stock models need (a QKV split, a causal mask, embeddings, a slice, a
+    selected row and a new leading dim, F.dropout's CPU form, nn.init's constants, torch.full)."""
 
     def __init__(self, vocab=64, d=32, T=16):
         super().__init__()
@@ -175,12 +175,12 @@ class StockModel(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        x = self.wte(idx) + self.wpe.weight[:T]
+        x = self.wte(idx) + self.wpe.weight[:T][None]             # its backward: aten::squeeze.dim
         q, k, v = self.qkv(self.ln(x)).split(x.shape[-1], dim=2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        att = att.masked_fill(torch.tril(torch.ones(T, T)) == 0, float("-inf"))
+        att = att.masked_fill(torch.tril(torch.full((T, T), 1.0)) == 0, float("-inf"))
         x = x + F.dropout(F.softmax(att, dim=-1), 0.1, self.training) @ v
-        x = torch.where(x > 0, x, 0.1 * x)                         # a leaky relu
+        x = torch.where(x > 0, x, torch.full_like(x, 0.1) * x)     # a leaky relu
         logits = self.head(x)
         last = logits[:, -1]                                       # a loss term on the last position
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1)) + 0.01 * (last * last).mean()

@@ -10,6 +10,8 @@
 4. A model that runs a refused operator only in a later step (a code path the probe and the
    trainer's checked first step do not take) trains, unchecked; the audit, which runs every step it
    replays under the mode, refuses it, never MATCH.
+5. A stock model's evaluation and end-of-run sample (under the mode) are checked before the run
+   directory: an operator only they run is refused there, not after records are published.
 """
 import contextlib
 import re
@@ -174,3 +176,21 @@ def test_the_audit_checks_every_step_it_replays(corpus, tmp_path, monkeypatch, c
     assert code == 2 and not re.search(r"^MATCH", out, re.M), out + err
     assert re.fullmatch(r"audit\.py: error: tests/test_model_edits\.py:\d+ runs aten::clamp outside the contract; .*\n",
                         err), err
+
+
+def test_a_stock_model_is_checked_where_it_evaluates_and_samples(repo, corpus, tmp_path):
+    """A stock model's evaluation and end-of-run sample run under the mode (guard.Guard.inference):
+    an operator only they refuse (F.dropout without the training flag: no step keys its mask)
+    stops train.py before the run directory, not at the first evaluation after records are out."""
+    unkeyed = GELU + "        m = torch.nn.functional.dropout(m, 0.1)\n"      # training=True, also in eval
+    line = edit(repo, SWIGLU, unkeyed)
+    try:
+        for name, extra in (("evaluates", ["--eval_every=2"]), ("samples", ["--sample_tokens=8"])):
+            run = tmp_path / name
+            proc = command(repo, "train.py", *train_args(run, corpus, *extra))
+            assert_one_line_error(proc, "train.py")
+            assert proc.stderr.startswith(f"train.py: error: model.py:{line + 2} runs aten::bernoulli_.float "
+                                          "with no step to key its mask outside the contract"), proc.stderr
+            assert not run.exists(), f"refused after the run started ({name}): {sorted(run.rglob('*'))}"
+    finally:
+        edit(repo, unkeyed, SWIGLU)

@@ -295,6 +295,25 @@ def test_selections_and_embedding_backward_bits():
     assert_bits(gw, want, "embedding'")
 
 
+
+def test_squeeze_and_constants_are_data_movement():
+    """x[None] and x.unsqueeze(d) (whose backward is aten::squeeze.dim), x.squeeze(d), torch.full
+    and torch.full_like compute no value (contract §12.6: views, and constants f32(value)): they
+    pass the mode; the product that follows them is the mapped mul. A constant of another float
+    dtype is still refused."""
+    x, w = values(16, 15)[None, :], values(17, 95).reshape(3, 1, 40)   # [1, 40], [3, 1, 40]
+    half, two = np.full((3, 40), 0.5, F32), np.full((1, 40), 2.0, F32)
+    y, (gx, gw), g = through_autograd(lambda a, b: (a[None] * b).squeeze(1) * torch.full((3, 40), 0.5)
+                                      + torch.full_like(a, 2.0), [x, w])
+    assert_bits(y, S.add(S.mul(S.mul(x[None], w)[:, 0], half), two), "y")
+    g_product = S.mul(g, half)[:, None, :]                                 # [3, 1, 40]
+    assert_bits(gw, S.mul(g_product, x[None]), "b'")
+    assert_bits(gx, S.reduce_sum(S.mul(g_product, w), (0,), True)[0], "a' (through squeeze.dim)")
+    with mode():
+        msg = refusal(lambda: torch.full((2,), 1.0, dtype=torch.float64))
+    assert "aten::full on float64" in msg, msg
+
+
 # ------------------------------------------------------------------ random numbers
 def test_dropout_is_philox_keyed_by_step_micro_batch_and_site():
     """F.dropout (its CPU form bernoulli_, mask / (1 - p), x * mask) and aten.native_dropout (its
