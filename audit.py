@@ -75,10 +75,11 @@ is signed with --key (checked, with every output path, before the replay starts)
 rejected or unsigned (a receipt whose step has no revealed salt is listed as unchecked and counts
 for neither); with --roster it names each signer. --coverage counts, per step or unit, the
 distinct keys of --roster (an allowed_signers file) with accepted receipts, lists unsigned
-receipts and keys not in the roster apart (never counted), and exits 0 when every provable unit
-has --redundancy of them, 1 otherwise. A malformed receipt (not JSON, a wrong type, a field
-missing or unknown, another format) is listed with the others, then either command exits 2 with
-one error line: it is bad input, not evidence about the run. --anchors exits 1 at the first
+receipts, malformed ones and keys not in the roster apart (never counted), and exits 0 when every
+provable unit has --redundancy of them, 1 otherwise. A malformed receipt (not JSON, a wrong type, a
+field missing or unknown, another format) is listed with the others; --check_receipts then exits 2
+with one error line (it is bad input, not evidence about the run), while --coverage counts the
+rest: one junk file among many auditors' submissions must not stop the count. --anchors exits 1 at the first
 anchor the chain contradicts (when the genesis names a publisher key: an anchor it did not
 sign). --plan assigns every step (or unit) to --redundancy of the roster's keys (or of
 --auditors K), balanced by cost, and prints the chance that a tampered step goes undetected.
@@ -591,15 +592,15 @@ def receipt_results(args):
 STATUSES = ("accepted", "rejected", "unsigned", "malformed", "unchecked")
 
 
-def summarize(results, directory, roster=True):
+def summarize(results, directory, roster=True, malformed_refused=True):
     """Print the count of each status (and, with a roster, the accepted receipts whose key is not
-    in it: never counted); refuse (exit 2) if any receipt is malformed."""
+    in it: never counted); refuse (exit 2) if any receipt is malformed and malformed_refused."""
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
     unknown = sum(r.status == "accepted" and r.name is None for r in results)
     print(f"receipts under {directory}: " + ", ".join(f"{n} {s}" for s, n in counts.items()
                                                          if n or s in ("accepted", "rejected", "malformed"))
           + (f" ({unknown} accepted by keys not in the roster)" if roster and unknown else ""))
-    if counts["malformed"]:
+    if counts["malformed"] and malformed_refused:
         raise UsageError(f"{counts['malformed']} malformed receipt(s) under {directory} (listed above)")
     return counts
 
@@ -622,16 +623,16 @@ def key_of(result):
 
 
 def not_counted(results):
-    """Print the accepted receipts that coverage does not count: unsigned ones, and those whose
-    key is not in the roster (by key)."""
-    unsigned = [r for r in results if r.status == "unsigned"]
+    """Print the receipts that coverage does not count: malformed and unsigned ones, and the
+    accepted ones whose key is not in the roster (by key)."""
     strangers = {}
     for r in results:
         if r.status == "accepted" and r.name is None:
             strangers.setdefault(r.receipt["signer"], []).append(r)
-    if unsigned:
-        print(f"not counted, unsigned (no valid signature): {len(unsigned)} receipt(s): "
-              + ", ".join(receipts.shown(r.path) for r in unsigned[:10]) + (", ..." if len(unsigned) > 10 else ""))
+    for status, why in (("malformed", "not a repops-receipt-v4 receipt"), ("unsigned", "no valid signature")):
+        if found := [r for r in results if r.status == status]:
+            print(f"not counted, {status} ({why}): {len(found)} receipt(s): "
+                  + ", ".join(receipts.shown(r.path) for r in found[:10]) + (", ..." if len(found) > 10 else ""))
     for key, found in strangers.items():
         print(f"not counted, key {signing.fingerprint(key)} is not in the roster: {len(found)} accepted receipt(s), "
               f"steps {receipts.ranges(sorted({r.receipt['step'] for r in found}))}")
@@ -643,7 +644,7 @@ def coverage_command(args):
                          "one line NAME TYPE BASE64 per auditor)")
     run, results = receipt_results(args)
     first, last = chain_steps(run, args.steps)
-    summarize(results, args.coverage)
+    summarize(results, args.coverage, malformed_refused=False)   # a submitter's junk file must not stop the count
     not_counted(results)
     public = unitaudit.public_states(run, args.revealed)
     if run.cfg.unit_commits:

@@ -350,7 +350,8 @@ def test_anchors_every_anchor_every_steps_and_a_rewritten_history(run40, tmp_pat
 def test_coverage_counts_roster_keys_and_shows_the_rest_apart(run40, keys, tmp_path):
     """Alice (in the roster) and Bob (not) replay step 25: one key counts. A copy of Alice's
     receipt without its signature, and one whose cost was edited after signing, are unsigned;
-    --coverage lists them and Bob's key apart, counts none of them, and needs a roster."""
+    --coverage lists them, a malformed file and Bob's key apart, counts none of them, and needs
+    a roster."""
     a = audit.Audit(str(run40))
     a.replay(25, 25)
     r = tmp_path / "r"
@@ -370,7 +371,10 @@ def test_coverage_counts_roster_keys_and_shows_the_rest_apart(run40, keys, tmp_p
     assert status["edited.json"].startswith("unsigned") and "does not verify" in status["edited.json"]
     assert proc.returncode == 1 and "2 accepted, 0 rejected, 2 unsigned, 0 malformed (1 accepted by keys not in the " \
         "roster)" in proc.stdout, proc.stdout
+    (r / "junk.json").write_text("{")                # a submitter's junk file does not stop the count
     proc = audit_cli(run40, "--coverage", r, "--roster", roster, "--steps", "21:30", "--redundancy", 1)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stdout + proc.stderr       # 9 of 10 steps uncovered
+    assert "not counted, malformed (not a repops-receipt-v4 receipt): 1 receipt(s): " in proc.stdout, proc.stdout
     assert "steps 21..30 with >= 1 accepted receipt from distinct roster keys: 1/10 (10.0%): 25" in proc.stdout, proc.stdout
     assert f"not counted, key {bob} is not in the roster: 1 accepted receipt(s), steps 25" in proc.stdout
     assert "not counted, unsigned (no valid signature): 2 receipt(s)" in proc.stdout
