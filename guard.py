@@ -88,8 +88,9 @@ ALLOWED = {
                  "gradient norm side by side for the step's one host read (copies)",
     "aten::stack": "the dead-tensor check's P flags side by side (copies)",
     "aten::copy_": "each parameter's gradient, and the loss, into its slice of the flat buffer",
-    "aten::_to_copy": "a device move, or a dtype conversion that keeps every value (exact_cast): the "
-                      "dead-tensor check's flags, bool -> float32 0.0/1.0",
+    "aten::_to_copy": "a device move, or a dtype conversion that keeps every value (exact_cast, or an "
+                      "integer tensor within 2^24 to float32): the dead-tensor check's flags, bool -> "
+                      "float32 0.0/1.0",
     "aten::embedding": "a stock model's token and position embeddings: rows copied",
     "aten::empty.memory_format": "allocates the flat gradient buffer (no values are computed)",
     "aten::empty_like": "allocates F.dropout's mask before bernoulli_ fills it (CPU)",
@@ -106,8 +107,10 @@ ALLOWED = {
     "aten::zero_": "nn.init.zeros_ at init: writes +0.0",
     # selections: each output is one of the inputs (or a constant), chosen by a comparison
     "aten::tril": "a causal mask: the lower triangle kept, +0.0 above",
+    "aten::triu": "a causal mask's complement: the upper triangle kept, +0.0 below",
     "aten::masked_fill.Scalar": "writes f32(value) where a mask is set (-inf above the diagonal; its "
                                 "backward writes +0.0 there)",
+    "aten::masked_fill.Tensor": "masked_fill with a one-element tensor as the value: writes f32(value)",
     "aten::where.self": "picks each element from one of two tensors by a bool condition",
     "aten::slice_backward": "the gradient of a slice: +0.0 outside it, the slice's gradient copied in",
     "aten::select_backward": "the gradient of one selected row: +0.0 elsewhere, the row's gradient copied in",
@@ -273,9 +276,14 @@ class ContractMode(TorchDispatchMode):
             return out
         out = func(*args, **kwargs)
         if name in ("aten::_to_copy", "aten::copy_"):
-            src, dst = (args[0].dtype, out.dtype) if name == "aten::_to_copy" else (args[1].dtype, args[0].dtype)
-            if not exact_cast(src, dst):
-                raise self.refusal(name, f"{_dtype(src)} -> {_dtype(dst)}", INSTEAD["dtype"])
+            source = args[0] if name == "aten::_to_copy" else args[1]
+            src, dst = source.dtype, out.dtype
+            # an integer tensor whose values float32 holds (x.float() of positions) converts, as an
+            # operand of a mapped operator does (contract §12)
+            if not exact_cast(src, dst) and not (dst == torch.float32 and not src.is_floating_point
+                                                 and stockops.fits_f32(source)):
+                beyond = "" if src.is_floating_point or dst != torch.float32 else " beyond 2^24"
+                raise self.refusal(name, f"{_dtype(src)} -> {_dtype(dst)}{beyond}", INSTEAD["dtype"])
         for t in _tensors(out):
             if t.is_floating_point() and t.dtype != torch.float32:
                 raise self.refusal(name, f"on {_dtype(t.dtype)}", INSTEAD["dtype"])

@@ -81,6 +81,13 @@ def _computes_f32(*operands):
     return True
 
 
+def fits_f32(x):
+    """Does converting the bool or integer tensor x to float32 keep every value? Always for a bool
+    or at most 16 bits; for a wider integer where all its values lie in [-2^24, 2^24], read on the
+    host (-2^63 and -2^31, whose abs() wraps, are powers of two: float32 holds them too)."""
+    return x.dtype in EXACT_TO_F32 or x.numel() == 0 or int(x.abs().max()) <= 1 << 24
+
+
 def _as_f32(x, like):
     """Operand x of a float32 result as a float32 tensor on like's device: a float32 tensor as it
     is, a bool or integer tensor converted where that is exact (a bool or at most 16 bits; a wider
@@ -91,7 +98,7 @@ def _as_f32(x, like):
     if x.dtype == torch.float32:
         return x
     _check_f32(x)
-    if x.dtype in EXACT_TO_F32 or x.numel() == 0 or int(x.abs().max()) <= 1 << 24:
+    if fits_f32(x):
         return x.to(torch.float32)
     raise Unmapped(f"with a {_dtype(x)} operand beyond 2^24", "keep the arithmetic in integers, or its values within 2^24")
 

@@ -161,7 +161,8 @@ def test_every_op_of_a_step_is_repops_or_justified(step_ops, name):
 class StockModel(nn.Module):
     """A small GPT-2-style model written with stock PyTorch, as a user writes one: the data movement
     of guard.ALLOWED that stock models need (a QKV split, a causal mask, embeddings, a slice, a
-    selected row and a new leading dim, F.dropout's CPU form, nn.init's constants, torch.full)."""
+    selected row and a new leading dim, F.dropout's CPU form, nn.init's constants, torch.full,
+    torch.triu, masked_fill with a tensor value)."""
 
     def __init__(self, vocab=64, d=32, T=16):
         super().__init__()
@@ -179,6 +180,8 @@ class StockModel(nn.Module):
         q, k, v = self.qkv(self.ln(x)).split(x.shape[-1], dim=2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
         att = att.masked_fill(torch.tril(torch.full((T, T), 1.0)) == 0, float("-inf"))
+        above = torch.triu(torch.full((T, T), 1.0), diagonal=1) == 1   # the same mask, written the other way
+        att = att.masked_fill(above, torch.tensor(float("-inf")))
         x = x + F.dropout(F.softmax(att, dim=-1), 0.1, self.training) @ v
         x = torch.where(x > 0, x, torch.full_like(x, 0.1) * x)     # a leaky relu
         logits = self.head(x)

@@ -468,7 +468,7 @@ def under_autocast(x):
 
 @pytest.mark.parametrize("case,what,instead", [
     ("float64", "aten::_to_copy on float64", "dtype"),
-    ("rounding copy", "aten::_to_copy int64 -> float32", "dtype"),
+    ("rounding copy", "aten::_to_copy int64 -> float32 beyond 2^24", "dtype"),
     ("half", "aten::_to_copy float32 -> bfloat16", "dtype"),
     ("autocast", "aten::_to_copy float32 -> bfloat16", "dtype"),
     ("torch rng", "aten::randn", "rng"),
@@ -479,7 +479,7 @@ def under_autocast(x):
 def test_what_is_refused_and_what_to_use_instead(case, what, instead):
     x = torch.rand(4, 4)
     run = {"float64": lambda: x.double() * 2.0,
-           "rounding copy": lambda: torch.arange(4).float(),
+           "rounding copy": lambda: (torch.arange(4) + (1 << 24) + 1).float(),
            "half": lambda: x.to(torch.bfloat16),
            "autocast": lambda: under_autocast(x),
            "torch rng": lambda: x + torch.randn(4, 4),
@@ -491,6 +491,17 @@ def test_what_is_refused_and_what_to_use_instead(case, what, instead):
     assert what in msg and msg.startswith("tests/test_stockops.py:"), msg
     if instead:
         assert guard.INSTEAD[instead] in msg, msg
+
+
+def test_integers_that_float32_holds_convert():
+    """x.float() of an int64 tensor whose values lie in [-2^24, 2^24] (positions, counts) keeps
+    every value, as an operand of a mapped operator does (contract §12); 2^24 + 1 is refused above."""
+    edge = torch.tensor([-(1 << 24), -1, 0, 3, 1 << 24])
+    with mode() as m:
+        positions = torch.arange(6).float() * 0.5
+        copied = torch.empty(5).copy_(edge)
+    assert positions.tolist() == [k * 0.5 for k in range(6)] and copied.tolist() == edge.tolist()
+    assert m.mapped["aten::mul.Tensor"] == 1
 
 
 def test_integer_work_passes_and_needs_no_mapping():
