@@ -198,6 +198,15 @@ def read_json(path, what, limit, error=None):
         raise error(f"{what} {path} is not valid JSON ({e})") from None
 
 
+def clipped(text, limit):
+    """`text` as a message shows it: whole up to `limit` characters, else cut at the last space
+    before the limit and marked " ...", so that no hash (or number, or path) is cut in half."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit + 1].rsplit(" ", 1)[0] if " " in text[:limit + 1] else text[:limit]
+    return cut + " ..."
+
+
 def is_int(x):
     """A JSON integer (bool is not one)."""
     return isinstance(x, int) and not isinstance(x, bool)

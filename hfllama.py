@@ -80,6 +80,9 @@ TENSOR_HEADER = 4 << 10
 
 def _read_config(folder):
     path = os.path.join(folder, "config.json")
+    if not os.path.isdir(folder):           # a parent run's directory mistyped, most often
+        raise UsageError(f"--init_from={folder}: no such directory (a parent run's directory, "
+                         "optionally @STEP, or a Hugging Face model folder)")
     if not os.path.lexists(path):
         raise UsageError(f"--init_from={folder}: no config.json there (a Hugging Face model folder)")
     try:

@@ -344,7 +344,7 @@ def judge(receipt, chain, salt_of, unit_list=None, fold_keyed=None):
         if receipt[key] != genesis.get(key):
             reasons.append(f"it was replayed with another {key}")
     if receipt["verdict"] != "MATCH":
-        reasons.append("the auditor reports " + shown((receipt["findings"] or ["MISMATCH"])[0])[:200])
+        reasons.append("the auditor reports " + hashchain.clipped(shown((receipt["findings"] or ["MISMATCH"])[0]), 400))
     kind = unit_kind(unit)
 
     def unchecked(why):                      # what is decided without a salt, a unit list or a reveal

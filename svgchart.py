@@ -14,8 +14,8 @@ Robust y limits. A curve's running median over RUN_MEDIAN steps follows its tren
 early fall of a loss included) and ignores a spike of a few steps. The y axis covers that
 running median and every value within SPIKE_SPAN times its span of it; a value beyond (a
 spike) is drawn clipped at the axis edge with a triangle, and the largest few are labelled with
-their value and step, so one bad step cannot flatten the curve. Only true spikes are clipped:
-at most SPIKE_SHARE of a curve's points (the furthest), so a curve that scatters widely (step
+their value and step (one under another where two would overlap), so one bad step cannot
+flatten the curve. Only true spikes are clipped: at most SPIKE_SHARE of a curve's points (the furthest), so a curve that scatters widely (step
 times on a busy machine) is drawn whole, and so is a curve of at most SHORT_CURVE points (a
 short run: every point is shown). A log axis does the same on log values (values <= 0 cannot be
 drawn there: they are counted and said).
@@ -39,6 +39,7 @@ SPIKE_SPAN = 0.5         # values further than this times the running median's s
 SPIKE_SHARE = 0.01       # ... but at most this share of a curve's points, the furthest
 SHORT_CURVE = 50         # a curve of at most this many points is drawn whole
 SPIKE_LABELS = 4         # clipped values labelled with value and step (the most extreme)
+LABEL_CHAR_W, LABEL_ROW_H = 7, 13   # a spike label's width per character (11 px bold) and row height
 CHART_W, CHART_H = 900, 200
 PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 12, 30
 STRIP_WIDTH = 1000       # pixels of cells per strip row
@@ -222,10 +223,15 @@ def chart(title, series, x_range, marks=(), log=False, hlines=(), unit=""):
         tip = py - 6 if above else py + 6
         parts.append(f'<path class="spike" d="M{x(step) - 4:.1f},{py:.1f} L{x(step) + 4:.1f},{py:.1f} '
                      f'L{x(step):.1f},{tip:.1f} Z" fill="{colour}"/>')
+    taken = []                      # (row, above, first x, last x) of the labels placed
     for v, step, colour, above in extreme[:SPIKE_LABELS]:
-        py = PAD_T + (10 if above else h - 4)
-        parts.append(f'<text class="spike" x="{x(step) + 6:.1f}" y="{py:.1f}" style="fill:{colour}">'
-                     f'{v:.4g}{unit} at step {step:,}</text>')
+        text = f"{v:.4g}{unit} at step {step:,}"
+        left, right = x(step) + 6, x(step) + 6 + LABEL_CHAR_W * len(text)
+        row = next(r for r in range(SPIKE_LABELS) if not any(
+            r == r2 and above == a2 and left < b2 and a1 < right for r2, a2, a1, b2 in taken))
+        taken.append((row, above, left, right))     # a label that would overlap one goes a row further in
+        py = PAD_T + (10 + LABEL_ROW_H * row if above else h - 4 - LABEL_ROW_H * row)
+        parts.append(f'<text class="spike" x="{left:.1f}" y="{py:.1f}" style="fill:{colour}">{text}</text>')
     parts.append("</svg>")
     legend = [f'<span style="color:{s.colour}">&#9632;</span> {html.escape(s.label)}' for s in series]
     notes = []

@@ -300,7 +300,7 @@ def parse_list(raw, path, step):
                 and all(is_hex64(e[k]) for k in keys & {"digest", "commit"})
                 and isinstance(e["loss_bits"], str) and LOSS_BITS.fullmatch(e["loss_bits"])):
             raise UnitsError(f"{path}: an entry is not a unit (unit, digest, loss_bits and, for a "
-                             f"micro-batch, commit): {json.dumps(e)[:80]}")
+                             f"micro-batch, commit): {hashchain.clipped(json.dumps(e), 200)}")
     return doc["units"]
 
 

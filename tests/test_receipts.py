@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -179,6 +180,26 @@ def test_real_replay_on_another_thread_count_is_accepted_and_an_echo_is_rejected
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"rejected  {out / 'mallory' / 's23.json'}: step 23 by mallory: its result proof is not the step's" in proc.stdout
     assert "1 accepted, 1 rejected, 0 malformed" in proc.stdout
+
+
+def test_a_rejected_findings_hashes_are_shown_whole(run40, keys, tmp_path):
+    """A MISMATCH receipt's finding, as --check_receipts prints it: a long one is cut at a space
+    before a word, never inside a hash (a checkpoint's finding names a path and two hashes)."""
+    genesis, record = chain_records(run40)[0], chain_records(run40)[23]
+    signer = signing.Signer(keys["carol"])
+    found, expected = hashlib.sha256(b"found").hexdigest(), hashlib.sha256(b"expected").hexdigest()
+    finding = (f"MISMATCH at step 20: checkpoint {run40}/checkpoints/step_00000020.safetensors does not match "
+               f"the chain: tensor 'params.tok_emb' differs: hash {found}, expected {expected}" + " and more" * 40)
+    proof = receipts.result_proof(genesis["record_hash"], 23, False, signer.blob, record["state_hash"])
+    receipt = receipts.make_receipt(genesis, record, "step", {"result": proof}, signer.public_key, {}, {},
+                                    genesis["code_digest"], genesis["data_manifest"], [finding])
+    (tmp_path / "r").mkdir()
+    receipts.write_receipt(tmp_path / "r" / "s23.json", receipts.sign_receipt(receipt, signer))
+    proc = audit_cli(run40, "--check_receipts", tmp_path / "r")
+    line = proc.stdout.splitlines()[0]
+    assert proc.returncode == 1 and line.startswith("rejected") and "the auditor reports MISMATCH at step 20" in line, line
+    assert found in line and expected in line and re.search(r"(and|more) \.\.\.; its result proof", line), line
+    assert all(len(h) == 64 for h in re.findall(r"[0-9a-f]{16,}", line)), line
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: needs a CUDA GPU")

@@ -268,6 +268,18 @@ def test_robust_limits_clip_true_spikes_only():
     assert clipped <= 10, clipped                                        # at most 1% of the points
 
 
+def test_spike_labels_do_not_overlap():
+    """Two clipped spikes 25 steps apart on a 300-step chart (the default run's step times on a
+    busy machine): their labels, each about 130 px wide, stand one under the other."""
+    times = [200.0 + (s % 7) for s in range(1, 301)]
+    times[27], times[52] = 1717.0, 2147.0
+    page = svgchart.chart("ms", [svgchart.Series("ms", "#000", list(range(1, 301)), times)], (1, 300), unit=" ms")
+    labels = re.findall(r'<text class="spike" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</text>', page)
+    assert sorted(t for _, _, t in labels) == ["1717 ms at step 28", "2147 ms at step 53"], labels
+    (x1, y1, _), (x2, y2, _) = labels
+    assert y1 != y2 or abs(float(x1) - float(x2)) > 7 * 18, labels
+
+
 def test_axes_have_nice_ticks():
     assert svgchart.nice_ticks(0.00131, 0.00209) == [0.0014, 0.0016, 0.0018, 0.002]
     assert svgchart.nice_ticks(1, 81000, 6) == [k * 10000.0 for k in range(1, 9)]

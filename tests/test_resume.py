@@ -139,6 +139,7 @@ def test_a_child_resumes_without_its_parent(run, child, tmp_path):
     (["--d_model=64"], "--d_model=64 differs from the parent's 32"),
     (["--init_from={run}@7"], "has no checkpoint of step 7 (it has 0,5,10,15,20,25,30)"),
     (["--run_dir={run}"], "holds a run that did not start from --init_from"),
+    (["--init_from={run}x"], "x: no such directory (a parent run's directory"),     # a typo, not an HF folder
 ])
 def test_a_child_is_refused_what_would_not_continue_the_parent(run, tmp_path, args, named):
     argv = [f"--run_dir={tmp_path / 'c'}", f"--init_from={run}", *(a.format(run=run) for a in args)]

@@ -124,6 +124,10 @@ def test_a_unit_list_is_checked_against_units_root(tmp_path):
             forged[1][change] = "0" * 64
         with pytest.raises(units.UnitsError):
             units.check_list(forged, 5, 3, root)
+    bad = json.loads(json.dumps(entries))
+    bad[3]["loss_bits"] = "1.0"                  # an entry that is not a unit: named with its digest whole
+    with pytest.raises(units.UnitsError, match=f'"digest": "{bad[3]["digest"]}", "loss_bits": "1.0", "unit": "fold:0:2"}}$'):
+        units.parse_list(units.list_bytes(5, bad), "l.json", 5)
     index, proof = units.proof(5, entries, "micro_batch:2")
     leaf = units.entry_leaf(5, entries[2])
     assert hashchain.merkle_root_from_proof(leaf, index, 5, proof) == root
