@@ -130,7 +130,8 @@ def read_json_file(source, name, what, limit):
     """Strict JSON of the file `name` of a byterange directory (local or a URL), at most `limit`
     bytes; DataError when it is missing or not JSON."""
     if not source.exists(name):
-        raise DataError(f"no {what} at {source} ({name} missing; run python data.py)")
+        raise DataError(f"no {what} at {source} ({name} missing; .venv/bin/python data.py "
+                        "prepares data/shakespeare, docs/data.md any other corpus)")
     try:
         return hashchain.strict_json(source.read_file(name, what, limit, DataError).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:

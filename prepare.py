@@ -191,7 +191,8 @@ def read_json(path, what, limit=MAX_MANIFEST):
     """Strict JSON (hashchain.read_json) of a regular file of at most `limit` bytes; DataError."""
     if not os.path.lexists(path):
         raise DataError(f"no {what} at {os.path.dirname(path) or '.'} "
-                        f"({os.path.basename(path)} missing; run python data.py)")
+                        f"({os.path.basename(path)} missing; .venv/bin/python data.py "
+                        "prepares data/shakespeare, docs/data.md any other corpus)")
     return hashchain.read_json(path, what, limit, DataError)
 
 
