@@ -335,6 +335,7 @@ class Audit:
         self.bytes_read = self.run.size(self.run.chain.path)
         self.findings = []                       # (step, message), every problem found
         self.notes = []                          # what was not checked: printed before the verdict
+        self.lineage = None                      # the parent a checked lineage leads to, for the verdict
         self.replayed = {}                       # step: (state hash, grad_root, result_root, witnesses)
         self.unchecked = []                      # replayed steps whose step_commit no salt opened
         self.state = None                        # the replay's state (after its last replayed step)
@@ -416,6 +417,8 @@ class Audit:
         elif parent is not None and self.source:
             if lineage_problem := lineage.check(self.source, self.run):
                 self.find(0, f"lineage: {lineage_problem}")
+            else:
+                self.lineage = f"step {parent['step']} of {self.source}"
         elif parent is not None:
             self.notes.append("the run continues a parent run's state (genesis parent); the lineage was not "
                               "checked (--init_from RUN_DIR names the parent's run directory and checks it)")
@@ -544,7 +547,8 @@ def replay_command(args):
                    else f"{commitments} checked, but for steps {unchecked}: no secret or salt")
         print(f"MATCH: steps {first}..{last} of {args.run_dir} replay to the published records "
               f"(step {last}: {records[last]['state_hash']}), and the "
-              f"checkpoints checked match the chain; {checked}")
+              f"checkpoints checked match the chain; {checked}"
+              + (f"; the lineage checked: it starts from {audit.lineage}" if audit.lineage else ""))
     receipts.close_audit(t0, audit.bytes_read + published.delivered(), args.receipt,
                          lambda cost: audit.receipt(last, args.signer.public_key, cost),
                          f"the replay stopped before step {last}", f"step {last}", args.signer,

@@ -106,7 +106,8 @@ def test_a_child_audits_with_and_without_its_lineage(run, child, tmp_path):
     assert "the lineage was not checked" in proc.stdout
     proc = audit(child, "--step", "6", "--init_from", run)
     assert proc.returncode == 0 and "MATCH: steps 6..6" in proc.stdout, proc.stdout + proc.stderr
-    assert "lineage" not in proc.stdout
+    match = next(line for line in proc.stdout.splitlines() if line.startswith("MATCH:"))
+    assert "not checked" not in proc.stdout and match.endswith(f"; the lineage checked: it starts from step 20 of {run}")
     # a run that is not the parent: the auditor's input
     proc = audit(child, "--step", "1", "--init_from", child)
     assert_one_line_error(proc, "audit.py")
