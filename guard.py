@@ -106,6 +106,9 @@ ALLOWED = {
     "aten::fill_.Scalar": "nn.init.ones_ / constant_ at init: writes one value, f32(value)",
     "aten::zero_": "nn.init.zeros_ at init: writes +0.0",
     # selections: each output is one of the inputs (or a constant), chosen by a comparison
+    "aten::repeat": "x.repeat(...): copies of x side by side (its backward sums them: a mapped sum)",
+    "aten::flip": "x.flip(dims): elements in reverse order (a copy)",
+    "aten::roll": "x.roll(shifts, dims): elements shifted cyclically (a copy)",
     "aten::tril": "a causal mask: the lower triangle kept, +0.0 above",
     "aten::triu": "a causal mask's complement: the upper triangle kept, +0.0 below",
     "aten::masked_fill.Scalar": "writes f32(value) where a mask is set (-inf above the diagonal; its "

@@ -162,7 +162,7 @@ class StockModel(nn.Module):
     """A small GPT-2-style model written with stock PyTorch, as a user writes one: the data movement
     of guard.ALLOWED that stock models need (a QKV split, a causal mask, embeddings, a slice, a
     selected row and a new leading dim, F.dropout's CPU form, nn.init's constants, torch.full,
-    torch.triu, masked_fill with a tensor value)."""
+    torch.triu, masked_fill with a tensor value, flip, roll, repeat)."""
 
     def __init__(self, vocab=64, d=32, T=16):
         super().__init__()
@@ -184,6 +184,7 @@ class StockModel(nn.Module):
         att = att.masked_fill(above, torch.tensor(float("-inf")))
         x = x + F.dropout(F.softmax(att, dim=-1), 0.1, self.training) @ v
         x = torch.where(x > 0, x, torch.full_like(x, 0.1) * x)     # a leaky relu
+        x = x + 0.01 * x.flip(-1).roll(1, dims=1).repeat(1, 1, 2)[..., :x.shape[-1]]   # data movement
         logits = self.head(x)
         last = logits[:, -1]                                       # a loss term on the last position
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1)) + 0.01 * (last * last).mean()
