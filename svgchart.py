@@ -15,10 +15,10 @@ early fall of a loss included) and ignores a spike of a few steps. The y axis co
 running median and every value within SPIKE_SPAN times its span of it; a value beyond (a
 spike) is drawn clipped at the axis edge with a triangle, and the largest few are labelled with
 their value and step (one under another where two would overlap), so one bad step cannot
-flatten the curve. Only true spikes are clipped: at most SPIKE_SHARE of a curve's points (the furthest), so a curve that scatters widely (step
-times on a busy machine) is drawn whole, and so is a curve of at most SHORT_CURVE points (a
-short run: every point is shown). A log axis does the same on log values (values <= 0 cannot be
-drawn there: they are counted and said).
+flatten the curve. Only true spikes are clipped: at most SPIKE_SHARE of a curve's points (the
+furthest), so a curve that scatters widely (step times on a busy machine) is drawn whole, and
+so is a curve of at most SHORT_CURVE points (a short run: every point is shown). A log axis
+does the same on log values (values <= 0 cannot be drawn there: they are counted and said).
 
 A curve of more than 2 * CURVE_POINTS points is drawn in CURVE_POINTS buckets of consecutive
 steps: each bucket's range (min to max) as a light band, so a one-step spike stays, and its

@@ -463,9 +463,11 @@ def replay(state, data, cfg, upto, salt_of, run, around=None, proved=None, choos
 
 
 @torch.no_grad()
-def evaluate(state, data, cfg):
+def evaluate(state, data, cfg, n_batches=None):
+    """The mean validation loss over cfg.eval_batches micro-batches (or the first n_batches)."""
     state.model.eval()
-    batches = (data.micro_batch("val", 0, m, cfg.micro_batch_size, cfg.seq_len) for m in range(cfg.eval_batches))
+    batches = (data.micro_batch("val", 0, m, cfg.micro_batch_size, cfg.seq_len)
+               for m in range(n_batches or cfg.eval_batches))
     with state.guard.inference():                            # a stock model's operators mapped
         losses = [float(state.model(x, y)) for x, y in batches]   # host ids, as in training
     return sum(losses) / len(losses)
@@ -484,18 +486,17 @@ def probe(state, data, cfg, step):
 
 def probe_inference(state, data, cfg, writer):
     """A stock model's evaluation and end-of-run sample run under the mode (guard.Guard.inference),
-    so they are checked with the probe, before any file: one validation sequence's forward (where
+    so they are checked with the probe, before any file: the evaluation of one micro-batch (where
     the run evaluates) and two decoded tokens (where this rank samples). An operator only they run
     (F.dropout without the training flag, something in generate) is refused here, not at the first
     evaluation after records are published. A pure model evaluates and samples without the mode."""
     if not state.guard.stock:
         return
-    x, y = data.micro_batch("val", 0, 0, cfg.micro_batch_size, cfg.seq_len)
-    state.model.eval()
     if cfg.eval_every:
-        with torch.no_grad(), state.guard.inference():
-            state.model(x[:1], y[:1])
+        evaluate(state, data, cfg, n_batches=1)
     if writer and cfg.sample_tokens:
+        x, _ = data.micro_batch("val", 0, 0, cfg.micro_batch_size, cfg.seq_len)
+        state.model.eval()
         with state.guard.inference():
             state.model.generate(x[0, :1].tolist(), 2, seed=cfg.seed)
     state.model.train()
