@@ -79,9 +79,9 @@ receipts, malformed ones and keys not in the roster apart (never counted), and e
 provable unit has --redundancy of them, 1 otherwise. A malformed receipt (not JSON, a wrong type, a
 field missing or unknown, another format) is listed with the others; --check_receipts then exits 2
 with one error line (it is bad input, not evidence about the run), while --coverage counts the
-rest: one junk file among many auditors' submissions must not stop the count. --anchors exits 1 at the first
-anchor the chain contradicts (when the genesis names a publisher key: an anchor it did not
-sign). --plan assigns every step (or unit) to --redundancy of the roster's keys (or of
+rest: one junk file among many auditors' submissions must not stop the count. --anchors exits 1
+at the first anchor the chain contradicts (when the genesis names a publisher key: an anchor it
+did not sign). --plan assigns every step (or unit) to --redundancy of the roster's keys (or of
 --auditors K), balanced by cost, and prints the chance that a tampered step goes undetected.
 """
 import contextlib
